@@ -1,0 +1,177 @@
+# train_gpt: one CUDA source, two builds.
+#   make train_gpt       nvcc build for NVIDIA GPUs (sm_80, sm_90 + PTX), cuBLASLt, NCCL, MPI
+#   make train_gpt_cpu   the same sources through g++ against emu/ (CUDA on the CPU)
+#   make test            build and run the test suite (CTest) on the CPU build; where nvcc exists,
+#                        also build train_gpt and fail on any ptxas register spill
+#   make test-gpu        the same tests built with nvcc, for machines with a GPU
+#   make test-asan       the CPU tests under AddressSanitizer + UndefinedBehaviorSanitizer
+#   make deps            install missing Debian packages
+#   make train           set up and train (lands with the training-program issue)
+# PRECISION=FP32 builds FP32 parameters/activations instead of BF16.
+
+CXX      ?= g++
+NVCC     ?= nvcc
+CUDA_HOME ?= /usr/local/cuda
+PRECISION ?= BF16
+BUILD    ?= build
+
+ifneq ($(PRECISION),BF16)
+ifneq ($(PRECISION),FP32)
+$(error PRECISION must be BF16 or FP32, got '$(PRECISION)')
+endif
+endif
+
+HAVE_NVCC := $(shell command -v $(NVCC) >/dev/null 2>&1 && echo yes)
+DEPS_OK := $(shell scripts/deps.sh --check >/dev/null 2>&1 && echo yes)
+
+# MPI flags (evaluated lazily: `make deps` may have to install MPI first)
+MPI_INC = $(addprefix -I,$(shell mpicxx --showme:incdirs))
+MPI_LIB = $(addprefix -L,$(shell mpicxx --showme:libdirs)) $(addprefix -l,$(shell mpicxx --showme:libs))
+
+CPU_DIR  := $(BUILD)/cpu
+GPU_DIR  := $(BUILD)/gpu
+ASAN_DIR := $(BUILD)/asan
+
+COMMON_FLAGS := -std=c++20 -I. -I$(CUDA_HOME)/include -DPRECISION_$(PRECISION)
+WARN := -Wall -Wextra -Wno-unused-parameter
+CPU_CXXFLAGS = $(COMMON_FLAGS) -O2 -g -march=native $(WARN) $(MPI_INC) -pthread
+ASAN_CXXFLAGS = $(COMMON_FLAGS) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined \
+                -fno-sanitize-recover=undefined $(WARN) $(MPI_INC) -pthread
+CPU_LDLIBS = $(MPI_LIB) -ldl -pthread
+
+# sm_80 and sm_90 machine code, plus PTX for newer GPUs.
+GPU_ARCH := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=[sm_90,compute_90]
+NVCCFLAGS = $(COMMON_FLAGS) -O3 $(GPU_ARCH) -Xptxas -v -Xcompiler -pthread $(MPI_INC)
+GPU_LDLIBS = -L$(CUDA_HOME)/lib64 -lcublasLt -lnccl $(MPI_LIB)
+
+EMU_SRC := $(wildcard emu/*.cpp)
+EMU_HDR := $(wildcard emu/*.h)
+KERNEL_HDR := $(wildcard kernels/*.h kernels/*.cuh)
+HOST_HDR := $(wildcard host/*.h)
+ALL_HDR := $(EMU_HDR) $(KERNEL_HDR) $(HOST_HDR)
+
+# Tests: test_<name>.cu -> one executable each. test_emu_* test the emulator itself and have no
+# GPU build; test_mpi_* bring their own main (MPI_Init).
+TEST_SRC := $(wildcard test/test_*.cu)
+TEST_NAMES := $(patsubst test/%.cu,%,$(TEST_SRC))
+GPU_TEST_NAMES := $(filter-out test_emu_%,$(TEST_NAMES))
+CATCH_MAIN_TESTS := $(filter-out test_mpi_%,$(TEST_NAMES))
+
+.PHONY: all train_gpt train_gpt_cpu test test-gpu test-asan deps deps-if-missing train clean emu-bench
+
+all: train_gpt_cpu
+
+deps:
+	scripts/deps.sh
+
+# make train / make test install dependencies only when something is missing.
+deps-if-missing:
+ifneq ($(DEPS_OK),yes)
+	scripts/deps.sh
+endif
+
+# ---------------------------------------------------------------------------------------------
+# CPU build
+
+$(CPU_DIR)/emu/%.o: emu/%.cpp $(EMU_HDR) | deps-if-missing
+	@mkdir -p $(@D)
+	$(CXX) $(CPU_CXXFLAGS) -c $< -o $@
+
+$(CPU_DIR)/libcuemu.a: $(patsubst emu/%.cpp,$(CPU_DIR)/emu/%.o,$(EMU_SRC))
+	ar rcs $@ $^
+
+train_gpt_cpu: $(CPU_DIR)/train_gpt_cpu
+	cp $< $@
+
+$(CPU_DIR)/train_gpt_cpu: train_gpt.cu $(ALL_HDR) $(CPU_DIR)/libcuemu.a | deps-if-missing
+	@mkdir -p $(@D)
+	$(CXX) $(CPU_CXXFLAGS) -x c++ $< -x none $(CPU_DIR)/libcuemu.a $(CPU_LDLIBS) -o $@
+
+$(CPU_DIR)/catch_main.o: test/catch_main.cpp | deps-if-missing
+	@mkdir -p $(@D)
+	$(CXX) $(CPU_CXXFLAGS) -c $< -o $@
+
+$(CPU_DIR)/test_%.o: test/test_%.cu test/test_util.h $(ALL_HDR) | deps-if-missing
+	@mkdir -p $(@D)
+	$(CXX) $(CPU_CXXFLAGS) -x c++ -c $< -o $@
+
+$(addprefix $(CPU_DIR)/,$(CATCH_MAIN_TESTS)): $(CPU_DIR)/%: $(CPU_DIR)/%.o $(CPU_DIR)/catch_main.o $(CPU_DIR)/libcuemu.a
+	$(CXX) $^ $(CPU_LDLIBS) -o $@
+
+$(CPU_DIR)/test_mpi_%: $(CPU_DIR)/test_mpi_%.o $(CPU_DIR)/libcuemu.a
+	$(CXX) $^ $(CPU_LDLIBS) -o $@
+
+# CTest reads the suite from test/tests.cmake (shared with CMakeLists.txt).
+define ctest_file
+	@mkdir -p $(1)
+	@printf 'set(TEST_BIN %s)\nset(GPU %s)\nset(MPIRUN mpirun --allow-run-as-root --oversubscribe)\ninclude(%s/test/tests.cmake)\n' \
+	  "$(abspath $(1))" "$(2)" "$(CURDIR)" > $(1)/CTestTestfile.cmake
+endef
+
+test: deps-if-missing $(addprefix $(CPU_DIR)/,$(TEST_NAMES))
+	$(call ctest_file,$(CPU_DIR),OFF)
+	ctest --test-dir $(CPU_DIR) --output-on-failure -j2
+ifeq ($(HAVE_NVCC),yes)
+	$(MAKE) --no-print-directory train_gpt
+else
+	@echo "nvcc not found: skipped the CUDA build and its register-spill check"
+endif
+
+# ---------------------------------------------------------------------------------------------
+# GPU build: the ptxas report of every project kernel is kept, and any spill fails the build.
+
+train_gpt: $(GPU_DIR)/train_gpt
+	cp $< $@
+
+$(GPU_DIR)/train_gpt: train_gpt.cu $(ALL_HDR) | deps-if-missing
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) -x cu $< $(GPU_LDLIBS) -o $@ 2> $(GPU_DIR)/train_gpt.ptxas.log || { cat $(GPU_DIR)/train_gpt.ptxas.log; exit 1; }
+	@scripts/check_spills.sh $(GPU_DIR)/train_gpt.ptxas.log
+
+$(GPU_DIR)/catch_main.o: test/catch_main.cpp | deps-if-missing
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) -x cu -c $< -o $@ 2>/dev/null
+
+$(GPU_DIR)/test_%: test/test_%.cu test/test_util.h $(ALL_HDR) $(GPU_DIR)/catch_main.o | deps-if-missing
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) -x cu $< $(if $(filter test_mpi_%,$*),,$(GPU_DIR)/catch_main.o) $(GPU_LDLIBS) -o $@ \
+	  2> $@.ptxas.log || { cat $@.ptxas.log; exit 1; }
+	@scripts/check_spills.sh $@.ptxas.log
+
+test-gpu: deps-if-missing $(addprefix $(GPU_DIR)/,$(GPU_TEST_NAMES))
+	$(call ctest_file,$(GPU_DIR),ON)
+	ctest --test-dir $(GPU_DIR) --output-on-failure
+
+# ---------------------------------------------------------------------------------------------
+# Sanitizers: the CPU tests under ASan + UBSan (the executor tells ASan about fiber switches).
+
+$(ASAN_DIR)/emu/%.o: emu/%.cpp $(EMU_HDR) | deps-if-missing
+	@mkdir -p $(@D)
+	$(CXX) $(ASAN_CXXFLAGS) -c $< -o $@
+
+$(ASAN_DIR)/catch_main.o: test/catch_main.cpp | deps-if-missing
+	@mkdir -p $(@D)
+	$(CXX) $(ASAN_CXXFLAGS) -c $< -o $@
+
+$(ASAN_DIR)/test_%: test/test_%.cu test/test_util.h $(ALL_HDR) $(patsubst emu/%.cpp,$(ASAN_DIR)/emu/%.o,$(EMU_SRC)) $(ASAN_DIR)/catch_main.o
+	@mkdir -p $(@D)
+	$(CXX) $(ASAN_CXXFLAGS) -x c++ $< -x none $(patsubst emu/%.cpp,$(ASAN_DIR)/emu/%.o,$(EMU_SRC)) \
+	  $(if $(filter test_mpi_%,$*),,$(ASAN_DIR)/catch_main.o) $(CPU_LDLIBS) -o $@
+
+test-asan: deps-if-missing $(addprefix $(ASAN_DIR)/,$(TEST_NAMES))
+	$(call ctest_file,$(ASAN_DIR),OFF)
+	ASAN_OPTIONS=detect_leaks=0 ctest --test-dir $(ASAN_DIR) --output-on-failure -j2
+
+# ---------------------------------------------------------------------------------------------
+
+$(CPU_DIR)/emu_bench: dev/emu_bench.cu $(ALL_HDR) $(CPU_DIR)/libcuemu.a
+	$(CXX) $(CPU_CXXFLAGS) -x c++ $< -x none $(CPU_DIR)/libcuemu.a $(CPU_LDLIBS) -o $@
+
+emu-bench: $(CPU_DIR)/emu_bench
+	CUEMU_THREADS=1 $<
+
+train: deps-if-missing train_gpt_cpu
+	@echo "make train: the training program lands with the training-program issue; not yet."
+
+clean:
+	rm -rf $(BUILD) train_gpt train_gpt_cpu

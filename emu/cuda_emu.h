@@ -1,0 +1,280 @@
+// CUDA on the CPU: what nvcc would supply to device code, for the g++ build.
+//
+// The real CUDA headers stay the contract: cuda_runtime.h, cuda_bf16.h, cublasLt.h and nccl.h
+// declare the API, and emu/*.cpp define it. This header adds the device-side builtins
+// (threadIdx & co., __syncthreads, warp collectives, atomics, intrinsics) and the executor
+// entry point that the launch wrapper in kernels/cuda_common.h calls.
+//
+// Execution model (emu/executor.cpp): a launch runs every block; a block runs on one OS thread
+// and its threads are fibers that switch only at barriers and warp collectives. Between two
+// such points a thread runs alone, in the order CUEMU_SCHEDULE picks.
+#pragma once
+
+#ifdef __CUDACC__
+#error "emu/cuda_emu.h is the g++ build's CUDA; nvcc builds use the real toolkit"
+#endif
+
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+// ---------------------------------------------------------------------------------------------
+// Qualifiers. The CUDA headers already define __global__/__device__/__host__ as nothing under
+// g++. Shared memory is per block; a block's fibers all live on one OS thread and blocks run one
+// after another there, so thread-local storage is exactly block-shared storage. The named
+// section lets the executor find every static __shared__ variable and poison it per block.
+
+#undef __shared__
+#define __shared__ __attribute__((section("cuemu_shared"))) thread_local
+#ifndef __launch_bounds__
+#define __launch_bounds__(...)
+#endif
+
+// Dynamic shared memory: `DYNAMIC_SHARED(float, smem);` declares `float* smem` pointing at the
+// launch's dynamic shared memory (16-byte aligned, as on the GPU).
+#define DYNAMIC_SHARED(type, name) type* name = reinterpret_cast<type*>(::cuemu::dynamic_shared_memory())
+
+// ---------------------------------------------------------------------------------------------
+// Built-in variables: rewritten by the executor at every fiber switch.
+
+inline thread_local uint3 threadIdx;
+inline thread_local uint3 blockIdx;
+inline thread_local dim3 blockDim;
+inline thread_local dim3 gridDim;
+constexpr int warpSize = 32;
+
+namespace cuemu {
+
+// ---- executor ----
+
+struct KernelLaunch {
+    const char* name;                         // for error messages
+    const void* func;                         // identifies the kernel (cudaFuncSetAttribute)
+    dim3 grid, block;
+    size_t dynamic_smem;
+    cudaStream_t stream;
+    void (*thread_main)(const void* params);  // runs one thread of the kernel
+    const void* params;                       // the kernel's argument tuple
+};
+
+// Runs a whole launch synchronously. Returns cudaSuccess or the error also recorded for
+// cudaGetLastError (invalid configuration, deadlock, ...).
+cudaError_t launch_kernel(const KernelLaunch& launch);
+
+template <typename F> struct kernel_params;
+template <typename... P> struct kernel_params<void (*)(P...)> {
+    using tuple = std::tuple<std::decay_t<P>...>;
+};
+
+template <auto Kernel, typename... Args>
+cudaError_t launch(const char* name, dim3 grid, dim3 block, size_t dynamic_smem, cudaStream_t stream,
+                   Args&&... args) {
+    using Params = typename kernel_params<decltype(Kernel)>::tuple;
+    static_assert(std::tuple_size_v<Params> == sizeof...(Args), "wrong number of kernel arguments");
+    const Params params(std::forward<Args>(args)...);
+    auto thread_main = [](const void* p) { std::apply(Kernel, *static_cast<const Params*>(p)); };
+    return launch_kernel({name, reinterpret_cast<const void*>(Kernel), grid, block, dynamic_smem, stream,
+                          thread_main, &params});
+}
+
+void* dynamic_shared_memory();
+
+// Barriers and warp collectives (called through the CUDA-named wrappers below).
+int block_barrier(int op, int predicate);  // op: 0 plain, 1 count, 2 and, 3 or
+enum class WarpOp : int { sync, shfl_idx, shfl_up, shfl_down, shfl_xor, ballot, any, all };
+uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int operand, int width);
+
+// ---- schedule and checking controls (also settable by CUEMU_* environment variables) ----
+
+enum class Schedule : int { forward, reverse, random };
+void set_schedule(Schedule s, uint64_t seed);
+Schedule schedule();
+void set_check_mode(bool poison_shared);  // CUEMU_CHECK=1: NaN-fill shared memory per block
+void set_threads(int n);                  // CUEMU_THREADS: OS threads that run blocks
+int threads();
+
+// ---- device memory accounting ----
+
+struct MemoryStats {
+    size_t current_bytes, peak_bytes, allocations;
+};
+MemoryStats memory_stats();
+void reset_peak_memory();
+
+// ---- statistics for benchmarks ----
+struct ExecutorStats {
+    uint64_t fibers_started, switches, launches;
+};
+ExecutorStats executor_stats();
+
+template <typename T> inline uint64_t to_bits(T v) {
+    static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>, "warp collectives move at most 8 bytes");
+    uint64_t bits = 0;
+    std::memcpy(&bits, &v, sizeof(T));
+    return bits;
+}
+template <typename T> inline T from_bits(uint64_t bits) {
+    T v;
+    std::memcpy(&v, &bits, sizeof(T));
+    return v;
+}
+
+}  // namespace cuemu
+
+// ---------------------------------------------------------------------------------------------
+// Synchronization and warp collectives, with the semantics of the CUDA C++ Programming Guide
+// ("Synchronization Functions", "Warp Shuffle Functions", "Warp Vote Functions").
+
+inline void __syncthreads() { cuemu::block_barrier(0, 0); }
+inline int __syncthreads_count(int predicate) { return cuemu::block_barrier(1, predicate); }
+inline int __syncthreads_and(int predicate) { return cuemu::block_barrier(2, predicate); }
+inline int __syncthreads_or(int predicate) { return cuemu::block_barrier(3, predicate); }
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+    cuemu::warp_collective(cuemu::WarpOp::sync, mask, 0, 0, warpSize);
+}
+
+template <typename T> inline T __shfl_sync(unsigned mask, T var, int src_lane, int width = warpSize) {
+    return cuemu::from_bits<T>(
+        cuemu::warp_collective(cuemu::WarpOp::shfl_idx, mask, cuemu::to_bits(var), src_lane, width));
+}
+template <typename T> inline T __shfl_up_sync(unsigned mask, T var, unsigned delta, int width = warpSize) {
+    return cuemu::from_bits<T>(
+        cuemu::warp_collective(cuemu::WarpOp::shfl_up, mask, cuemu::to_bits(var), int(delta), width));
+}
+template <typename T> inline T __shfl_down_sync(unsigned mask, T var, unsigned delta, int width = warpSize) {
+    return cuemu::from_bits<T>(
+        cuemu::warp_collective(cuemu::WarpOp::shfl_down, mask, cuemu::to_bits(var), int(delta), width));
+}
+template <typename T> inline T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = warpSize) {
+    return cuemu::from_bits<T>(
+        cuemu::warp_collective(cuemu::WarpOp::shfl_xor, mask, cuemu::to_bits(var), lane_mask, width));
+}
+inline unsigned __ballot_sync(unsigned mask, int predicate) {
+    return unsigned(cuemu::warp_collective(cuemu::WarpOp::ballot, mask, predicate != 0, 0, warpSize));
+}
+inline int __any_sync(unsigned mask, int predicate) {
+    return int(cuemu::warp_collective(cuemu::WarpOp::any, mask, predicate != 0, 0, warpSize));
+}
+inline int __all_sync(unsigned mask, int predicate) {
+    return int(cuemu::warp_collective(cuemu::WarpOp::all, mask, predicate != 0, 0, warpSize));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Atomics. Blocks run concurrently on several OS threads, so these are real atomics. Float
+// atomics make results depend on block order when CUEMU_THREADS > 1, as on a GPU.
+
+namespace cuemu {
+template <typename T, typename F> inline T atomic_update(T* address, F f) {
+    std::atomic_ref<T> ref(*address);
+    T old = ref.load(std::memory_order_relaxed);
+    while (!ref.compare_exchange_weak(old, f(old), std::memory_order_relaxed)) {
+    }
+    return old;
+}
+}  // namespace cuemu
+
+inline float atomicAdd(float* a, float v) { return std::atomic_ref<float>(*a).fetch_add(v, std::memory_order_relaxed); }
+inline double atomicAdd(double* a, double v) { return std::atomic_ref<double>(*a).fetch_add(v, std::memory_order_relaxed); }
+inline int atomicAdd(int* a, int v) { return __atomic_fetch_add(a, v, __ATOMIC_RELAXED); }
+inline unsigned atomicAdd(unsigned* a, unsigned v) { return __atomic_fetch_add(a, v, __ATOMIC_RELAXED); }
+inline unsigned long long atomicAdd(unsigned long long* a, unsigned long long v) {
+    return __atomic_fetch_add(a, v, __ATOMIC_RELAXED);
+}
+inline int atomicSub(int* a, int v) { return __atomic_fetch_sub(a, v, __ATOMIC_RELAXED); }
+inline unsigned atomicSub(unsigned* a, unsigned v) { return __atomic_fetch_sub(a, v, __ATOMIC_RELAXED); }
+inline int atomicMax(int* a, int v) { return cuemu::atomic_update(a, [v](int o) { return o > v ? o : v; }); }
+inline unsigned atomicMax(unsigned* a, unsigned v) {
+    return cuemu::atomic_update(a, [v](unsigned o) { return o > v ? o : v; });
+}
+inline int atomicMin(int* a, int v) { return cuemu::atomic_update(a, [v](int o) { return o < v ? o : v; }); }
+inline unsigned atomicMin(unsigned* a, unsigned v) {
+    return cuemu::atomic_update(a, [v](unsigned o) { return o < v ? o : v; });
+}
+template <typename T> inline T atomic_cas_impl(T* a, T compare, T v) {
+    __atomic_compare_exchange_n(a, &compare, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+    return compare;  // the old value, whether or not the swap happened
+}
+inline int atomicCAS(int* a, int c, int v) { return atomic_cas_impl(a, c, v); }
+inline unsigned atomicCAS(unsigned* a, unsigned c, unsigned v) { return atomic_cas_impl(a, c, v); }
+inline unsigned long long atomicCAS(unsigned long long* a, unsigned long long c, unsigned long long v) {
+    return atomic_cas_impl(a, c, v);
+}
+inline int atomicExch(int* a, int v) { return __atomic_exchange_n(a, v, __ATOMIC_RELAXED); }
+inline unsigned atomicExch(unsigned* a, unsigned v) { return __atomic_exchange_n(a, v, __ATOMIC_RELAXED); }
+inline float atomicExch(float* a, float v) { return std::atomic_ref<float>(*a).exchange(v, std::memory_order_relaxed); }
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void __threadfence_block() { std::atomic_signal_fence(std::memory_order_seq_cst); }
+
+// ---------------------------------------------------------------------------------------------
+// Cache-hinted loads and stores: plain memory operations on the CPU.
+
+template <typename T> inline T __ldg(const T* p) { return *p; }
+template <typename T> inline T __ldcs(const T* p) { return *p; }
+template <typename T> inline T __ldcg(const T* p) { return *p; }
+template <typename T> inline T __ldca(const T* p) { return *p; }
+template <typename T> inline T __ldlu(const T* p) { return *p; }
+template <typename T> inline void __stcs(T* p, T v) { *p = v; }
+template <typename T> inline void __stcg(T* p, T v) { *p = v; }
+template <typename T> inline void __stwb(T* p, T v) { *p = v; }
+
+// ---------------------------------------------------------------------------------------------
+// Math intrinsics that the host toolchain lacks. The fast-math ones (__expf, __fdividef, ...)
+// are computed exactly here; on the GPU they carry the error bounds of the Programming Guide's
+// "Intrinsic Functions" table, which tests tolerate.
+
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }
+inline float __expf(float x) { return std::exp(x); }
+inline float __logf(float x) { return std::log(x); }
+inline float __log2f(float x) { return std::log2(x); }
+inline float __powf(float a, float b) { return std::pow(a, b); }
+inline float __sinf(float x) { return std::sin(x); }
+inline float __cosf(float x) { return std::cos(x); }
+inline float __tanhf(float x) { return std::tanh(x); }
+inline float exp2f_fast(float x) { return std::exp2(x); }
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __frcp_rn(float x) { return 1.0f / x; }
+inline float __fsqrt_rn(float x) { return std::sqrt(x); }
+inline int __float_as_int(float x) { return cuemu::from_bits<int>(cuemu::to_bits(x)); }
+inline unsigned __float_as_uint(float x) { return cuemu::from_bits<unsigned>(cuemu::to_bits(x)); }
+inline float __int_as_float(int x) { return cuemu::from_bits<float>(cuemu::to_bits(x)); }
+inline float __uint_as_float(unsigned x) { return cuemu::from_bits<float>(cuemu::to_bits(x)); }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
+inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(unsigned(x)); }
+inline int __clzll(long long x) { return x == 0 ? 64 : __builtin_clzll((unsigned long long)x); }
+inline int __ffs(int x) { return __builtin_ffs(x); }
+inline unsigned __brev(unsigned x) {
+    x = ((x >> 1) & 0x55555555u) | ((x & 0x55555555u) << 1);
+    x = ((x >> 2) & 0x33333333u) | ((x & 0x33333333u) << 2);
+    x = ((x >> 4) & 0x0F0F0F0Fu) | ((x & 0x0F0F0F0Fu) << 4);
+    x = ((x >> 8) & 0x00FF00FFu) | ((x & 0x00FF00FFu) << 8);
+    return (x >> 16) | (x << 16);
+}
+inline unsigned __umulhi(unsigned a, unsigned b) { return unsigned((uint64_t(a) * b) >> 32); }
+
+// CUDA provides global min/max overloads for device code.
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
+inline long long min(long long a, long long b) { return a < b ? a : b; }
+inline long long max(long long a, long long b) { return a > b ? a : b; }
+inline unsigned long long min(unsigned long long a, unsigned long long b) { return a < b ? a : b; }
+inline unsigned long long max(unsigned long long a, unsigned long long b) { return a > b ? a : b; }
+inline float min(float a, float b) { return std::fmin(a, b); }
+inline float max(float a, float b) { return std::fmax(a, b); }
+inline double min(double a, double b) { return std::fmin(a, b); }
+inline double max(double a, double b) { return std::fmax(a, b); }

@@ -1,0 +1,794 @@
+// The SIMT executor: runs a kernel launch on the CPU.
+//
+// Blocks are spread over OS threads (CUEMU_THREADS). A block runs on one OS thread and its CUDA
+// threads are fibers there; they never migrate. Threads start lazily: a "runner" loop calls one
+// thread after another as plain function calls on a shared stack. Only when a thread reaches a
+// barrier or warp collective does that stack become its own; a new runner then continues on a
+// fresh stack. Threads that never block therefore cost a function call, not a context switch.
+//
+// Whenever a fiber must wait, the next one to run is, in this order: a fiber whose barrier has
+// completed (released in schedule order), a thread not yet started (in schedule order), or the
+// block's scheduler, which then finds the block either finished or deadlocked.
+#include "cuda_emu.h"
+#include "emu_internal.h"
+
+#include <link.h>
+#include <sys/mman.h>
+
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#define CUEMU_ASAN 1
+#else
+#define CUEMU_ASAN 0
+#endif
+
+// ---------------------------------------------------------------------------------------------
+// Context switch (x86-64 System V). Saves the callee-saved registers on the old stack, stores
+// its stack pointer, loads the new one and returns into it. Suspending with push + ret and
+// starting fibers with a real call keeps the return-address predictor right (see DESIGN.md:
+// about 15 ns per switch, against ~30 ns for pop + jmp).
+extern "C" void cuemu_switch(void** save_sp, void* new_sp);
+extern "C" void cuemu_fiber_start();
+asm(R"(
+    .text
+    .globl cuemu_switch
+    .type cuemu_switch, @function
+    .p2align 4
+cuemu_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size cuemu_switch, .-cuemu_switch
+
+    .globl cuemu_fiber_start
+    .type cuemu_fiber_start, @function
+    .p2align 4
+cuemu_fiber_start:
+    movq %r12, %rdi
+    callq *%r13
+    ud2
+    .size cuemu_fiber_start, .-cuemu_fiber_start
+)");
+
+namespace cuemu {
+
+// ---------------------------------------------------------------------------------------------
+// Settings
+
+namespace {
+
+[[noreturn]] void fatal(const std::string& msg) {
+    std::fprintf(stderr, "cuemu: %s\n", msg.c_str());
+    std::exit(EXIT_FAILURE);
+}
+
+struct Settings {
+    Schedule schedule = Schedule::forward;
+    uint64_t seed = 0;
+    bool check = false;
+    int threads = 1;
+};
+
+Settings& settings() {
+    static Settings s = [] {
+        Settings s;
+        if (const char* v = std::getenv("CUEMU_SCHEDULE")) {
+            std::string o = v;
+            if (o == "forward") s.schedule = Schedule::forward;
+            else if (o == "reverse") s.schedule = Schedule::reverse;
+            else if (o == "random") s.schedule = Schedule::random;
+            else fatal("CUEMU_SCHEDULE: expected forward, reverse or random, got '" + o + "'");
+        }
+        if (const char* v = std::getenv("CUEMU_SEED")) {
+            char* end = nullptr;
+            s.seed = std::strtoull(v, &end, 0);
+            if (end == v || *end != '\0') fatal(std::string("CUEMU_SEED: expected an integer, got '") + v + "'");
+        }
+        if (const char* v = std::getenv("CUEMU_CHECK")) s.check = std::string(v) != "0" && std::string(v) != "";
+        s.threads = int(std::thread::hardware_concurrency());
+        if (s.threads < 1) s.threads = 1;
+        if (const char* v = std::getenv("CUEMU_THREADS")) {
+            char* end = nullptr;
+            long n = std::strtol(v, &end, 10);
+            if (end == v || *end != '\0' || n < 1 || n > 1024)
+                fatal(std::string("CUEMU_THREADS: expected an integer from 1 to 1024, got '") + v + "'");
+            s.threads = int(n);
+        }
+        return s;
+    }();
+    return s;
+}
+
+std::mutex attr_mutex;
+std::unordered_map<const void*, size_t>& max_dynamic_shared() {
+    static std::unordered_map<const void*, size_t> m;
+    return m;
+}
+
+}  // namespace
+
+void set_schedule(Schedule s, uint64_t seed) {
+    settings().schedule = s;
+    settings().seed = seed;
+}
+Schedule schedule() { return settings().schedule; }
+void set_check_mode(bool poison_shared) { settings().check = poison_shared; }
+int threads() { return settings().threads; }
+
+void set_max_dynamic_shared(const void* func, size_t bytes) {
+    std::lock_guard<std::mutex> lock(attr_mutex);
+    max_dynamic_shared()[func] = bytes;
+}
+
+static size_t dynamic_shared_limit(const void* func) {
+    std::lock_guard<std::mutex> lock(attr_mutex);
+    auto it = max_dynamic_shared().find(func);
+    return it == max_dynamic_shared().end() ? kDefaultSharedMemPerBlock : it->second;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Static __shared__ variables live in the TLS section "cuemu_shared" (see cuda_emu.h). Its
+// per-thread address follows from the x86-64 TLS layout (variant II: the executable's TLS block
+// ends at the thread pointer); a marker variable in the section checks the arithmetic.
+
+extern "C" char __start_cuemu_shared[] __attribute__((weak));
+extern "C" char __stop_cuemu_shared[] __attribute__((weak));
+__shared__ char cuemu_shared_marker;
+
+namespace {
+
+struct TlsSegment {
+    uintptr_t vaddr = 0, memsz = 0, align = 1;
+};
+
+TlsSegment executable_tls_segment() {
+    TlsSegment seg;
+    dl_iterate_phdr(
+        [](dl_phdr_info* info, size_t, void* out) {
+            for (int i = 0; i < info->dlpi_phnum; ++i) {
+                if (info->dlpi_phdr[i].p_type == PT_TLS) {
+                    auto* s = static_cast<TlsSegment*>(out);
+                    s->vaddr = info->dlpi_addr + info->dlpi_phdr[i].p_vaddr;
+                    s->memsz = info->dlpi_phdr[i].p_memsz;
+                    s->align = info->dlpi_phdr[i].p_align ? info->dlpi_phdr[i].p_align : 1;
+                }
+            }
+            return 1;  // the first object is the executable
+        },
+        &seg);
+    return seg;
+}
+
+struct SharedRegion {
+    char* begin = nullptr;
+    size_t size = 0;
+};
+
+SharedRegion this_threads_static_shared() {
+    static const TlsSegment seg = executable_tls_segment();
+    static bool warned = false;
+    if (__start_cuemu_shared == nullptr || seg.memsz == 0) return {};
+    uintptr_t tp;
+    asm("movq %%fs:0, %0" : "=r"(tp));
+    uintptr_t block = tp - (seg.memsz + seg.align - 1) / seg.align * seg.align;
+    char* begin = reinterpret_cast<char*>(block + (uintptr_t(__start_cuemu_shared) - seg.vaddr));
+    size_t size = size_t(__stop_cuemu_shared - __start_cuemu_shared);
+    char* marker = &cuemu_shared_marker;
+    if (marker < begin || marker >= begin + size) {
+        if (!warned) std::fprintf(stderr, "cuemu: cannot locate static shared memory; it will not be poisoned\n");
+        warned = true;
+        return {};
+    }
+    return {begin, size};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fiber stacks: reserved lazily (only touched pages cost memory), with a guard page below.
+
+constexpr size_t kStackBytes = 512 * 1024;
+constexpr size_t kGuardBytes = 4096;
+
+struct Stack {
+    char* base;       // lowest usable address
+    size_t size;
+    unsigned index;   // staggers stack tops so fibers do not alias in the caches
+};
+
+Stack* new_stack(unsigned index) {
+    void* p = mmap(nullptr, kStackBytes + kGuardBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    if (p == MAP_FAILED) fatal("cannot map a fiber stack");
+    mprotect(p, kGuardBytes, PROT_NONE);
+    return new Stack{static_cast<char*>(p) + kGuardBytes, kStackBytes, index};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-block state
+
+enum class FiberState : uint8_t { unstarted, running, ready, waiting_block, waiting_warp, done };
+
+struct Fiber {
+    void* sp = nullptr;  // saved stack pointer while suspended
+    Stack* stack = nullptr;
+    uint3 tid;
+    unsigned linear;
+    FiberState state;
+    // what the fiber brought to its barrier or collective, and what it gets back
+    WarpOp op;
+    unsigned mask;
+    int operand, width, block_op;
+    uint64_t value, result;
+};
+
+struct WarpGroup {  // lanes waiting at one warp collective, keyed by member mask
+    unsigned mask, arrived;
+    WarpOp op;
+};
+
+struct Warp {
+    unsigned existing;  // lanes that exist in this (possibly partial) warp
+    std::vector<WarpGroup> groups;
+};
+
+struct Worker {
+    std::vector<Stack*> free_stacks;
+    unsigned stacks_made = 0;
+    Stack* release_pending = nullptr;  // stack to return to the pool once we are off it
+    void* scheduler_sp = nullptr;
+    Stack* scheduler_stack = nullptr;  // null: the OS thread's own stack
+#if CUEMU_ASAN
+    const void* os_stack_bottom = nullptr;
+    size_t os_stack_size = 0;
+#endif
+
+    // the block being run
+    const KernelLaunch* launch = nullptr;
+    uint3 block_idx{};
+    unsigned nthreads = 0;
+    std::vector<Fiber> fibers;
+    std::vector<unsigned> order;  // start order of threads (the schedule)
+    unsigned next_unstarted = 0;
+    std::vector<unsigned> ready;  // FIFO of released fibers
+    size_t ready_head = 0;
+    unsigned block_arrived = 0, done = 0;
+    std::vector<Warp> warps;
+    Fiber* current = nullptr;
+    std::mt19937_64 rng;
+    std::string error;  // first error in this block
+    std::vector<unsigned char> dynamic_shared;
+
+    uint64_t started = 0, switches = 0;
+
+    Stack* get_stack() {
+        if (!free_stacks.empty()) {
+            Stack* s = free_stacks.back();
+            free_stacks.pop_back();
+            return s;
+        }
+        return new_stack(stacks_made++);
+    }
+    void put_stack(Stack* s) { free_stacks.push_back(s); }
+    void release_pending_stack() {
+        if (release_pending) {
+            put_stack(release_pending);
+            release_pending = nullptr;
+        }
+    }
+    bool has_ready() const { return ready_head < ready.size(); }
+    unsigned pop_ready() {
+        unsigned t = ready[ready_head++];
+        if (ready_head == ready.size()) {
+            ready.clear();
+            ready_head = 0;
+        }
+        return t;
+    }
+};
+
+thread_local Worker* tls_worker = nullptr;
+
+Worker& worker() {
+    if (!tls_worker) tls_worker = new Worker;  // one per OS thread, kept for reuse
+    return *tls_worker;
+}
+
+std::string dim_str(dim3 d) {
+    return "(" + std::to_string(d.x) + "," + std::to_string(d.y) + "," + std::to_string(d.z) + ")";
+}
+std::string dim_str(uint3 d) { return dim_str(dim3(d.x, d.y, d.z)); }
+
+void block_error(Worker& w, const std::string& what) {
+    if (!w.error.empty()) return;
+    w.error = "kernel " + std::string(w.launch->name) + " grid " + dim_str(w.launch->grid) + " block " +
+              dim_str(w.launch->block) + ", in block " + dim_str(w.block_idx) + ": " + what;
+}
+
+// ---- switching ----
+
+#if CUEMU_ASAN
+void asan_start(void** fake, const void* bottom, size_t size) { __sanitizer_start_switch_fiber(fake, bottom, size); }
+void asan_finish(void* fake) {
+    const void* bottom;
+    size_t size;
+    __sanitizer_finish_switch_fiber(fake, &bottom, &size);
+    Worker& w = *tls_worker;
+    if (!w.os_stack_bottom && w.scheduler_stack == nullptr) {  // first switch away from the OS stack
+        w.os_stack_bottom = bottom;
+        w.os_stack_size = size;
+    }
+}
+#endif
+
+// Switch from the running context (saving into *save, or discarding it when save is null) to
+// the context whose saved stack pointer is sp and which runs on stack `to` (null: OS stack).
+void switch_to(Worker& w, void** save, void* sp, const Stack* to) {
+    ++w.switches;
+#if CUEMU_ASAN
+    void* fake = nullptr;
+    const void* bottom = to ? to->base : w.os_stack_bottom;
+    size_t size = to ? to->size : w.os_stack_size;
+    asan_start(save ? &fake : nullptr, bottom, size);
+#else
+    (void)to;
+#endif
+    void* discard;
+    cuemu_switch(save ? save : &discard, sp);
+#if CUEMU_ASAN
+    asan_finish(fake);
+#endif
+    tls_worker->release_pending_stack();
+}
+
+void runner(Stack* my_stack);
+
+// A fresh stack prepared so that switching to it starts runner(stack).
+void* runner_context(Stack* s) {
+    uintptr_t top = uintptr_t(s->base + s->size) - (s->index % 1024) * 64;
+    top &= ~uintptr_t(15);
+    auto* sp = reinterpret_cast<uintptr_t*>(top);
+    // After the six pops and the ret, rsp == top (16-aligned), so the call in cuemu_fiber_start
+    // enters runner with rsp % 16 == 8, as the ABI requires.
+    *--sp = uintptr_t(&cuemu_fiber_start);           // return address of the first switch
+    *--sp = 0;                                       // rbp
+    *--sp = 0;                                       // rbx
+    *--sp = uintptr_t(s);                            // r12: argument
+    *--sp = uintptr_t(&runner);                      // r13: entry
+    *--sp = 0;                                       // r14
+    *--sp = 0;                                       // r15
+    return sp;
+}
+
+void set_builtins(const Fiber& f) { threadIdx = f.tid; }
+
+// Continue with someone else: a released fiber, else a new thread, else the scheduler.
+// `save` is where the current context is saved (null: the current context is finished and its
+// stack `mine` is returned to the pool once left).
+void run_next(Worker& w, void** save, Stack* mine) {
+    if (!save) w.release_pending = mine;
+    if (w.has_ready()) {
+        Fiber& g = w.fibers[w.pop_ready()];
+        g.state = FiberState::running;
+        w.current = &g;
+        switch_to(w, save, g.sp, g.stack);
+    } else if (w.next_unstarted < w.nthreads) {
+        Stack* s = w.get_stack();
+        switch_to(w, save, runner_context(s), s);
+    } else {
+        switch_to(w, save, w.scheduler_sp, w.scheduler_stack);
+    }
+}
+
+// Starts threads one after another on this stack until none is left to start, or until a ready
+// fiber should run first.
+void runner(Stack* my_stack) {
+    Worker& w = *tls_worker;
+#if CUEMU_ASAN
+    asan_finish(nullptr);
+#endif
+    w.release_pending_stack();
+    while (w.next_unstarted < w.nthreads && !w.has_ready()) {
+        Fiber& f = w.fibers[w.order[w.next_unstarted++]];
+        f.state = FiberState::running;
+        f.stack = my_stack;
+        w.current = &f;
+        set_builtins(f);
+        ++w.started;
+        w.launch->thread_main(w.launch->params);
+        // The thread is finished. If it blocked on the way, we are back on the stack it owned,
+        // which is free again; either way this loop may go on with the next thread.
+        Fiber& done = *w.current;
+        done.state = FiberState::done;
+        ++w.done;
+    }
+    run_next(w, nullptr, my_stack);
+    __builtin_unreachable();
+}
+
+// The current fiber has registered at a barrier; run others until it is released.
+void suspend_current(Worker& w) {
+    Fiber& f = *w.current;
+    if (f.state == FiberState::ready) {
+        // Released by its own arrival. If it is also next in line, just carry on.
+        if (w.has_ready() && w.ready[w.ready_head] == f.linear) {
+            w.pop_ready();
+            f.state = FiberState::running;
+            return;
+        }
+    }
+    run_next(w, &f.sp, f.stack);
+    w.current = &f;
+    set_builtins(f);
+}
+
+void release_in_schedule_order(Worker& w, std::vector<unsigned>& ids) {
+    switch (settings().schedule) {
+        case Schedule::forward: break;
+        case Schedule::reverse: std::reverse(ids.begin(), ids.end()); break;
+        case Schedule::random: std::shuffle(ids.begin(), ids.end(), w.rng); break;
+    }
+    for (unsigned t : ids) {
+        w.fibers[t].state = FiberState::ready;
+        w.ready.push_back(t);
+    }
+}
+
+// ---- warp collectives: the semantics of PTX shfl.sync / vote.sync (PTX ISA, "Parallel
+// Synchronization and Communication Instructions") ----
+
+unsigned shuffle_source(const Fiber& f, unsigned lane) {
+    // CUDA's __shfl*_sync(width) pass c = ((32 - width) << 8) | clamp, with clamp 0 for shfl.up
+    // and 31 otherwise (see the Programming Guide and the PTX shfl.sync description).
+    unsigned segmask = unsigned(32 - f.width) & 31u;
+    unsigned cval = f.op == WarpOp::shfl_up ? 0u : 31u;
+    unsigned max_lane = (lane & segmask) | (cval & ~segmask);
+    unsigned min_lane = lane & segmask;
+    unsigned b = unsigned(f.operand);
+    int j = int(lane);
+    bool in_range = false;
+    switch (f.op) {
+        case WarpOp::shfl_up: j = int(lane) - int(b); in_range = j >= int(max_lane); break;
+        case WarpOp::shfl_down: j = int(lane) + int(b); in_range = j <= int(max_lane); break;
+        case WarpOp::shfl_xor: j = int(lane ^ b); in_range = j <= int(max_lane); break;
+        case WarpOp::shfl_idx: j = int(min_lane | (b & 31u & ~segmask)); in_range = j <= int(max_lane); break;
+        default: break;
+    }
+    if (!in_range) j = int(lane);
+    return unsigned(j);
+}
+
+void complete_warp_group(Worker& w, unsigned warp, const WarpGroup& g) {
+    Fiber* lanes = &w.fibers[warp * 32];
+    unsigned members = g.arrived;
+    uint64_t ballot = 0;
+    for (unsigned l = 0; l < 32; ++l)
+        if ((members >> l) & 1u) ballot |= uint64_t(lanes[l].value != 0) << l;
+    for (unsigned l = 0; l < 32; ++l) {
+        if (!((members >> l) & 1u)) continue;
+        Fiber& f = lanes[l];
+        switch (g.op) {
+            case WarpOp::sync: f.result = 0; break;
+            case WarpOp::ballot: f.result = ballot; break;
+            case WarpOp::any: f.result = ballot != 0; break;
+            case WarpOp::all: f.result = ballot == (members & 0xffffffffu); break;
+            default: {
+                unsigned src = shuffle_source(f, l);
+                // Reading a lane that is not taking part is undefined in CUDA: give NaN bits.
+                f.result = ((members >> src) & 1u) ? lanes[src].value : ~uint64_t(0);
+            }
+        }
+    }
+    std::vector<unsigned> ids;
+    for (unsigned l = 0; l < 32; ++l)
+        if ((members >> l) & 1u) ids.push_back(warp * 32 + l);
+    release_in_schedule_order(w, ids);
+}
+
+const char* op_name(WarpOp op) {
+    switch (op) {
+        case WarpOp::sync: return "__syncwarp";
+        case WarpOp::shfl_idx: return "__shfl_sync";
+        case WarpOp::shfl_up: return "__shfl_up_sync";
+        case WarpOp::shfl_down: return "__shfl_down_sync";
+        case WarpOp::shfl_xor: return "__shfl_xor_sync";
+        case WarpOp::ballot: return "__ballot_sync";
+        case WarpOp::any: return "__any_sync";
+        case WarpOp::all: return "__all_sync";
+    }
+    return "?";
+}
+
+std::string hex(unsigned v) {
+    char b[16];
+    std::snprintf(b, sizeof b, "0x%08x", v);
+    return b;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Barriers (called from kernel code)
+
+int block_barrier(int op, int predicate) {
+    Worker& w = *tls_worker;
+    Fiber& f = *w.current;
+    f.state = FiberState::waiting_block;
+    f.block_op = op;
+    f.value = predicate != 0;
+    if (++w.block_arrived == w.nthreads) {
+        uint64_t count = 0;
+        for (const Fiber& g : w.fibers) count += g.value;
+        uint64_t result = 0;
+        switch (op) {
+            case 1: result = count; break;
+            case 2: result = count == w.nthreads; break;
+            case 3: result = count != 0; break;
+            default: break;
+        }
+        w.block_arrived = 0;
+        std::vector<unsigned> ids(w.nthreads);
+        for (unsigned t = 0; t < w.nthreads; ++t) ids[t] = t;
+        for (unsigned t : ids) w.fibers[t].result = result;
+        release_in_schedule_order(w, ids);
+    }
+    suspend_current(w);
+    return int(f.result);
+}
+
+uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int operand, int width) {
+    Worker& w = *tls_worker;
+    Fiber& f = *w.current;
+    unsigned lane = f.linear & 31u, warp = f.linear >> 5;
+    if (!((mask >> lane) & 1u))
+        block_error(w, std::string(op_name(op)) + " with mask " + hex(mask) + " called by lane " + std::to_string(lane) +
+                           ", which is not in the mask (undefined in CUDA)");
+    if (width < 1 || width > 32 || (width & (width - 1)) != 0)
+        block_error(w, std::string(op_name(op)) + " width " + std::to_string(width) + " is not a power of two in [1, 32]");
+    mask |= 1u << lane;
+    if (width < 1 || width > 32 || (width & (width - 1)) != 0) width = 32;
+    f.state = FiberState::waiting_warp;
+    f.op = op;
+    f.mask = mask;
+    f.value = value;
+    f.operand = operand;
+    f.width = width;
+    Warp& wp = w.warps[warp];
+    WarpGroup* g = nullptr;
+    for (WarpGroup& cand : wp.groups)
+        if (cand.mask == mask) g = &cand;
+    if (!g) {
+        wp.groups.push_back({mask, 0u, op});
+        g = &wp.groups.back();
+    } else if (g->op != op) {
+        block_error(w, std::string("lanes of warp ") + std::to_string(warp) + " with mask " + hex(mask) + " meet at " +
+                           op_name(g->op) + " and " + op_name(op) + " (divergent warp collectives)");
+    }
+    g->arrived |= 1u << lane;
+    unsigned needed = mask & wp.existing;
+    if ((g->arrived & needed) == needed) {
+        WarpGroup done = *g;
+        wp.groups.erase(wp.groups.begin() + (g - wp.groups.data()));
+        complete_warp_group(w, warp, done);
+    }
+    suspend_current(w);
+    return f.result;
+}
+
+void* dynamic_shared_memory() { return tls_worker->dynamic_shared.data(); }
+
+// ---------------------------------------------------------------------------------------------
+// Running one block
+
+namespace {
+
+std::string describe_deadlock(Worker& w) {
+    unsigned at_block = 0, exited = 0, unstarted = 0;
+    std::string warps;
+    for (const Fiber& f : w.fibers) {
+        if (f.state == FiberState::waiting_block) ++at_block;
+        if (f.state == FiberState::done) ++exited;
+        if (f.state == FiberState::unstarted) ++unstarted;
+    }
+    for (size_t i = 0; i < w.warps.size(); ++i) {
+        for (const WarpGroup& g : w.warps[i].groups) {
+            unsigned missing = g.mask & w.warps[i].existing & ~g.arrived;
+            warps += "; warp " + std::to_string(i) + ": lanes " + hex(g.arrived) + " wait at " + op_name(g.op) +
+                     " for lanes " + hex(missing);
+        }
+    }
+    std::string msg = "deadlock: " + std::to_string(at_block) + " of " + std::to_string(w.nthreads) +
+                      " threads wait at __syncthreads, " + std::to_string(exited) + " have exited";
+    if (at_block && exited) msg += " (a barrier some threads never reach)";
+    return msg + warps;
+}
+
+void run_block(Worker& w, const KernelLaunch& L, unsigned block_linear) {
+    const dim3 grid = L.grid, block = L.block;
+    w.launch = &L;
+    w.block_idx = {block_linear % grid.x, (block_linear / grid.x) % grid.y, block_linear / (grid.x * grid.y)};
+    blockIdx = w.block_idx;
+    blockDim = block;
+    gridDim = grid;
+    w.nthreads = block.x * block.y * block.z;
+    w.fibers.resize(w.nthreads);
+    for (unsigned t = 0; t < w.nthreads; ++t) {
+        Fiber& f = w.fibers[t];
+        f.linear = t;
+        f.tid = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
+        f.state = FiberState::unstarted;
+        f.stack = nullptr;
+        f.value = 0;
+    }
+    w.order.resize(w.nthreads);
+    for (unsigned t = 0; t < w.nthreads; ++t) w.order[t] = t;
+    const Settings& s = settings();
+    if (s.schedule == Schedule::reverse) std::reverse(w.order.begin(), w.order.end());
+    if (s.schedule == Schedule::random) {
+        w.rng.seed(s.seed * 0x9E3779B97F4A7C15ull + block_linear);
+        std::shuffle(w.order.begin(), w.order.end(), w.rng);
+    }
+    unsigned nwarps = (w.nthreads + 31) / 32;
+    w.warps.resize(nwarps);
+    for (unsigned i = 0; i < nwarps; ++i) {
+        unsigned lanes = std::min(32u, w.nthreads - i * 32);
+        w.warps[i].existing = lanes == 32 ? 0xffffffffu : ((1u << lanes) - 1u);
+        w.warps[i].groups.clear();
+    }
+    w.next_unstarted = 0;
+    w.ready.clear();
+    w.ready_head = 0;
+    w.block_arrived = 0;
+    w.done = 0;
+
+    if (s.check) {
+        SharedRegion r = this_threads_static_shared();
+        if (r.size) std::memset(r.begin, 0xFF, r.size);
+        std::memset(w.dynamic_shared.data(), 0xFF, w.dynamic_shared.size());
+    }
+
+    // Run the block: switch to a runner and come back when nothing can run any more.
+    Stack* first = w.get_stack();
+    switch_to(w, &w.scheduler_sp, runner_context(first), first);
+
+    if (w.done != w.nthreads) {
+        block_error(w, describe_deadlock(w));
+        // Abandon the stuck fibers; their stacks go back to the pool.
+        for (Fiber& f : w.fibers)
+            if (f.state == FiberState::waiting_block || f.state == FiberState::waiting_warp) w.put_stack(f.stack);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Spreading blocks over OS threads
+
+struct Pool {
+    std::mutex mutex;
+    std::condition_variable wake, finished;
+    std::vector<std::thread> threads;
+    const KernelLaunch* launch = nullptr;
+    size_t nblocks = 0;
+    std::atomic<size_t> next_block{0};
+    std::atomic<bool> abort{false};
+    unsigned generation = 0, active = 0;
+    std::string error;
+    uint64_t started = 0, switches = 0;
+};
+
+Pool& pool() {
+    static Pool* p = new Pool;  // never destroyed: worker threads outlive static destruction
+    return *p;
+}
+
+std::mutex launch_mutex;
+std::atomic<uint64_t> total_started{0}, total_switches{0}, total_launches{0};
+
+// Runs blocks of the current launch until none is left; returns false after an error.
+void run_blocks(Pool& p, Worker& w, const KernelLaunch& L) {
+    uint64_t started0 = w.started, switches0 = w.switches;
+    w.dynamic_shared.assign(L.dynamic_smem, 0);  // exact size: ASan sees overruns
+    for (;;) {
+        if (p.abort.load(std::memory_order_relaxed)) break;
+        size_t b = p.next_block.fetch_add(1, std::memory_order_relaxed);
+        if (b >= p.nblocks) break;
+        run_block(w, L, unsigned(b));
+        if (!w.error.empty()) {
+            std::lock_guard<std::mutex> lock(p.mutex);
+            if (p.error.empty()) p.error = w.error;
+            w.error.clear();
+            p.abort = true;
+        }
+    }
+    total_started += w.started - started0;
+    total_switches += w.switches - switches0;
+}
+
+void worker_thread(Pool& p) {
+    unsigned seen = 0;
+    for (;;) {
+        const KernelLaunch* L;
+        {
+            std::unique_lock<std::mutex> lock(p.mutex);
+            p.wake.wait(lock, [&] { return p.generation != seen; });
+            seen = p.generation;
+            L = p.launch;
+        }
+        run_blocks(p, worker(), *L);
+        std::lock_guard<std::mutex> lock(p.mutex);
+        if (--p.active == 0) p.finished.notify_all();
+    }
+}
+
+}  // namespace
+
+ExecutorStats executor_stats() { return {total_started.load(), total_switches.load(), total_launches.load()}; }
+
+cudaError_t launch_kernel(const KernelLaunch& L) {
+    const dim3 g = L.grid, b = L.block;
+    uint64_t nthreads = uint64_t(b.x) * b.y * b.z;
+    if (g.x == 0 || g.y == 0 || g.z == 0 || b.x == 0 || b.y == 0 || b.z == 0 || nthreads > kMaxThreadsPerBlock ||
+        b.x > 1024 || b.y > 1024 || b.z > 64 || g.x > 2147483647u || g.y > 65535 || g.z > 65535) {
+        std::fprintf(stderr, "cuemu: kernel %s: invalid launch configuration grid %s block %s\n", L.name,
+                     dim_str(g).c_str(), dim_str(b).c_str());
+        return record_error(cudaErrorInvalidConfiguration);
+    }
+    size_t smem_limit = dynamic_shared_limit(L.func);
+    if (L.dynamic_smem > smem_limit) {
+        std::fprintf(stderr,
+                     "cuemu: kernel %s: %zu bytes of dynamic shared memory exceed the limit of %zu "
+                     "(raise it with cudaFuncSetAttribute(..., cudaFuncAttributeMaxDynamicSharedMemorySize, ...))\n",
+                     L.name, L.dynamic_smem, smem_limit);
+        return record_error(cudaErrorInvalidValue);
+    }
+
+    std::lock_guard<std::mutex> serialize(launch_mutex);
+    ++total_launches;
+    Pool& p = pool();
+    size_t nblocks = size_t(g.x) * g.y * g.z;
+    p.launch = &L;
+    p.nblocks = nblocks;
+    p.next_block = 0;
+    p.abort = false;
+    p.error.clear();
+    unsigned helpers = unsigned(std::min<size_t>(size_t(threads()) - 1, nblocks - 1));
+    if (helpers > 0) {
+        std::lock_guard<std::mutex> lock(p.mutex);
+        while (p.threads.size() < size_t(threads()) - 1) p.threads.emplace_back(worker_thread, std::ref(p));
+        // Every pool thread wakes; those beyond `helpers` find no block left and return at once.
+        p.active = unsigned(p.threads.size());
+        ++p.generation;
+        p.wake.notify_all();
+    }
+    run_blocks(p, worker(), L);
+    if (helpers > 0) {
+        std::unique_lock<std::mutex> lock(p.mutex);
+        p.finished.wait(lock, [&] { return p.active == 0; });
+    }
+    if (!p.error.empty()) {
+        std::fprintf(stderr, "cuemu: %s\n", p.error.c_str());
+        return record_error(cudaErrorLaunchFailure);
+    }
+    return cudaSuccess;
+}
+
+}  // namespace cuemu

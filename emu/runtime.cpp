@@ -1,0 +1,329 @@
+// The CUDA runtime subset the project uses, defined for the CPU against the real
+// cuda_runtime_api.h declarations. One emulated device per process; device memory is host
+// memory, allocated at exactly the requested size so AddressSanitizer sees every overrun.
+#include "cuda_emu.h"
+#include "emu_internal.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <new>
+#include <string>
+#include <unordered_map>
+
+namespace cuemu {
+
+// ---- errors: per host thread, as in the CUDA runtime ----
+
+static thread_local cudaError_t last_error = cudaSuccess;
+
+cudaError_t record_error(cudaError_t err) {
+    if (err != cudaSuccess) last_error = err;
+    return err;
+}
+
+// ---- device memory accounting ----
+
+namespace {
+struct Allocations {
+    std::mutex mutex;
+    std::unordered_map<void*, size_t> sizes;
+    size_t current = 0, peak = 0;
+};
+Allocations& allocations() {
+    static Allocations* a = new Allocations;  // never destroyed: frees may run during exit
+    return *a;
+}
+size_t device_capacity_bytes() {
+    static const size_t capacity = [] {
+        const char* gib = std::getenv("CUEMU_DEVICE_MEMORY_GIB");
+        double g = gib ? std::atof(gib) : 80.0;
+        if (!(g > 0)) {
+            std::fprintf(stderr, "CUEMU_DEVICE_MEMORY_GIB: expected a positive number, got '%s'\n", gib);
+            std::exit(EXIT_FAILURE);
+        }
+        return size_t(g * double(size_t(1) << 30));
+    }();
+    return capacity;
+}
+}  // namespace
+
+MemoryStats memory_stats() {
+    Allocations& a = allocations();
+    std::lock_guard<std::mutex> lock(a.mutex);
+    return {a.current, a.peak, a.sizes.size()};
+}
+
+void reset_peak_memory() {
+    Allocations& a = allocations();
+    std::lock_guard<std::mutex> lock(a.mutex);
+    a.peak = a.current;
+}
+
+bool is_device_allocation(const void* p) {
+    Allocations& a = allocations();
+    std::lock_guard<std::mutex> lock(a.mutex);
+    return a.sizes.count(const_cast<void*>(p)) != 0;
+}
+
+}  // namespace cuemu
+
+using cuemu::record_error;
+
+// ---- memory ----
+
+cudaError_t cudaMalloc(void** ptr, size_t size) {
+    if (ptr == nullptr) return record_error(cudaErrorInvalidValue);
+    *ptr = nullptr;
+    auto& a = cuemu::allocations();
+    {
+        std::lock_guard<std::mutex> lock(a.mutex);
+        if (a.current + size > cuemu::device_capacity_bytes()) return record_error(cudaErrorMemoryAllocation);
+    }
+    // 256-byte alignment like cudaMalloc; the size stays exact so overruns are visible to ASan.
+    void* p = nullptr;
+    if (posix_memalign(&p, 256, size == 0 ? 1 : size) != 0) return record_error(cudaErrorMemoryAllocation);
+    std::lock_guard<std::mutex> lock(a.mutex);
+    a.sizes[p] = size;
+    a.current += size;
+    if (a.current > a.peak) a.peak = a.current;
+    *ptr = p;
+    return cudaSuccess;
+}
+
+cudaError_t cudaFree(void* ptr) {
+    if (ptr == nullptr) return cudaSuccess;
+    auto& a = cuemu::allocations();
+    {
+        std::lock_guard<std::mutex> lock(a.mutex);
+        auto it = a.sizes.find(ptr);
+        if (it == a.sizes.end()) return record_error(cudaErrorInvalidValue);
+        a.current -= it->second;
+        a.sizes.erase(it);
+    }
+    std::free(ptr);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMallocHost(void** ptr, size_t size) {
+    if (ptr == nullptr) return record_error(cudaErrorInvalidValue);
+    *ptr = std::malloc(size == 0 ? 1 : size);
+    return *ptr ? cudaSuccess : record_error(cudaErrorMemoryAllocation);
+}
+
+cudaError_t cudaFreeHost(void* ptr) {
+    std::free(ptr);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+    size_t total = cuemu::device_capacity_bytes();
+    size_t used = cuemu::memory_stats().current_bytes;
+    if (free_bytes) *free_bytes = used < total ? total - used : 0;
+    if (total_bytes) *total_bytes = total;
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind) {
+    if (count && (dst == nullptr || src == nullptr)) return record_error(cudaErrorInvalidValue);
+    if (count) std::memmove(dst, src, count);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t) {
+    return cudaMemcpy(dst, src, count, kind);  // streams execute in order, synchronously
+}
+
+cudaError_t cudaMemset(void* dst, int value, size_t count) {
+    if (count && dst == nullptr) return record_error(cudaErrorInvalidValue);
+    if (count) std::memset(dst, value, count);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemsetAsync(void* dst, int value, size_t count, cudaStream_t) { return cudaMemset(dst, value, count); }
+
+// ---- streams and events: work runs synchronously, so events are host timestamps ----
+
+namespace {
+struct EmuStream {
+    unsigned flags;
+};
+struct EmuEvent {
+    std::chrono::steady_clock::time_point when{};
+    bool recorded = false;
+};
+}  // namespace
+
+cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, 0); }
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
+    if (stream == nullptr) return record_error(cudaErrorInvalidValue);
+    *stream = reinterpret_cast<cudaStream_t>(new EmuStream{flags});
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+    delete reinterpret_cast<EmuStream*>(stream);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+
+cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, 0); }
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
+    if (event == nullptr) return record_error(cudaErrorInvalidValue);
+    *event = reinterpret_cast<cudaEvent_t>(new EmuEvent);
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+    delete reinterpret_cast<EmuEvent*>(event);
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
+    if (event == nullptr) return record_error(cudaErrorInvalidResourceHandle);
+    auto* e = reinterpret_cast<EmuEvent*>(event);
+    e->when = std::chrono::steady_clock::now();
+    e->recorded = true;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
+
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+    if (ms == nullptr || start == nullptr || end == nullptr) return record_error(cudaErrorInvalidValue);
+    auto* s = reinterpret_cast<EmuEvent*>(start);
+    auto* e = reinterpret_cast<EmuEvent*>(end);
+    if (!s->recorded || !e->recorded) return record_error(cudaErrorInvalidResourceHandle);
+    *ms = std::chrono::duration<float, std::milli>(e->when - s->when).count();
+    return cudaSuccess;
+}
+
+// ---- device: one emulated device per process, described like an H100 SXM where it matters
+// to launch limits (the executor enforces the same limits) ----
+
+cudaError_t cudaGetDeviceCount(int* count) {
+    if (count == nullptr) return record_error(cudaErrorInvalidValue);
+    *count = 1;
+    return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : record_error(cudaErrorInvalidDevice); }
+
+cudaError_t cudaGetDevice(int* device) {
+    if (device == nullptr) return record_error(cudaErrorInvalidValue);
+    *device = 0;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+    if (prop == nullptr) return record_error(cudaErrorInvalidValue);
+    if (device != 0) return record_error(cudaErrorInvalidDevice);
+    *prop = cudaDeviceProp{};
+    std::snprintf(prop->name, sizeof(prop->name), "CUDA emulator on the CPU (emu/)");
+    prop->totalGlobalMem = cuemu::device_capacity_bytes();
+    prop->sharedMemPerBlock = cuemu::kDefaultSharedMemPerBlock;
+    prop->sharedMemPerBlockOptin = cuemu::kMaxSharedMemPerBlockOptin;
+    prop->sharedMemPerMultiprocessor = 228 * 1024;
+    prop->regsPerBlock = 65536;
+    prop->regsPerMultiprocessor = 65536;
+    prop->warpSize = 32;
+    prop->maxThreadsPerBlock = cuemu::kMaxThreadsPerBlock;
+    prop->maxThreadsPerMultiProcessor = 2048;
+    prop->maxThreadsDim[0] = 1024;
+    prop->maxThreadsDim[1] = 1024;
+    prop->maxThreadsDim[2] = 64;
+    prop->maxGridSize[0] = 2147483647;
+    prop->maxGridSize[1] = 65535;
+    prop->maxGridSize[2] = 65535;
+    prop->multiProcessorCount = cuemu::threads();
+    prop->major = 9;
+    prop->minor = 0;
+    prop->l2CacheSize = 50 * 1024 * 1024;
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+    if (value == nullptr) return record_error(cudaErrorInvalidValue);
+    if (device != 0) return record_error(cudaErrorInvalidDevice);
+    cudaDeviceProp p;
+    cudaGetDeviceProperties(&p, 0);
+    switch (attr) {
+        case cudaDevAttrMaxThreadsPerBlock: *value = p.maxThreadsPerBlock; break;
+        case cudaDevAttrMaxSharedMemoryPerBlock: *value = int(p.sharedMemPerBlock); break;
+        case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = int(p.sharedMemPerBlockOptin); break;
+        case cudaDevAttrMultiProcessorCount: *value = p.multiProcessorCount; break;
+        case cudaDevAttrComputeCapabilityMajor: *value = p.major; break;
+        case cudaDevAttrComputeCapabilityMinor: *value = p.minor; break;
+        case cudaDevAttrWarpSize: *value = p.warpSize; break;
+        default: return record_error(cudaErrorInvalidValue);
+    }
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceReset() { return cudaSuccess; }
+
+// ---- errors ----
+
+cudaError_t cudaGetLastError() {
+    cudaError_t e = cuemu::last_error;
+    cuemu::last_error = cudaSuccess;
+    return e;
+}
+
+cudaError_t cudaPeekAtLastError() { return cuemu::last_error; }
+
+const char* cudaGetErrorName(cudaError_t err) {
+    switch (err) {
+#define CUEMU_ERROR_NAME(e) \
+    case e: return #e;
+        CUEMU_ERROR_NAME(cudaSuccess)
+        CUEMU_ERROR_NAME(cudaErrorInvalidValue)
+        CUEMU_ERROR_NAME(cudaErrorMemoryAllocation)
+        CUEMU_ERROR_NAME(cudaErrorInvalidConfiguration)
+        CUEMU_ERROR_NAME(cudaErrorInvalidDevice)
+        CUEMU_ERROR_NAME(cudaErrorInvalidResourceHandle)
+        CUEMU_ERROR_NAME(cudaErrorLaunchFailure)
+        CUEMU_ERROR_NAME(cudaErrorLaunchOutOfResources)
+        CUEMU_ERROR_NAME(cudaErrorInvalidDeviceFunction)
+        CUEMU_ERROR_NAME(cudaErrorNotSupported)
+#undef CUEMU_ERROR_NAME
+        default: return "cudaErrorUnknown";
+    }
+}
+
+const char* cudaGetErrorString(cudaError_t err) {
+    switch (err) {
+        case cudaSuccess: return "no error";
+        case cudaErrorInvalidValue: return "invalid argument";
+        case cudaErrorMemoryAllocation: return "out of memory";
+        case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+        case cudaErrorInvalidDevice: return "invalid device ordinal";
+        case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+        case cudaErrorLaunchFailure:
+            return "unspecified launch failure (emu: deadlock or divergent barrier; details on stderr)";
+        case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
+        case cudaErrorInvalidDeviceFunction: return "invalid device function";
+        case cudaErrorNotSupported: return "operation not supported";
+        default: return "unknown error";
+    }
+}
+
+// ---- kernel attributes: the executor enforces the opted-in dynamic shared memory size ----
+
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+    if (func == nullptr) return record_error(cudaErrorInvalidDeviceFunction);
+    if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
+        if (value < 0 || size_t(value) > cuemu::kMaxSharedMemPerBlockOptin) return record_error(cudaErrorInvalidValue);
+        cuemu::set_max_dynamic_shared(func, size_t(value));
+        return cudaSuccess;
+    }
+    if (attr == cudaFuncAttributePreferredSharedMemoryCarveout) return cudaSuccess;
+    return record_error(cudaErrorInvalidValue);
+}

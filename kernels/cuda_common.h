@@ -1,0 +1,78 @@
+// The one CUDA include of the project: the real toolkit under nvcc, emu/ under g++.
+// It also holds the one kernel launch wrapper and the error checks.
+#pragma once
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+
+#ifdef __CUDACC__
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+// `DYNAMIC_SHARED(float, smem);` declares `float* smem` at the launch's dynamic shared memory.
+#define DYNAMIC_SHARED(type, name)                                      \
+    extern __shared__ __align__(16) unsigned char cuda_dynamic_shared_[]; \
+    type* name = reinterpret_cast<type*>(cuda_dynamic_shared_)
+#else
+#include "../emu/cuda_emu.h"
+#endif
+
+// ---------------------------------------------------------------------------------------------
+// Error checks: a failing CUDA call ends the program with the call, file and line.
+
+[[noreturn]] inline void cuda_fail(cudaError_t err, const char* what, const char* file, int line) {
+    std::fprintf(stderr, "CUDA error at %s:%d: %s: %s\n", file, line, what, cudaGetErrorString(err));
+    std::exit(EXIT_FAILURE);
+}
+#define CUDA_CHECK(call)                                                    \
+    do {                                                                    \
+        cudaError_t cuda_check_err_ = (call);                               \
+        if (cuda_check_err_ != cudaSuccess) cuda_fail(cuda_check_err_, #call, __FILE__, __LINE__); \
+    } while (0)
+
+// ---------------------------------------------------------------------------------------------
+// The kernel's name, from the compiler's spelling of the template argument (for messages).
+
+template <auto Kernel> const char* kernel_name() {
+    static const std::string name = [pretty = std::string_view(__PRETTY_FUNCTION__)] {
+        // pretty: "const char* kernel_name() [with auto Kernel = name]"
+        const std::string_view key = "Kernel = ";
+        size_t begin = pretty.find(key);
+        if (begin == std::string_view::npos) return std::string(pretty);
+        begin += key.size();
+        size_t end = pretty.find_first_of(";]", begin);
+        return std::string(pretty.substr(begin, end - begin));
+    }();
+    return name.c_str();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Every kernel launch in the project goes through here:
+//     launch<my_kernel>(grid, block, dynamic_smem_bytes, stream, args...);
+// Under nvcc this is <<<>>>; under g++ the emu executor runs the launch on the CPU.
+// try_launch returns the launch error; launch ends the program on one, naming the kernel.
+
+template <auto Kernel, typename... Args>
+cudaError_t try_launch(dim3 grid, dim3 block, size_t dynamic_smem, cudaStream_t stream, Args&&... args) {
+#ifdef __CUDACC__
+    Kernel<<<grid, block, dynamic_smem, stream>>>(std::forward<Args>(args)...);
+    return cudaGetLastError();
+#else
+    cuemu::launch<Kernel>(kernel_name<Kernel>(), grid, block, dynamic_smem, stream, std::forward<Args>(args)...);
+    return cudaGetLastError();
+#endif
+}
+
+template <auto Kernel, typename... Args>
+void launch(dim3 grid, dim3 block, size_t dynamic_smem, cudaStream_t stream, Args&&... args) {
+    cudaError_t err = try_launch<Kernel>(grid, block, dynamic_smem, stream, std::forward<Args>(args)...);
+    if (err != cudaSuccess) {
+        std::fprintf(stderr, "kernel launch failed: %s grid (%u,%u,%u) block (%u,%u,%u) smem %zu: %s\n",
+                     kernel_name<Kernel>(), grid.x, grid.y, grid.z, block.x, block.y, block.z, dynamic_smem,
+                     cudaGetErrorString(err));
+        std::exit(EXIT_FAILURE);
+    }
+}
+
+inline unsigned ceil_div(size_t a, size_t b) { return unsigned((a + b - 1) / b); }

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs the Debian packages train_gpt needs to build and test, when they are missing.
+#   scripts/deps.sh           install what is missing (apt-get; run as root)
+#   scripts/deps.sh --check   exit 1 and list what is missing, install nothing
+# The CUDA toolkit (nvcc, cuBLASLt, NCCL) is not a Debian package here: when nvcc is absent,
+# only the CPU build (train_gpt_cpu) is built and tested.
+set -euo pipefail
+packages=(
+  g++ make cmake pkg-config         # compilers, CTest
+  libopenmpi-dev openmpi-bin        # MPI: process launch, and the emulated NCCL's transport
+  libopenblas-dev                   # the emulated cuBLASLt's GEMM
+  libcxxopts-dev nlohmann-json3-dev # CLI and JSON config
+  catch2                            # tests
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  [ "${1:-}" = "--check" ] || echo "deps: all present"
+  exit 0
+fi
+if [ "${1:-}" = "--check" ]; then
+  echo "deps: missing: ${missing[*]}"
+  exit 1
+fi
+echo "deps: installing ${missing[*]}"
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
