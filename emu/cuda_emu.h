@@ -129,6 +129,12 @@ template <typename T> inline T from_bits(uint64_t bits) {
 
 }  // namespace cuemu
 
+// cuda_runtime.h declares its C++ convenience overloads (taking the kernel itself rather than
+// `const void*`) only under nvcc; the ones the project uses, with the same meaning:
+template <typename T> inline cudaError_t cudaFuncSetAttribute(T* entry, cudaFuncAttribute attr, int value) {
+    return ::cudaFuncSetAttribute(reinterpret_cast<const void*>(entry), attr, value);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Synchronization and warp collectives, with the semantics of the CUDA C++ Programming Guide
 // ("Synchronization Functions", "Warp Shuffle Functions", "Warp Vote Functions").

@@ -1,0 +1,88 @@
+// Measures what the emulator costs: ns per fiber switch, per thread of an elementwise kernel,
+// per lane-shuffle of a warp reduction, against plain C++ loops doing the same arithmetic.
+//   make emu-bench        (runs with CUEMU_THREADS=1 so the numbers are per core)
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+#include "kernels/cuda_common.h"
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+template <typename F> double best_of(int reps, F f) {
+    double best = 1e30;
+    for (int r = 0; r < reps; ++r) {
+        auto t0 = std::chrono::steady_clock::now();
+        f();
+        best = std::min(best, seconds_since(t0));
+    }
+    return best;
+}
+
+}  // namespace
+
+__global__ void scale_kernel(float* x, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = 2.0f * x[i] + 1.0f;
+}
+
+// Every lane of every warp passes `rounds` __syncwarp barriers: one switch per lane per round.
+__global__ void syncwarp_kernel(int rounds) {
+    for (int r = 0; r < rounds; ++r) __syncwarp();
+}
+
+// Warp sums of 32 values per row: 5 xor-shuffles per lane per row.
+__global__ void warp_sum_kernel(const float* x, float* out, int rows) {
+    int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (warp >= rows) return;
+    float v = x[size_t(warp) * 32 + lane];
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0) out[warp] = v;
+}
+
+int main() {
+    std::printf("emu_bench: CUEMU_THREADS=%d, schedule %d\n", cuemu::threads(), int(cuemu::schedule()));
+
+    // 1. Elementwise kernel: per-thread cost against a plain loop.
+    const int n = 1 << 22;
+    float* x;
+    CUDA_CHECK(cudaMalloc(&x, n * sizeof(float)));
+    CUDA_CHECK(cudaMemset(x, 0, n * sizeof(float)));
+    double t_kernel = best_of(5, [&] { launch<scale_kernel>(dim3(n / 256), dim3(256), 0, nullptr, x, n); });
+    std::vector<float> host(n, 0.0f);
+    volatile float sink = 0;
+    double t_loop = best_of(5, [&] {
+        for (int i = 0; i < n; ++i) host[i] = 2.0f * host[i] + 1.0f;
+        sink = host[n / 2];
+    });
+    std::printf("elementwise: %.2f ns per thread (plain loop %.2f ns per element)\n", 1e9 * t_kernel / n,
+                1e9 * t_loop / n);
+
+    // 2. Fiber switches: blocks of 1024 threads meeting at __syncwarp.
+    const int rounds = 200, blocks = 8;
+    auto s0 = cuemu::executor_stats();
+    auto t0 = std::chrono::steady_clock::now();
+    launch<syncwarp_kernel>(dim3(blocks), dim3(1024), 0, nullptr, rounds);
+    double t_sw = seconds_since(t0);
+    auto s1 = cuemu::executor_stats();
+    std::printf("switch: %.1f ns per switch (%llu switches, 1024-thread blocks)\n", 1e9 * t_sw / double(s1.switches - s0.switches),
+                (unsigned long long)(s1.switches - s0.switches));
+
+    // 3. Warp shuffles: per lane-shuffle cost of a warp reduction.
+    const int rows = 1 << 15;
+    float *in, *out;
+    CUDA_CHECK(cudaMalloc(&in, size_t(rows) * 32 * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&out, rows * sizeof(float)));
+    CUDA_CHECK(cudaMemset(in, 0, size_t(rows) * 32 * sizeof(float)));
+    double t_shfl = best_of(3, [&] { launch<warp_sum_kernel>(dim3(rows * 32 / 256), dim3(256), 0, nullptr, in, out, rows); });
+    std::printf("shuffle: %.1f ns per lane-shuffle (%d rows x 32 lanes x 5 shuffles)\n", 1e9 * t_shfl / (double(rows) * 32 * 5),
+                rows);
+    cudaFree(x);
+    cudaFree(in);
+    cudaFree(out);
+    return 0;
+}

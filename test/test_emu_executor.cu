@@ -1,0 +1,275 @@
+// What only the emulator does: schedule orders that expose races, shared-memory poisoning,
+// deadlock detection, the H100's launch limits, lazy fibers, and device-memory accounting.
+// (No GPU build: these test emu/ itself.)
+#include "test_util.h"
+
+#include <cmath>
+#include <set>
+
+namespace {
+
+struct ScheduleGuard {  // restores the schedule the suite was started with
+    cuemu::Schedule saved = cuemu::schedule();
+    ~ScheduleGuard() { cuemu::set_schedule(saved, 12345); }
+};
+
+const cuemu::Schedule kOrders[] = {cuemu::Schedule::forward, cuemu::Schedule::reverse, cuemu::Schedule::random};
+const char* kOrderNames[] = {"forward", "reverse", "random"};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Race exposure
+
+// Block sum by tree reduction; `with_barrier` = 0 drops the __syncthreads between the steps.
+__global__ void tree_sum_kernel(const float* x, float* out, int with_barrier) {
+    __shared__ float buf[256];
+    int t = threadIdx.x;
+    buf[t] = x[blockIdx.x * blockDim.x + t];
+    __syncthreads();
+    for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
+        if (t < stride) buf[t] += buf[t + stride];
+        if (with_barrier) __syncthreads();
+    }
+    if (t == 0) out[blockIdx.x] = buf[0];
+}
+
+// Neighbour exchange through shared memory; `with_barrier` = 0 reads before the neighbour wrote.
+__global__ void neighbour_kernel(const float* x, float* out, int with_barrier) {
+    __shared__ float buf[256];
+    int t = threadIdx.x;
+    buf[t] = x[t];
+    if (with_barrier) __syncthreads();
+    out[t] = buf[(t + 1) % blockDim.x];
+}
+
+TEST_CASE("a missing __syncthreads is wrong under some schedule order; its fixed twin under none") {
+    ScheduleGuard guard;
+    cuemu::set_check_mode(true);
+    const int blocks = 4, threads = 256;
+    std::vector<float> x(size_t(blocks) * threads);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = float(i % 17);
+    DeviceBuffer<float> dx(x), out(blocks), out_n(threads);
+    std::vector<float> expect(blocks, 0.0f);
+    for (int b = 0; b < blocks; ++b)
+        for (int t = 0; t < threads; ++t) expect[b] += x[size_t(b) * threads + t];
+
+    int tree_wrong = 0, neighbour_wrong = 0;
+    for (int o = 0; o < 3; ++o) {
+        cuemu::set_schedule(kOrders[o], 777);
+        INFO("order " << kOrderNames[o]);
+        launch<tree_sum_kernel>(dim3(blocks), dim3(threads), 0, nullptr, dx.ptr, out.ptr, 1);
+        REQUIRE(out.download() == expect);
+        launch<tree_sum_kernel>(dim3(blocks), dim3(threads), 0, nullptr, dx.ptr, out.ptr, 0);
+        tree_wrong += out.download() != expect;
+
+        launch<neighbour_kernel>(dim3(1), dim3(threads), 0, nullptr, dx.ptr, out_n.ptr, 1);
+        auto good = out_n.download();
+        for (int t = 0; t < threads; ++t) REQUIRE(good[t] == x[(t + 1) % threads]);
+        launch<neighbour_kernel>(dim3(1), dim3(threads), 0, nullptr, dx.ptr, out_n.ptr, 0);
+        auto bad = out_n.download();
+        bool wrong = false;
+        for (int t = 0; t < threads; ++t) wrong |= !(bad[t] == x[(t + 1) % threads]);
+        neighbour_wrong += wrong;
+    }
+    CHECK(tree_wrong >= 1);
+    CHECK(neighbour_wrong >= 1);
+}
+
+// Which order did the threads of a block run in? Each takes a ticket after a barrier.
+__global__ void ticket_kernel(int* tickets) {
+    __shared__ int next;
+    if (threadIdx.x == 0) next = 0;
+    __syncthreads();
+    tickets[threadIdx.x] = atomicAdd(&next, 1);
+}
+
+TEST_CASE("schedule orders: forward, reverse and a seeded random permutation") {
+    ScheduleGuard guard;
+    const int n = 64;
+    DeviceBuffer<int> tickets(n);
+    auto run = [&](cuemu::Schedule s, uint64_t seed) {
+        cuemu::set_schedule(s, seed);
+        launch<ticket_kernel>(dim3(1), dim3(n), 0, nullptr, tickets.ptr);
+        return tickets.download();
+    };
+    auto fwd = run(cuemu::Schedule::forward, 0);
+    auto rev = run(cuemu::Schedule::reverse, 0);
+    auto rnd1 = run(cuemu::Schedule::random, 42);
+    auto rnd2 = run(cuemu::Schedule::random, 42);
+    auto rnd3 = run(cuemu::Schedule::random, 43);
+    for (int t = 0; t < n; ++t) {
+        REQUIRE(fwd[t] == t);
+        REQUIRE(rev[t] == n - 1 - t);
+    }
+    REQUIRE(std::set<int>(rnd1.begin(), rnd1.end()).size() == size_t(n));  // a permutation
+    REQUIRE(rnd1 == rnd2);                                                  // reproducible for a seed
+    REQUIRE(rnd1 != rnd3);
+    REQUIRE(rnd1 != fwd);
+    REQUIRE(rnd1 != rev);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared memory poisoning
+
+__global__ void read_uninitialized_shared(float* out) {
+    __shared__ float static_buf[64];
+    DYNAMIC_SHARED(float, dynamic_buf);
+    out[threadIdx.x] = static_buf[threadIdx.x];
+    out[64 + threadIdx.x] = dynamic_buf[threadIdx.x];
+    static_buf[threadIdx.x] = 1.0f;  // what the next block would otherwise see
+    dynamic_buf[threadIdx.x] = 1.0f;
+}
+
+TEST_CASE("check mode fills static and dynamic shared memory with NaN at every block start") {
+    cuemu::set_check_mode(true);
+    DeviceBuffer<float> out(128);
+    for (int blocks : {1, 3}) {
+        launch<read_uninitialized_shared>(dim3(blocks), dim3(64), 64 * sizeof(float), nullptr, out.ptr);
+        for (float v : out.download()) REQUIRE(std::isnan(v));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Deadlocks and divergent collectives are errors, not hangs
+
+__global__ void divergent_barrier_kernel(float* out) {
+    if (threadIdx.x < 5) __syncthreads();
+    out[threadIdx.x] = 1.0f;
+}
+
+__global__ void exited_lane_shuffle_kernel(float* out) {
+    if (threadIdx.x == 3) return;
+    out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 1);
+}
+
+__global__ void mask_without_caller_kernel(float* out) {
+    out[threadIdx.x] = __shfl_sync(0x1u, 1.0f, 0);  // lanes other than 0 call with a mask that excludes them
+}
+
+__global__ void fine_kernel(float* out) {
+    __syncthreads();
+    out[threadIdx.x] = __shfl_down_sync(0xffffffffu, float(threadIdx.x), 1);
+}
+
+TEST_CASE("a barrier some threads never reach is reported as an error, and the executor recovers") {
+    DeviceBuffer<float> out(64);
+    REQUIRE(cudaGetLastError() == cudaSuccess);
+    REQUIRE(try_launch<divergent_barrier_kernel>(dim3(2), dim3(64), 0, nullptr, out.ptr) == cudaErrorLaunchFailure);
+    REQUIRE(try_launch<exited_lane_shuffle_kernel>(dim3(1), dim3(32), 0, nullptr, out.ptr) == cudaErrorLaunchFailure);
+    REQUIRE(try_launch<mask_without_caller_kernel>(dim3(1), dim3(32), 0, nullptr, out.ptr) == cudaErrorLaunchFailure);
+    // cudaGetLastError reports the launch error once, then resets (the error is not sticky).
+    REQUIRE(try_launch<divergent_barrier_kernel>(dim3(1), dim3(64), 0, nullptr, out.ptr) == cudaErrorLaunchFailure);
+    REQUIRE(cudaPeekAtLastError() == cudaSuccess);  // try_launch already read it
+    // The executor still runs correct kernels afterwards (abandoned fibers were cleaned up).
+    for (int i = 0; i < 3; ++i) {
+        REQUIRE(try_launch<fine_kernel>(dim3(4), dim3(64), 0, nullptr, out.ptr) == cudaSuccess);
+        auto r = out.download();
+        for (int t = 0; t < 64; ++t) REQUIRE(r[t] == float((t % 32) < 31 ? t + 1 : t));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Launch limits of an H100
+
+__global__ void empty_kernel() {}
+
+TEST_CASE("launches an H100 would refuse are refused") {
+    REQUIRE(try_launch<empty_kernel>(dim3(1), dim3(1025), 0, nullptr) == cudaErrorInvalidConfiguration);
+    REQUIRE(try_launch<empty_kernel>(dim3(1), dim3(32, 33), 0, nullptr) == cudaErrorInvalidConfiguration);
+    REQUIRE(try_launch<empty_kernel>(dim3(1), dim3(1, 1, 65), 0, nullptr) == cudaErrorInvalidConfiguration);
+    REQUIRE(try_launch<empty_kernel>(dim3(1, 65536), dim3(1), 0, nullptr) == cudaErrorInvalidConfiguration);
+    REQUIRE(try_launch<empty_kernel>(dim3(0), dim3(1), 0, nullptr) == cudaErrorInvalidConfiguration);
+    REQUIRE(try_launch<empty_kernel>(dim3(1), dim3(1024), 0, nullptr) == cudaSuccess);
+    REQUIRE(try_launch<empty_kernel>(dim3(1), dim3(1), 48 * 1024, nullptr) == cudaSuccess);
+    REQUIRE(try_launch<empty_kernel>(dim3(1), dim3(1), 48 * 1024 + 1, nullptr) == cudaErrorInvalidValue);
+    REQUIRE(cudaFuncSetAttribute(empty_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024) == cudaSuccess);
+    REQUIRE(try_launch<empty_kernel>(dim3(1), dim3(1), 100 * 1024, nullptr) == cudaSuccess);
+    REQUIRE(try_launch<empty_kernel>(dim3(1), dim3(1), 100 * 1024 + 1, nullptr) == cudaErrorInvalidValue);
+    REQUIRE(cudaFuncSetAttribute(empty_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 228 * 1024) ==
+            cudaErrorInvalidValue);
+    cudaGetLastError();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lazy fibers: threads that never block run as plain calls
+
+__global__ void elementwise_kernel(float* x, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = 2.0f * x[i] + 1.0f;
+}
+
+TEST_CASE("threads that never block cost no context switch of their own") {
+    const int n = 1 << 16, threads = 256, blocks = n / threads;
+    DeviceBuffer<float> x(n);
+    x.fill_bytes(0);
+    auto before = cuemu::executor_stats();
+    launch<elementwise_kernel>(dim3(blocks), dim3(threads), 0, nullptr, x.ptr, n);
+    auto after = cuemu::executor_stats();
+    REQUIRE(after.fibers_started - before.fibers_started == uint64_t(n));
+    // Two switches per block (into the runner and back), whatever the block size.
+    REQUIRE(after.switches - before.switches == 2ull * blocks);
+    for (float v : x.download()) REQUIRE(v == 1.0f);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Device memory accounting
+
+TEST_CASE("cudaMalloc/cudaFree keep exact current and peak byte counts") {
+    auto base = cuemu::memory_stats();
+    cuemu::reset_peak_memory();
+    void *a, *b;
+    REQUIRE(cudaMalloc(&a, 1000) == cudaSuccess);
+    REQUIRE(cudaMalloc(&b, 333) == cudaSuccess);
+    auto s1 = cuemu::memory_stats();
+    REQUIRE(s1.current_bytes == base.current_bytes + 1333);
+    REQUIRE(s1.peak_bytes == base.current_bytes + 1333);
+    REQUIRE(s1.allocations == base.allocations + 2);
+    REQUIRE(cudaFree(a) == cudaSuccess);
+    auto s2 = cuemu::memory_stats();
+    REQUIRE(s2.current_bytes == base.current_bytes + 333);
+    REQUIRE(s2.peak_bytes == base.current_bytes + 1333);
+    cuemu::reset_peak_memory();
+    REQUIRE(cuemu::memory_stats().peak_bytes == base.current_bytes + 333);
+    size_t free_bytes, total_bytes;
+    REQUIRE(cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess);
+    REQUIRE(free_bytes == total_bytes - s2.current_bytes);
+    REQUIRE(cudaFree(b) == cudaSuccess);
+    REQUIRE(cudaFree(reinterpret_cast<void*>(0x1000)) == cudaErrorInvalidValue);  // not an allocation
+    REQUIRE(cudaGetLastError() == cudaErrorInvalidValue);
+    REQUIRE(cudaGetLastError() == cudaSuccess);
+    void* huge;
+    REQUIRE(cudaMalloc(&huge, total_bytes + 1) == cudaErrorMemoryAllocation);
+    cudaGetLastError();
+}
+
+TEST_CASE("events measure elapsed host time; device properties describe the emulator") {
+    cudaEvent_t start, stop;
+    REQUIRE(cudaEventCreate(&start) == cudaSuccess);
+    REQUIRE(cudaEventCreate(&stop) == cudaSuccess);
+    REQUIRE(cudaEventRecord(start, nullptr) == cudaSuccess);
+    DeviceBuffer<float> x(1 << 20);
+    x.fill_bytes(0);
+    launch<elementwise_kernel>(dim3(4096), dim3(256), 0, nullptr, x.ptr, 1 << 20);
+    REQUIRE(cudaEventRecord(stop, nullptr) == cudaSuccess);
+    float ms = -1;
+    REQUIRE(cudaEventElapsedTime(&ms, start, stop) == cudaSuccess);
+    REQUIRE(ms > 0.0f);
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    cudaDeviceProp p;
+    REQUIRE(cudaGetDeviceProperties(&p, 0) == cudaSuccess);
+    REQUIRE(p.maxThreadsPerBlock == 1024);
+    REQUIRE(p.sharedMemPerBlock == 48 * 1024);
+    REQUIRE(p.sharedMemPerBlockOptin == 227 * 1024);
+    REQUIRE(p.multiProcessorCount == cuemu::threads());
+    int count = 0, dev = -1;
+    REQUIRE(cudaGetDeviceCount(&count) == cudaSuccess);
+    REQUIRE(count == 1);
+    REQUIRE(cudaSetDevice(0) == cudaSuccess);
+    REQUIRE(cudaGetDevice(&dev) == cudaSuccess);
+    REQUIRE(dev == 0);
+    REQUIRE(cudaSetDevice(1) == cudaErrorInvalidDevice);
+    REQUIRE(std::string(cudaGetErrorString(cudaErrorInvalidDevice)) == "invalid device ordinal");
+    cudaGetLastError();
+}
