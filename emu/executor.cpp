@@ -664,7 +664,7 @@ void run_block(Worker& w, const KernelLaunch& L, unsigned block_linear) {
     if (s.check) {
         SharedRegion r = this_threads_static_shared();
         if (r.size) std::memset(r.begin, 0xFF, r.size);
-        std::memset(w.dynamic_shared.data(), 0xFF, w.dynamic_shared.size());
+        if (!w.dynamic_shared.empty()) std::memset(w.dynamic_shared.data(), 0xFF, w.dynamic_shared.size());
     }
 
     // Run the block: switch to a runner and come back when nothing can run any more.
