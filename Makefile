@@ -49,6 +49,7 @@ EMU_SRC := $(wildcard emu/*.cpp)
 EMU_HDR := $(wildcard emu/*.h)
 KERNEL_HDR := $(wildcard kernels/*.h kernels/*.cuh)
 HOST_HDR := $(wildcard host/*.h)
+TEST_HDR := $(wildcard test/*.h)
 ALL_HDR := $(EMU_HDR) $(KERNEL_HDR) $(HOST_HDR)
 
 # Tests: test_<name>.cu -> one executable each. test_emu_* test the emulator itself and have no
@@ -92,7 +93,7 @@ $(CPU_DIR)/catch_main.o: test/catch_main.cpp | deps-if-missing
 	@mkdir -p $(@D)
 	$(CXX) $(CPU_CXXFLAGS) -c $< -o $@
 
-$(CPU_DIR)/test_%.o: test/test_%.cu test/test_util.h $(ALL_HDR) | deps-if-missing
+$(CPU_DIR)/test_%.o: test/test_%.cu $(TEST_HDR) $(ALL_HDR) | deps-if-missing
 	@mkdir -p $(@D)
 	$(CXX) $(CPU_CXXFLAGS) -x c++ -c $< -o $@
 
@@ -133,11 +134,13 @@ $(GPU_DIR)/catch_main.o: test/catch_main.cpp | deps-if-missing
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -x cu -c $< -o $@ 2>/dev/null
 
-$(GPU_DIR)/test_%: test/test_%.cu test/test_util.h $(ALL_HDR) $(GPU_DIR)/catch_main.o | deps-if-missing
+$(GPU_DIR)/test_%.o: test/test_%.cu $(TEST_HDR) $(ALL_HDR) | deps-if-missing
 	@mkdir -p $(@D)
-	$(NVCC) $(NVCCFLAGS) -x cu $< $(if $(filter test_mpi_%,$*),,$(GPU_DIR)/catch_main.o) $(GPU_LDLIBS) -o $@ \
-	  2> $@.ptxas.log || { cat $@.ptxas.log; exit 1; }
+	$(NVCC) $(NVCCFLAGS) -x cu -c $< -o $@ 2> $@.ptxas.log || { cat $@.ptxas.log; exit 1; }
 	@scripts/check_spills.sh $@.ptxas.log
+
+$(GPU_DIR)/test_%: $(GPU_DIR)/test_%.o $(GPU_DIR)/catch_main.o
+	$(NVCC) $< $(if $(filter test_mpi_%,$*),,$(GPU_DIR)/catch_main.o) $(GPU_LDLIBS) -o $@
 
 test-gpu: deps-if-missing $(addprefix $(GPU_DIR)/,$(GPU_TEST_NAMES))
 	$(call ctest_file,$(GPU_DIR),ON)
@@ -154,7 +157,7 @@ $(ASAN_DIR)/catch_main.o: test/catch_main.cpp | deps-if-missing
 	@mkdir -p $(@D)
 	$(CXX) $(ASAN_CXXFLAGS) -c $< -o $@
 
-$(ASAN_DIR)/test_%: test/test_%.cu test/test_util.h $(ALL_HDR) $(patsubst emu/%.cpp,$(ASAN_DIR)/emu/%.o,$(EMU_SRC)) $(ASAN_DIR)/catch_main.o
+$(ASAN_DIR)/test_%: test/test_%.cu $(TEST_HDR) $(ALL_HDR) $(patsubst emu/%.cpp,$(ASAN_DIR)/emu/%.o,$(EMU_SRC)) $(ASAN_DIR)/catch_main.o
 	@mkdir -p $(@D)
 	$(CXX) $(ASAN_CXXFLAGS) -x c++ $< -x none $(patsubst emu/%.cpp,$(ASAN_DIR)/emu/%.o,$(EMU_SRC)) \
 	  $(if $(filter test_mpi_%,$*),,$(ASAN_DIR)/catch_main.o) $(CPU_LDLIBS) -o $@
