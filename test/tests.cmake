@@ -25,3 +25,7 @@ endif()
 foreach(np 2 3)
   add_test(test_mpi_nccl_np${np} ${MPIRUN} -np ${np} ${TEST_BIN}/test_mpi_nccl)
 endforeach()
+
+# Reference fixtures (dev/gpt2_reference.py): the test finds them from the repository root.
+add_test(test_fixtures ${TEST_BIN}/test_fixtures)
+set_tests_properties(test_fixtures PROPERTIES ENVIRONMENT "TRAIN_GPT_ROOT=${CMAKE_CURRENT_LIST_DIR}/..")
