@@ -59,6 +59,7 @@ TEST_NAMES := $(patsubst test/%.cu,%,$(TEST_SRC))
 GPU_TEST_NAMES := $(filter-out test_emu_%,$(TEST_NAMES))
 CATCH_MAIN_TESTS := $(filter-out test_mpi_%,$(TEST_NAMES))
 
+.SECONDARY:  # keep intermediate objects (test_*.o) between builds
 .PHONY: all train_gpt train_gpt_cpu test test-gpu test-asan deps deps-if-missing train clean emu-bench
 
 all: train_gpt_cpu

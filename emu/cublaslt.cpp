@@ -1,0 +1,655 @@
+// The cuBLASLt subset the project uses, defined for the CPU against the real cublasLt.h.
+//
+// The GEMM is column-major BLAS (OpenBLAS's cblas_sgemm) called with cuBLASLt's m, n, k,
+// transposes and leading dimensions unchanged: cuBLAS keeps the BLAS conventions by design, so
+// the stand-in adds no reading of its own there. What is ours: descriptor bookkeeping, argument
+// checks, widening BF16 inputs to FP32 (exact), rounding outputs to BF16 (nearest-even), and the
+// epilogues, each written from the cuBLASLt documentation (cublasLtEpilogue_t and
+// cublasLtMatmulDescAttributes_t, quoted in cublasLt.h) with the rule cited where it is used.
+#include "cuda_emu.h"
+
+#include <cblas.h>  // only for the type of cblas_sgemm: OpenBLAS is loaded with dlopen
+#include <cublasLt.h>
+#include <dlfcn.h>
+
+#include <climits>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <vector>
+
+struct cublasLtContext {
+    int unused;
+};
+
+namespace {
+
+// ---- messages: one line on stderr naming the function and the argument ----
+
+const char* status_name(cublasStatus_t status) {
+    switch (status) {
+        case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+        case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+        case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+        case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+        case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
+        case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
+        case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+        case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
+        case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+        case CUBLAS_STATUS_LICENSE_ERROR: return "CUBLAS_STATUS_LICENSE_ERROR";
+    }
+    return "CUBLAS_STATUS_UNKNOWN";
+}
+
+[[gnu::format(printf, 2, 3)]] cublasStatus_t fail(cublasStatus_t status, const char* format, ...) {
+    char message[512];
+    va_list args;
+    va_start(args, format);
+    std::vsnprintf(message, sizeof message, format, args);
+    va_end(args);
+    std::fprintf(stderr, "%s (%s)\n", message, status_name(status));
+    return status;
+}
+
+// ---- OpenBLAS, loaded on first use ----
+
+using SgemmFn = decltype(&cblas_sgemm);
+constexpr const char* kOpenBlasLibrary = "libopenblas.so.0";  // Debian 12: libopenblas0-pthread
+
+// Debian's OpenBLAS (DYNAMIC_ARCH) picks a slow generic kernel on these CPUs unless told the core
+// type, and reads OPENBLAS_CORETYPE only when it loads; hence dlopen rather than linking.
+SgemmFn load_sgemm(const char* caller) {
+    static SgemmFn sgemm = nullptr;
+    static std::once_flag once;
+    std::call_once(once, [] {
+        if (std::getenv("OPENBLAS_CORETYPE") == nullptr && __builtin_cpu_supports("avx512f"))
+            setenv("OPENBLAS_CORETYPE", "SkylakeX", 0);
+        void* library = dlopen(kOpenBlasLibrary, RTLD_NOW | RTLD_LOCAL);
+        if (library != nullptr) sgemm = reinterpret_cast<SgemmFn>(dlsym(library, "cblas_sgemm"));
+        if (sgemm == nullptr)
+            std::fprintf(stderr, "emulated cuBLASLt: cannot load cblas_sgemm from %s (%s); `make deps` installs libopenblas-dev\n",
+                         kOpenBlasLibrary, dlerror());
+    });
+    if (sgemm == nullptr) fail(CUBLAS_STATUS_NOT_INITIALIZED, "%s: OpenBLAS is not available", caller);
+    return sgemm;
+}
+
+// ---- descriptors: our structs live inside the header's semi-opaque storage ----
+
+struct Layout {
+    uint32_t type;
+    int32_t order = CUBLASLT_ORDER_COL;
+    uint64_t rows, cols;
+    int64_t ld;
+    int32_t batch_count = 1;
+    int64_t batch_stride = 0;  // elements
+};
+struct MatmulDesc {
+    int32_t compute_type, scale_type;
+    int32_t pointer_mode = CUBLASLT_POINTER_MODE_HOST;
+    int32_t transa = CUBLAS_OP_N, transb = CUBLAS_OP_N;
+    uint32_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    void* bias = nullptr;
+    int32_t bias_type = -1;  // -1: the documented default (see resolve_epilogue)
+    int64_t bias_batch_stride = 0;
+    void* aux = nullptr;
+    int64_t aux_ld = 0, aux_batch_stride = 0;
+    int32_t aux_type = -1;
+};
+struct Preference {
+    uint64_t max_workspace_bytes = 0;
+};
+static_assert(sizeof(Layout) <= sizeof(cublasLtMatrixLayoutOpaque_t));
+static_assert(sizeof(MatmulDesc) <= sizeof(cublasLtMatmulDescOpaque_t));
+static_assert(sizeof(Preference) <= sizeof(cublasLtMatmulPreferenceOpaque_t));
+
+template <typename Impl, typename Opaque> Impl* impl(Opaque* p) { return std::launder(reinterpret_cast<Impl*>(p)); }
+
+template <typename Opaque, typename Impl, typename Handle>
+cublasStatus_t create(const char* caller, Handle* out, const Impl& initial) {
+    if (out == nullptr) return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: the output pointer is NULL", caller);
+    Opaque* storage = new (std::nothrow) Opaque{};
+    if (storage == nullptr) return fail(CUBLAS_STATUS_ALLOC_FAILED, "%s: out of memory", caller);
+    new (storage) Impl(initial);
+    *out = storage;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+// One settable attribute: where it lives and its documented size (cublasLt.h gives each type).
+struct Field {
+    const char* name = nullptr;
+    void* data = nullptr;
+    size_t size = 0;
+};
+#define FIELD(attribute, member) \
+    case attribute: return {#attribute, &(object).member, sizeof((object).member)}
+
+Field layout_field(Layout& object, cublasLtMatrixLayoutAttribute_t attribute) {
+    switch (attribute) {
+        FIELD(CUBLASLT_MATRIX_LAYOUT_TYPE, type);
+        FIELD(CUBLASLT_MATRIX_LAYOUT_ORDER, order);
+        FIELD(CUBLASLT_MATRIX_LAYOUT_ROWS, rows);
+        FIELD(CUBLASLT_MATRIX_LAYOUT_COLS, cols);
+        FIELD(CUBLASLT_MATRIX_LAYOUT_LD, ld);
+        FIELD(CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, batch_count);
+        FIELD(CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, batch_stride);
+        default: return {};
+    }
+}
+
+Field matmul_field(MatmulDesc& object, cublasLtMatmulDescAttributes_t attribute) {
+    switch (attribute) {
+        FIELD(CUBLASLT_MATMUL_DESC_COMPUTE_TYPE, compute_type);
+        FIELD(CUBLASLT_MATMUL_DESC_SCALE_TYPE, scale_type);
+        FIELD(CUBLASLT_MATMUL_DESC_POINTER_MODE, pointer_mode);
+        FIELD(CUBLASLT_MATMUL_DESC_TRANSA, transa);
+        FIELD(CUBLASLT_MATMUL_DESC_TRANSB, transb);
+        FIELD(CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
+        FIELD(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+        FIELD(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type);
+        FIELD(CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, bias_batch_stride);
+        FIELD(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
+        FIELD(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, aux_ld);
+        FIELD(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE, aux_batch_stride);
+        FIELD(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, aux_type);
+        default: return {};
+    }
+}
+
+Field preference_field(Preference& object, cublasLtMatmulPreferenceAttributes_t attribute) {
+    switch (attribute) {
+        FIELD(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, max_workspace_bytes);
+        default: return {};
+    }
+}
+#undef FIELD
+
+// Set/GetAttribute rules from cublasLt.h: INVALID_VALUE when buf is NULL or sizeInBytes does not
+// match the attribute's storage; Get with sizeInBytes == 0 reports the size needed.
+cublasStatus_t set_attribute(const char* caller, const void* object, Field field, int attribute, const void* buf,
+                             size_t size) {
+    if (object == nullptr) return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: the descriptor is NULL", caller);
+    if (field.data == nullptr)
+        return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: attribute %d is not supported by the emulated cuBLASLt", caller,
+                    attribute);
+    if (buf == nullptr) return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: %s: buf is NULL", caller, field.name);
+    if (size != field.size)
+        return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: %s takes %zu bytes, sizeInBytes is %zu", caller, field.name,
+                    field.size, size);
+    std::memcpy(field.data, buf, size);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t get_attribute(const char* caller, const void* object, Field field, int attribute, void* buf,
+                             size_t size, size_t* size_written) {
+    if (object == nullptr) return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: the descriptor is NULL", caller);
+    if (field.data == nullptr)
+        return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: attribute %d is not supported by the emulated cuBLASLt", caller,
+                    attribute);
+    if (size == 0) {
+        if (size_written == nullptr)
+            return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: %s: sizeInBytes is 0 and sizeWritten is NULL", caller,
+                        field.name);
+        *size_written = field.size;
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    if (buf == nullptr) return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: %s: buf is NULL", caller, field.name);
+    if (size != field.size)
+        return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: %s takes %zu bytes, sizeInBytes is %zu", caller, field.name,
+                    field.size, size);
+    std::memcpy(buf, field.data, size);
+    if (size_written) *size_written = size;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+// ---- the problem, checked once for both the heuristic and the matmul ----
+
+bool is_supported_type(int64_t type) { return type == CUDA_R_32F || type == CUDA_R_16BF; }
+const char* type_name(int64_t type) {
+    return type == CUDA_R_32F ? "CUDA_R_32F" : type == CUDA_R_16BF ? "CUDA_R_16BF" : "unsupported";
+}
+
+// What each supported cublasLtEpilogue_t value asks for.
+struct Epilogue {
+    bool add_bias = false;     // BIAS: bias[row] added before the activation
+    bool gelu = false;         // GELU: x := GELU(x)
+    bool store_aux = false;    // *_AUX: the GELU input written to the aux matrix
+    bool dgelu = false;        // DGELU: x := x * GELU'(aux)
+    bool bgrad_d = false;      // DGELU_BGRAD: bias gradient from the DGELU output
+    bool bgrad_a = false;      // BGRADA
+    bool bgrad_b = false;      // BGRADB
+    bool needs_bias() const { return add_bias || bgrad_d || bgrad_a || bgrad_b; }
+    bool needs_aux() const { return store_aux || dgelu; }
+};
+
+bool decode_epilogue(uint32_t value, Epilogue* e) {
+    switch (value) {
+        case CUBLASLT_EPILOGUE_DEFAULT: break;
+        case CUBLASLT_EPILOGUE_BIAS: e->add_bias = true; break;
+        case CUBLASLT_EPILOGUE_GELU: e->gelu = true; break;
+        case CUBLASLT_EPILOGUE_GELU_AUX: e->gelu = e->store_aux = true; break;
+        case CUBLASLT_EPILOGUE_GELU_BIAS: e->gelu = e->add_bias = true; break;
+        case CUBLASLT_EPILOGUE_GELU_AUX_BIAS: e->gelu = e->store_aux = e->add_bias = true; break;
+        case CUBLASLT_EPILOGUE_DGELU: e->dgelu = true; break;
+        case CUBLASLT_EPILOGUE_DGELU_BGRAD: e->dgelu = e->bgrad_d = true; break;
+        case CUBLASLT_EPILOGUE_BGRADA: e->bgrad_a = true; break;
+        case CUBLASLT_EPILOGUE_BGRADB: e->bgrad_b = true; break;
+        default: return false;
+    }
+    return true;
+}
+
+struct Problem {
+    int m, n, k, batches;
+    CBLAS_TRANSPOSE transa, transb;
+    const Layout *a, *b, *c, *d;
+    Epilogue epilogue;
+    int64_t bias_type, aux_type;
+};
+
+cublasStatus_t check_layout(const char* caller, const char* name, const Layout* l) {
+    if (l == nullptr) return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: %s is NULL", caller, name);
+    if (l->order != CUBLASLT_ORDER_COL)
+        return fail(CUBLAS_STATUS_NOT_SUPPORTED, "%s: %s: order %d is not supported by the emulated cuBLASLt (only CUBLASLT_ORDER_COL)",
+                    caller, name, l->order);
+    if (!is_supported_type(l->type))
+        return fail(CUBLAS_STATUS_NOT_SUPPORTED, "%s: %s: data type %u is not supported by the emulated cuBLASLt (CUDA_R_32F, CUDA_R_16BF)",
+                    caller, name, l->type);
+    if (l->rows > INT_MAX || l->cols > INT_MAX || l->ld > INT_MAX)
+        return fail(CUBLAS_STATUS_NOT_SUPPORTED, "%s: %s: rows, cols and ld must fit in int32", caller, name);
+    // LD doc: "must be large enough so that matrix memory locations are not overlapping (e.g.
+    // greater or equal to CUBLASLT_MATRIX_LAYOUT_ROWS in case of CUBLASLT_ORDER_COL)".
+    if (l->ld < int64_t(l->rows) || l->ld < 0)
+        return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: %s: ld %lld is less than rows %llu", caller, name,
+                    (long long)l->ld, (unsigned long long)l->rows);
+    if (l->batch_count < 1)
+        return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: %s: batch count %d is less than 1", caller, name, l->batch_count);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+CBLAS_TRANSPOSE to_cblas(int32_t op) { return op == CUBLAS_OP_N ? CblasNoTrans : CblasTrans; }
+
+cublasStatus_t check_problem(const char* caller, const MatmulDesc* desc, const Layout* a, const Layout* b,
+                             const Layout* c, const Layout* d, Problem* p) {
+    if (desc == nullptr) return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: computeDesc is NULL", caller);
+    const struct {
+        const char* name;
+        const Layout* layout;
+    } layouts[] = {{"Adesc", a}, {"Bdesc", b}, {"Cdesc", c}, {"Ddesc", d}};
+    for (const auto& l : layouts)
+        if (cublasStatus_t s = check_layout(caller, l.name, l.layout); s != CUBLAS_STATUS_SUCCESS) return s;
+
+    if (desc->compute_type != CUBLAS_COMPUTE_32F)
+        return fail(CUBLAS_STATUS_NOT_SUPPORTED, "%s: compute type %d is not supported by the emulated cuBLASLt (only CUBLAS_COMPUTE_32F)",
+                    caller, desc->compute_type);
+    if (desc->scale_type != CUDA_R_32F)
+        return fail(CUBLAS_STATUS_NOT_SUPPORTED, "%s: scale type %d is not supported by the emulated cuBLASLt (only CUDA_R_32F)",
+                    caller, desc->scale_type);
+    if (desc->pointer_mode != CUBLASLT_POINTER_MODE_HOST)
+        return fail(CUBLAS_STATUS_NOT_SUPPORTED, "%s: pointer mode %d is not supported by the emulated cuBLASLt (only CUBLASLT_POINTER_MODE_HOST)",
+                    caller, desc->pointer_mode);
+    // cublasOperation_t: for real data the conjugate transpose (CUBLAS_OP_C) is the transpose.
+    for (int32_t op : {desc->transa, desc->transb})
+        if (op != CUBLAS_OP_N && op != CUBLAS_OP_T && op != CUBLAS_OP_C)
+            return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: %s %d is not CUBLAS_OP_N, CUBLAS_OP_T or CUBLAS_OP_C", caller,
+                        op == desc->transa ? "TRANSA" : "TRANSB", op);
+
+    // Type combinations of the cublasLtMatmul() type table for CUBLAS_COMPUTE_32F / CUDA_R_32F
+    // scale: A and B share a type, C and D share a type, BF16 inputs may produce BF16 or FP32.
+    if (a->type != b->type || c->type != d->type || (a->type == CUDA_R_32F && d->type != CUDA_R_32F))
+        return fail(CUBLAS_STATUS_NOT_SUPPORTED, "%s: types A %s, B %s, C %s, D %s are not a supported combination", caller,
+                    type_name(a->type), type_name(b->type), type_name(c->type), type_name(d->type));
+
+    // D is m x n; op(A) is m x k; op(B) is k x n; C has D's shape (cublasLtMatmul()).
+    const bool ta = desc->transa != CUBLAS_OP_N, tb = desc->transb != CUBLAS_OP_N;
+    const uint64_t m = d->rows, n = d->cols, k = ta ? a->rows : a->cols;
+    const uint64_t a_m = ta ? a->cols : a->rows, b_k = tb ? b->cols : b->rows, b_n = tb ? b->rows : b->cols;
+    if (a_m != m || b_k != k || b_n != n || c->rows != m || c->cols != n)
+        return fail(CUBLAS_STATUS_INVALID_VALUE,
+                    "%s: shapes do not agree: op(A) %llux%llu, op(B) %llux%llu, C %llux%llu, D %llux%llu", caller,
+                    (unsigned long long)a_m, (unsigned long long)k, (unsigned long long)b_k, (unsigned long long)b_n,
+                    (unsigned long long)c->rows, (unsigned long long)c->cols, (unsigned long long)m, (unsigned long long)n);
+    if (a->batch_count != d->batch_count || b->batch_count != d->batch_count || c->batch_count != d->batch_count)
+        return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: batch counts differ: A %d, B %d, C %d, D %d", caller,
+                    a->batch_count, b->batch_count, c->batch_count, d->batch_count);
+
+    Epilogue e;
+    if (!decode_epilogue(desc->epilogue, &e))
+        return fail(CUBLAS_STATUS_NOT_SUPPORTED, "%s: epilogue %u is not supported by the emulated cuBLASLt", caller,
+                    desc->epilogue);
+    // BIAS_DATA_TYPE doc: bias (and bias gradient) elements default to the output's type;
+    // EPILOGUE_AUX_DATA_TYPE doc: the GELU input matrix defaults to the output's type.
+    const int64_t bias_type = desc->bias_type == -1 ? d->type : desc->bias_type;
+    const int64_t aux_type = desc->aux_type == -1 ? d->type : desc->aux_type;
+    if (e.needs_bias() && !is_supported_type(bias_type))
+        return fail(CUBLAS_STATUS_NOT_SUPPORTED, "%s: bias data type %lld is not supported (CUDA_R_32F, CUDA_R_16BF)",
+                    caller, (long long)bias_type);
+    if (e.needs_aux()) {
+        if (!is_supported_type(aux_type))
+            return fail(CUBLAS_STATUS_NOT_SUPPORTED, "%s: aux data type %lld is not supported (CUDA_R_32F, CUDA_R_16BF)",
+                        caller, (long long)aux_type);
+        // EPILOGUE_AUX_LD doc (GELU input matrix): "Must be divisible by 8 and be no less than the
+        // number of rows in the output matrix"; EPILOGUE_AUX_BATCH_STRIDE: "Must be divisible by 8".
+        if (desc->aux_ld < int64_t(m) || desc->aux_ld % 8 != 0 || desc->aux_ld > INT_MAX)
+            return fail(CUBLAS_STATUS_INVALID_VALUE,
+                        "%s: EPILOGUE_AUX_LD %lld must be a multiple of 8 and at least the rows of D (%llu)", caller,
+                        (long long)desc->aux_ld, (unsigned long long)m);
+        if (desc->aux_batch_stride % 8 != 0)
+            return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: EPILOGUE_AUX_BATCH_STRIDE %lld must be a multiple of 8", caller,
+                        (long long)desc->aux_batch_stride);
+    }
+    *p = {int(m), int(n), int(k), d->batch_count, to_cblas(desc->transa), to_cblas(desc->transb), a, b, c, d, e,
+          bias_type, aux_type};
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+// ---- element access and the epilogue math ----
+
+float load(const void* base, int64_t type, size_t i) {
+    return type == CUDA_R_32F ? static_cast<const float*>(base)[i]
+                              : __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
+}
+void store(void* base, int64_t type, size_t i, float v) {
+    if (type == CUDA_R_32F)
+        static_cast<float*>(base)[i] = v;
+    else
+        static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16(v);  // round to nearest even
+}
+size_t element_size(int64_t type) { return type == CUDA_R_32F ? 4 : 2; }
+const void* offset(const void* base, int64_t type, int64_t elements) {
+    return static_cast<const char*>(base) + elements * int64_t(element_size(type));
+}
+void* offset(void* base, int64_t type, int64_t elements) {
+    return static_cast<char*>(base) + elements * int64_t(element_size(type));
+}
+
+// GELU in its tanh form, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), the one GPT-2 uses.
+// The cuBLASLt docs say only "x:=GELU(x)"; the erf form differs by at most 4.7e-4.
+constexpr float kSqrt2OverPi = 0.7978845608f, kGeluCubic = 0.044715f;
+float gelu(float x) { return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + kGeluCubic * x * x * x))); }
+float gelu_derivative(float x) {
+    const float t = std::tanh(kSqrt2OverPi * (x + kGeluCubic * x * x * x));
+    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * x * x);
+}
+
+// One batch entry's operand as FP32 with its own leading dimension: FP32 data is used in place,
+// BF16 is widened (exactly) into `scratch` in the same layout, so ld reaches BLAS unchanged.
+const float* as_fp32(const Layout& l, const void* base, std::vector<float>& scratch) {
+    if (l.type == CUDA_R_32F) return static_cast<const float*>(base);
+    if (l.rows == 0 || l.cols == 0) return nullptr;
+    scratch.resize(size_t(l.ld) * (l.cols - 1) + l.rows);
+    for (uint64_t col = 0; col < l.cols; ++col)
+        for (uint64_t row = 0; row < l.rows; ++row) scratch[col * l.ld + row] = load(base, l.type, col * l.ld + row);
+    return scratch.data();
+}
+
+cublasStatus_t run_matmul(const MatmulDesc& desc, const Problem& p, float alpha, const void* A, const void* B,
+                          float beta, const void* C, void* D) {
+    const char* caller = "cublasLtMatmul";
+    SgemmFn sgemm = load_sgemm(caller);
+    if (sgemm == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+    const Epilogue& e = p.epilogue;
+    const size_t m = size_t(p.m), n = size_t(p.n);
+    // FP32 D with k > 0 takes the GEMM directly; otherwise an FP32 temporary (ld m) does.
+    const bool direct = p.d->type == CUDA_R_32F && p.k > 0;
+    std::vector<float> a_scratch, b_scratch, product(direct ? 0 : m * n), bias_grad;
+
+    for (int batch = 0; batch < p.batches; ++batch) {
+        const void* a = offset(A, p.a->type, batch * p.a->batch_stride);
+        const void* b = offset(B, p.b->type, batch * p.b->batch_stride);
+        const void* c = beta != 0.0f ? offset(C, p.c->type, batch * p.c->batch_stride) : nullptr;
+        void* d = offset(D, p.d->type, batch * p.d->batch_stride);
+        void* bias = e.needs_bias() ? offset(desc.bias, p.bias_type, batch * desc.bias_batch_stride) : nullptr;
+        void* aux = e.needs_aux() ? offset(desc.aux, p.aux_type, batch * desc.aux_batch_stride) : nullptr;
+        const float* a32 = as_fp32(*p.a, a, a_scratch);
+        const float* b32 = as_fp32(*p.b, b, b_scratch);
+
+        // cublasLtMatmul(): D = epilogue(alpha op(A) op(B) + beta C). BLAS computes the linear part
+        // with cuBLASLt's arguments as they are, into D itself when D is FP32 (C copied there first
+        // unless C is D), else into an FP32 temporary that the loop below rounds into D. With
+        // beta == 0, C is not read (BLAS convention). In the loop, each element is read before
+        // it is written, so C may be D.
+        const bool elementwise = !direct || e.add_bias || e.gelu || e.store_aux || e.dgelu || e.bgrad_d;
+        float* out = direct ? static_cast<float*>(d) : product.data();
+        const size_t out_ld = direct ? size_t(p.d->ld) : m;
+        if (m > 0 && n > 0) {
+            if (direct && c && c != d)
+                for (size_t j = 0; j < n; ++j)
+                    std::memcpy(out + j * out_ld, static_cast<const float*>(c) + j * p.c->ld, m * sizeof(float));
+            if (p.k > 0)
+                sgemm(CblasColMajor, p.transa, p.transb, p.m, p.n, p.k, alpha, a32, int(p.a->ld), b32, int(p.b->ld),
+                      direct && c ? beta : 0.0f, out, int(out_ld));
+            else
+                std::fill(product.begin(), product.end(), 0.0f);
+        }
+        if (e.bgrad_d) bias_grad.assign(m, 0.0f);
+        for (size_t j = 0; j < n && elementwise; ++j) {
+            for (size_t i = 0; i < m; ++i) {
+                float x = out[j * out_ld + i];
+                if (c && !direct) x += beta * load(c, p.c->type, j * p.c->ld + i);
+                // EPILOGUE_BIAS: "Bias vector length must match matrix D rows ... broadcasted to all
+                // columns and added before applying final postprocessing".
+                if (e.add_bias) x += load(bias, p.bias_type, i);
+                // GELU_AUX: "outputs GELU input as a separate matrix" (EPILOGUE_AUX_LD apart).
+                if (e.store_aux) store(aux, p.aux_type, j * desc.aux_ld + i, x);
+                if (e.gelu) x = gelu(x);
+                // DGELU: "Apply GELU gradient to matmul output"; aux holds the GELU input.
+                if (e.dgelu) x *= gelu_derivative(load(aux, p.aux_type, j * desc.aux_ld + i));
+                if (e.bgrad_d) bias_grad[i] += x;
+                store(d, p.d->type, j * p.d->ld + i, x);
+            }
+        }
+        // DGELU_BGRAD: the bias gradient of the GELU gradient, one value per row of D (the length
+        // of the bias it is the gradient of: BIAS_POINTER doc), reduced over D's columns.
+        if (e.bgrad_d)
+            for (size_t i = 0; i < m; ++i) store(bias, p.bias_type, i, bias_grad[i]);
+        // BGRADA: "The bias size corresponds to the number of rows of the matrix D. The reduction
+        // happens over the GEMM's k dimension": bias[i] = sum over l of op(A)(i, l).
+        if (e.bgrad_a) {
+            const bool t = p.transa == CblasTrans;
+            for (size_t i = 0; i < m; ++i) {
+                float sum = 0.0f;
+                for (size_t l = 0; l < size_t(p.k); ++l) sum += t ? a32[i * p.a->ld + l] : a32[l * p.a->ld + i];
+                store(bias, p.bias_type, i, sum);
+            }
+        }
+        // BGRADB: "The bias size corresponds to the number of columns of the matrix D. The
+        // reduction happens over the GEMM's k dimension": bias[j] = sum over l of op(B)(l, j).
+        if (e.bgrad_b) {
+            const bool t = p.transb == CblasTrans;
+            for (size_t j = 0; j < n; ++j) {
+                float sum = 0.0f;
+                for (size_t l = 0; l < size_t(p.k); ++l) sum += t ? b32[l * p.b->ld + j] : b32[j * p.b->ld + l];
+                store(bias, p.bias_type, j, sum);
+            }
+        }
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Library handle and status strings
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle) {
+    if (handle == nullptr) return fail(CUBLAS_STATUS_INVALID_VALUE, "cublasLtCreate: lightHandle is NULL");
+    if (load_sgemm("cublasLtCreate") == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+    *handle = new cublasLtContext{};
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle) {
+    if (handle == nullptr) return fail(CUBLAS_STATUS_NOT_INITIALIZED, "cublasLtDestroy: lightHandle is NULL");
+    delete handle;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+const char* cublasLtGetStatusName(cublasStatus_t status) { return status_name(status); }
+
+const char* cublasLtGetStatusString(cublasStatus_t status) {
+    switch (status) {
+        case CUBLAS_STATUS_SUCCESS: return "success";
+        case CUBLAS_STATUS_NOT_INITIALIZED: return "the library was not initialized";
+        case CUBLAS_STATUS_ALLOC_FAILED: return "resource allocation failed";
+        case CUBLAS_STATUS_INVALID_VALUE: return "an invalid value was used as an argument";
+        case CUBLAS_STATUS_ARCH_MISMATCH: return "the device does not support the operation";
+        case CUBLAS_STATUS_MAPPING_ERROR: return "access to device memory failed";
+        case CUBLAS_STATUS_EXECUTION_FAILED: return "the operation failed to execute";
+        case CUBLAS_STATUS_INTERNAL_ERROR: return "an internal operation failed";
+        case CUBLAS_STATUS_NOT_SUPPORTED: return "the functionality requested is not supported";
+        case CUBLAS_STATUS_LICENSE_ERROR: return "license error";
+    }
+    return "unknown status";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Matrix layouts
+
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDataType type, uint64_t rows,
+                                          uint64_t cols, int64_t ld) {
+    Layout initial;
+    initial.type = uint32_t(type);
+    initial.rows = rows;
+    initial.cols = cols;
+    initial.ld = ld;
+    return create<cublasLtMatrixLayoutOpaque_t>("cublasLtMatrixLayoutCreate", layout, initial);
+}
+
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t layout) {
+    delete layout;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t layout, cublasLtMatrixLayoutAttribute_t attr,
+                                                const void* buf, size_t size) {
+    const Field field = layout ? layout_field(*impl<Layout>(layout), attr) : Field{};
+    return set_attribute("cublasLtMatrixLayoutSetAttribute", layout, field, attr, buf, size);
+}
+
+cublasStatus_t cublasLtMatrixLayoutGetAttribute(cublasLtMatrixLayout_t layout, cublasLtMatrixLayoutAttribute_t attr,
+                                                void* buf, size_t size, size_t* size_written) {
+    const Field field = layout ? layout_field(*impl<Layout>(layout), attr) : Field{};
+    return get_attribute("cublasLtMatrixLayoutGetAttribute", layout, field, attr, buf, size, size_written);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Matmul descriptors
+
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc, cublasComputeType_t compute_type,
+                                        cudaDataType_t scale_type) {
+    MatmulDesc initial;
+    initial.compute_type = compute_type;
+    initial.scale_type = scale_type;
+    return create<cublasLtMatmulDescOpaque_t>("cublasLtMatmulDescCreate", desc, initial);
+}
+
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc) {
+    delete desc;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr,
+                                              const void* buf, size_t size) {
+    const Field field = desc ? matmul_field(*impl<MatmulDesc>(desc), attr) : Field{};
+    return set_attribute("cublasLtMatmulDescSetAttribute", desc, field, attr, buf, size);
+}
+
+cublasStatus_t cublasLtMatmulDescGetAttribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr,
+                                              void* buf, size_t size, size_t* size_written) {
+    const Field field = desc ? matmul_field(*impl<MatmulDesc>(desc), attr) : Field{};
+    return get_attribute("cublasLtMatmulDescGetAttribute", desc, field, attr, buf, size, size_written);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Heuristic preferences and the heuristic: one algorithm, no workspace, for any supported problem
+
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* pref) {
+    return create<cublasLtMatmulPreferenceOpaque_t>("cublasLtMatmulPreferenceCreate", pref, Preference{});
+}
+
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref) {
+    delete pref;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pref,
+                                                    cublasLtMatmulPreferenceAttributes_t attr, const void* buf,
+                                                    size_t size) {
+    const Field field = pref ? preference_field(*impl<Preference>(pref), attr) : Field{};
+    return set_attribute("cublasLtMatmulPreferenceSetAttribute", pref, field, attr, buf, size);
+}
+
+cublasStatus_t cublasLtMatmulPreferenceGetAttribute(cublasLtMatmulPreference_t pref,
+                                                    cublasLtMatmulPreferenceAttributes_t attr, void* buf, size_t size,
+                                                    size_t* size_written) {
+    const Field field = pref ? preference_field(*impl<Preference>(pref), attr) : Field{};
+    return get_attribute("cublasLtMatmulPreferenceGetAttribute", pref, field, attr, buf, size, size_written);
+}
+
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
+                                              cublasLtMatrixLayout_t Adesc, cublasLtMatrixLayout_t Bdesc,
+                                              cublasLtMatrixLayout_t Cdesc, cublasLtMatrixLayout_t Ddesc,
+                                              cublasLtMatmulPreference_t pref, int requested_count,
+                                              cublasLtMatmulHeuristicResult_t results[], int* returned_count) {
+    const char* caller = "cublasLtMatmulAlgoGetHeuristic";
+    if (handle == nullptr) return fail(CUBLAS_STATUS_NOT_INITIALIZED, "%s: lightHandle is NULL", caller);
+    if (pref == nullptr) return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: preference is NULL", caller);
+    if (requested_count <= 0)
+        return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: requestedAlgoCount %d is not positive", caller, requested_count);
+    if (results == nullptr || returned_count == nullptr)
+        return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: heuristicResultsArray or returnAlgoCount is NULL", caller);
+    *returned_count = 0;
+    Problem problem;
+    cublasStatus_t status =
+        check_problem(caller, desc ? impl<MatmulDesc>(desc) : nullptr, Adesc ? impl<Layout>(Adesc) : nullptr,
+                      Bdesc ? impl<Layout>(Bdesc) : nullptr, Cdesc ? impl<Layout>(Cdesc) : nullptr,
+                      Ddesc ? impl<Layout>(Ddesc) : nullptr, &problem);
+    if (status != CUBLAS_STATUS_SUCCESS) return status;
+    results[0] = {};
+    results[0].workspaceSize = 0;
+    results[0].state = CUBLAS_STATUS_SUCCESS;
+    results[0].wavesCount = 1.0f;
+    *returned_count = 1;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The matmul. Streams run synchronously here, so it returns with D written; algo and workspace
+// are accepted and unused.
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t computeDesc, const void* alpha,
+                              const void* A, cublasLtMatrixLayout_t Adesc, const void* B, cublasLtMatrixLayout_t Bdesc,
+                              const void* beta, const void* C, cublasLtMatrixLayout_t Cdesc, void* D,
+                              cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t* algo, void* workspace,
+                              size_t workspace_bytes, cudaStream_t stream) {
+    const char* caller = "cublasLtMatmul";
+    if (handle == nullptr) return fail(CUBLAS_STATUS_NOT_INITIALIZED, "%s: lightHandle is NULL", caller);
+    Problem p;
+    const MatmulDesc* desc = computeDesc ? impl<MatmulDesc>(computeDesc) : nullptr;
+    cublasStatus_t status =
+        check_problem(caller, desc, Adesc ? impl<Layout>(Adesc) : nullptr, Bdesc ? impl<Layout>(Bdesc) : nullptr,
+                      Cdesc ? impl<Layout>(Cdesc) : nullptr, Ddesc ? impl<Layout>(Ddesc) : nullptr, &p);
+    if (status != CUBLAS_STATUS_SUCCESS) return status;
+    if (alpha == nullptr || beta == nullptr)
+        return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: alpha or beta is NULL", caller);
+    const float alpha_value = *static_cast<const float*>(alpha), beta_value = *static_cast<const float*>(beta);
+    if (A == nullptr || B == nullptr || D == nullptr || (beta_value != 0.0f && C == nullptr))
+        return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: a matrix pointer is NULL (A %p, B %p, C %p with beta %g, D %p)",
+                    caller, A, B, C, double(beta_value), D);
+    // In place (C == D) only with the same layout, so that each element is read before written.
+    if (C == D && (p.c->ld != p.d->ld || p.c->batch_stride != p.d->batch_stride || p.c->type != p.d->type))
+        return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: C == D (in place) needs Cdesc and Ddesc to have the same type, ld and batch stride",
+                    caller);
+    if (p.epilogue.needs_bias() && desc->bias == nullptr)
+        return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: epilogue %u needs CUBLASLT_MATMUL_DESC_BIAS_POINTER", caller,
+                    desc->epilogue);
+    if (p.epilogue.needs_aux() && desc->aux == nullptr)
+        return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: epilogue %u needs CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER", caller,
+                    desc->epilogue);
+    return run_matmul(*desc, p, alpha_value, A, B, beta_value, C, D);
+}

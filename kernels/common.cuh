@@ -1,0 +1,82 @@
+// Device helpers every kernel family shares: the element type of parameters, activations and
+// gradients (floatX), 16-byte vector access, conversions, and warp/block reductions.
+#pragma once
+
+#include "cuda_common.h"
+
+// BF16 by default (FP32 accumulation inside kernels); -DPRECISION_FP32 for FP32 everywhere.
+#if defined(PRECISION_FP32)
+using floatX = float;
+constexpr const char* kPrecisionName = "FP32";
+#else
+using floatX = __nv_bfloat16;
+constexpr const char* kPrecisionName = "BF16";
+#endif
+
+__host__ __device__ inline float to_float(float x) { return x; }
+__host__ __device__ inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+// Rounds to nearest even (deterministic). Stochastic rounding is the optimizer's business.
+template <typename T> __host__ __device__ inline T from_float(float x);
+template <> __host__ __device__ inline float from_float<float>(float x) { return x; }
+template <> __host__ __device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+
+// ---------------------------------------------------------------------------------------------
+// 16 bytes of T moved as one vector (one 128-bit load/store instruction on the GPU). Pointers
+// must be 16-byte aligned: kernels require the relevant dimensions to be multiples of
+// Packed128<T>::size, and launchers check it.
+
+template <typename T> struct alignas(16) Packed128 {
+    static constexpr int size = int(16 / sizeof(T));
+    T v[size];
+    __host__ __device__ T& operator[](int i) { return v[i]; }
+    __host__ __device__ const T& operator[](int i) const { return v[i]; }
+    __host__ __device__ static Packed128 filled(float value) {
+        Packed128 p;
+        for (int i = 0; i < size; ++i) p.v[i] = from_float<T>(value);
+        return p;
+    }
+};
+
+template <typename T> __device__ inline Packed128<T> load128(const T* p) {
+    return *reinterpret_cast<const Packed128<T>*>(p);
+}
+// Streaming load/store: data touched once, so keep it out of the caches (ld.global.cs).
+template <typename T> __device__ inline Packed128<T> load128cs(const T* p) {
+    int4 raw = __ldcs(reinterpret_cast<const int4*>(p));
+    Packed128<T> r;
+    *reinterpret_cast<int4*>(&r) = raw;
+    return r;
+}
+template <typename T> __device__ inline void store128(T* p, const Packed128<T>& value) {
+    *reinterpret_cast<Packed128<T>*>(p) = value;
+}
+template <typename T> __device__ inline void store128cs(T* p, const Packed128<T>& value) {
+    __stcs(reinterpret_cast<int4*>(p), *reinterpret_cast<const int4*>(&value));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reductions. The order of additions is fixed by the code, so results are deterministic.
+
+__device__ inline float warp_sum(float v) {
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+}
+
+__device__ inline float warp_max(float v) {
+    for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    return v;
+}
+
+// Sum over the block, returned to every thread. blockDim.x must be a multiple of 32 (at most
+// 1024); `scratch` is 32 floats of shared memory, free again when this returns.
+__device__ inline float block_sum(float v, float* scratch) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+    v = warp_sum(v);
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < nwarps ? scratch[lane] : 0.0f;
+    v = warp_sum(v);
+    __syncthreads();  // scratch may be reused right after
+    return v;
+}
