@@ -141,7 +141,7 @@ $(GPU_DIR)/test_%.o: test/test_%.cu $(TEST_HDR) $(ALL_HDR) | deps-if-missing
 	@scripts/check_spills.sh $@.ptxas.log
 
 $(GPU_DIR)/test_%: $(GPU_DIR)/test_%.o $(GPU_DIR)/catch_main.o
-	$(NVCC) $< $(if $(filter test_mpi_%,$*),,$(GPU_DIR)/catch_main.o) $(GPU_LDLIBS) -o $@
+	$(NVCC) $< $(if $(filter mpi_%,$*),,$(GPU_DIR)/catch_main.o) $(GPU_LDLIBS) -o $@
 
 test-gpu: deps-if-missing $(addprefix $(GPU_DIR)/,$(GPU_TEST_NAMES))
 	$(call ctest_file,$(GPU_DIR),ON)
@@ -161,7 +161,7 @@ $(ASAN_DIR)/catch_main.o: test/catch_main.cpp | deps-if-missing
 $(ASAN_DIR)/test_%: test/test_%.cu $(TEST_HDR) $(ALL_HDR) $(patsubst emu/%.cpp,$(ASAN_DIR)/emu/%.o,$(EMU_SRC)) $(ASAN_DIR)/catch_main.o
 	@mkdir -p $(@D)
 	$(CXX) $(ASAN_CXXFLAGS) -x c++ $< -x none $(patsubst emu/%.cpp,$(ASAN_DIR)/emu/%.o,$(EMU_SRC)) \
-	  $(if $(filter test_mpi_%,$*),,$(ASAN_DIR)/catch_main.o) $(CPU_LDLIBS) -o $@
+	  $(if $(filter mpi_%,$*),,$(ASAN_DIR)/catch_main.o) $(CPU_LDLIBS) -o $@
 
 test-asan: deps-if-missing $(addprefix $(ASAN_DIR)/,$(TEST_NAMES))
 	$(call ctest_file,$(ASAN_DIR),OFF)
