@@ -32,7 +32,9 @@ CPU_DIR  := $(BUILD)/cpu
 GPU_DIR  := $(BUILD)/gpu
 ASAN_DIR := $(BUILD)/asan
 
-COMMON_FLAGS := -std=c++20 -I. -I$(CUDA_HOME)/include -DPRECISION_$(PRECISION)
+# Target-specific overrides give the _fp32 test variants FP32 whatever PRECISION says.
+PRECISION_DEFINE = -DPRECISION_$(PRECISION)
+COMMON_FLAGS = -std=c++20 -I. -I$(CUDA_HOME)/include $(PRECISION_DEFINE)
 WARN := -Wall -Wextra -Wno-unused-parameter
 CPU_CXXFLAGS = $(COMMON_FLAGS) -O2 -g -march=native $(WARN) $(MPI_INC) -pthread
 ASAN_CXXFLAGS = $(COMMON_FLAGS) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined \
@@ -56,8 +58,12 @@ ALL_HDR := $(EMU_HDR) $(KERNEL_HDR) $(HOST_HDR)
 # GPU build; test_mpi_* bring their own main (MPI_Init).
 TEST_SRC := $(wildcard test/test_*.cu)
 TEST_NAMES := $(patsubst test/%.cu,%,$(TEST_SRC))
-GPU_TEST_NAMES := $(filter-out test_emu_%,$(TEST_NAMES))
-CATCH_MAIN_TESTS := $(filter-out test_mpi_%,$(TEST_NAMES))
+# Kernel and model tests are built in both precisions: test_X (PRECISION) and test_X_fp32.
+BOTH_PRECISION_TESTS := $(filter test_kernel_% test_model%,$(TEST_NAMES))
+FP32_TEST_NAMES := $(addsuffix _fp32,$(BOTH_PRECISION_TESTS))
+ALL_TEST_NAMES := $(TEST_NAMES) $(FP32_TEST_NAMES)
+GPU_TEST_NAMES := $(filter-out test_emu_%,$(ALL_TEST_NAMES))
+CATCH_MAIN_TESTS := $(filter-out test_mpi_%,$(ALL_TEST_NAMES))
 
 .SECONDARY:  # keep intermediate objects (test_*.o) between builds
 .PHONY: all train_gpt train_gpt_cpu test test-gpu test-asan deps deps-if-missing train clean emu-bench
@@ -98,6 +104,11 @@ $(CPU_DIR)/test_%.o: test/test_%.cu $(TEST_HDR) $(ALL_HDR) | deps-if-missing
 	@mkdir -p $(@D)
 	$(CXX) $(CPU_CXXFLAGS) -x c++ -c $< -o $@
 
+$(CPU_DIR)/test_%_fp32.o: PRECISION_DEFINE = -DPRECISION_FP32
+$(CPU_DIR)/test_%_fp32.o: test/test_%.cu $(TEST_HDR) $(ALL_HDR) | deps-if-missing
+	@mkdir -p $(@D)
+	$(CXX) $(CPU_CXXFLAGS) -x c++ -c $< -o $@
+
 $(addprefix $(CPU_DIR)/,$(CATCH_MAIN_TESTS)): $(CPU_DIR)/%: $(CPU_DIR)/%.o $(CPU_DIR)/catch_main.o $(CPU_DIR)/libcuemu.a
 	$(CXX) $^ $(CPU_LDLIBS) -o $@
 
@@ -111,7 +122,7 @@ define ctest_file
 	  "$(abspath $(1))" "$(2)" "$(CURDIR)" > $(1)/CTestTestfile.cmake
 endef
 
-test: deps-if-missing $(addprefix $(CPU_DIR)/,$(TEST_NAMES))
+test: deps-if-missing $(addprefix $(CPU_DIR)/,$(ALL_TEST_NAMES))
 	$(call ctest_file,$(CPU_DIR),OFF)
 	ctest --test-dir $(CPU_DIR) --output-on-failure -j2
 ifeq ($(HAVE_NVCC),yes)
@@ -140,6 +151,12 @@ $(GPU_DIR)/test_%.o: test/test_%.cu $(TEST_HDR) $(ALL_HDR) | deps-if-missing
 	$(NVCC) $(NVCCFLAGS) -x cu -c $< -o $@ 2> $@.ptxas.log || { cat $@.ptxas.log; exit 1; }
 	@scripts/check_spills.sh $@.ptxas.log
 
+$(GPU_DIR)/test_%_fp32.o: PRECISION_DEFINE = -DPRECISION_FP32
+$(GPU_DIR)/test_%_fp32.o: test/test_%.cu $(TEST_HDR) $(ALL_HDR) | deps-if-missing
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) -x cu -c $< -o $@ 2> $@.ptxas.log || { cat $@.ptxas.log; exit 1; }
+	@scripts/check_spills.sh $@.ptxas.log
+
 $(GPU_DIR)/test_%: $(GPU_DIR)/test_%.o $(GPU_DIR)/catch_main.o
 	$(NVCC) $< $(if $(filter mpi_%,$*),,$(GPU_DIR)/catch_main.o) $(GPU_LDLIBS) -o $@
 
@@ -158,12 +175,20 @@ $(ASAN_DIR)/catch_main.o: test/catch_main.cpp | deps-if-missing
 	@mkdir -p $(@D)
 	$(CXX) $(ASAN_CXXFLAGS) -c $< -o $@
 
-$(ASAN_DIR)/test_%: test/test_%.cu $(TEST_HDR) $(ALL_HDR) $(patsubst emu/%.cpp,$(ASAN_DIR)/emu/%.o,$(EMU_SRC)) $(ASAN_DIR)/catch_main.o
+$(ASAN_DIR)/test_%_fp32.o: PRECISION_DEFINE = -DPRECISION_FP32
+$(ASAN_DIR)/test_%_fp32.o: test/test_%.cu $(TEST_HDR) $(ALL_HDR) | deps-if-missing
 	@mkdir -p $(@D)
-	$(CXX) $(ASAN_CXXFLAGS) -x c++ $< -x none $(patsubst emu/%.cpp,$(ASAN_DIR)/emu/%.o,$(EMU_SRC)) \
+	$(CXX) $(ASAN_CXXFLAGS) -x c++ -c $< -o $@
+
+$(ASAN_DIR)/test_%.o: test/test_%.cu $(TEST_HDR) $(ALL_HDR) | deps-if-missing
+	@mkdir -p $(@D)
+	$(CXX) $(ASAN_CXXFLAGS) -x c++ -c $< -o $@
+
+$(ASAN_DIR)/test_%: $(ASAN_DIR)/test_%.o $(patsubst emu/%.cpp,$(ASAN_DIR)/emu/%.o,$(EMU_SRC)) $(ASAN_DIR)/catch_main.o
+	$(CXX) $(ASAN_CXXFLAGS) $< $(patsubst emu/%.cpp,$(ASAN_DIR)/emu/%.o,$(EMU_SRC)) \
 	  $(if $(filter mpi_%,$*),,$(ASAN_DIR)/catch_main.o) $(CPU_LDLIBS) -o $@
 
-test-asan: deps-if-missing $(addprefix $(ASAN_DIR)/,$(TEST_NAMES))
+test-asan: deps-if-missing $(addprefix $(ASAN_DIR)/,$(ALL_TEST_NAMES))
 	$(call ctest_file,$(ASAN_DIR),OFF)
 	ASAN_OPTIONS=detect_leaks=0 ctest --test-dir $(ASAN_DIR) --output-on-failure -j2
 

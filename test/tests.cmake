@@ -14,6 +14,23 @@ foreach(order forward reverse random)
   endforeach()
 endforeach()
 
+# Kernel and model tests: built in both precisions (test_X and test_X_fp32), each run under every
+# schedule order: every test/test_kernel_*.cu and test/test_model*.cu.
+file(GLOB precision_test_sources ${CMAKE_CURRENT_LIST_DIR}/test_kernel_*.cu ${CMAKE_CURRENT_LIST_DIR}/test_model*.cu)
+foreach(source ${precision_test_sources})
+  get_filename_component(t ${source} NAME_WE)
+  foreach(suffix "" "_fp32")
+    foreach(order forward reverse random)
+      if(GPU AND NOT order STREQUAL "forward")
+        continue()
+      endif()
+      add_test(${t}${suffix}_${order} ${TEST_BIN}/${t}${suffix})
+      set_tests_properties(${t}${suffix}_${order} PROPERTIES
+        ENVIRONMENT "CUEMU_SCHEDULE=${order};CUEMU_SEED=12345;CUEMU_CHECK=1;TRAIN_GPT_ROOT=${CMAKE_CURRENT_LIST_DIR}/..")
+    endforeach()
+  endforeach()
+endforeach()
+
 # Emulator-only behaviour: deadlock detection, race exposure, launch limits, memory counters.
 if(NOT GPU)
   add_test(test_emu_executor ${TEST_BIN}/test_emu_executor)
