@@ -69,7 +69,7 @@ ncclResult_t mpi_failed(const char* call, const char* mpi_call, int code) {
 
 // ---- agreement across ranks ----
 
-enum Collective : int64_t { kInit = 1, kAllReduce, kReduceScatter, kAllGather, kBroadcast };
+enum Collective : int64_t { kInit = 1, kAllReduce, kReduceScatter, kAllGather, kBroadcast, kReduce };
 
 const char* collective_name(int64_t kind) {
     switch (kind) {
@@ -78,6 +78,7 @@ const char* collective_name(int64_t kind) {
         case kReduceScatter: return "ncclReduceScatter";
         case kAllGather: return "ncclAllGather";
         case kBroadcast: return "ncclBroadcast";
+        case kReduce: return "ncclReduce";
         default: return "?";
     }
 }
@@ -482,6 +483,38 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, n
         MPI_TRY(call, "MPI_Bcast", MPI_Bcast(bytes_of(recvbuff) + offset, int(std::min(kMaxMessage, bytes - offset)),
                                              MPI_BYTE, root, comm->mpi));
     return ncclSuccess;
+}
+
+// Reduce to one rank: the same arithmetic as ncclAllReduce (FP32 in rank order, one rounding), kept
+// only on the root. recvbuff is only used on the root (NCCL User Guide, "ncclReduce").
+ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
+                        int root, ncclComm_t comm, cudaStream_t) {
+    const char* call = "ncclReduce";
+    if (comm == nullptr) return fail(ncclInvalidArgument, call, "comm is NULL");
+    ncclResult_t local = check_reduction(call, datatype, op);
+    const size_t elem = type_size(datatype);
+    const bool is_root = root == comm->rank;
+    if (local == ncclSuccess && (root < 0 || root >= comm->nranks))
+        local = fail(ncclInvalidArgument, call, "root %d is outside 0..%d", root, comm->nranks - 1);
+    if (local == ncclSuccess) local = check_count(call, count, elem, comm->nranks);
+    if (local == ncclSuccess) local = check_pointer(call, "sendbuff", sendbuff, count);
+    if (local == ncclSuccess && is_root) local = check_pointer(call, "recvbuff", recvbuff, count);
+    if (local == ncclSuccess && is_root)
+        local = check_overlap(call, sendbuff, count * elem, recvbuff, count * elem, 0, "sendbuff == recvbuff");
+    ncclResult_t agreed = agree(comm->mpi, call, local, {{{"the collective", kReduce}, {"count", int64_t(count)},
+                                                          {"datatype", datatype}, {"op", op}, {"root", root}}});
+    if (agreed != ncclSuccess) return agreed;
+    std::vector<unsigned char> result(count * elem);
+    const Blocks blocks{(count + comm->nranks - 1) / comm->nranks, count};
+    ncclResult_t r = in_rounds(blocks, elem, comm->nranks, [&](size_t begin, size_t len) {
+        comm->reduced.resize(len * elem);
+        ncclResult_t rr = reduce_round(*comm, call, datatype, bytes_of(sendbuff), blocks, begin, len, op,
+                                       comm->reduced.data());
+        if (rr != ncclSuccess) return rr;
+        return gather_round(*comm, call, comm->reduced.data(), elem, result.data(), blocks, begin, len);
+    });
+    if (r == ncclSuccess && is_root && count) std::memcpy(recvbuff, result.data(), count * elem);
+    return r;
 }
 
 ncclResult_t ncclGroupStart() {

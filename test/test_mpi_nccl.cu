@@ -221,6 +221,39 @@ template <typename T> struct AllReduce {
     }
 };
 
+template <typename T> struct Reduce {
+    size_t count;
+    ncclRedOp_t op;
+    bool in_place;
+    int root;
+    std::string what;
+    std::vector<T> sent;
+    std::vector<float> magnitude;
+    std::vector<T> want;
+    DeviceBuffer<T> send, separate_recv;
+
+    Reduce(size_t count_, ncclRedOp_t op_, bool in_place_, int root_, int salt)
+        : count(count_), op(op_), in_place(in_place_), root(root_),
+          what(std::string("reduce ") + Elem<T>::name + " " + op_name(op) + " " + placement(in_place) + " count " +
+               std::to_string(count) + " root " + std::to_string(root)),
+          sent(input<T>(world_rank, count, salt)), want(expected_reduction<T>(count, salt, op, magnitude)),
+          send(sent), separate_recv(in_place ? 0 : count) {
+        separate_recv.fill_bytes(0xff);
+    }
+    T* recv() { return in_place ? send.ptr : separate_recv.ptr; }
+    ncclResult_t launch(const Comm& c) {
+        return ncclReduce(send.ptr, recv(), count, Elem<T>::type, op, root, c.comm, c.stream);
+    }
+    void check() {
+        if (world_rank == root) {
+            check_reduced((in_place ? send : separate_recv).download(), want, magnitude, 0, what);
+        } else if (in_place) {
+            check_same_bytes(send.download(), sent, what + ", non-root buffer afterwards");  // only the root receives
+        }
+        if (!in_place) check_same_bytes(send.download(), sent, what + ", sendbuff afterwards");
+    }
+};
+
 template <typename T> struct ReduceScatter {
     size_t recvcount;
     ncclRedOp_t op;
@@ -349,6 +382,19 @@ TEST_CASE("all-reduce: fp32 and bf16, sum and avg, in place and out of place") {
                 run(c, AllReduce<float>(count, op, in_place, ++salt));
                 run(c, AllReduce<bf16>(count, op, in_place, ++salt));
             }
+}
+
+TEST_CASE("reduce to one root: fp32 and bf16, sum and avg, in place and out of place, every root") {
+    SKIP_WITHOUT_DEVICE_PER_RANK();
+    Comm c;
+    int salt = 500;
+    for (size_t count : {size_t(1), size_t(7), size_t(1001)})
+        for (ncclRedOp_t op : kOps)
+            for (bool in_place : kPlacements)
+                for (int root = 0; root < world_size; ++root) {
+                    run(c, Reduce<float>(count, op, in_place, root, ++salt));
+                    run(c, Reduce<bf16>(count, op, in_place, root, ++salt));
+                }
 }
 
 TEST_CASE("reduce-scatter: fp32 and bf16, sum and avg, in place and out of place, odd counts") {
