@@ -102,6 +102,9 @@ struct MatmulDesc {
 };
 struct Preference {
     uint64_t max_workspace_bytes = 0;
+    // The alignments the caller promises for A, B, C and D. The one algorithm here works at any
+    // alignment, so they are kept (for GetAttribute) but do not restrict it.
+    uint32_t min_alignment_a = 256, min_alignment_b = 256, min_alignment_c = 256, min_alignment_d = 256;
 };
 static_assert(sizeof(Layout) <= sizeof(cublasLtMatrixLayoutOpaque_t));
 static_assert(sizeof(MatmulDesc) <= sizeof(cublasLtMatmulDescOpaque_t));
@@ -163,6 +166,10 @@ Field matmul_field(MatmulDesc& object, cublasLtMatmulDescAttributes_t attribute)
 Field preference_field(Preference& object, cublasLtMatmulPreferenceAttributes_t attribute) {
     switch (attribute) {
         FIELD(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, max_workspace_bytes);
+        FIELD(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, min_alignment_a);
+        FIELD(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, min_alignment_b);
+        FIELD(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, min_alignment_c);
+        FIELD(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, min_alignment_d);
         default: return {};
     }
 }

@@ -26,6 +26,7 @@
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #define CUEMU_ASAN 1
 #else
@@ -122,6 +123,7 @@ Settings& settings() {
 }
 
 std::mutex attr_mutex;
+std::mutex launch_mutex;  // one launch at a time: the pool serves one launch
 std::unordered_map<const void*, size_t>& max_dynamic_shared() {
     static std::unordered_map<const void*, size_t> m;
     return m;
@@ -135,6 +137,11 @@ void set_schedule(Schedule s, uint64_t seed) {
 }
 Schedule schedule() { return settings().schedule; }
 void set_check_mode(bool poison_shared) { settings().check = poison_shared; }
+void set_threads(int n) {
+    if (n < 1 || n > 1024) fatal("set_threads: expected 1 to 1024 threads, got " + std::to_string(n));
+    std::lock_guard<std::mutex> serialize(launch_mutex);
+    settings().threads = n;
+}
 int threads() { return settings().threads; }
 
 void set_max_dynamic_shared(const void* func, size_t bytes) {
@@ -289,7 +296,14 @@ struct Worker {
         }
         return new_stack(stacks_made++);
     }
-    void put_stack(Stack* s) { free_stacks.push_back(s); }
+    void put_stack(Stack* s) {
+#if CUEMU_ASAN
+        // Frames that never returned (a finished runner's last switch, abandoned fibers) leave their
+        // redzones poisoned; the next fiber on this stack would trip over them.
+        ASAN_UNPOISON_MEMORY_REGION(s->base, s->size);
+#endif
+        free_stacks.push_back(s);
+    }
     void release_pending_stack() {
         if (release_pending) {
             put_stack(release_pending);
@@ -700,7 +714,6 @@ Pool& pool() {
     return *p;
 }
 
-std::mutex launch_mutex;
 std::atomic<uint64_t> total_started{0}, total_switches{0}, total_launches{0};
 
 // Runs blocks of the current launch until none is left; returns false after an error.
@@ -723,7 +736,7 @@ void run_blocks(Pool& p, Worker& w, const KernelLaunch& L) {
     total_switches += w.switches - switches0;
 }
 
-void worker_thread(Pool& p) {
+void worker_thread(Pool& p, unsigned index) {
     unsigned seen = 0;
     for (;;) {
         const KernelLaunch* L;
@@ -733,7 +746,7 @@ void worker_thread(Pool& p) {
             seen = p.generation;
             L = p.launch;
         }
-        run_blocks(p, worker(), *L);
+        if (index + 1 < unsigned(threads())) run_blocks(p, worker(), *L);  // set_threads may have lowered it
         std::lock_guard<std::mutex> lock(p.mutex);
         if (--p.active == 0) p.finished.notify_all();
     }
@@ -773,7 +786,8 @@ cudaError_t launch_kernel(const KernelLaunch& L) {
     unsigned helpers = unsigned(std::min<size_t>(size_t(threads()) - 1, nblocks - 1));
     if (helpers > 0) {
         std::lock_guard<std::mutex> lock(p.mutex);
-        while (p.threads.size() < size_t(threads()) - 1) p.threads.emplace_back(worker_thread, std::ref(p));
+        while (p.threads.size() < size_t(threads()) - 1)
+            p.threads.emplace_back(worker_thread, std::ref(p), unsigned(p.threads.size()));
         // Every pool thread wakes; those beyond `helpers` find no block left and return at once.
         p.active = unsigned(p.threads.size());
         ++p.generation;

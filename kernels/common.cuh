@@ -2,6 +2,9 @@
 // gradients (floatX), 16-byte vector access, conversions, and warp/block reductions.
 #pragma once
 
+#include <cstring>
+#include <string>
+
 #include "cuda_common.h"
 
 // BF16 by default (FP32 accumulation inside kernels); -DPRECISION_FP32 for FP32 everywhere.
@@ -42,17 +45,20 @@ template <typename T> __device__ inline Packed128<T> load128(const T* p) {
     return *reinterpret_cast<const Packed128<T>*>(p);
 }
 // Streaming load/store: data touched once, so keep it out of the caches (ld.global.cs).
+// (memcpy between the int4 and the Packed128 avoids type punning; it compiles to a register move.)
 template <typename T> __device__ inline Packed128<T> load128cs(const T* p) {
     int4 raw = __ldcs(reinterpret_cast<const int4*>(p));
     Packed128<T> r;
-    *reinterpret_cast<int4*>(&r) = raw;
+    memcpy(&r, &raw, sizeof(r));
     return r;
 }
 template <typename T> __device__ inline void store128(T* p, const Packed128<T>& value) {
     *reinterpret_cast<Packed128<T>*>(p) = value;
 }
 template <typename T> __device__ inline void store128cs(T* p, const Packed128<T>& value) {
-    __stcs(reinterpret_cast<int4*>(p), *reinterpret_cast<const int4*>(&value));
+    int4 raw;
+    memcpy(&raw, &value, sizeof(raw));
+    __stcs(reinterpret_cast<int4*>(p), raw);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -80,3 +86,42 @@ __device__ inline float block_sum(float v, float* scratch) {
     __syncthreads();  // scratch may be reused right after
     return v;
 }
+
+// Max over the block, returned to every thread; same contract as block_sum (added for the
+// classifier's softmax).
+__device__ inline float block_max(float v, float* scratch) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+    v = warp_max(v);
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < nwarps ? scratch[lane] : -INFINITY;
+    v = warp_max(v);
+    __syncthreads();  // scratch may be reused right after
+    return v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Launcher input checks. A launcher that gets sizes its kernels do not support (the message of
+// its family's `<family>_requirements(...)`, or its own) ends the program with that one line and
+// the launcher's name, like a failed launch does: launchers return nothing, and a silently wrong
+// result would be worse.
+
+inline void require_supported(const char* launcher, const std::string& problem) {
+    if (problem.empty()) return;
+    std::fprintf(stderr, "%s (in %s)\n", problem.c_str(), launcher);
+    std::exit(EXIT_FAILURE);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Alignment of arrays that may start anywhere (ZeRO shards, slices of the flat parameter
+// buffer): launchers peel scalar elements until the pointers reach a 16-byte boundary, then use
+// Packed128 for the rest.
+
+#include <cstdint>
+
+// Elements from p to the first 16-byte boundary at or after it (p is aligned to sizeof(T)).
+template <typename T> inline size_t elements_to_align16(const T* p) {
+    const size_t misalignment = reinterpret_cast<uintptr_t>(p) % 16;
+    return misalignment == 0 ? 0 : (16 - misalignment) / sizeof(T);
+}
+inline bool is_aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }

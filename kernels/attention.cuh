@@ -1,0 +1,440 @@
+// Causal multi-head self-attention, SIMT (CUDA-core) flash attention: FlashAttention-2's tiled
+// online softmax (Dao 2023, "FlashAttention-2", Algorithms 1 and 2). No T x T tensor ever
+// reaches global memory; the forward pass keeps only the per-row logsumexp for backward.
+//
+// Layouts: qkv (B, T, 3C) = q | k | v per position, head h at channels [h*hs, (h+1)*hs) of each
+// group (hs = C/NH); out (B, T, C) the same way; lse and the backward scratch D are (B, NH, T).
+//
+// Every kernel works on 32 x 32 tiles (kTile query rows by kTile keys) of one (b, h) with 128
+// threads. Tiles are staged in shared memory as floats. A thread owns one row (a query, or a key
+// in the dK/dV kernel) together with three siblings: the four split the row's score entries
+// (keys part, part+4, ...) and its hs-wide accumulator (float4 groups part, part+4, ...), so
+// per-thread registers are bounded by the kernels' template parameter HS_MAX.
+//
+// Shared memory reaches 76 KB per block (dK/dV kernel, hs 128); launchers opt in beyond 48 KB.
+// __launch_bounds__(kThreads, 1): without the minimum-blocks hint ptxas capped registers at
+// 80-128 and spilled a few bytes on sm_80/sm_90; with it the kernels use 130-180 and never spill.
+#pragma once
+
+#include <cmath>
+#include <string>
+#include <type_traits>
+
+#include "common.cuh"
+
+namespace attention_detail {
+
+constexpr int kTile = 32;                         // query rows and keys per tile
+constexpr int kThreadsPerRow = 4;                 // threads sharing one row
+constexpr int kThreads = kTile * kThreadsPerRow;  // 128
+constexpr int kEntriesPerThread = kTile / kThreadsPerRow;
+constexpr int kMaxHeadSize = 128;
+constexpr int kVec = 8;  // hs must be a multiple of Packed128<bf16>::size, in both precisions
+// Shared-memory rows hold hs floats plus 4: float4-aligned, and consecutive rows start on
+// different banks (row stride 4 mod 32 words when hs is a multiple of 32).
+constexpr int kRowPad = 4;
+constexpr int kScoreStride = kTile + 1;  // score tiles [row][key], padded so columns spread over banks
+
+__host__ __device__ inline int row_stride(int hs) { return hs + kRowPad; }
+
+// Dynamic shared memory of each kernel, in floats (see the carving at the top of each kernel).
+inline size_t forward_smem_floats(int hs) { return 3 * kTile * row_stride(hs) + kTile * kScoreStride; }
+inline size_t dkdv_smem_floats(int hs) { return 4 * kTile * row_stride(hs) + 2 * kTile * kScoreStride + 2 * kTile; }
+inline size_t dq_smem_floats(int hs) { return 4 * kTile * row_stride(hs) + kTile * kScoreStride + 2 * kTile; }
+
+// Rows [row0, row0 + kTile) of one head (hs values at src + t * src_stride for position t) into
+// shared memory as floats; positions at or beyond T read as zeros (so that masked entries, whose
+// probability is 0, never meet a NaN from poisoned or stale shared memory).
+__device__ inline void load_tile(float* dst, const floatX* src, size_t src_stride, int row0, int T, int hs) {
+    const int vecs_per_row = hs / Packed128<floatX>::size;
+    for (int i = int(threadIdx.x); i < kTile * vecs_per_row; i += int(blockDim.x)) {
+        const int r = i / vecs_per_row, d = (i % vecs_per_row) * Packed128<floatX>::size;
+        float* to = dst + r * row_stride(hs) + d;
+        if (row0 + r < T) {
+            const Packed128<floatX> v = load128(src + size_t(row0 + r) * src_stride + d);
+            for (int k = 0; k < Packed128<floatX>::size; ++k) to[k] = to_float(v[k]);
+        } else {
+            for (int k = 0; k < Packed128<floatX>::size; ++k) to[k] = 0.0f;
+        }
+    }
+}
+
+// The inverse of load_tile for rows below T.
+__device__ inline void store_tile(floatX* dst, size_t dst_stride, const float* src, int row0, int T, int hs) {
+    const int vecs_per_row = hs / Packed128<floatX>::size;
+    for (int i = int(threadIdx.x); i < kTile * vecs_per_row; i += int(blockDim.x)) {
+        const int r = i / vecs_per_row, d = (i % vecs_per_row) * Packed128<floatX>::size;
+        if (row0 + r >= T) continue;
+        const float* from = src + r * row_stride(hs) + d;
+        Packed128<floatX> v;
+        for (int k = 0; k < Packed128<floatX>::size; ++k) v[k] = from_float<floatX>(from[k]);
+        store128(dst + size_t(row0 + r) * dst_stride + d, v);
+    }
+}
+
+// Per-row floats (lse or D) of positions [row0, row0 + kTile); zeros beyond T.
+__device__ inline void load_row_values(float* dst, const float* src, int row0, int T) {
+    for (int r = int(threadIdx.x); r < kTile; r += int(blockDim.x)) dst[r] = row0 + r < T ? src[row0 + r] : 0.0f;
+}
+
+__device__ inline float dot(const float* a, const float* b, int hs) {
+    float sum = 0.0f;
+    for (int d = 0; d < hs; d += 4) {
+        const float4 x = *reinterpret_cast<const float4*>(a + d);
+        const float4 y = *reinterpret_cast<const float4*>(b + d);
+        sum += x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;
+    }
+    return sum;
+}
+
+// A thread's share of an hs-wide row accumulator: float4 groups part, part+4, part+8, ... of the
+// row, i.e. acc[4*i + k] holds dimension 4*(part + 4*i) + k. Loops have compile-time trip counts
+// so acc stays in registers; dimensions at or beyond hs are skipped.
+template <int HS_MAX> struct RowShare {
+    static constexpr int kGroups = HS_MAX / (4 * kThreadsPerRow);
+    float acc[4 * kGroups];
+
+    __device__ void zero() {
+        for (int i = 0; i < 4 * kGroups; ++i) acc[i] = 0.0f;
+    }
+    __device__ void scale(float s) {
+        for (int i = 0; i < 4 * kGroups; ++i) acc[i] *= s;
+    }
+    // acc += w * row (row: hs floats in shared memory)
+    __device__ void add_scaled(float w, const float* row, int part, int hs) {
+        for (int i = 0; i < kGroups; ++i) {
+            const int d = 4 * (part + kThreadsPerRow * i);
+            if (d < hs) {
+                const float4 x = *reinterpret_cast<const float4*>(row + d);
+                acc[4 * i + 0] += w * x.x;
+                acc[4 * i + 1] += w * x.y;
+                acc[4 * i + 2] += w * x.z;
+                acc[4 * i + 3] += w * x.w;
+            }
+        }
+    }
+    // row = s * acc, this thread's dimensions only
+    __device__ void write_scaled(float s, float* row, int part, int hs) const {
+        for (int i = 0; i < kGroups; ++i) {
+            const int d = 4 * (part + kThreadsPerRow * i);
+            if (d < hs)
+                for (int k = 0; k < 4; ++k) row[d + k] = s * acc[4 * i + k];
+        }
+    }
+};
+
+// Combines a value over the 4 threads of a row (adjacent lanes of one warp).
+__device__ inline float row_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ inline float row_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// Key tiles a query tile starting at q0 sees under the causal mask: those starting at or before
+// its last query (fully masked tiles are never loaded).
+__device__ inline int causal_key_tiles(int q0, int T) { return (min(q0 + kTile, T) + kTile - 1) / kTile; }
+
+}  // namespace attention_detail
+
+// ---------------------------------------------------------------------------------------------
+// Forward: grid (query tiles, NH, B). Per key tile: S = q k^T / sqrt(hs) (masked where key >
+// query), m' = max(m, rowmax S), P = exp(S - m'), l' = l exp(m - m') + rowsum P,
+// O' = O exp(m - m') + P V (FlashAttention-2, Algorithm 1); at the end O / l and lse = m + log l.
+
+template <int HS_MAX>
+__global__ void __launch_bounds__(attention_detail::kThreads, 1)
+    attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH) {
+    using namespace attention_detail;
+    const int hs = C / NH, stride = row_stride(hs);
+    const float score_scale = 1.0f / sqrtf(float(hs));
+    const int q0 = (int(gridDim.x) - 1 - int(blockIdx.x)) * kTile;  // longest causal rows first
+    const int h = int(blockIdx.y), b = int(blockIdx.z);
+    const int row = int(threadIdx.x) / kThreadsPerRow, part = int(threadIdx.x) % kThreadsPerRow;
+    const int query = q0 + row;
+
+    DYNAMIC_SHARED(float, smem);
+    float* q_tile = smem;                      // [kTile][stride], later the normalized output
+    float* k_tile = q_tile + kTile * stride;   // [kTile][stride]
+    float* v_tile = k_tile + kTile * stride;   // [kTile][stride]
+    float* p_tile = v_tile + kTile * stride;   // [kTile][kScoreStride]: P[query row][key]
+
+    const floatX* q_src = qkv + size_t(b) * T * 3 * C + h * hs;
+    load_tile(q_tile, q_src, 3 * size_t(C), q0, T, hs);
+
+    float m = -INFINITY, l = 0.0f;  // running max and softmax denominator of this row
+    RowShare<HS_MAX> o;
+    o.zero();
+    const int key_tiles = causal_key_tiles(q0, T);
+    for (int kt = 0; kt < key_tiles; ++kt) {
+        const int k0 = kt * kTile;
+        __syncthreads();  // the previous tile's k/v/p reads are done
+        load_tile(k_tile, q_src + C, 3 * size_t(C), k0, T, hs);
+        load_tile(v_tile, q_src + 2 * C, 3 * size_t(C), k0, T, hs);
+        __syncthreads();
+
+        float s[kEntriesPerThread];
+        float tile_max = -INFINITY;
+        for (int j = 0; j < kEntriesPerThread; ++j) {
+            const int key_col = part + kThreadsPerRow * j;
+            s[j] = k0 + key_col <= query ? dot(q_tile + row * stride, k_tile + key_col * stride, hs) * score_scale
+                                         : -INFINITY;
+            tile_max = fmaxf(tile_max, s[j]);
+        }
+        // Key 0 is visible to every row and comes in the first tile, so m_new is finite from
+        // there on; a row's fully masked tile then gives correction 1 and P = 0.
+        const float m_new = fmaxf(m, row_max(tile_max));
+        const float correction = expf(m - m_new);  // 0 on the first tile (m = -inf)
+        float p_sum = 0.0f;
+        for (int j = 0; j < kEntriesPerThread; ++j) {
+            const float p = expf(s[j] - m_new);
+            p_tile[row * kScoreStride + part + kThreadsPerRow * j] = p;
+            p_sum += p;
+        }
+        l = l * correction + row_sum(p_sum);
+        m = m_new;
+        o.scale(correction);
+        __syncthreads();  // P complete
+        for (int key_col = 0; key_col < kTile; ++key_col)
+            o.add_scaled(p_tile[row * kScoreStride + key_col], v_tile + key_col * stride, part, hs);
+    }
+    // q_tile's last reads were before the last "P complete" barrier, so it can stage the output.
+    o.write_scaled(1.0f / l, q_tile + row * stride, part, hs);
+    if (part == 0 && query < T) lse[(size_t(b) * NH + h) * T + query] = m + logf(l);
+    __syncthreads();
+    store_tile(out + size_t(b) * T * C + h * hs, size_t(C), q_tile, q0, T, hs);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward (FlashAttention-2, Algorithm 2, split into two atomic-free kernels):
+//   P = exp(S - lse), dV = P^T dO, dP = dO V^T, dS = P * (dP - D) with D = rowsum(dO * O),
+//   dQ = dS K / sqrt(hs), dK = dS^T Q / sqrt(hs).
+
+// D for every (b, h, t): one warp per row, heads of a position in adjacent warps.
+__global__ void attention_backward_rowdot_kernel(float* D, const floatX* dout, const floatX* out, int B, int T, int C,
+                                                 int NH) {
+    const int warps_per_block = int(blockDim.x) / 32, lane = int(threadIdx.x) % 32;
+    const size_t row = size_t(blockIdx.x) * warps_per_block + threadIdx.x / 32;  // (b, t, h)
+    if (row >= size_t(B) * T * NH) return;  // whole warps only: warp_sum needs all 32 lanes
+    const int hs = C / NH, h = int(row % NH);
+    const size_t bt = row / NH;
+    const floatX* dout_row = dout + bt * C + h * hs;
+    const floatX* out_row = out + bt * C + h * hs;
+    float sum = 0.0f;
+    for (int d = lane * Packed128<floatX>::size; d < hs; d += 32 * Packed128<floatX>::size) {
+        const Packed128<floatX> g = load128(dout_row + d), o = load128(out_row + d);
+        for (int k = 0; k < Packed128<floatX>::size; ++k) sum += to_float(g[k]) * to_float(o[k]);
+    }
+    sum = warp_sum(sum);
+    const size_t b = bt / T, t = bt % T;
+    if (lane == 0) D[(b * NH + h) * T + t] = sum;
+}
+
+// dK, dV: grid (key tiles, NH, B). A thread owns a key row (with its 3 siblings) and loops over
+// the query tiles at or after the key tile, the ones the causal mask lets see these keys.
+template <int HS_MAX>
+__global__ void __launch_bounds__(attention_detail::kThreads, 1)
+    attention_backward_dkdv_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse,
+                                   const float* D, int T, int C, int NH) {
+    using namespace attention_detail;
+    const int hs = C / NH, stride = row_stride(hs);
+    const float score_scale = 1.0f / sqrtf(float(hs));
+    const int k0 = int(blockIdx.x) * kTile;  // the first key tiles see the most queries: first
+    const int h = int(blockIdx.y), b = int(blockIdx.z);
+    const int key_col = int(threadIdx.x) / kThreadsPerRow, part = int(threadIdx.x) % kThreadsPerRow;
+    const int key = k0 + key_col;
+
+    DYNAMIC_SHARED(float, smem);
+    float* k_tile = smem;                         // [kTile][stride], later dK
+    float* v_tile = k_tile + kTile * stride;      // [kTile][stride], later dV
+    float* q_tile = v_tile + kTile * stride;      // [kTile][stride]
+    float* dout_tile = q_tile + kTile * stride;   // [kTile][stride]
+    float* p_tile = dout_tile + kTile * stride;   // [kTile][kScoreStride]: P[query row][key]
+    float* ds_tile = p_tile + kTile * kScoreStride;  // [kTile][kScoreStride]: dS[query row][key]
+    float* lse_rows = ds_tile + kTile * kScoreStride;  // [kTile]
+    float* d_rows = lse_rows + kTile;                   // [kTile]
+
+    const size_t qkv_stride = 3 * size_t(C);
+    const floatX* q_src = qkv + size_t(b) * T * qkv_stride + h * hs;
+    const floatX* dout_src = dout + size_t(b) * T * C + h * hs;
+    const float* lse_src = lse + (size_t(b) * NH + h) * T;
+    const float* d_src = D + (size_t(b) * NH + h) * T;
+    load_tile(k_tile, q_src + C, qkv_stride, k0, T, hs);
+    load_tile(v_tile, q_src + 2 * C, qkv_stride, k0, T, hs);
+
+    RowShare<HS_MAX> dk, dv;
+    dk.zero();
+    dv.zero();
+    for (int q0 = k0; q0 < T; q0 += kTile) {  // kTile-aligned: query tiles before k0 see none of these keys
+        __syncthreads();  // the previous query tile's reads are done
+        load_tile(q_tile, q_src, qkv_stride, q0, T, hs);
+        load_tile(dout_tile, dout_src, size_t(C), q0, T, hs);
+        load_row_values(lse_rows, lse_src, q0, T);
+        load_row_values(d_rows, d_src, q0, T);
+        __syncthreads();
+
+        for (int j = 0; j < kEntriesPerThread; ++j) {
+            const int r = part + kThreadsPerRow * j, query = q0 + r;
+            float p = 0.0f, ds = 0.0f;
+            if (key <= query && query < T) {
+                p = expf(dot(q_tile + r * stride, k_tile + key_col * stride, hs) * score_scale - lse_rows[r]);
+                ds = p * (dot(dout_tile + r * stride, v_tile + key_col * stride, hs) - d_rows[r]);
+            }
+            p_tile[r * kScoreStride + key_col] = p;
+            ds_tile[r * kScoreStride + key_col] = ds;
+        }
+        __syncthreads();  // P and dS complete
+        for (int r = 0; r < kTile; ++r) {
+            dv.add_scaled(p_tile[r * kScoreStride + key_col], dout_tile + r * stride, part, hs);
+            dk.add_scaled(ds_tile[r * kScoreStride + key_col], q_tile + r * stride, part, hs);
+        }
+    }
+    // k_tile/v_tile's last reads were before the last "P and dS complete" barrier.
+    dk.write_scaled(score_scale, k_tile + key_col * stride, part, hs);
+    dv.write_scaled(1.0f, v_tile + key_col * stride, part, hs);
+    __syncthreads();
+    floatX* head_dst = dqkv + size_t(b) * T * qkv_stride + h * hs;
+    store_tile(head_dst + C, qkv_stride, k_tile, k0, T, hs);
+    store_tile(head_dst + 2 * C, qkv_stride, v_tile, k0, T, hs);
+}
+
+// dQ: grid (query tiles, NH, B). A thread owns a query row (with its 3 siblings) and loops over
+// the key tiles the causal mask lets it see, as the forward pass does.
+template <int HS_MAX>
+__global__ void __launch_bounds__(attention_detail::kThreads, 1)
+    attention_backward_dq_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse,
+                                 const float* D, int T, int C, int NH) {
+    using namespace attention_detail;
+    const int hs = C / NH, stride = row_stride(hs);
+    const float score_scale = 1.0f / sqrtf(float(hs));
+    const int q0 = (int(gridDim.x) - 1 - int(blockIdx.x)) * kTile;  // longest causal rows first
+    const int h = int(blockIdx.y), b = int(blockIdx.z);
+    const int row = int(threadIdx.x) / kThreadsPerRow, part = int(threadIdx.x) % kThreadsPerRow;
+    const int query = q0 + row;
+
+    DYNAMIC_SHARED(float, smem);
+    float* q_tile = smem;                            // [kTile][stride], later dQ
+    float* dout_tile = q_tile + kTile * stride;      // [kTile][stride]
+    float* k_tile = dout_tile + kTile * stride;      // [kTile][stride]
+    float* v_tile = k_tile + kTile * stride;         // [kTile][stride]
+    float* ds_tile = v_tile + kTile * stride;        // [kTile][kScoreStride]: dS[query row][key]
+    float* lse_rows = ds_tile + kTile * kScoreStride;  // [kTile]
+    float* d_rows = lse_rows + kTile;                   // [kTile]
+
+    const size_t qkv_stride = 3 * size_t(C);
+    const floatX* q_src = qkv + size_t(b) * T * qkv_stride + h * hs;
+    load_tile(q_tile, q_src, qkv_stride, q0, T, hs);
+    load_tile(dout_tile, dout + size_t(b) * T * C + h * hs, size_t(C), q0, T, hs);
+    load_row_values(lse_rows, lse + (size_t(b) * NH + h) * T, q0, T);
+    load_row_values(d_rows, D + (size_t(b) * NH + h) * T, q0, T);
+
+    RowShare<HS_MAX> dq;
+    dq.zero();
+    const int key_tiles = causal_key_tiles(q0, T);
+    for (int kt = 0; kt < key_tiles; ++kt) {
+        const int k0 = kt * kTile;
+        __syncthreads();  // the previous key tile's reads are done
+        load_tile(k_tile, q_src + C, qkv_stride, k0, T, hs);
+        load_tile(v_tile, q_src + 2 * C, qkv_stride, k0, T, hs);
+        __syncthreads();
+
+        for (int j = 0; j < kEntriesPerThread; ++j) {
+            const int key_col = part + kThreadsPerRow * j;
+            float ds = 0.0f;
+            if (k0 + key_col <= query && query < T) {
+                const float p =
+                    expf(dot(q_tile + row * stride, k_tile + key_col * stride, hs) * score_scale - lse_rows[row]);
+                ds = p * (dot(dout_tile + row * stride, v_tile + key_col * stride, hs) - d_rows[row]);
+            }
+            ds_tile[row * kScoreStride + key_col] = ds;
+        }
+        __syncthreads();  // dS complete
+        for (int key_col = 0; key_col < kTile; ++key_col)
+            dq.add_scaled(ds_tile[row * kScoreStride + key_col], k_tile + key_col * stride, part, hs);
+    }
+    // q_tile's last reads were before the last "dS complete" barrier.
+    dq.write_scaled(score_scale, q_tile + row * stride, part, hs);
+    __syncthreads();
+    store_tile(dqkv + size_t(b) * T * qkv_stride + h * hs, qkv_stride, q_tile, q0, T, hs);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side
+
+inline std::string attention_requirements(int C, int NH) {
+    using attention_detail::kMaxHeadSize;
+    using attention_detail::kVec;
+    if (C < 1 || NH < 1)
+        return "attention: C = " + std::to_string(C) + " and NH = " + std::to_string(NH) + " must be positive";
+    if (C % NH != 0) return "attention: C = " + std::to_string(C) + " is not divisible by NH = " + std::to_string(NH);
+    const int hs = C / NH;
+    if (hs % kVec != 0)
+        return "attention: head size C/NH = " + std::to_string(hs) + " is not a multiple of " + std::to_string(kVec);
+    if (hs > kMaxHeadSize)
+        return "attention: head size C/NH = " + std::to_string(hs) + " exceeds the supported maximum " +
+               std::to_string(kMaxHeadSize);
+    return "";
+}
+
+inline size_t attention_backward_scratch_floats(int B, int T, int NH) { return size_t(B) * T * NH; }
+
+namespace attention_detail {
+
+inline void check_sizes(const char* launcher, int B, int T, int C, int NH) {
+    std::string problem = attention_requirements(C, NH);
+    if (problem.empty() && (B < 1 || T < 1))
+        problem = "attention: B = " + std::to_string(B) + " and T = " + std::to_string(T) + " must be positive";
+    require_supported(launcher, problem);
+}
+
+// Calls f(std::integral_constant<int, HS_MAX>) with the smallest HS_MAX in {32, 64, 128} >= hs.
+template <typename F> void dispatch_head_size(int hs, F&& f) {
+    if (hs <= 32) f(std::integral_constant<int, 32>{});
+    else if (hs <= 64) f(std::integral_constant<int, 64>{});
+    else f(std::integral_constant<int, 128>{});
+}
+
+// Dynamic shared memory beyond the default 48 KB must be opted into per kernel.
+template <auto Kernel> void allow_smem(size_t bytes) {
+    CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
+}  // namespace attention_detail
+
+inline void attention_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH,
+                              cudaStream_t stream) {
+    using namespace attention_detail;
+    check_sizes("attention_forward", B, T, C, NH);
+    const int hs = C / NH;
+    const dim3 grid(ceil_div(T, kTile), NH, B);
+    const size_t smem = forward_smem_floats(hs) * sizeof(float);
+    dispatch_head_size(hs, [&](auto hs_max) {
+        constexpr auto kernel = attention_forward_kernel<decltype(hs_max)::value>;
+        allow_smem<kernel>(smem);
+        launch<kernel>(grid, dim3(kThreads), smem, stream, out, lse, qkv, T, C, NH);
+    });
+}
+
+inline void attention_backward(floatX* dqkv, float* scratch, const floatX* dout, const floatX* qkv,
+                               const floatX* out, const float* lse, int B, int T, int C, int NH,
+                               cudaStream_t stream) {
+    using namespace attention_detail;
+    check_sizes("attention_backward", B, T, C, NH);
+    const int hs = C / NH;
+    float* D = scratch;  // (B, NH, T)
+    constexpr int kRowdotWarps = 4;
+    launch<attention_backward_rowdot_kernel>(dim3(ceil_div(size_t(B) * T * NH, kRowdotWarps)), dim3(32 * kRowdotWarps),
+                                             0, stream, D, dout, out, B, T, C, NH);
+    const dim3 grid(ceil_div(T, kTile), NH, B);
+    const size_t dkdv_smem = dkdv_smem_floats(hs) * sizeof(float), dq_smem = dq_smem_floats(hs) * sizeof(float);
+    dispatch_head_size(hs, [&](auto hs_max) {
+        constexpr auto dkdv_kernel = attention_backward_dkdv_kernel<decltype(hs_max)::value>;
+        constexpr auto dq_kernel = attention_backward_dq_kernel<decltype(hs_max)::value>;
+        allow_smem<dkdv_kernel>(dkdv_smem);
+        allow_smem<dq_kernel>(dq_smem);
+        launch<dkdv_kernel>(grid, dim3(kThreads), dkdv_smem, stream, dqkv, dout, qkv, lse, D, T, C, NH);
+        launch<dq_kernel>(grid, dim3(kThreads), dq_smem, stream, dqkv, dout, qkv, lse, D, T, C, NH);
+    });
+}

@@ -1,0 +1,98 @@
+// Fused classifier: softmax cross-entropy over the first V of Vp logit columns, and its gradient
+// written over the logits in place, so no probability tensor is ever stored.
+//   loss_i    = logsumexp(x_i[:V]) - x_i[t_i]
+//   dlogits_ij = dloss * (softmax(x_i[:V])_j - [j == t_i])  for j < V, 0 for the padding V <= j < Vp
+// One block per row. Pass 1 reads the row in 16-byte chunks with the online-softmax recurrence
+// (Milakov & Gimelshein 2018, "Online normalizer calculation for softmax"): each thread keeps a
+// running max m and a sum s of exp(x - m), rescaling s when m grows, and the block combines the
+// threads' (m, s) pairs. Pass 2 re-reads the row and writes the gradient. Deterministic: the
+// reductions have a fixed order.
+#pragma once
+
+#include "common.cuh"
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+constexpr int kClassifierBlockSize = 1024;
+
+__global__ void __launch_bounds__(kClassifierBlockSize)
+    fused_classifier_kernel(floatX* logits, float* losses, const int* targets, float dloss, int V, int Vp,
+                            bool write_dlogits) {
+    constexpr int kPack = Packed128<floatX>::size;
+    __shared__ float reduce_scratch[32];
+    floatX* row = logits + size_t(blockIdx.x) * Vp;
+    const int target = targets[blockIdx.x];
+
+    // Ignored position (target -1): no loss and no gradient; the branch is uniform over the block.
+    if (target == -1) {
+        if (threadIdx.x == 0) losses[blockIdx.x] = 0.0f;
+        if (write_dlogits)
+            for (int j = threadIdx.x * kPack; j < Vp; j += blockDim.x * kPack) store128(row + j, Packed128<floatX>::filled(0.0f));
+        return;
+    }
+    // A target outside [0, V) is bad input: a NaN loss and gradient row make it visible.
+    const bool valid = target >= 0 && target < V;
+    // Read before pass 2 overwrites the row (the block reductions below order it before any write).
+    const float target_logit = valid && threadIdx.x == 0 ? to_float(row[target]) : 0.0f;
+
+    float running_max = -INFINITY, running_sum = 0.0f;
+    for (int j = threadIdx.x * kPack; j < V; j += blockDim.x * kPack) {
+        const Packed128<floatX> x = load128(row + j);  // the padding past V is in bounds (Vp % 8 == 0)
+        float chunk_max = -INFINITY;
+        for (int k = 0; k < kPack; ++k)
+            if (j + k < V) chunk_max = fmaxf(chunk_max, to_float(x[k]));
+        const float new_max = fmaxf(running_max, chunk_max);
+        running_sum *= expf(running_max - new_max);  // exp(-inf) = 0 on the first chunk
+        for (int k = 0; k < kPack; ++k)
+            if (j + k < V) running_sum += expf(to_float(x[k]) - new_max);
+        running_max = new_max;
+    }
+    // Combine (m_t, s_t): M = max m_t, S = sum s_t exp(m_t - M). Threads without columns add 0.
+    const float row_max = block_max(running_max, reduce_scratch);
+    const float row_sum = block_sum(running_sum * expf(running_max - row_max), reduce_scratch);
+    const float nan = __int_as_float(0x7fc00000);
+    if (threadIdx.x == 0) losses[blockIdx.x] = valid ? row_max + logf(row_sum) - target_logit : nan;
+    if (!write_dlogits) return;
+
+    const float inverse_sum = 1.0f / row_sum;
+    const float scale = valid ? dloss : nan;
+    for (int j = threadIdx.x * kPack; j < Vp; j += blockDim.x * kPack) {
+        const Packed128<floatX> x = load128cs(row + j);  // the last read of these logits
+        Packed128<floatX> grad;
+        for (int k = 0; k < kPack; ++k) {
+            const int column = j + k;
+            const float probability = expf(to_float(x[k]) - row_max) * inverse_sum;
+            const float indicator = column == target ? 1.0f : 0.0f;
+            grad[k] = from_float<floatX>(column < V ? scale * (probability - indicator) : 0.0f);
+        }
+        store128(row + j, grad);
+    }
+}
+
+inline std::string classifier_requirements(int V, int Vp) {
+    const std::string sizes = "classifier: V = " + std::to_string(V) + ", Vp = " + std::to_string(Vp) + ": ";
+    if (V < 1) return sizes + "V must be at least 1";
+    if (V > Vp) return sizes + "V must not exceed Vp";
+    // Rows are read in 16-byte chunks: every row must start 16-byte aligned (8 BF16 elements).
+    if (Vp % 8 != 0) return sizes + "Vp is not a multiple of 8";
+    return "";
+}
+
+// logits (N, Vp) become dlogits in place when write_dlogits; losses (N) are written; targets (N)
+// are in [0, V) or -1 (ignored). dloss: 1 / (number of valid targets in the optimizer step).
+inline void fused_classifier(floatX* logits, float* losses, const int* targets, float dloss, int N, int V, int Vp,
+                             bool write_dlogits, cudaStream_t stream) {
+    require_supported("fused_classifier", classifier_requirements(V, Vp));
+    require_supported("fused_classifier", N < 0 ? "classifier: N = " + std::to_string(N) + " is negative" : "");
+    require_supported("fused_classifier", N > 0 && (logits == nullptr || losses == nullptr || targets == nullptr)
+                                              ? "classifier: logits, losses or targets is NULL"
+                                              : "");
+    require_supported("fused_classifier", reinterpret_cast<uintptr_t>(logits) % 16 != 0
+                                              ? "classifier: logits is not 16-byte aligned"
+                                              : "");
+    if (N == 0) return;
+    launch<fused_classifier_kernel>(dim3(N), dim3(kClassifierBlockSize), 0, stream, logits, losses, targets, dloss, V,
+                                    Vp, write_dlogits);
+}

@@ -1,0 +1,71 @@
+// Sum of squares of a floatX array (the squared global gradient norm, for clipping), deterministic:
+// each block writes its partial sum to scratch, then one block adds the partials in a fixed order.
+// The grid depends on n only (not on the device), every thread's share of elements and every
+// reduction tree are fixed, and squares accumulate with explicit fmaf: two runs, and the GPU and
+// CPU builds, give the same bits. No atomics.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "common.cuh"
+
+constexpr int kGlobalNormBlock = 256;
+// Enough blocks to fill an H100 (132 SMs x 8 blocks of 256 threads); the finishing kernel sums
+// them with one thread each, so it must stay <= 1024.
+constexpr size_t kGlobalNormMaxBlocks = 1024;
+
+inline size_t global_norm_blocks(size_t n) {
+    const size_t per_block = size_t(kGlobalNormBlock) * Packed128<floatX>::size;
+    return std::clamp<size_t>((n + per_block - 1) / per_block, 1, kGlobalNormMaxBlocks);
+}
+inline size_t global_norm_scratch_floats(size_t n) { return global_norm_blocks(n); }
+
+// Vectors of Packed128 from element `head` on (16-byte aligned there), grid-strided; then the
+// `head` elements before them and the tail after them, one per thread, grid-strided.
+__global__ void __launch_bounds__(kGlobalNormBlock)
+    global_norm_partials_kernel(float* partials, const floatX* values, size_t n, size_t head, size_t vectors) {
+    __shared__ float scratch[32];
+    constexpr int width = Packed128<floatX>::size;
+    const size_t stride = size_t(gridDim.x) * blockDim.x;
+    const size_t thread = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    float sum = 0.0f;
+    for (size_t j = thread; j < vectors; j += stride) {
+        const Packed128<floatX> packed = load128(values + head + j * width);
+        for (int k = 0; k < width; ++k) {
+            const float x = to_float(packed[k]);
+            sum = fmaf(x, x, sum);
+        }
+    }
+    const size_t vector_end = head + vectors * width;
+    for (size_t j = thread; j < n - vectors * width; j += stride) {
+        const float x = to_float(values[j < head ? j : vector_end + (j - head)]);
+        sum = fmaf(x, x, sum);
+    }
+    sum = block_sum(sum, scratch);
+    if (threadIdx.x == 0) partials[blockIdx.x] = sum;
+}
+
+// One block, a multiple of 32 threads >= count: thread i takes partial i.
+__global__ void __launch_bounds__(kGlobalNormMaxBlocks)
+    global_norm_finish_kernel(float* out, const float* partials, int count) {
+    __shared__ float scratch[32];
+    const float partial = int(threadIdx.x) < count ? partials[threadIdx.x] : 0.0f;
+    const float total = block_sum(partial, scratch);
+    if (threadIdx.x == 0) *out = total;
+}
+
+// *out (one device float) = sum of values[i]^2 over [0, n), accumulated in FP32. scratch holds
+// global_norm_scratch_floats(n) floats. For a norm over several tensors or ranks, add the results.
+inline void global_norm_squared(float* out, const floatX* values, size_t n, float* scratch, cudaStream_t stream) {
+    if (!out || !scratch || (n > 0 && !values))
+        require_supported("global_norm_squared", "global_norm: null out, scratch or values pointer");
+    constexpr size_t width = Packed128<floatX>::size;
+    const size_t head = std::min(elements_to_align16(values), n);
+    const size_t vectors = (n - head) / width;
+    const size_t blocks = global_norm_blocks(n);
+    launch<global_norm_partials_kernel>(dim3(unsigned(blocks)), dim3(kGlobalNormBlock), 0, stream, scratch, values, n,
+                                        head, vectors);
+    const unsigned finish_threads = ceil_div(blocks, 32) * 32;
+    launch<global_norm_finish_kernel>(dim3(1), dim3(finish_threads), 0, stream, out, scratch, int(blocks));
+}

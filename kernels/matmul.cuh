@@ -1,0 +1,270 @@
+// Linear layers, y = x W^T + b (torch.nn.Linear), through cuBLASLt: forward with the bias and
+// GELU fused into the GEMM epilogue, backward for the input (GELU gradient fused), the weight
+// (accumulated by the GEMM itself, beta = 1) and the bias (our deterministic column-sum kernel).
+//
+// Row-major storage seen by column-major cuBLASLt: a row-major R x K matrix (row stride K) is, byte
+// for byte, the column-major K x R matrix with ld K, i.e. its transpose. cuBLASLt computes
+// D (m x n) = op(A) (m x k) op(B) (k x n), so each product is written for the transposes:
+//   forward  out^T (OC x N) = W (OC x C) inp^T (C x N):      A = weight, stored C x OC ld C, TRANSA = T
+//            B = inp, stored C x N ld C, N;  m = OC, n = N, k = C;  D = out, ld OC.
+//            Bias has one entry per row of D (EPILOGUE_BIAS: "length must match matrix D rows"):
+//            one per output feature, as wanted. pre_gelu (GELU input, N x OC) is laid out like D.
+//   dinp     dinp^T (C x N) = W^T (C x OC) dout^T (OC x N):   A = weight, stored C x OC ld C, N;
+//            B = dout, stored OC x N ld OC, N;  m = C, n = N, k = OC;  D = dinp, ld C. The DGELU
+//            aux (pre_gelu_of_inp, N x C) is laid out like D, ld C.
+//   dweight  dweight^T (C x OC) += inp^T (C x N) dout (N x OC): A = inp, stored C x N ld C, N;
+//            B = dout, stored OC x N ld OC, TRANSB = T;  m = C, n = OC, k = N;  C = D = dweight, ld C.
+#pragma once
+
+#include "common.cuh"
+
+#include <cublasLt.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <initializer_list>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+// cublasSetWorkspace docs: 32 MiB is the recommended workspace for Hopper (4 MiB before it).
+constexpr size_t kMatmulWorkspaceBytes = size_t(32) << 20;
+
+inline std::string matmul_requirements(int C, int OC) {
+    // 8 elements = 16 bytes in BF16: rows of every matrix start 16-byte aligned (Packed128, the
+    // tensor-core kernels), and EPILOGUE_AUX_LD (= C or OC) "must be divisible by 8".
+    for (auto [name, value] : {std::pair<const char*, int>{"C", C}, {"OC", OC}}) {
+        if (value <= 0) return std::string("matmul: ") + name + " = " + std::to_string(value) + " is not positive";
+        if (value % 8 != 0)
+            return std::string("matmul: ") + name + " = " + std::to_string(value) + " is not a multiple of 8";
+    }
+    return "";
+}
+
+namespace matmul_detail {
+
+inline cublasLtHandle_t handle = nullptr;
+inline void* workspace = nullptr;
+
+// A failing cuBLASLt call ends the program with the call, file, line and status (like CUDA_CHECK).
+inline void check_cublaslt(cublasStatus_t status, const char* call, const char* file, int line) {
+    if (status == CUBLAS_STATUS_SUCCESS) return;
+    std::fprintf(stderr, "cuBLASLt error at %s:%d: %s: %s\n", file, line, call, cublasLtGetStatusName(status));
+    std::exit(EXIT_FAILURE);
+}
+#define CUBLASLT_CHECK(call) matmul_detail::check_cublaslt((call), #call, __FILE__, __LINE__)
+
+constexpr cudaDataType kFloatXType = std::is_same_v<floatX, float> ? CUDA_R_32F : CUDA_R_16BF;
+
+// One cublasLtMatmul, column-major: D = epilogue(op(A) op(B) + beta D).
+struct Gemm {
+    cublasOperation_t transa, transb;
+    int m, n, k;
+    const floatX* a;
+    int lda;
+    const floatX* b;
+    int ldb;
+    floatX* d;
+    int ldd;
+    float beta = 0.0f;  // 1: accumulate onto D (C = D, same layout)
+    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    const floatX* bias = nullptr;
+    floatX* aux = nullptr;  // GELU input: written by GELU_AUX*, read by DGELU; laid out like D
+};
+
+// Largest power of two (up to 256) dividing the address.
+inline uint32_t alignment_of(const void* p) {
+    const uintptr_t address = reinterpret_cast<uintptr_t>(p);
+    return address == 0 ? 256u : uint32_t(std::min<uintptr_t>(256, address & (~address + 1)));
+}
+
+inline void run(const Gemm& g, cudaStream_t stream) {
+    cublasLtMatmulDesc_t desc;
+    CUBLASLT_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const int32_t transa = g.transa, transb = g.transb;  // attribute types from cublasLt.h
+    const uint32_t epilogue = g.epilogue;
+    CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &transa, sizeof transa));
+    CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &transb, sizeof transb));
+    CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+    // Set before the heuristic: it reads these pointers' values for their alignment (BIAS_POINTER doc).
+    if (g.bias) CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias));
+    if (g.aux) {
+        const int64_t aux_ld = g.ldd;  // EPILOGUE_AUX_LD: a multiple of 8, at least D's rows
+        CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.aux, sizeof g.aux));
+        CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
+    }
+    // Layouts: rows x cols of the matrix as stored (before op), column-major.
+    cublasLtMatrixLayout_t a_layout, b_layout, d_layout;
+    const bool ta = g.transa != CUBLAS_OP_N, tb = g.transb != CUBLAS_OP_N;
+    CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&a_layout, kFloatXType, ta ? g.k : g.m, ta ? g.m : g.k, g.lda));
+    CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&b_layout, kFloatXType, tb ? g.n : g.k, tb ? g.k : g.n, g.ldb));
+    CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&d_layout, kFloatXType, g.m, g.n, g.ldd));
+
+    cublasLtMatmulPreference_t preference;
+    CUBLASLT_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+    const uint64_t workspace_bytes = kMatmulWorkspaceBytes;
+    CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                        &workspace_bytes, sizeof workspace_bytes));
+    // MIN_ALIGNMENT_*_BYTES docs: the heuristic assumes 256-byte aligned matrices by default;
+    // slices of the parameter and activation buffers may be less aligned, so say what they are.
+    const uint32_t align_a = alignment_of(g.a), align_b = alignment_of(g.b), align_d = alignment_of(g.d);
+    CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof align_a));
+    CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof align_b));
+    CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d, sizeof align_d));
+    CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof align_d));
+
+    cublasLtMatmulHeuristicResult_t heuristic{};
+    int found = 0;
+    CUBLASLT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, desc, a_layout, b_layout, d_layout, d_layout, preference, 1,
+                                                  &heuristic, &found));
+    if (found == 0)
+        require_supported("cublasLtMatmulAlgoGetHeuristic",
+                          "matmul: cuBLASLt has no algorithm for m = " + std::to_string(g.m) + ", n = " +
+                              std::to_string(g.n) + ", k = " + std::to_string(g.k) + ", epilogue " +
+                              std::to_string(epilogue));
+    const float alpha = 1.0f;
+    CUBLASLT_CHECK(cublasLtMatmul(handle, desc, &alpha, g.a, a_layout, g.b, b_layout, &g.beta, g.d, d_layout, g.d,
+                                  d_layout, &heuristic.algo, workspace, kMatmulWorkspaceBytes, stream));
+    cublasLtMatmulPreferenceDestroy(preference);
+    cublasLtMatrixLayoutDestroy(d_layout);
+    cublasLtMatrixLayoutDestroy(b_layout);
+    cublasLtMatrixLayoutDestroy(a_layout);
+    cublasLtMatmulDescDestroy(desc);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bias gradient, dbias[o] += sum over rows n of dout[n, o], without atomics: blocks of 32 x 8
+// threads cover 32 16-byte column groups of one chunk of rows; each writes its chunk's column
+// sums to `partials` (chunk-major), and a second kernel adds the chunks in order.
+
+constexpr int kBiasRowThreads = 8;  // blockDim.y
+constexpr int kBiasMinRowsPerChunk = 64, kBiasMaxChunks = 128;
+constexpr int kPack = Packed128<floatX>::size;
+constexpr int kBiasColumnsPerBlock = 32 * kPack;
+
+inline int bias_grad_chunks(int N) { return std::min(int(ceil_div(N, kBiasMinRowsPerChunk)), kBiasMaxChunks); }
+
+__global__ void __launch_bounds__(32 * kBiasRowThreads)
+    bias_grad_partial_kernel(float* partials, const floatX* dout, int N, int OC, int rows_per_chunk) {
+    __shared__ float column_sums[kBiasRowThreads][kBiasColumnsPerBlock];
+    const int block_column = blockIdx.x * kBiasColumnsPerBlock;
+    const int column = block_column + threadIdx.x * kPack;
+    const int row_end = min(N, int(blockIdx.y + 1) * rows_per_chunk);
+    float sums[kPack] = {};
+    if (column < OC)
+        for (int row = blockIdx.y * rows_per_chunk + threadIdx.y; row < row_end; row += kBiasRowThreads) {
+            const Packed128<floatX> values = load128(dout + size_t(row) * OC + column);
+            for (int i = 0; i < kPack; ++i) sums[i] += to_float(values[i]);
+        }
+    for (int i = 0; i < kPack; ++i) column_sums[threadIdx.y][threadIdx.x * kPack + i] = sums[i];
+    __syncthreads();
+    // Each thread finishes one column: the row threads' sums in a fixed order.
+    const int local = threadIdx.y * 32 + threadIdx.x;
+    if (local < kBiasColumnsPerBlock && block_column + local < OC) {
+        float sum = 0.0f;
+        for (int y = 0; y < kBiasRowThreads; ++y) sum += column_sums[y][local];
+        partials[size_t(blockIdx.y) * OC + block_column + local] = sum;
+    }
+}
+
+__global__ void bias_grad_finish_kernel(floatX* dbias, const float* partials, int chunks, int OC) {
+    const int column = (blockIdx.x * blockDim.x + threadIdx.x) * kPack;
+    if (column >= OC) return;
+    float sums[kPack] = {};
+    for (int chunk = 0; chunk < chunks; ++chunk)
+        for (int i = 0; i < kPack; i += Packed128<float>::size) {
+            const Packed128<float> p = load128(partials + size_t(chunk) * OC + column + i);
+            for (int j = 0; j < Packed128<float>::size; ++j) sums[i + j] += p[j];
+        }
+    Packed128<floatX> bias = load128(dbias + column);
+    for (int i = 0; i < kPack; ++i) bias[i] = from_float<floatX>(to_float(bias[i]) + sums[i]);  // +=: accumulate
+    store128(dbias + column, bias);
+}
+
+// Launcher input checks (one line naming the launcher and the argument, then exit).
+struct NamedPointer {
+    const char* name;
+    const void* pointer;
+    bool required = true;
+};
+inline void check_arguments(const char* launcher, int N, int C, int OC, std::initializer_list<NamedPointer> pointers) {
+    require_supported(launcher, handle == nullptr ? "matmul: matmul_init() was not called" : "");
+    require_supported(launcher, N < 0 ? "matmul: N = " + std::to_string(N) + " is negative" : "");
+    require_supported(launcher, matmul_requirements(C, OC));
+    for (const NamedPointer& p : pointers) {
+        if (p.pointer == nullptr && p.required) require_supported(launcher, std::string("matmul: ") + p.name + " is NULL");
+        if (reinterpret_cast<uintptr_t>(p.pointer) % 16 != 0)
+            require_supported(launcher, std::string("matmul: ") + p.name + " is not 16-byte aligned");
+    }
+}
+
+}  // namespace matmul_detail
+
+// ---------------------------------------------------------------------------------------------
+
+inline void matmul_init() {
+    if (matmul_detail::handle != nullptr) return;
+    CUBLASLT_CHECK(cublasLtCreate(&matmul_detail::handle));
+    CUDA_CHECK(cudaMalloc(&matmul_detail::workspace, kMatmulWorkspaceBytes));
+}
+
+inline void matmul_destroy() {
+    if (matmul_detail::handle == nullptr) return;
+    CUDA_CHECK(cudaFree(matmul_detail::workspace));
+    CUBLASLT_CHECK(cublasLtDestroy(matmul_detail::handle));
+    matmul_detail::handle = nullptr;
+    matmul_detail::workspace = nullptr;
+}
+
+// out (N, OC) = inp (N, C) @ weight (OC, C)^T + bias; with pre_gelu: pre_gelu = that, out = GELU(it).
+inline void matmul_forward(floatX* out, const floatX* inp, const floatX* weight, const floatX* bias, int N, int C,
+                           int OC, cudaStream_t stream, floatX* pre_gelu = nullptr) {
+    using namespace matmul_detail;
+    check_arguments("matmul_forward", N, C, OC,
+                    {{"out", out}, {"inp", inp}, {"weight", weight}, {"bias", bias, false}, {"pre_gelu", pre_gelu, false}});
+    if (N == 0) return;
+    Gemm g{CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, weight, C, inp, C, out, OC};
+    g.bias = bias;
+    g.aux = pre_gelu;
+    g.epilogue = pre_gelu ? (bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
+                          : (bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
+    run(g, stream);
+}
+
+inline size_t matmul_backward_scratch_floats(int N, int OC) {
+    return size_t(matmul_detail::bias_grad_chunks(std::max(N, 0))) * size_t(std::max(OC, 0));
+}
+
+// dinp = dout @ weight (overwritten; times gelu'(pre_gelu_of_inp) when given, which must not alias
+// dinp); dweight += dout^T @ inp; dbias += column sums of dout (deterministic, via scratch).
+inline void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, float* scratch, const floatX* dout,
+                            const floatX* inp, const floatX* weight, int N, int C, int OC, cudaStream_t stream,
+                            const floatX* pre_gelu_of_inp = nullptr) {
+    using namespace matmul_detail;
+    check_arguments("matmul_backward", N, C, OC,
+                    {{"dinp", dinp}, {"dweight", dweight}, {"dout", dout}, {"inp", inp}, {"weight", weight},
+                     {"pre_gelu_of_inp", pre_gelu_of_inp, false}, {"dbias", dbias, false},
+                     {"scratch", scratch, dbias != nullptr}});
+    if (N == 0) return;
+
+    Gemm input_grad{CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, weight, C, dout, OC, dinp, C};
+    input_grad.aux = const_cast<floatX*>(pre_gelu_of_inp);  // DGELU reads it (cuBLASLt takes void*)
+    input_grad.epilogue = pre_gelu_of_inp ? CUBLASLT_EPILOGUE_DGELU : CUBLASLT_EPILOGUE_DEFAULT;
+    run(input_grad, stream);
+
+    Gemm weight_grad{CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, inp, C, dout, OC, dweight, C};
+    weight_grad.beta = 1.0f;
+    run(weight_grad, stream);
+
+    if (dbias) {
+        const int chunks = bias_grad_chunks(N), rows_per_chunk = int(ceil_div(N, chunks));
+        const int used_chunks = int(ceil_div(N, rows_per_chunk));
+        launch<bias_grad_partial_kernel>(dim3(ceil_div(OC, kBiasColumnsPerBlock), used_chunks),
+                                         dim3(32, kBiasRowThreads), 0, stream, scratch, dout, N, OC, rows_per_chunk);
+        const int threads = 128;
+        launch<bias_grad_finish_kernel>(dim3(ceil_div(OC / kPack, threads)), dim3(threads), 0, stream, dbias,
+                                        (const float*)scratch, used_chunks, OC);
+    }
+}

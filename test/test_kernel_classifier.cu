@@ -1,0 +1,174 @@
+// fused_classifier (kernels/classifier.cuh) against a plain double softmax cross-entropy on the same
+// floatX-rounded logits: losses and in-place dlogits with ignored (-1) rows and a partial last
+// 16-byte chunk (V = 301), padding columns that must never enter the softmax, write_dlogits off,
+// logits of +-80, rows long enough for many chunks per thread (the online-softmax rescaling),
+// determinism, and the size requirements.
+#include "test_util.h"
+
+#include "kernels/classifier.cuh"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr double kFp32Unit = 0x1p-24;  // unit roundoff of FP32 (24-bit significand)
+// dlogits are rounded once to floatX (nearest even): BF16's unit roundoff 2^-8 (8-bit significand).
+double output_unit() {
+    if constexpr (std::is_same_v<floatX, float>) return 0.0;
+    else return 0x1p-8;
+}
+// exp(x - M) underflows in FP32 once x - M < -87 (and leaves the normal range below 2^-126): an
+// absolute error of at most 2^-126 per probability, which the relative bounds do not cover.
+constexpr double kUnderflow = 0x1p-126;
+
+struct Problem {
+    int N, V, Vp;
+    std::vector<floatX> logits;  // N x Vp, padding poisoned
+    std::vector<int> targets;
+    float dloss;
+};
+
+// Logits uniform in [-scale, scale]; padding columns alternate NaN and 1000, so a softmax that
+// read them would give NaN or a wrong max; every 7th row (from row 3) is ignored (target -1).
+Problem make_problem(int N, int V, int Vp, float scale, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> uniform(-scale, scale);
+    Problem p{N, V, Vp, std::vector<floatX>(size_t(N) * Vp), std::vector<int>(N), 0.0f};
+    for (int i = 0; i < N; ++i)
+        for (int j = 0; j < Vp; ++j)
+            p.logits[size_t(i) * Vp + j] = from_float<floatX>(
+                j < V ? uniform(rng) : (j % 2 ? std::numeric_limits<float>::quiet_NaN() : 1000.0f));
+    std::uniform_int_distribution<int> column(0, V - 1);
+    int valid = 0;
+    for (int i = 0; i < N; ++i) {
+        p.targets[i] = i % 7 == 3 ? -1 : i == 0 ? 0 : i == 1 ? V - 1 : i == 2 ? V / 8 * 8 : column(rng);
+        valid += p.targets[i] != -1;
+    }
+    p.dloss = 1.0f / float(3 * valid);  // as if the optimizer step had 3 such micro-steps
+    return p;
+}
+
+struct Result {
+    std::vector<float> losses;
+    std::vector<floatX> logits;
+};
+
+Result run(const Problem& p, bool write_dlogits) {
+    DeviceBuffer<floatX> logits(p.logits);
+    DeviceBuffer<float> losses(p.N);
+    DeviceBuffer<int> targets(p.targets);
+    losses.fill_bytes(0xFF);  // NaN: every loss must be written
+    fused_classifier(logits.ptr, losses.ptr, targets.ptr, p.dloss, p.N, p.V, p.Vp, write_dlogits, 0);
+    return {losses.download(), logits.download()};
+}
+
+// Checks losses (and dlogits) against the double reference; bounds explained inline. Measured
+// worst error/bound: losses 0.001-0.11; dlogits BF16 0.99 (output rounding), FP32 0.07-0.49.
+void check(const Problem& p, const Result& r, bool write_dlogits) {
+    size_t loss_failures = 0, grad_failures = 0;
+    double worst_loss = 0, worst_grad = 0;
+    for (int i = 0; i < p.N; ++i) {
+        const floatX* x = &p.logits[size_t(i) * p.Vp];
+        const floatX* got = &r.logits[size_t(i) * p.Vp];
+        const int t = p.targets[i];
+        INFO("row " << i << ", target " << t);
+        if (t == -1) {
+            REQUIRE(r.losses[i] == 0.0f);
+            if (write_dlogits)
+                for (int j = 0; j < p.Vp; ++j) REQUIRE(to_float(got[j]) == 0.0f);
+            continue;
+        }
+        double max = -INFINITY, sum = 0;
+        for (int j = 0; j < p.V; ++j) max = std::max(max, double(to_float(x[j])));
+        for (int j = 0; j < p.V; ++j) sum += std::exp(to_float(x[j]) - max);
+        const double x_t = to_float(x[t]), loss = max + std::log(sum) - x_t;
+        // FP32 arithmetic on the same inputs in both builds: the sum of V exponentials (each within
+        // a few units) is within (V + 8) units relative, which log turns into absolute error; the
+        // two additions round at most |M| + |x_t| + |loss|.
+        const double loss_bound = kFp32Unit * ((p.V + 8) + 4 * (std::fabs(max) + std::fabs(x_t) + std::fabs(loss)));
+        const double loss_error = std::fabs(r.losses[i] - loss);
+        loss_failures += !(loss_error <= loss_bound);
+        worst_loss = std::max(worst_loss, loss_error / loss_bound);
+        if (!write_dlogits) continue;
+        for (int j = 0; j < p.Vp; ++j) {
+            const double g = to_float(got[j]);
+            if (j >= p.V) {
+                REQUIRE(g == 0.0);  // padding: exactly zero
+                continue;
+            }
+            const double prob = std::exp(to_float(x[j]) - max) / sum, indicator = j == t;
+            const double want = p.dloss * (prob - indicator);
+            // p in FP32: exp of a rounded x - M (|x - M| units), exp itself, the sum (V + 8 units),
+            // the reciprocal and product: relative (|x - M| + V + 12) units; then p - [j == t] and
+            // the dloss product round once each. Underflow is absolute. BF16 rounds the result.
+            const double fp32_bound =
+                p.dloss * (prob * (std::fabs(to_float(x[j]) - max) + p.V + 12) * kFp32Unit +
+                           2 * kFp32Unit * std::fabs(prob - indicator) + kUnderflow);
+            const double bound = fp32_bound * (1 + output_unit()) + output_unit() * std::fabs(want);
+            grad_failures += !(std::fabs(g - want) <= bound);
+            worst_grad = std::max(worst_grad, std::fabs(g - want) / bound);
+        }
+    }
+    INFO("worst loss error/bound " << worst_loss << ", worst dlogits error/bound " << worst_grad);
+    CHECK(loss_failures == 0);
+    CHECK(grad_failures == 0);
+}
+
+bool bitwise_equal(const void* a, const void* b, size_t bytes) { return std::memcmp(a, b, bytes) == 0; }
+
+}  // namespace
+
+TEST_CASE("fused_classifier: losses and dlogits match the double reference, ignored rows and padding") {
+    const Problem p = make_problem(111, 301, 384, 6.0f, 1);
+    check(p, run(p, true), true);
+}
+
+TEST_CASE("fused_classifier: write_dlogits false gives the losses and leaves the logits untouched") {
+    const Problem p = make_problem(111, 301, 384, 6.0f, 2);
+    const Result r = run(p, false);
+    check(p, r, false);
+    CHECK(bitwise_equal(r.logits.data(), p.logits.data(), p.logits.size() * sizeof(floatX)));
+}
+
+TEST_CASE("fused_classifier: logits of +-80 stay finite and accurate") {
+    Problem p = make_problem(37, 301, 384, 80.0f, 3);
+    auto row = [&](int i) { return &p.logits[size_t(i) * p.Vp]; };
+    for (int j = 0; j < p.V; ++j) row(4)[j] = from_float<floatX>(80.0f);  // all tied: loss = log V
+    for (int j = 0; j < p.V; ++j) row(5)[j] = from_float<floatX>(j == p.targets[5] ? 80.0f : -80.0f);  // loss ~ 0
+    for (int j = 0; j < p.V; ++j) row(6)[j] = from_float<floatX>(j == p.targets[6] ? -80.0f : 80.0f);  // loss ~ 160 + log(V-1)
+    const Result r = run(p, true);
+    check(p, r, true);
+    for (float loss : r.losses) CHECK(std::isfinite(loss));
+    CHECK(std::fabs(r.losses[4] - std::log(double(p.V))) < 1e-5);
+}
+
+TEST_CASE("fused_classifier: rows of many chunks per thread (online softmax rescaling)") {
+    // 1024 threads x 8 columns = 8192 columns per sweep: V = 20001 gives each thread 2-3 chunks;
+    // rising rows move the running max at every chunk, falling rows never do.
+    Problem p = make_problem(5, 20001, 20008, 4.0f, 4);
+    for (int j = 0; j < p.V; ++j) {
+        p.logits[size_t(1) * p.Vp + j] = from_float<floatX>(-10.0f + 20.0f * j / p.V);
+        p.logits[size_t(2) * p.Vp + j] = from_float<floatX>(10.0f - 20.0f * j / p.V);
+    }
+    check(p, run(p, true), true);
+}
+
+TEST_CASE("fused_classifier is deterministic") {
+    const Problem p = make_problem(111, 301, 384, 6.0f, 5);
+    const Result a = run(p, true), b = run(p, true);
+    CHECK(bitwise_equal(a.losses.data(), b.losses.data(), a.losses.size() * sizeof(float)));
+    CHECK(bitwise_equal(a.logits.data(), b.logits.data(), a.logits.size() * sizeof(floatX)));
+}
+
+TEST_CASE("classifier_requirements rejects unsupported sizes") {
+    CHECK(classifier_requirements(301, 384).empty());
+    CHECK(classifier_requirements(50257, 50304).empty());
+    CHECK(classifier_requirements(301, 300).find("V must not exceed Vp") != std::string::npos);
+    CHECK(classifier_requirements(301, 303).find("Vp is not a multiple of 8") != std::string::npos);
+    CHECK(classifier_requirements(0, 8).find("V must be at least 1") != std::string::npos);
+}

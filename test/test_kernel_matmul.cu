@@ -1,0 +1,278 @@
+// matmul (kernels/matmul.cuh) against plain double loops on the same floatX-rounded inputs:
+// forward with and without bias, with the fused GELU (pre_gelu and out), backward dinp (plain and
+// through DGELU, overwritten), dweight and dbias accumulated onto non-zero gradients twice,
+// determinism, and the size requirements. Sizes hit partial column blocks and row chunks of the
+// bias-gradient kernel (OC = 288, 96: not multiples of its 256/128 columns; N = 111, 7).
+#include "test_util.h"
+
+#include "kernels/matmul.cuh"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr double kFp32Unit = 0x1p-24;  // unit roundoff of FP32 (24-bit significand)
+// Results are rounded once to floatX (nearest even): relative error up to BF16's unit roundoff
+// 2^-8 (8-bit significand); none in the FP32 build.
+double output_unit() {
+    if constexpr (std::is_same_v<floatX, float>) return 0.0;
+    else return 0x1p-8;
+}
+// cuBLASLt's GELU and GELU' in FP32: the emulator (std::tanh) stays within 16 FP32 units of |x|
+// of the double formulas (measured in test_cublaslt); a GPU may use tanh.approx (~2^-11 relative).
+#ifdef __CUDACC__
+constexpr double kActivationTolerance = 0x1p-11;
+#else
+constexpr double kActivationTolerance = 16 * kFp32Unit;
+#endif
+
+double gelu(double x) { return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))); }
+double gelu_derivative(double x) {
+    const double s = std::sqrt(2 / M_PI), t = std::tanh(s * (x + 0.044715 * x * x * x));
+    return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * s * (1 + 3 * 0.044715 * x * x);
+}
+
+std::vector<floatX> random_values(size_t n, float scale, std::mt19937& rng) {
+    std::uniform_real_distribution<float> uniform(-scale, scale);
+    std::vector<floatX> v(n);
+    for (auto& x : v) x = from_float<floatX>(uniform(rng));
+    return v;
+}
+double at(const std::vector<floatX>& v, size_t i) { return to_float(v[i]); }
+
+bool bitwise_equal(const std::vector<floatX>& a, const std::vector<floatX>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(floatX)) == 0;
+}
+
+// Counts elements off by more than their bound; reports the worst one.
+struct Comparison {
+    explicit Comparison(std::string name) : what(std::move(name)) {}
+    std::string what;
+    size_t failures = 0;
+    double worst_ratio = 0;
+    std::string worst;
+    void check(size_t i, double got, double want, double bound) {
+        const double error = std::fabs(got - want);
+        const double ratio = error / bound;
+        if (!(error <= bound)) ++failures;
+        if (!(ratio <= worst_ratio)) {
+            worst_ratio = ratio;
+            worst = what + "[" + std::to_string(i) + "] = " + std::to_string(got) + ", want " + std::to_string(want) +
+                    " (bound " + std::to_string(bound) + ")";
+        }
+    }
+    void require() const {
+        INFO(what << ": " << failures << " elements out of bounds; worst error/bound " << worst_ratio << ": " << worst);
+        CHECK(failures == 0);
+    }
+};
+
+// The error of a computed FP32 value within `fp32_bound` of `want`, after rounding to floatX.
+// Measured worst error/bound: BF16 0.99 (the output rounding dominates); FP32 0.02-0.34.
+double rounded_bound(double want, double fp32_bound) {
+    return fp32_bound * (1 + output_unit()) + output_unit() * std::fabs(want);
+}
+
+struct MatmulLibrary {
+    cudaStream_t stream;
+    MatmulLibrary() {
+        matmul_init();
+        CUDA_CHECK(cudaStreamCreate(&stream));
+    }
+    ~MatmulLibrary() {
+        cudaStreamDestroy(stream);
+        matmul_destroy();
+    }
+};
+
+struct Size {
+    int N, C, OC;
+};
+const Size kSizes[] = {{111, 96, 288}, {7, 96, 384}, {111, 384, 96}};
+
+void check_forward(const Size s, bool with_bias, bool with_gelu) {
+    INFO("N " << s.N << ", C " << s.C << ", OC " << s.OC << (with_bias ? ", bias" : "") << (with_gelu ? ", GELU" : ""));
+    MatmulLibrary library;
+    std::mt19937 rng(s.N * 7919 + s.OC);
+    // Unit inputs over C = 96..384 terms: pre-activations of a few units, GELU's curved part.
+    const auto inp = random_values(size_t(s.N) * s.C, 1.0f, rng), weight = random_values(size_t(s.OC) * s.C, 1.0f, rng),
+               bias = random_values(s.OC, 1.0f, rng);
+    DeviceBuffer<floatX> d_inp(inp), d_weight(weight), d_bias(bias), d_out(size_t(s.N) * s.OC),
+        d_pre_gelu(size_t(s.N) * s.OC);
+    d_out.fill_bytes(0xFF);  // NaN: every element must be written
+    d_pre_gelu.fill_bytes(0xFF);
+    matmul_forward(d_out.ptr, d_inp.ptr, d_weight.ptr, with_bias ? d_bias.ptr : nullptr, s.N, s.C, s.OC,
+                   library.stream, with_gelu ? d_pre_gelu.ptr : nullptr);
+    const auto out = d_out.download(), pre_gelu = d_pre_gelu.download();
+
+    Comparison out_check{"out"}, pre_gelu_check{"pre_gelu"};
+    for (int n = 0; n < s.N; ++n)
+        for (int o = 0; o < s.OC; ++o) {
+            double x = with_bias ? at(bias, o) : 0.0, magnitude = std::fabs(x);
+            for (int c = 0; c < s.C; ++c) {
+                const double product = at(inp, size_t(n) * s.C + c) * at(weight, size_t(o) * s.C + c);
+                x += product;
+                magnitude += std::fabs(product);
+            }
+            // FP32 accumulation of C products and the bias: at most C + 2 roundings of the
+            // magnitudes involved (Higham's gamma_n bound for a recursive sum).
+            const double x_bound = (s.C + 2) * kFp32Unit * magnitude;
+            const size_t i = size_t(n) * s.OC + o;
+            if (with_gelu) {
+                pre_gelu_check.check(i, at(pre_gelu, i), x, rounded_bound(x, x_bound));
+                // |GELU'| <= 1.13 carries x's error; the activation adds its own.
+                const double y = gelu(x);
+                out_check.check(i, at(out, i), y, rounded_bound(y, 1.2 * x_bound + kActivationTolerance * std::fabs(x)));
+            } else {
+                out_check.check(i, at(out, i), x, rounded_bound(x, x_bound));
+            }
+        }
+    out_check.require();
+    if (with_gelu) pre_gelu_check.require();
+}
+
+struct BackwardResult {
+    std::vector<floatX> dinp, dweight, dbias;
+};
+
+void check_backward(const Size s, bool with_gelu, bool with_bias) {
+    INFO("N " << s.N << ", C " << s.C << ", OC " << s.OC << (with_gelu ? ", DGELU" : "") << (with_bias ? ", bias" : ""));
+    MatmulLibrary library;
+    std::mt19937 rng(s.N * 104729 + s.C);
+    const auto dout = random_values(size_t(s.N) * s.OC, 1.0f, rng), inp = random_values(size_t(s.N) * s.C, 1.0f, rng),
+               weight = random_values(size_t(s.OC) * s.C, 1.0f, rng),
+               pre_gelu = random_values(size_t(s.N) * s.C, 3.0f, rng),  // GELU's curved part
+        dweight_start = random_values(size_t(s.OC) * s.C, 1.0f, rng), dbias_start = random_values(s.OC, 1.0f, rng);
+    DeviceBuffer<floatX> d_dout(dout), d_inp(inp), d_weight(weight), d_pre_gelu(pre_gelu), d_dinp(size_t(s.N) * s.C),
+        d_dweight(dweight_start), d_dbias(dbias_start);
+    DeviceBuffer<float> d_scratch(matmul_backward_scratch_floats(s.N, s.OC));  // exact size: ASan sees overruns
+    d_scratch.fill_bytes(0xFF);
+
+    auto backward = [&] {
+        d_dinp.fill_bytes(0xFF);  // NaN: dinp is overwritten, never read
+        matmul_backward(d_dinp.ptr, d_dweight.ptr, with_bias ? d_dbias.ptr : nullptr,
+                        with_bias ? d_scratch.ptr : nullptr, d_dout.ptr, d_inp.ptr, d_weight.ptr, s.N, s.C, s.OC,
+                        library.stream, with_gelu ? d_pre_gelu.ptr : nullptr);
+        return BackwardResult{d_dinp.download(), d_dweight.download(), d_dbias.download()};
+    };
+
+    // Products in double: the gradient parts each call adds, with their magnitudes.
+    std::vector<double> dinp_want(size_t(s.N) * s.C), dinp_bound(dinp_want.size());
+    for (int n = 0; n < s.N; ++n)
+        for (int c = 0; c < s.C; ++c) {
+            double g = 0, magnitude = 0;
+            for (int o = 0; o < s.OC; ++o) {
+                const double product = at(dout, size_t(n) * s.OC + o) * at(weight, size_t(o) * s.C + c);
+                g += product;
+                magnitude += std::fabs(product);
+            }
+            const size_t i = size_t(n) * s.C + c;
+            double bound = (s.OC + 1) * kFp32Unit * magnitude;  // gamma bound, as in the forward
+            if (with_gelu) {
+                const double slope = gelu_derivative(at(pre_gelu, i));
+                bound = std::fabs(slope) * bound + kActivationTolerance * std::fabs(g);
+                g *= slope;
+            }
+            dinp_want[i] = g;
+            dinp_bound[i] = rounded_bound(g, bound);
+        }
+    std::vector<double> dweight_part(size_t(s.OC) * s.C), dweight_magnitude(dweight_part.size());
+    for (int o = 0; o < s.OC; ++o)
+        for (int c = 0; c < s.C; ++c)
+            for (int n = 0; n < s.N; ++n) {
+                const double product = at(dout, size_t(n) * s.OC + o) * at(inp, size_t(n) * s.C + c);
+                dweight_part[size_t(o) * s.C + c] += product;
+                dweight_magnitude[size_t(o) * s.C + c] += std::fabs(product);
+            }
+    std::vector<double> dbias_part(s.OC), dbias_magnitude(s.OC);
+    for (int n = 0; n < s.N; ++n)
+        for (int o = 0; o < s.OC; ++o) {
+            dbias_part[o] += at(dout, size_t(n) * s.OC + o);
+            dbias_magnitude[o] += std::fabs(at(dout, size_t(n) * s.OC + o));
+        }
+
+    // Two calls: each adds its part onto what the previous one left (accumulation across
+    // micro-steps), and each rewrites dinp identically. N + 2 FP32 roundings per sum (gamma bound).
+    std::vector<floatX> dweight_before = dweight_start, dbias_before = dbias_start;
+    BackwardResult first;
+    for (int call = 0; call < 2; ++call) {
+        INFO("call " << call + 1);
+        const BackwardResult r = backward();
+        Comparison dinp_check{"dinp"}, dweight_check{"dweight"}, dbias_check{"dbias"};
+        for (size_t i = 0; i < r.dinp.size(); ++i) dinp_check.check(i, at(r.dinp, i), dinp_want[i], dinp_bound[i]);
+        for (size_t i = 0; i < r.dweight.size(); ++i) {
+            const double want = at(dweight_before, i) + dweight_part[i];
+            const double bound = (s.N + 2) * kFp32Unit * (std::fabs(at(dweight_before, i)) + dweight_magnitude[i]);
+            dweight_check.check(i, at(r.dweight, i), want, rounded_bound(want, bound));
+        }
+        for (int o = 0; o < s.OC; ++o) {
+            const double want = at(dbias_before, o) + dbias_part[o];
+            const double bound = (s.N + 2) * kFp32Unit * (std::fabs(at(dbias_before, o)) + dbias_magnitude[o]);
+            if (with_bias) dbias_check.check(o, at(r.dbias, o), want, rounded_bound(want, bound));
+        }
+        dinp_check.require();
+        dweight_check.require();
+        dbias_check.require();
+        if (!with_bias) CHECK(bitwise_equal(r.dbias, dbias_start));  // no bias: nothing written there
+        if (call == 0) first = r;
+        else CHECK(bitwise_equal(r.dinp, first.dinp));  // overwritten, not accumulated
+        dweight_before = r.dweight;
+        dbias_before = r.dbias;
+    }
+
+    // Deterministic: the same start gives bitwise the same gradients.
+    d_dweight.upload(dweight_start);
+    d_dbias.upload(dbias_start);
+    d_scratch.fill_bytes(0x00);
+    const BackwardResult again = backward();
+    CHECK(bitwise_equal(again.dinp, first.dinp));
+    CHECK(bitwise_equal(again.dweight, first.dweight));
+    CHECK(bitwise_equal(again.dbias, first.dbias));
+}
+
+}  // namespace
+
+TEST_CASE("matmul_forward matches the double reference, with and without bias and fused GELU") {
+    for (const Size& s : kSizes)
+        for (bool with_bias : {false, true})
+            for (bool with_gelu : {false, true}) check_forward(s, with_bias, with_gelu);
+}
+
+TEST_CASE("matmul_forward is deterministic") {
+    const Size s{111, 96, 288};
+    MatmulLibrary library;
+    std::mt19937 rng(5);
+    DeviceBuffer<floatX> inp(random_values(size_t(s.N) * s.C, 1.0f, rng)),
+        weight(random_values(size_t(s.OC) * s.C, 1.0f, rng)), bias(random_values(s.OC, 1.0f, rng)),
+        out(size_t(s.N) * s.OC), pre_gelu(size_t(s.N) * s.OC);
+    matmul_forward(out.ptr, inp.ptr, weight.ptr, bias.ptr, s.N, s.C, s.OC, library.stream, pre_gelu.ptr);
+    const auto out_first = out.download(), pre_gelu_first = pre_gelu.download();
+    out.fill_bytes(0);
+    pre_gelu.fill_bytes(0);
+    matmul_forward(out.ptr, inp.ptr, weight.ptr, bias.ptr, s.N, s.C, s.OC, library.stream, pre_gelu.ptr);
+    CHECK(bitwise_equal(out.download(), out_first));
+    CHECK(bitwise_equal(pre_gelu.download(), pre_gelu_first));
+}
+
+TEST_CASE("matmul_backward: dinp (plain and through DGELU), dweight and dbias accumulate, deterministic, bias optional") {
+    for (const Size& s : kSizes)
+        for (bool with_gelu : {false, true}) check_backward(s, with_gelu, /*with_bias=*/true);
+    check_backward(kSizes[1], false, /*with_bias=*/false);
+}
+
+TEST_CASE("matmul_requirements rejects sizes that are not multiples of 8") {
+    CHECK(matmul_requirements(96, 288).empty());
+    CHECK(matmul_requirements(768, 50304).empty());
+    const std::string bad_c = matmul_requirements(100, 288), bad_oc = matmul_requirements(96, 290),
+                      zero = matmul_requirements(0, 8);
+    CHECK(bad_c.find("C = 100 is not a multiple of 8") != std::string::npos);
+    CHECK(bad_oc.find("OC = 290 is not a multiple of 8") != std::string::npos);
+    CHECK(zero.find("C = 0 is not positive") != std::string::npos);
+    // The bias-gradient scratch: one row of OC floats per chunk of rows, for any N.
+    CHECK(matmul_backward_scratch_floats(111, 288) >= 288);
+    CHECK(matmul_backward_scratch_floats(1 << 20, 768) <= size_t(128) * 768);
+}
