@@ -1,0 +1,163 @@
+// GPT-2 embeddings (Radford et al. 2019): a token embedding (wte, V x C) plus a learned position
+// embedding (wpe, maxT x C). The backward pass is deterministic without atomics: the host groups
+// positions by token, and each token's gradient row is summed by one thread per channel group.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common.cuh"
+
+// Every thread owns 8 channels (one BF16 Packed128, two FP32 ones), so C must be a multiple of 8
+// in both precisions.
+constexpr int kEncoderChannelsPerThread = 8;
+
+inline std::string encoder_requirements(int C) {
+    if (C <= 0 || C % kEncoderChannelsPerThread != 0)
+        return "encoder: C = " + std::to_string(C) + " is not a positive multiple of 8";
+    return "";
+}
+
+inline std::string encoder_batch_problem(int B, int T) {
+    if (B >= 0 && T >= 0) return "";
+    return "encoder: B = " + std::to_string(B) + ", T = " + std::to_string(T) + ": negative size";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward: out[b,t,:] = wte[inp[b,t],:] + wpe[t,:], one Packed128 per thread.
+
+__global__ void encoder_forward_kernel(floatX* out, const int* inp, const floatX* wte, const floatX* wpe, int T,
+                                       int C, size_t total_packs) {
+    using Pack = Packed128<floatX>;
+    const size_t pack = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (pack >= total_packs) return;
+    const size_t packs_per_row = size_t(C) / Pack::size;
+    const size_t position = pack / packs_per_row;  // b * T + t
+    const int c = int(pack % packs_per_row) * Pack::size;
+    const int t = int(position % T);
+    const Pack token_part = load128(wte + size_t(inp[position]) * C + c);
+    const Pack position_part = load128(wpe + size_t(t) * C + c);
+    Pack sum;
+    for (int k = 0; k < Pack::size; ++k) sum[k] = from_float<floatX>(to_float(token_part[k]) + to_float(position_part[k]));
+    store128(out + position * C + c, sum);
+}
+
+inline void encoder_forward(floatX* out, const int* inp, const floatX* wte, const floatX* wpe, int B, int T, int C,
+                            cudaStream_t stream) {
+    require_supported("encoder_forward", encoder_requirements(C));
+    require_supported("encoder_forward", encoder_batch_problem(B, T));
+    const size_t total_packs = size_t(B) * T * C / Packed128<floatX>::size;
+    if (total_packs == 0) return;
+    const int block = 256;
+    launch<encoder_forward_kernel>(dim3(ceil_div(total_packs, block)), dim3(block), 0, stream, out, inp, wte, wpe, T, C,
+                                   total_packs);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward. The scratch buffer holds the grouping the host computed from the token ids:
+//   positions[N]        every position b*T+t, grouped by token, increasing within a group
+//   group_start[G + 1]  group g owns positions[group_start[g] .. group_start[g+1])
+//   group_token[G]      the token of group g
+// G (distinct tokens) <= N = B*T, hence 3N + 1 ints at most.
+
+inline size_t encoder_backward_scratch_ints(int B, int T) { return 3 * size_t(B) * size_t(T) + 1; }
+
+// dwte[token,:] += the token's dout rows summed in increasing position order. grid.x: groups,
+// grid.y * blockDim.x threads of 8 channels each cover C.
+__global__ void encoder_backward_wte_kernel(floatX* dwte, const int* positions, const int* group_start,
+                                            const int* group_token, const floatX* dout, int C) {
+    using Pack = Packed128<floatX>;
+    constexpr int kPacks = kEncoderChannelsPerThread / Pack::size;
+    const int c0 = int(blockIdx.y * blockDim.x + threadIdx.x) * kEncoderChannelsPerThread;
+    if (c0 >= C) return;
+    const int group = int(blockIdx.x);
+    float sum[kEncoderChannelsPerThread] = {};
+    for (int i = group_start[group]; i < group_start[group + 1]; ++i) {
+        const floatX* row = dout + size_t(positions[i]) * C + c0;
+        for (int p = 0; p < kPacks; ++p) {
+            const Pack d = load128(row + p * Pack::size);
+            for (int k = 0; k < Pack::size; ++k) sum[p * Pack::size + k] += to_float(d[k]);
+        }
+    }
+    floatX* grad = dwte + size_t(group_token[group]) * C + c0;
+    for (int p = 0; p < kPacks; ++p) {
+        Pack g = load128(grad + p * Pack::size);
+        for (int k = 0; k < Pack::size; ++k) g[k] = from_float<floatX>(to_float(g[k]) + sum[p * Pack::size + k]);
+        store128(grad + p * Pack::size, g);
+    }
+}
+
+// dwpe[t,:] += sum over b of dout[b,t,:], in increasing b; one Packed128 of one t per thread.
+__global__ void encoder_backward_wpe_kernel(floatX* dwpe, const floatX* dout, int B, int T, int C) {
+    using Pack = Packed128<floatX>;
+    const size_t pack = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    const size_t row_elements = size_t(T) * C;  // one t..C slab of wpe, and the stride between batches
+    if (pack * Pack::size >= row_elements) return;
+    const size_t offset = pack * Pack::size;  // t * C + c
+    float sum[Pack::size] = {};
+    for (int b = 0; b < B; ++b) {
+        const Pack d = load128(dout + size_t(b) * row_elements + offset);
+        for (int k = 0; k < Pack::size; ++k) sum[k] += to_float(d[k]);
+    }
+    Pack g = load128(dwpe + offset);
+    for (int k = 0; k < Pack::size; ++k) g[k] = from_float<floatX>(to_float(g[k]) + sum[k]);
+    store128(dwpe + offset, g);
+}
+
+inline void encoder_backward(floatX* dwte, floatX* dwpe, int* scratch, const floatX* dout, const int* inp_host, int B,
+                             int T, int C, cudaStream_t stream) {
+    require_supported("encoder_backward", encoder_requirements(C));
+    require_supported("encoder_backward", encoder_batch_problem(B, T));
+    const int N = B * T;
+    if (N == 0) return;
+
+    // Sort (token, position) pairs: positions of one token become contiguous and increasing.
+    std::vector<uint64_t> keys(N);
+    for (int i = 0; i < N; ++i) {
+        if (inp_host[i] < 0)
+            require_supported("encoder_backward",
+                              "inp_host[" + std::to_string(i) + "] = " + std::to_string(inp_host[i]) + " is not a token id");
+        keys[i] = uint64_t(uint32_t(inp_host[i])) << 32 | uint32_t(i);
+    }
+    std::sort(keys.begin(), keys.end());
+    std::vector<int> run_start;  // start of each token's run in keys
+    for (int i = 0; i < N; ++i)
+        if (i == 0 || keys[i] >> 32 != keys[i - 1] >> 32) run_start.push_back(i);
+    const int G = int(run_start.size());
+    run_start.push_back(N);
+
+    // The most frequent tokens go first: their blocks have the longest sums, and blocks start
+    // roughly in blockIdx order, so this balances the GPU. Ties keep token order (deterministic).
+    std::vector<int> order(G);
+    for (int g = 0; g < G; ++g) order[g] = g;
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+        return run_start[a + 1] - run_start[a] > run_start[b + 1] - run_start[b];
+    });
+    std::vector<int> grouping(size_t(N) + 2 * size_t(G) + 1);
+    int* positions = grouping.data();
+    int* group_start = positions + N;
+    int* group_token = group_start + G + 1;
+    int filled = 0;
+    for (int g = 0; g < G; ++g) {
+        const int run = order[g];
+        group_start[g] = filled;
+        group_token[g] = int(keys[run_start[run]] >> 32);
+        for (int i = run_start[run]; i < run_start[run + 1]; ++i) positions[filled++] = int(uint32_t(keys[i]));
+    }
+    group_start[G] = filled;
+
+    // From pageable memory, cudaMemcpyAsync returns once the source is staged (CUDA Runtime API,
+    // "API synchronization behavior"), and it first waits for the stream, so neither the host
+    // vector's lifetime nor a previous use of `scratch` on this stream is a hazard.
+    CUDA_CHECK(cudaMemcpyAsync(scratch, grouping.data(), grouping.size() * sizeof(int), cudaMemcpyHostToDevice, stream));
+
+    const unsigned threads_per_row = ceil_div(C, kEncoderChannelsPerThread);
+    const unsigned block = std::min(256u, ceil_div(threads_per_row, 32) * 32);
+    const int* device_positions = scratch;
+    launch<encoder_backward_wte_kernel>(dim3(G, ceil_div(threads_per_row, block)), dim3(block), 0, stream, dwte,
+                                        device_positions, device_positions + N, device_positions + N + G + 1, dout, C);
+    const size_t wpe_packs = size_t(T) * C / Packed128<floatX>::size;
+    launch<encoder_backward_wpe_kernel>(dim3(ceil_div(wpe_packs, 256)), dim3(256), 0, stream, dwpe, dout, B, T, C);
+}

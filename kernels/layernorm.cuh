@@ -1,0 +1,252 @@
+// LayerNorm over the last dimension (Ba, Kiros, Hinton 2016, "Layer Normalization"):
+//   mean = sum(x) / C,  var = sum((x - mean)^2) / C (biased),  rstd = 1 / sqrt(var + 1e-5),
+//   out = (x - mean) * rstd * weight + bias.
+// The fused variant first forms the residual stream, residual = inp1 + inp2, and normalizes that.
+// Backward recomputes xhat = (x - mean) * rstd and reduces the parameter gradients
+// deterministically: fixed per-block partial sums, then one kernel sums them in block order.
+#pragma once
+
+#include <algorithm>
+#include <string>
+
+#include "common.cuh"
+
+constexpr float kLayernormEps = 1e-5f;
+// Backward: one thread per 8 channels and one block per row, so C <= 8 * 1024 threads.
+constexpr int kLayernormChannelsPerThread = 8;
+constexpr int kLayernormMaxC = kLayernormChannelsPerThread * 1024;
+
+inline std::string layernorm_requirements(int C) {
+    if (C <= 0 || C % kLayernormChannelsPerThread != 0)
+        return "layernorm: C = " + std::to_string(C) + " is not a positive multiple of 8";
+    if (C > kLayernormMaxC)
+        return "layernorm: C = " + std::to_string(C) + " exceeds " + std::to_string(kLayernormMaxC) +
+               " (backward uses one thread per 8 channels, 1024 threads per block)";
+    return "";
+}
+
+inline std::string layernorm_rows_problem(int N) {
+    return N < 0 ? "layernorm: N = " + std::to_string(N) + " is negative" : "";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward: one warp per row. Lane l handles Packed128 number l, l + 32, ... of the row in every
+// pass; the row is read three times (mean, then variance about the mean: the two-pass form does
+// not cancel catastrophically like E[x^2] - mean^2; then the output), the re-reads hit the cache.
+
+__device__ inline void layernorm_row(floatX* out, float* mean_out, float* rstd_out, const floatX* x,
+                                     const floatX* weight, const floatX* bias, int C) {
+    using Pack = Packed128<floatX>;
+    const int lane = int(threadIdx.x % 32);
+    float sum = 0.0f;
+    for (int c = lane * Pack::size; c < C; c += 32 * Pack::size) {
+        const Pack v = load128(x + c);
+        for (int k = 0; k < Pack::size; ++k) sum += to_float(v[k]);
+    }
+    const float mean = warp_sum(sum) / float(C);
+    float squares = 0.0f;
+    for (int c = lane * Pack::size; c < C; c += 32 * Pack::size) {
+        const Pack v = load128(x + c);
+        for (int k = 0; k < Pack::size; ++k) {
+            const float d = to_float(v[k]) - mean;
+            squares += d * d;
+        }
+    }
+    const float rstd = rsqrtf(warp_sum(squares) / float(C) + kLayernormEps);
+    for (int c = lane * Pack::size; c < C; c += 32 * Pack::size) {
+        const Pack v = load128cs(x + c);
+        const Pack w = load128(weight + c), b = load128(bias + c);
+        Pack o;
+        for (int k = 0; k < Pack::size; ++k)
+            o[k] = from_float<floatX>((to_float(v[k]) - mean) * rstd * to_float(w[k]) + to_float(b[k]));
+        store128(out + c, o);
+    }
+    if (lane == 0) {
+        if (mean_out) *mean_out = mean;
+        if (rstd_out) *rstd_out = rstd;
+    }
+}
+
+constexpr int kLayernormForwardBlock = 256;  // 8 rows per block
+
+__global__ void layernorm_forward_kernel(floatX* out, float* mean, float* rstd, const floatX* inp,
+                                         const floatX* weight, const floatX* bias, int N, int C) {
+    const int row = int(blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32);
+    if (row >= N) return;  // whole warps leave; no block-wide barrier follows
+    const size_t offset = size_t(row) * C;
+    layernorm_row(out + offset, mean ? mean + row : nullptr, rstd ? rstd + row : nullptr, inp + offset, weight, bias, C);
+}
+
+__global__ void fused_residual_layernorm_forward_kernel(floatX* residual, floatX* out, float* mean, float* rstd,
+                                                        const floatX* inp1, const floatX* inp2, const floatX* weight,
+                                                        const floatX* bias, int N, int C) {
+    using Pack = Packed128<floatX>;
+    const int row = int(blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32);
+    if (row >= N) return;
+    const size_t offset = size_t(row) * C;
+    const int lane = int(threadIdx.x % 32);
+    // Each lane writes the very packs it reads back in layernorm_row (same lane-to-pack map), so
+    // it sees its own stores without any synchronization, and the statistics come from the
+    // rounded residual that the next layer reads.
+    for (int c = lane * Pack::size; c < C; c += 32 * Pack::size) {
+        const Pack a = load128cs(inp1 + offset + c), b = load128cs(inp2 + offset + c);
+        Pack r;
+        for (int k = 0; k < Pack::size; ++k) r[k] = from_float<floatX>(to_float(a[k]) + to_float(b[k]));
+        store128(residual + offset + c, r);
+    }
+    layernorm_row(out + offset, mean ? mean + row : nullptr, rstd ? rstd + row : nullptr, residual + offset, weight,
+                  bias, C);
+}
+
+// mean and rstd may be null when the backward pass will not need them.
+inline void layernorm_forward(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* weight,
+                              const floatX* bias, int N, int C, cudaStream_t stream) {
+    require_supported("layernorm_forward", layernorm_requirements(C));
+    require_supported("layernorm_forward", layernorm_rows_problem(N));
+    if (N == 0) return;
+    const int rows_per_block = kLayernormForwardBlock / 32;
+    launch<layernorm_forward_kernel>(dim3(ceil_div(N, rows_per_block)), dim3(kLayernormForwardBlock), 0, stream, out,
+                                     mean, rstd, inp, weight, bias, N, C);
+}
+
+inline void fused_residual_layernorm_forward(floatX* residual, floatX* out, float* mean, float* rstd,
+                                             const floatX* inp1, const floatX* inp2, const floatX* weight,
+                                             const floatX* bias, int N, int C, cudaStream_t stream) {
+    require_supported("fused_residual_layernorm_forward", layernorm_requirements(C));
+    require_supported("fused_residual_layernorm_forward", layernorm_rows_problem(N));
+    if (N == 0) return;
+    const int rows_per_block = kLayernormForwardBlock / 32;
+    launch<fused_residual_layernorm_forward_kernel>(dim3(ceil_div(N, rows_per_block)), dim3(kLayernormForwardBlock), 0,
+                                                    stream, residual, out, mean, rstd, inp1, inp2, weight, bias, N, C);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward. With xhat = (x - mean) * rstd and dxhat = dout * weight:
+//   dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)),
+//   dweight = sum over rows of dout * xhat,  dbias = sum over rows of dout.
+// A fixed number of blocks (at most kLayernormBackwardMaxBlocks, whatever N) each take rows
+// blockIdx.x, blockIdx.x + gridDim.x, ...; a thread owns 8 channels for all of its block's rows,
+// so its parameter-gradient sums stay in registers, and the block writes one partial row of 2C
+// floats. layernorm_param_grads_kernel then sums the partials in block order.
+
+constexpr int kLayernormBackwardMaxBlocks = 1024;
+constexpr int kLayernormBackwardMinRowsPerBlock = 8;  // amortizes the 2C-float partial per block
+
+inline int layernorm_backward_blocks(int N) {
+    return std::clamp(int(ceil_div(std::max(N, 1), kLayernormBackwardMinRowsPerBlock)), 1, kLayernormBackwardMaxBlocks);
+}
+
+inline size_t layernorm_backward_scratch_floats(int N, int C) {
+    return size_t(layernorm_backward_blocks(N)) * 2 * size_t(std::max(C, 0));
+}
+
+__global__ void __launch_bounds__(1024) layernorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout,
+                                                                  const floatX* inp, const floatX* weight,
+                                                                  const float* mean, const float* rstd, int N, int C) {
+    using Pack = Packed128<floatX>;
+    constexpr int kChannels = kLayernormChannelsPerThread;
+    constexpr int kPacks = kChannels / Pack::size;
+    // Per row, each warp's two sums; two buffers so that one barrier per row suffices: a warp can
+    // only overwrite buffer (row parity) after the next row's barrier, which every warp reaches
+    // after it has read this row's sums.
+    __shared__ float warp_sums[2][32][2];
+    const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32), warps = int(blockDim.x / 32);
+    const int c0 = int(threadIdx.x) * kChannels;
+    const bool owns_channels = c0 < C;  // the last warp may be partial: its idle lanes add zeros
+
+    float dweight_sum[kChannels] = {}, dbias_sum[kChannels] = {};
+    int parity = 0;
+    for (int row = int(blockIdx.x); row < N; row += int(gridDim.x), parity ^= 1) {
+        const float row_mean = mean[row], row_rstd = rstd[row];
+        const size_t offset = size_t(row) * C + c0;
+        float xhat[kChannels], dxhat[kChannels];
+        float dxhat_sum = 0.0f, dxhat_xhat_sum = 0.0f;
+        if (owns_channels) {
+            for (int p = 0; p < kPacks; ++p) {
+                const Pack d = load128cs(dout + offset + p * Pack::size);
+                const Pack x = load128cs(inp + offset + p * Pack::size);
+                const Pack w = load128(weight + c0 + p * Pack::size);
+                for (int k = 0; k < Pack::size; ++k) {
+                    const int i = p * Pack::size + k;
+                    const float g = to_float(d[k]);
+                    xhat[i] = (to_float(x[k]) - row_mean) * row_rstd;
+                    dxhat[i] = g * to_float(w[k]);
+                    dxhat_sum += dxhat[i];
+                    dxhat_xhat_sum += dxhat[i] * xhat[i];
+                    dbias_sum[i] += g;
+                    dweight_sum[i] += g * xhat[i];
+                }
+            }
+        }
+        dxhat_sum = warp_sum(dxhat_sum);
+        dxhat_xhat_sum = warp_sum(dxhat_xhat_sum);
+        if (lane == 0) {
+            warp_sums[parity][warp][0] = dxhat_sum;
+            warp_sums[parity][warp][1] = dxhat_xhat_sum;
+        }
+        __syncthreads();
+        if (!owns_channels) continue;
+        float block_dxhat = 0.0f, block_dxhat_xhat = 0.0f;
+        for (int w = 0; w < warps; ++w) {  // the same order in every thread: identical means
+            block_dxhat += warp_sums[parity][w][0];
+            block_dxhat_xhat += warp_sums[parity][w][1];
+        }
+        const float mean_dxhat = block_dxhat / float(C), mean_dxhat_xhat = block_dxhat_xhat / float(C);
+        for (int p = 0; p < kPacks; ++p) {
+            floatX* grad = dinp + offset + p * Pack::size;
+            Pack g = load128(grad);
+            for (int k = 0; k < Pack::size; ++k) {
+                const int i = p * Pack::size + k;
+                const float dx = row_rstd * (dxhat[i] - mean_dxhat - xhat[i] * mean_dxhat_xhat);
+                g[k] = from_float<floatX>(to_float(g[k]) + dx);
+            }
+            store128(grad, g);
+        }
+    }
+    if (!owns_channels) return;
+    // partials row blockIdx.x: [dweight sums (C) | dbias sums (C)]
+    float* partial = partials + size_t(blockIdx.x) * 2 * C + c0;
+    for (int p = 0; p < kChannels / 4; ++p) {
+        Packed128<float> w, b;
+        for (int k = 0; k < 4; ++k) {
+            w[k] = dweight_sum[p * 4 + k];
+            b[k] = dbias_sum[p * 4 + k];
+        }
+        store128(partial + p * 4, w);
+        store128(partial + C + p * 4, b);
+    }
+}
+
+// Column sums of the partials (blocks x 2C): 32 columns per block, blockDim.y slices of the
+// partial rows summed in a fixed interleaving, then the slices in order; then += into the grads.
+constexpr int kLayernormReduceSlices = 16;
+
+__global__ void layernorm_param_grads_kernel(floatX* dweight, floatX* dbias, const float* partials, int blocks, int C) {
+    __shared__ float slice_sums[kLayernormReduceSlices][32];
+    const int column = int(blockIdx.x * 32 + threadIdx.x);
+    const bool in_range = column < 2 * C;
+    float sum = 0.0f;
+    if (in_range)
+        for (int b = int(threadIdx.y); b < blocks; b += kLayernormReduceSlices) sum += partials[size_t(b) * 2 * C + column];
+    slice_sums[threadIdx.y][threadIdx.x] = sum;
+    __syncthreads();
+    if (threadIdx.y != 0 || !in_range) return;
+    float total = 0.0f;
+    for (int s = 0; s < kLayernormReduceSlices; ++s) total += slice_sums[s][threadIdx.x];
+    floatX* grad = column < C ? dweight + column : dbias + (column - C);
+    *grad = from_float<floatX>(to_float(*grad) + total);
+}
+
+inline void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias, float* scratch, const floatX* dout,
+                               const floatX* inp, const floatX* weight, const float* mean, const float* rstd, int N,
+                               int C, cudaStream_t stream) {
+    require_supported("layernorm_backward", layernorm_requirements(C));
+    require_supported("layernorm_backward", layernorm_rows_problem(N));
+    if (N == 0) return;
+    const int blocks = layernorm_backward_blocks(N);
+    const unsigned threads = ceil_div(ceil_div(C, kLayernormChannelsPerThread), 32) * 32;
+    launch<layernorm_backward_kernel>(dim3(blocks), dim3(threads), 0, stream, dinp, scratch, dout, inp, weight, mean,
+                                      rstd, N, C);
+    launch<layernorm_param_grads_kernel>(dim3(ceil_div(2 * size_t(C), 32)), dim3(32, kLayernormReduceSlices), 0, stream,
+                                         dweight, dbias, scratch, blocks, C);
+}

@@ -1,0 +1,223 @@
+// Encoder (token + position embeddings) forward and backward against plain double loops fed the
+// same floatX-rounded inputs: repeated tokens, every position one token, tokens that never occur,
+// wpe rows past T, += semantics, the documented summation order (bitwise), determinism, size checks.
+#include "test_util.h"
+
+#include "kernels/encoder.cuh"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+constexpr bool kFp32 = std::is_same_v<floatX, float>;
+constexpr double kFp32Unit = 0x1p-24;
+// Rounding a result to floatX: at most half an ulp, 2^-8 relative for BF16 (8-bit significand).
+constexpr double kStoreUnit = kFp32 ? kFp32Unit : 0x1p-8;
+
+std::vector<floatX> random_floatX(size_t n, float lo, float hi, std::mt19937& rng) {
+    std::uniform_real_distribution<float> uniform(lo, hi);
+    std::vector<floatX> v(n);
+    for (auto& x : v) x = from_float<floatX>(uniform(rng));
+    return v;
+}
+
+double value(floatX x) { return double(to_float(x)); }
+
+// |got - want| <= kStoreUnit |want| + bound, everywhere; reports the worst element.
+void check_close(const std::string& what, const std::vector<floatX>& got, const std::vector<double>& want,
+                 const std::vector<double>& bound) {
+    REQUIRE(got.size() == want.size());
+    double worst_ratio = 0;
+    size_t worst = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+        const double allowed = kStoreUnit * std::abs(want[i]) + bound[i] + 1e-30;
+        const double ratio = std::abs(value(got[i]) - want[i]) / allowed;
+        if (!(ratio <= worst_ratio)) worst_ratio = ratio, worst = i;  // NaN counts as worst
+    }
+    INFO(what << ": worst element " << worst << " got " << value(got[worst]) << " want " << want[worst]
+              << " (error / tolerance = " << worst_ratio << ")");
+    CHECK(worst_ratio <= 1.0);
+}
+
+template <typename T> bool bitwise_equal(const std::vector<T>& a, const std::vector<T>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+// Gradient accumulation in double: grad[row,:] += dout[position,:] for every (row, position) pair,
+// with the rigorous FP32 bound of the kernel's float sum of k terms added to the initial value:
+// gamma_(k+1) * (|init| + sum |terms|) <= 1.01 (k + 1) 2^-24 (|init| + sum |terms|) (Higham,
+// "Accuracy and Stability of Numerical Algorithms", recursive summation; the 1.01 also covers the
+// BF16 store applied to a sum that is already off by that much).
+struct GradReference {
+    std::vector<double> value, abs_sum, terms;
+    GradReference(const std::vector<floatX>& init) : value(init.size()), abs_sum(init.size()), terms(init.size(), 0) {
+        for (size_t i = 0; i < init.size(); ++i) value[i] = ::value(init[i]), abs_sum[i] = std::abs(value[i]);
+    }
+    void add_row(size_t row, const floatX* dout_row, int C) {
+        for (int c = 0; c < C; ++c) {
+            const size_t i = row * C + c;
+            value[i] += ::value(dout_row[c]), abs_sum[i] += std::abs(::value(dout_row[c])), terms[i] += 1;
+        }
+    }
+    std::vector<double> bound() const {
+        std::vector<double> b(value.size());
+        for (size_t i = 0; i < b.size(); ++i) b[i] = 1.01 * (terms[i] + 1) * kFp32Unit * abs_sum[i];
+        return b;
+    }
+};
+
+// The documented order, in float, exactly as the kernels must do it: the rows summed in increasing
+// position (dwte) or increasing b (dwpe) from zero, then added to the old value and rounded once.
+struct OrderedSums {
+    std::vector<float> sum;
+    explicit OrderedSums(size_t n) : sum(n, 0.0f) {}
+    void add_row(size_t row, const floatX* dout_row, int C) {
+        for (int c = 0; c < C; ++c) sum[row * C + c] += to_float(dout_row[c]);
+    }
+    std::vector<floatX> applied_to(const std::vector<floatX>& init) const {
+        std::vector<floatX> r(init.size());
+        for (size_t i = 0; i < r.size(); ++i) r[i] = from_float<floatX>(to_float(init[i]) + sum[i]);
+        return r;
+    }
+};
+
+struct Case {
+    const char* name;
+    int B, T, C, V;
+    std::vector<int> tokens;
+};
+
+// V = 50 and maxT = T + 3 throughout, except the large case.
+std::vector<Case> backward_cases() {
+    std::mt19937 rng(7);
+    std::vector<Case> cases;
+    auto random_tokens = [&](int n, int lo, int hi) {
+        std::uniform_int_distribution<int> pick(lo, hi);
+        std::vector<int> t(n);
+        for (auto& x : t) x = pick(rng);
+        return t;
+    };
+    // Tokens 0..39 only (40..49 never occur), token 7 at every third position, V - 1 at the end.
+    Case mixed{"repeats and unused tokens", 3, 37, 200, 50, random_tokens(3 * 37, 0, 39)};
+    for (size_t i = 0; i < mixed.tokens.size(); i += 3) mixed.tokens[i] = 7;
+    mixed.tokens.back() = 49;
+    cases.push_back(mixed);
+    cases.push_back({"every position one token", 3, 37, 264, 50, std::vector<int>(3 * 37, 3)});
+    Case distinct{"all tokens distinct", 2, 19, 8, 50, {}};
+    for (int i = 0; i < 38; ++i) distinct.tokens.push_back((i * 17) % 50);
+    cases.push_back(distinct);
+    cases.push_back({"GPT-2 1.5B width", 2, 5, 1600, 50, random_tokens(10, 0, 4)});
+    // Many groups of very different sizes: a skewed (Zipf-like) token distribution.
+    Case skewed{"4096 positions, skewed tokens", 4, 1024, 16, 300, {}};
+    std::exponential_distribution<double> decay(0.02);
+    for (int i = 0; i < 4096; ++i) skewed.tokens.push_back(std::min(299, int(decay(rng))));
+    cases.push_back(skewed);
+    return cases;
+}
+
+}  // namespace
+
+TEST_CASE("encoder_forward adds the token's wte row and the position's wpe row") {
+    std::mt19937 rng(1);
+    for (const Case& s : backward_cases()) {
+        INFO(s.name << ": B = " << s.B << ", T = " << s.T << ", C = " << s.C);
+        const int maxT = s.T + 3;
+        const auto wte = random_floatX(size_t(s.V) * s.C, -1.0f, 1.0f, rng);
+        const auto wpe = random_floatX(size_t(maxT) * s.C, -0.3f, 0.3f, rng);
+        DeviceBuffer<int> d_inp(s.tokens);
+        DeviceBuffer<floatX> d_wte(wte), d_wpe(wpe), d_out(s.tokens.size() * s.C);
+        d_out.fill_bytes(0xFF);
+        encoder_forward(d_out.ptr, d_inp.ptr, d_wte.ptr, d_wpe.ptr, s.B, s.T, s.C, nullptr);
+        // One float addition of two floatX values, then one rounding: within the store unit.
+        std::vector<double> want(d_out.count), bound(d_out.count);
+        for (int b = 0; b < s.B; ++b)
+            for (int t = 0; t < s.T; ++t)
+                for (int c = 0; c < s.C; ++c) {
+                    const size_t i = (size_t(b) * s.T + t) * s.C + c;
+                    const double e = value(wte[size_t(s.tokens[b * s.T + t]) * s.C + c]), p = value(wpe[size_t(t) * s.C + c]);
+                    want[i] = e + p;
+                    bound[i] = kFp32Unit * (std::abs(e) + std::abs(p));  // the float sum's rounding (BF16 build)
+                }
+        check_close("out", d_out.download(), want, bound);
+    }
+}
+
+TEST_CASE("encoder_backward accumulates dwte per token and dwpe per position, deterministically") {
+    std::mt19937 rng(2);
+    for (const Case& s : backward_cases()) {
+        INFO(s.name << ": B = " << s.B << ", T = " << s.T << ", C = " << s.C << ", V = " << s.V);
+        const int maxT = s.T + 3, N = s.B * s.T;
+        const auto dout = random_floatX(size_t(N) * s.C, -1.0f, 1.0f, rng);
+        // Non-zero gradients already in place: the kernels must add to them.
+        const auto dwte_init = random_floatX(size_t(s.V) * s.C, -2.0f, 2.0f, rng);
+        const auto dwpe_init = random_floatX(size_t(maxT) * s.C, -2.0f, 2.0f, rng);
+        DeviceBuffer<floatX> d_dout(dout), d_dwte(dwte_init), d_dwpe(dwpe_init);
+        DeviceBuffer<int> d_scratch(encoder_backward_scratch_ints(s.B, s.T));  // exact size: ASan sees overruns
+        d_scratch.fill_bytes(0xFF);
+        auto run = [&] {
+            encoder_backward(d_dwte.ptr, d_dwpe.ptr, d_scratch.ptr, d_dout.ptr, s.tokens.data(), s.B, s.T, s.C, nullptr);
+        };
+        auto references = [&](const std::vector<floatX>& dwte0, const std::vector<floatX>& dwpe0) {
+            GradReference wte(dwte0), wpe(dwpe0);
+            OrderedSums wte_order(dwte0.size()), wpe_order(dwpe0.size());
+            for (int p = 0; p < N; ++p) {  // increasing position: b * T + t
+                wte.add_row(s.tokens[p], &dout[size_t(p) * s.C], s.C);
+                wte_order.add_row(s.tokens[p], &dout[size_t(p) * s.C], s.C);
+            }
+            for (int b = 0; b < s.B; ++b)
+                for (int t = 0; t < s.T; ++t) {
+                    wpe.add_row(t, &dout[(size_t(b) * s.T + t) * s.C], s.C);
+                    wpe_order.add_row(t, &dout[(size_t(b) * s.T + t) * s.C], s.C);
+                }
+            return std::tuple(wte, wpe, wte_order.applied_to(dwte0), wpe_order.applied_to(dwpe0));
+        };
+
+        run();
+        const auto dwte1 = d_dwte.download(), dwpe1 = d_dwpe.download();
+        {
+            const auto [wte, wpe, wte_exact, wpe_exact] = references(dwte_init, dwpe_init);
+            check_close("dwte", dwte1, wte.value, wte.bound());
+            check_close("dwpe", dwpe1, wpe.value, wpe.bound());
+            // IEEE float additions in the documented order give these exact bits (on a GPU too:
+            // there is no multiply to contract into an FMA).
+            CHECK(bitwise_equal(dwte1, wte_exact));
+            CHECK(bitwise_equal(dwpe1, wpe_exact));
+        }
+        // Rows of tokens that never occur, and wpe rows past T, keep their bits.
+        std::vector<bool> occurs(s.V, false);
+        for (int token : s.tokens) occurs[token] = true;
+        for (int v = 0; v < s.V; ++v) {
+            if (occurs[v]) continue;
+            INFO("token " << v << " does not occur");
+            CHECK(std::memcmp(&dwte1[size_t(v) * s.C], &dwte_init[size_t(v) * s.C], s.C * sizeof(floatX)) == 0);
+        }
+        CHECK(std::memcmp(&dwpe1[size_t(s.T) * s.C], &dwpe_init[size_t(s.T) * s.C], 3 * s.C * sizeof(floatX)) == 0);
+
+        // A second call adds the same gradients onto the first call's results.
+        run();
+        {
+            const auto [wte, wpe, wte_exact, wpe_exact] = references(dwte1, dwpe1);
+            check_close("dwte (second call)", d_dwte.download(), wte.value, wte.bound());
+            check_close("dwpe (second call)", d_dwpe.download(), wpe.value, wpe.bound());
+        }
+
+        // Determinism: the first call again from the same state (the scratch holds the last grouping).
+        d_dwte.upload(dwte_init), d_dwpe.upload(dwpe_init);
+        run();
+        CHECK(bitwise_equal(d_dwte.download(), dwte1));
+        CHECK(bitwise_equal(d_dwpe.download(), dwpe1));
+    }
+}
+
+TEST_CASE("encoder_requirements accepts positive multiples of 8 and names a bad C") {
+    for (int C : {8, 768, 1600, 12288}) CHECK(encoder_requirements(C).empty());
+    CHECK(encoder_requirements(100) == "encoder: C = 100 is not a positive multiple of 8");
+    CHECK(encoder_requirements(0).find("C = 0") != std::string::npos);
+    CHECK(encoder_backward_scratch_ints(4, 1024) == 3 * 4096 + 1);
+}

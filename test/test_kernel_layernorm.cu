@@ -1,0 +1,333 @@
+// LayerNorm forward, fused residual + LayerNorm, backward, and GELU forward/backward against plain
+// double loops fed the same floatX-rounded inputs: partial warps and blocks, rows per backward
+// block with leftovers, C up to the 8192 limit, += semantics of every LayerNorm gradient, GELU in
+// place and with a tail shorter than a pack, bitwise determinism, size checks.
+#include "test_util.h"
+
+#include "kernels/gelu.cuh"
+#include "kernels/layernorm.cuh"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+constexpr bool kFp32 = std::is_same_v<floatX, float>;
+constexpr double kFp32Unit = 0x1p-24;
+// Rounding a result to floatX: at most half an ulp, 2^-8 relative for BF16 (8-bit significand).
+constexpr double kStoreUnit = kFp32 ? kFp32Unit : 0x1p-8;
+// FP32 arithmetic inside the kernels, in units of 2^-24 times each element's magnitude scale (the
+// sum of the absolute values of the terms that form it, computed by the reference). Measured
+// worst cases (FP32 build, REPORT_ERRORS=1): out 2.6 units, mean 2.5, rstd 2.1, dinp 2.5, dweight
+// 2.0, dbias 1.7, GELU 2.0 (scale |x|), GELU' 1.5 (scale |dout| (1 + |x|)). The rigorous bounds
+// grow with C or N (recursive summation: n units), so 16 leaves room for other summation
+// orders' luck and for the GPU's tanhf (2 ulp, CUDA Math API) and rsqrtf (2 ulp).
+constexpr double kComputeUnits = 16;
+
+std::vector<floatX> random_floatX(size_t n, float lo, float hi, std::mt19937& rng) {
+    std::uniform_real_distribution<float> uniform(lo, hi);
+    std::vector<floatX> v(n);
+    for (auto& x : v) x = from_float<floatX>(uniform(rng));
+    return v;
+}
+
+double value(floatX x) { return double(to_float(x)); }
+
+// |got - want| <= kStoreUnit |want| + kComputeUnits 2^-24 scale, everywhere; reports the worst.
+template <typename T>
+void check_close(const std::string& what, const std::vector<T>& got, const std::vector<double>& want,
+                 const std::vector<double>& scale, double store_unit = kStoreUnit) {
+    REQUIRE(got.size() == want.size());
+    double worst_ratio = 0;
+    size_t worst = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+        const double error = std::abs(double(to_float(got[i])) - want[i]);
+        const double allowed = store_unit * std::abs(want[i]) + kComputeUnits * kFp32Unit * scale[i] + 1e-30;
+        if (!(error / allowed <= worst_ratio)) worst_ratio = error / allowed, worst = i;  // NaN counts as worst
+    }
+    if (std::getenv("REPORT_ERRORS")) {  // for re-measuring the tolerances (FP32 build)
+        double units = 0;
+        for (size_t i = 0; i < got.size(); ++i)
+            units = std::max(units, std::abs(double(to_float(got[i])) - want[i]) / (kFp32Unit * scale[i] + 1e-30));
+        std::printf("%-24s error / tolerance %.3f, %.2f units of 2^-24 scale\n", what.c_str(), worst_ratio, units);
+    }
+    INFO(what << ": worst element " << worst << " got " << to_float(got[worst]) << " want " << want[worst]
+              << " (error / tolerance = " << worst_ratio << ")");
+    CHECK(worst_ratio <= 1.0);
+}
+
+template <typename T> bool bitwise_equal(const std::vector<T>& a, const std::vector<T>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+// ---- double references ----
+
+struct ForwardReference {
+    std::vector<double> out, out_scale, mean, mean_scale, rstd, rstd_scale;
+};
+
+ForwardReference layernorm_reference(const std::vector<double>& x, const std::vector<floatX>& weight,
+                                     const std::vector<floatX>& bias, int N, int C) {
+    ForwardReference r;
+    r.out.resize(size_t(N) * C), r.out_scale.resize(r.out.size());
+    for (int n = 0; n < N; ++n) {
+        const double* row = &x[size_t(n) * C];
+        double sum = 0, abs_sum = 0;
+        for (int c = 0; c < C; ++c) sum += row[c], abs_sum += std::abs(row[c]);
+        const double mean = sum / C;
+        double var = 0;
+        for (int c = 0; c < C; ++c) var += (row[c] - mean) * (row[c] - mean);
+        var /= C;
+        const double rstd = 1 / std::sqrt(var + 1e-5);
+        // Scales: the mean's error is relative to mean(|x|); it moves every xhat by that error times
+        // rstd, which (with the rstd error, relative) bounds the output error along with |xhat w| + |b|.
+        r.mean.push_back(mean), r.mean_scale.push_back(abs_sum / C);
+        r.rstd.push_back(rstd), r.rstd_scale.push_back(rstd);
+        for (int c = 0; c < C; ++c) {
+            const double xhat = (row[c] - mean) * rstd, w = value(weight[c]), b = value(bias[c]);
+            r.out[size_t(n) * C + c] = xhat * w + b;
+            r.out_scale[size_t(n) * C + c] = (std::abs(xhat) + abs_sum / C * rstd) * std::abs(w) + std::abs(b);
+        }
+    }
+    return r;
+}
+
+struct BackwardReference {
+    std::vector<double> dinp, dinp_scale, dweight, dweight_scale, dbias, dbias_scale;
+};
+
+// The gradients added to dinp_init, dweight_init, dbias_init.
+BackwardReference layernorm_backward_reference(const std::vector<floatX>& dinp_init, const std::vector<floatX>& dweight_init,
+                                               const std::vector<floatX>& dbias_init, const std::vector<floatX>& dout,
+                                               const std::vector<floatX>& inp, const std::vector<floatX>& weight,
+                                               const std::vector<float>& mean, const std::vector<float>& rstd, int N, int C) {
+    BackwardReference r;
+    r.dinp.resize(size_t(N) * C), r.dinp_scale.resize(r.dinp.size());
+    for (int c = 0; c < C; ++c) {
+        r.dweight.push_back(value(dweight_init[c])), r.dweight_scale.push_back(std::abs(value(dweight_init[c])));
+        r.dbias.push_back(value(dbias_init[c])), r.dbias_scale.push_back(std::abs(value(dbias_init[c])));
+    }
+    std::vector<double> xhat(C), dxhat(C);
+    for (int n = 0; n < N; ++n) {
+        const size_t row = size_t(n) * C;
+        double dxhat_sum = 0, dxhat_xhat_sum = 0, dxhat_abs = 0, dxhat_xhat_abs = 0;
+        for (int c = 0; c < C; ++c) {
+            const double d = value(dout[row + c]);
+            xhat[c] = (value(inp[row + c]) - mean[n]) * double(rstd[n]);
+            dxhat[c] = d * value(weight[c]);
+            dxhat_sum += dxhat[c], dxhat_xhat_sum += dxhat[c] * xhat[c];
+            dxhat_abs += std::abs(dxhat[c]), dxhat_xhat_abs += std::abs(dxhat[c] * xhat[c]);
+            r.dweight[c] += d * xhat[c], r.dweight_scale[c] += std::abs(d * xhat[c]);
+            r.dbias[c] += d, r.dbias_scale[c] += std::abs(d);
+        }
+        for (int c = 0; c < C; ++c) {
+            const double init = value(dinp_init[row + c]);
+            r.dinp[row + c] = init + rstd[n] * (dxhat[c] - dxhat_sum / C - xhat[c] * dxhat_xhat_sum / C);
+            r.dinp_scale[row + c] =
+                std::abs(init) + rstd[n] * (std::abs(dxhat[c]) + dxhat_abs / C + std::abs(xhat[c]) * dxhat_xhat_abs / C);
+        }
+    }
+    return r;
+}
+
+std::vector<double> as_double(const std::vector<floatX>& v) {
+    std::vector<double> d(v.size());
+    for (size_t i = 0; i < v.size(); ++i) d[i] = value(v[i]);
+    return d;
+}
+
+struct Shape {
+    int N, C;
+    float offset;  // added to the inputs: a large mean relative to the spread tests the variance pass
+};
+// 111 = 3 * 37 rows: the last forward block has 7 of its 8 warps. C = 8: one pack per row;
+// C = 200: 25 threads of the backward block's one warp (partial warp), lanes with no pack in the
+// forward; C = 264: 33 packs, lane 0 loops twice; C = 1600: GPT-2 1.5B; C = 8192: the limit.
+const Shape kShapes[] = {{111, 8, 0.0f}, {111, 200, 0.0f}, {111, 264, 6.0f}, {37, 1600, 0.0f}, {3, 8192, -2.0f}};
+
+}  // namespace
+
+TEST_CASE("layernorm_forward matches the double reference; mean and rstd are optional") {
+    std::mt19937 rng(1);
+    for (const Shape& s : kShapes) {
+        INFO("N = " << s.N << ", C = " << s.C);
+        const auto inp = random_floatX(size_t(s.N) * s.C, s.offset - 1.5f, s.offset + 1.5f, rng);
+        const auto weight = random_floatX(s.C, -1.5f, 1.5f, rng), bias = random_floatX(s.C, -0.5f, 0.5f, rng);
+        DeviceBuffer<floatX> d_inp(inp), d_weight(weight), d_bias(bias), d_out(inp.size());
+        DeviceBuffer<float> d_mean(s.N), d_rstd(s.N);
+        layernorm_forward(d_out.ptr, d_mean.ptr, d_rstd.ptr, d_inp.ptr, d_weight.ptr, d_bias.ptr, s.N, s.C, nullptr);
+        const ForwardReference ref = layernorm_reference(as_double(inp), weight, bias, s.N, s.C);
+        const auto out = d_out.download();
+        check_close("out", out, ref.out, ref.out_scale);
+        // mean and rstd are stored as float in both builds: one float rounding on top.
+        check_close("mean", d_mean.download(), ref.mean, ref.mean_scale, kFp32Unit);
+        check_close("rstd", d_rstd.download(), ref.rstd, ref.rstd_scale, kFp32Unit);
+
+        DeviceBuffer<floatX> d_out2(inp.size());
+        layernorm_forward(d_out2.ptr, nullptr, nullptr, d_inp.ptr, d_weight.ptr, d_bias.ptr, s.N, s.C, nullptr);
+        CHECK(bitwise_equal(d_out2.download(), out));
+    }
+}
+
+TEST_CASE("fused_residual_layernorm_forward normalizes the rounded residual") {
+    std::mt19937 rng(2);
+    for (const Shape& s : kShapes) {
+        INFO("N = " << s.N << ", C = " << s.C);
+        const auto inp1 = random_floatX(size_t(s.N) * s.C, s.offset - 1.0f, s.offset + 1.0f, rng);
+        const auto inp2 = random_floatX(inp1.size(), -0.7f, 0.7f, rng);
+        const auto weight = random_floatX(s.C, -1.5f, 1.5f, rng), bias = random_floatX(s.C, -0.5f, 0.5f, rng);
+        DeviceBuffer<floatX> d_inp1(inp1), d_inp2(inp2), d_weight(weight), d_bias(bias);
+        DeviceBuffer<floatX> d_residual(inp1.size()), d_out(inp1.size());
+        DeviceBuffer<float> d_mean(s.N), d_rstd(s.N);
+        fused_residual_layernorm_forward(d_residual.ptr, d_out.ptr, d_mean.ptr, d_rstd.ptr, d_inp1.ptr, d_inp2.ptr,
+                                         d_weight.ptr, d_bias.ptr, s.N, s.C, nullptr);
+        // residual: the exact sum (a double holds it) rounded once to floatX.
+        std::vector<double> sum(inp1.size()), sum_scale(inp1.size());
+        for (size_t i = 0; i < sum.size(); ++i)
+            sum[i] = value(inp1[i]) + value(inp2[i]), sum_scale[i] = std::abs(value(inp1[i])) + std::abs(value(inp2[i]));
+        check_close("residual", d_residual.download(), sum, sum_scale);
+
+        // The LayerNorm must see the rounded residual: the reference normalizes exactly that. In
+        // BF16 it differs from normalizing the unrounded sum by far more than the tolerance.
+        const auto residual = d_residual.download();
+        const ForwardReference ref = layernorm_reference(as_double(residual), weight, bias, s.N, s.C);
+        check_close("out", d_out.download(), ref.out, ref.out_scale);
+        check_close("mean", d_mean.download(), ref.mean, ref.mean_scale, kFp32Unit);
+        check_close("rstd", d_rstd.download(), ref.rstd, ref.rstd_scale, kFp32Unit);
+
+        // The plain forward on the residual gives the same bits.
+        DeviceBuffer<floatX> d_out_plain(inp1.size());
+        layernorm_forward(d_out_plain.ptr, nullptr, nullptr, d_residual.ptr, d_weight.ptr, d_bias.ptr, s.N, s.C, nullptr);
+        CHECK(bitwise_equal(d_out_plain.download(), d_out.download()));
+    }
+}
+
+TEST_CASE("layernorm_backward accumulates dinp, dweight, dbias, deterministically, with poisoned scratch") {
+    std::mt19937 rng(3);
+    std::vector<Shape> shapes(std::begin(kShapes), std::end(kShapes));
+    // More rows than kLayernormBackwardMaxBlocks * kLayernormBackwardMinRowsPerBlock: a capped
+    // grid whose blocks take 8 or 9 rows each.
+    shapes.push_back({9001, 16, 1.0f});
+    for (const Shape& s : shapes) {
+        INFO("N = " << s.N << ", C = " << s.C);
+        const size_t size = size_t(s.N) * s.C;
+        const auto inp = random_floatX(size, s.offset - 1.5f, s.offset + 1.5f, rng);
+        const auto dout = random_floatX(size, -1.0f, 1.0f, rng), weight = random_floatX(s.C, -1.5f, 1.5f, rng);
+        // mean/rstd as the forward pass would save them (floats); the reference uses the same floats.
+        const ForwardReference forward = layernorm_reference(as_double(inp), weight, weight, s.N, s.C);
+        std::vector<float> mean(forward.mean.begin(), forward.mean.end()), rstd(forward.rstd.begin(), forward.rstd.end());
+        // Non-zero gradients already in place: the kernels must add to them.
+        const auto dinp_init = random_floatX(size, -0.5f, 0.5f, rng);
+        const auto dweight_init = random_floatX(s.C, -2.0f, 2.0f, rng), dbias_init = random_floatX(s.C, -2.0f, 2.0f, rng);
+
+        DeviceBuffer<floatX> d_inp(inp), d_dout(dout), d_weight(weight);
+        DeviceBuffer<float> d_mean(mean), d_rstd(rstd), d_scratch(layernorm_backward_scratch_floats(s.N, s.C));
+        DeviceBuffer<floatX> d_dinp(dinp_init), d_dweight(dweight_init), d_dbias(dbias_init);
+        auto run = [&] {
+            layernorm_backward(d_dinp.ptr, d_dweight.ptr, d_dbias.ptr, d_scratch.ptr, d_dout.ptr, d_inp.ptr, d_weight.ptr,
+                               d_mean.ptr, d_rstd.ptr, s.N, s.C, nullptr);
+        };
+        d_scratch.fill_bytes(0xFF);  // NaN: the kernels must not read scratch they did not write
+        run();
+        const auto dinp1 = d_dinp.download(), dweight1 = d_dweight.download(), dbias1 = d_dbias.download();
+        BackwardReference ref = layernorm_backward_reference(dinp_init, dweight_init, dbias_init, dout, inp, weight, mean,
+                                                             rstd, s.N, s.C);
+        check_close("dinp", dinp1, ref.dinp, ref.dinp_scale);
+        check_close("dweight", dweight1, ref.dweight, ref.dweight_scale);
+        check_close("dbias", dbias1, ref.dbias, ref.dbias_scale);
+
+        // A second call adds the same gradients onto the first call's results.
+        run();
+        ref = layernorm_backward_reference(dinp1, dweight1, dbias1, dout, inp, weight, mean, rstd, s.N, s.C);
+        check_close("dinp (second call)", d_dinp.download(), ref.dinp, ref.dinp_scale);
+        check_close("dweight (second call)", d_dweight.download(), ref.dweight, ref.dweight_scale);
+        check_close("dbias (second call)", d_dbias.download(), ref.dbias, ref.dbias_scale);
+
+        // Determinism: the first call again, from the same state, with different scratch garbage.
+        d_dinp.upload(dinp_init), d_dweight.upload(dweight_init), d_dbias.upload(dbias_init);
+        d_scratch.fill_bytes(0x3C);
+        run();
+        CHECK(bitwise_equal(d_dinp.download(), dinp1));
+        CHECK(bitwise_equal(d_dweight.download(), dweight1));
+        CHECK(bitwise_equal(d_dbias.download(), dbias1));
+    }
+}
+
+TEST_CASE("layernorm_requirements accepts multiples of 8 up to 8192 and names a bad C") {
+    for (int C : {8, 768, 1600, 8192}) CHECK(layernorm_requirements(C).empty());
+    CHECK(layernorm_requirements(100) == "layernorm: C = 100 is not a positive multiple of 8");
+    CHECK(layernorm_requirements(0).find("C = 0") != std::string::npos);
+    CHECK(layernorm_requirements(-8).find("C = -8") != std::string::npos);
+    CHECK(layernorm_requirements(8200).find("C = 8200 exceeds 8192") != std::string::npos);
+    // Scratch stays bounded however many rows there are.
+    CHECK(layernorm_backward_scratch_floats(65536, 1600) == size_t(kLayernormBackwardMaxBlocks) * 2 * 1600);
+    CHECK(layernorm_backward_scratch_floats(111, 200) == size_t(14) * 2 * 200);
+}
+
+// ---------------------------------------------------------------------------------------------
+// GELU
+
+namespace {
+
+double gelu_reference(double x) { return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))); }
+double gelu_derivative_reference(double x) {
+    const double s = std::sqrt(2 / M_PI), t = std::tanh(s * (x + 0.044715 * x * x * x));
+    return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * s * (1 + 3 * 0.044715 * x * x);
+}
+
+// Sizes: one pack; only a tail (3 < pack size); 37 packs plus a tail of 5 (BF16) or 1 (FP32);
+// three blocks of 256 threads, the last one partial.
+const size_t kGeluSizes[] = {8, 3, 301, 5003};
+
+std::vector<floatX> gelu_inputs(size_t n, std::mt19937& rng) {
+    auto x = random_floatX(n, -6.0f, 6.0f, rng);
+    x[0] = from_float<floatX>(0.0f);  // and the saturated ends, where tanh is +-1
+    if (n > 2) x[1] = from_float<floatX>(-12.0f), x[2] = from_float<floatX>(12.0f);
+    return x;
+}
+
+}  // namespace
+
+TEST_CASE("gelu_forward matches the tanh formula, out of place and in place") {
+    std::mt19937 rng(4);
+    for (size_t n : kGeluSizes) {
+        INFO("N = " << n);
+        const auto inp = gelu_inputs(n, rng);
+        DeviceBuffer<floatX> d_inp(inp), d_out(n);
+        d_out.fill_bytes(0xFF);
+        gelu_forward(d_out.ptr, d_inp.ptr, n, nullptr);
+        std::vector<double> want(n), scale(n);
+        for (size_t i = 0; i < n; ++i) want[i] = gelu_reference(value(inp[i])), scale[i] = std::abs(value(inp[i]));
+        const auto out = d_out.download();
+        check_close("gelu", out, want, scale);
+        gelu_forward(d_inp.ptr, d_inp.ptr, n, nullptr);  // out aliases inp
+        CHECK(bitwise_equal(d_inp.download(), out));
+    }
+}
+
+TEST_CASE("gelu_backward overwrites dinp with dout * gelu'(inp), also in place over dout") {
+    std::mt19937 rng(5);
+    for (size_t n : kGeluSizes) {
+        INFO("N = " << n);
+        const auto inp = gelu_inputs(n, rng), dout = random_floatX(n, -2.0f, 2.0f, rng);
+        DeviceBuffer<floatX> d_inp(inp), d_dout(dout), d_dinp(n);
+        d_dinp.fill_bytes(0xFF);  // NaN: overwritten, not accumulated
+        gelu_backward(d_dinp.ptr, d_inp.ptr, d_dout.ptr, n, nullptr);
+        // gelu'(x) reaches 1.13 near |x| = 2.4 and its error grows with |x|: scale |dout| (1 + |x|).
+        std::vector<double> want(n), scale(n);
+        for (size_t i = 0; i < n; ++i) {
+            want[i] = value(dout[i]) * gelu_derivative_reference(value(inp[i]));
+            scale[i] = std::abs(value(dout[i])) * (1 + std::abs(value(inp[i])));
+        }
+        const auto dinp = d_dinp.download();
+        check_close("gelu'", dinp, want, scale);
+        gelu_backward(d_dout.ptr, d_inp.ptr, d_dout.ptr, n, nullptr);  // dinp aliases dout
+        CHECK(bitwise_equal(d_dout.download(), dinp));
+    }
+}
