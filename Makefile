@@ -28,9 +28,11 @@ DEPS_OK := $(shell scripts/deps.sh --check >/dev/null 2>&1 && echo yes)
 MPI_INC = $(addprefix -I,$(shell mpicxx --showme:incdirs))
 MPI_LIB = $(addprefix -L,$(shell mpicxx --showme:libdirs)) $(addprefix -l,$(shell mpicxx --showme:libs))
 
-CPU_DIR  := $(BUILD)/cpu
-GPU_DIR  := $(BUILD)/gpu
-ASAN_DIR := $(BUILD)/asan
+# One folder per precision, so switching PRECISION never links objects of the other one.
+PRECISION_SUFFIX := $(if $(filter FP32,$(PRECISION)),-fp32,)
+CPU_DIR  := $(BUILD)/cpu$(PRECISION_SUFFIX)
+GPU_DIR  := $(BUILD)/gpu$(PRECISION_SUFFIX)
+ASAN_DIR := $(BUILD)/asan$(PRECISION_SUFFIX)
 
 # Target-specific overrides give the _fp32 test variants FP32 whatever PRECISION says.
 PRECISION_DEFINE = -DPRECISION_$(PRECISION)

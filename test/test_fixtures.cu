@@ -1,7 +1,7 @@
 // The committed reference fixtures (test/fixtures/*.bin, written by dev/gpt2_reference.py) are
 // complete, consistent with their own config, and produced by the committed script; the reader
 // rejects damaged files with a message naming the field.
-#include <catch2/catch.hpp>
+#include "test_util.h"
 
 #include <unistd.h>
 
@@ -71,14 +71,6 @@ std::string read_bytes(const std::string& path) {
     return std::string((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
 }
 
-// tests.cmake sets TRAIN_GPT_ROOT; by hand, run from the repository root or set it.
-std::string repo_root() {
-    const char* env = std::getenv("TRAIN_GPT_ROOT");
-    const std::string root = env ? env : ".";
-    INFO("set TRAIN_GPT_ROOT to the repository root (tests.cmake does); looked in '" << root << "'");
-    REQUIRE(std::filesystem::exists(root + "/dev/gpt2_reference.py"));
-    return root;
-}
 
 // A scratch copy of a fixture, altered by the test, removed at scope exit.
 struct TempFile {

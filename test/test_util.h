@@ -3,6 +3,9 @@
 #pragma once
 #include <catch2/catch.hpp>
 
+#include <cstdlib>
+#include <filesystem>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda_common.h"
@@ -27,3 +30,13 @@ template <typename T> struct DeviceBuffer {
     }
     void fill_bytes(int byte) { CUDA_CHECK(cudaMemset(ptr, byte, count * sizeof(T))); }
 };
+
+// The repository root, for tests that read committed files: tests.cmake sets TRAIN_GPT_ROOT; by
+// hand, run from the repository root or set it.
+inline std::string repo_root() {
+    const char* env = std::getenv("TRAIN_GPT_ROOT");
+    const std::string root = env ? env : ".";
+    INFO("set TRAIN_GPT_ROOT to the repository root (tests.cmake does); looked in '" << root << "'");
+    REQUIRE(std::filesystem::exists(root + "/dev/gpt2_reference.py"));
+    return root;
+}

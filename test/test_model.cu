@@ -1,0 +1,229 @@
+// The whole model against the PyTorch reference (dev/gpt2_reference.py, float64): logits, loss and
+// every parameter gradient, in the build's precision; determinism; GPT-2 initialization; and the
+// configurations the kernels cannot take.
+#define TRAIN_GPT_NO_MAIN
+#include "../train_gpt.cu"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "test/fixture.h"
+#include "test_util.h"
+
+namespace {
+
+constexpr bool kFP32 = std::is_same_v<floatX, float>;
+
+std::vector<float> download_as_float(const floatX* device, size_t count) {
+    std::vector<floatX> raw(count);
+    CUDA_CHECK(cudaMemcpy(raw.data(), device, count * sizeof(floatX), cudaMemcpyDeviceToHost));
+    std::vector<float> out(count);
+    for (size_t i = 0; i < count; ++i) out[i] = to_float(raw[i]);
+    return out;
+}
+
+GPT2Config config_of(const FixtureConfig& f) { return {f.maxT, f.V, f.Vp, f.L, f.NH, f.C}; }
+
+void load_parameters(GPT2& model, const Fixture& fx) {
+    std::vector<floatX> host;
+    host.reserve(model.num_parameters);
+    for (int i = 0; i < kNumParameterTensors; ++i) {
+        const FixtureTensor& t = fx.at(kParameterNames[i]);
+        REQUIRE(t.numel() == model.param_sizes[i]);
+        for (float v : t.f32) host.push_back(from_float<floatX>(v));
+    }
+    CUDA_CHECK(cudaMemcpy(model.params_memory, host.data(), host.size() * sizeof(floatX), cudaMemcpyHostToDevice));
+}
+
+// Error relative to the tensor's scale: max |got - ref| / max |ref|. Gradients of different tensors
+// differ by orders of magnitude, and elementwise relative error is meaningless near zero.
+double scaled_error(const std::vector<float>& got, const std::vector<float>& ref) {
+    REQUIRE(got.size() == ref.size());
+    double max_err = 0, max_ref = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+        max_err = std::max(max_err, std::fabs(double(got[i]) - ref[i]));
+        max_ref = std::max(max_ref, std::fabs(double(ref[i])));
+    }
+    return max_ref > 0 ? max_err / max_ref : max_err;
+}
+
+struct Result {
+    double loss = 0;
+    std::vector<float> logits;  // (B, T, V): the real vocabulary's columns
+    std::vector<float> grads;   // every parameter gradient, in buffer order
+};
+
+// Logits (inference forward), then loss and gradients (forward with targets + backward).
+Result run_model(GPT2& model, const Fixture& fx) {
+    const FixtureConfig& c = fx.config;
+    const std::vector<int32_t>& inputs = fx.at("inputs").i32;
+    const std::vector<int32_t>& targets = fx.at("targets").i32;
+    Result r;
+    gpt2_forward(model, inputs.data(), nullptr, c.B, c.T, 0.0f);
+    std::vector<float> padded = download_as_float(model.acts.logits, size_t(c.B) * c.T * c.Vp);
+    for (size_t row = 0; row < size_t(c.B) * c.T; ++row)
+        r.logits.insert(r.logits.end(), padded.begin() + row * c.Vp, padded.begin() + row * c.Vp + c.V);
+    const int valid = int(std::count_if(targets.begin(), targets.end(), [](int t) { return t != -1; }));
+    gpt2_zero_grad(model);
+    double loss_sum = gpt2_forward(model, inputs.data(), targets.data(), c.B, c.T, 1.0f / float(valid));
+    REQUIRE(model.valid_targets == valid);
+    r.loss = loss_sum / valid;
+    gpt2_backward(model);
+    r.grads = download_as_float(model.grads_memory, model.num_parameters);
+    return r;
+}
+
+// Tolerances, from the errors measured against the float64 reference over the three fixtures
+// (printed by this test; `build/cpu/test_model_fp32` / `build/cpu/test_model` show the table):
+// - FP32: worst tensor 6.1e-7 of its scale (grad.fcprojw, masked fixture), loss 2.3e-7 relative,
+//   logits 2.7e-7. FP32 rounding (6e-8) compounded through two layers and the backward pass;
+//   tolerance 5e-6, 8x the worst measured.
+// - BF16: parameters, activations and gradients are rounded to 8-bit mantissas (2^-8 = 3.9e-3
+//   relative per rounding) at every kernel boundary. Measured worst: gradients 1.08e-2 (grad.ln2w,
+//   d2_c64), logits 4.9e-3, loss 1.7e-4 absolute. Tolerances about 3x those: gradients 3e-2,
+//   logits 1.5e-2, loss 2e-3 (inside the 1e-2 the model issue asks for).
+constexpr double kFP32Tolerance = 5e-6;
+constexpr double kBF16LossTolerance = 2e-3;  // absolute, on losses of ~6
+constexpr double kBF16LogitsTolerance = 1.5e-2;
+constexpr double kBF16GradTolerance = 3e-2;
+
+}  // namespace
+
+TEST_CASE("the model matches the PyTorch reference: logits, loss and every gradient") {
+    const std::string root = repo_root();
+    for (const char* name : {"d2_c64", "d2_c96_odd", "d2_c96_masked"}) {
+        const Fixture fx = load_fixture(root + "/test/fixtures/" + name + ".bin");
+        const FixtureConfig& c = fx.config;
+        GPT2 model;
+        gpt2_build(model, config_of(c), c.B, c.T);
+        load_parameters(model, fx);
+        Result r = run_model(model, fx);
+
+        const double ref_loss = fx.at("loss").f32[0];
+        const double loss_err = std::fabs(r.loss - ref_loss);
+        const double logits_err = scaled_error(r.logits, fx.at("logits").f32);
+        std::printf("%s [%s]: loss %.6f (ref %.6f, |err| %.2e), logits err %.2e\n", name, kPrecisionName, r.loss,
+                    ref_loss, loss_err, logits_err);
+        INFO(name << " [" << kPrecisionName << "]");
+        CHECK(loss_err <= (kFP32 ? kFP32Tolerance * std::fabs(ref_loss) : kBF16LossTolerance));
+        CHECK(logits_err <= (kFP32 ? kFP32Tolerance : kBF16LogitsTolerance));
+
+        size_t offset = 0;
+        for (int i = 0; i < kNumParameterTensors; ++i) {
+            const size_t n = model.param_sizes[i];
+            std::vector<float> got(r.grads.begin() + offset, r.grads.begin() + offset + n);
+            const std::vector<float>& ref = fx.at(std::string("grad.") + kParameterNames[i]).f32;
+            const double err = scaled_error(got, ref);
+            std::printf("  grad.%-9s err %.2e\n", kParameterNames[i], err);
+            INFO("grad." << kParameterNames[i]);
+            CHECK(err <= (kFP32 ? kFP32Tolerance : kBF16GradTolerance));
+            offset += n;
+        }
+        // Padded vocabulary rows: never trained.
+        const size_t real = size_t(c.V) * c.C, padded = size_t(c.Vp) * c.C;
+        for (size_t j = real; j < padded; ++j) REQUIRE(r.grads[j] == 0.0f);
+        gpt2_free(model);
+    }
+}
+
+TEST_CASE("forward and backward are bitwise deterministic, also on several OS threads") {
+    const Fixture fx = load_fixture(repo_root() + "/test/fixtures/d2_c96_masked.bin");
+    const FixtureConfig& c = fx.config;
+    GPT2 model;
+    gpt2_build(model, config_of(c), c.B, c.T);
+    load_parameters(model, fx);
+    Result first = run_model(model, fx);
+    Result second = run_model(model, fx);
+    REQUIRE(first.loss == second.loss);
+    REQUIRE(first.logits == second.logits);
+    REQUIRE(first.grads == second.grads);
+#ifndef __CUDACC__
+    const int threads = cuemu::threads();
+    cuemu::set_threads(3);  // blocks of every launch spread over three OS threads
+    Result spread = run_model(model, fx);
+    cuemu::set_threads(threads);
+    REQUIRE(first.loss == spread.loss);
+    REQUIRE(first.grads == spread.grads);
+#endif
+    gpt2_free(model);
+}
+
+TEST_CASE("GPT-2 initialization: seeded, right scales, zero biases and padding") {
+    GPT2Config config{32, 301, pad_vocab(301), 3, 4, 64};
+    GPT2 model;
+    gpt2_build(model, config, 1, 8);
+    gpt2_init_weights(model, 7);
+    std::vector<float> a = download_as_float(model.params_memory, model.num_parameters);
+    gpt2_init_weights(model, 7);
+    REQUIRE(download_as_float(model.params_memory, model.num_parameters) == a);
+    gpt2_init_weights(model, 8);
+    REQUIRE(download_as_float(model.params_memory, model.num_parameters) != a);
+
+    size_t offset = 0;
+    for (int i = 0; i < kNumParameterTensors; ++i) {
+        const std::string name = kParameterNames[i];
+        size_t n = model.param_sizes[i];
+        if (name == "wte") {  // padded rows are zero; statistics over the real rows
+            for (size_t j = size_t(config.vocab_size) * config.channels; j < n; ++j) REQUIRE(a[offset + j] == 0.0f);
+            n = size_t(config.vocab_size) * config.channels;
+        }
+        double sum = 0, sum_sq = 0;
+        for (size_t j = 0; j < n; ++j) {
+            sum += a[offset + j];
+            sum_sq += double(a[offset + j]) * a[offset + j];
+        }
+        const double mean = sum / n, std_dev = std::sqrt(sum_sq / n - mean * mean);
+        INFO(name << ": mean " << mean << " std " << std_dev << " over " << n);
+        if (name == "ln1w" || name == "ln2w" || name == "lnfw") {
+            for (size_t j = 0; j < n; ++j) REQUIRE(a[offset + j] == 1.0f);
+        } else if (name.back() == 'b') {
+            for (size_t j = 0; j < n; ++j) REQUIRE(a[offset + j] == 0.0f);
+        } else {
+            const double expect = (name == "attprojw" || name == "fcprojw") ? 0.02 / std::sqrt(2.0 * config.num_layers) : 0.02;
+            // n >= 2048 samples: the sample std of a normal is within ~3% of sigma (5 standard errors,
+            // sigma / sqrt(2n)); bf16 rounding adds < 0.4%.
+            REQUIRE(std::fabs(std_dev / expect - 1.0) < 0.08);
+            REQUIRE(std::fabs(mean) < 5 * expect / std::sqrt(double(n)));
+        }
+        offset += model.param_sizes[i];
+    }
+    gpt2_free(model);
+}
+
+TEST_CASE("configurations the kernels cannot take are rejected naming the constraint") {
+    GPT2Config good{64, 512, 512, 2, 4, 64};
+    REQUIRE(gpt2_check_config(good).empty());
+    for (const char* preset : {"d12", "d24", "d36", "d48"}) {
+        GPT2Config c;
+        REQUIRE(gpt2_preset(preset, &c));
+        INFO(preset << ": " << gpt2_check_config(c));
+        REQUIRE(gpt2_check_config(c).empty());
+    }
+    GPT2Config d12;
+    REQUIRE(gpt2_preset("d12", &d12));
+    REQUIRE(d12.padded_vocab_size == 50304);
+
+    auto rejected = [](GPT2Config c, const std::string& needle) {
+        const std::string message = gpt2_check_config(c);
+        INFO("message: '" << message << "', expected to mention '" << needle << "'");
+        REQUIRE(message.find(needle) != std::string::npos);
+    };
+    GPT2Config c = good;
+    c.channels = 100;  // head size 25: not a multiple of the 16-byte vector width
+    rejected(c, "100");
+    c = good;
+    c.channels = 66;
+    c.num_heads = 3;  // C not a multiple of 8
+    rejected(c, "66");
+    c = good;
+    c.num_heads = 5;  // 64 channels do not split into 5 heads
+    rejected(c, "heads");
+    c = good;
+    c.channels = 1024;
+    c.num_heads = 2;  // head size 512: above the attention kernels' maximum
+    rejected(c, "head");
+    c = good;
+    c.padded_vocab_size = 500;  // not a multiple of 128
+    rejected(c, "padded_vocab_size");
+}
