@@ -12,13 +12,20 @@ packages=(
   libcxxopts-dev nlohmann-json3-dev # CLI and JSON config
   catch2                            # tests
 )
+# Python for the data preparation (data/prepare.py): any python3 with pip will do.
+command -v python3 >/dev/null 2>&1 || packages+=(python3)
+python3 -m pip --version >/dev/null 2>&1 || packages+=(python3-pip)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+here=$(cd "$(dirname "$0")" && pwd)
 if [ ${#missing[@]} -eq 0 ]; then
-  [ "${1:-}" = "--check" ] || echo "deps: all present"
-  exit 0
+  if [ "${1:-}" = "--check" ]; then
+    exec "$here/install_data_deps.sh" --check
+  fi
+  echo "deps: all present"
+  exec "$here/install_data_deps.sh"
 fi
 if [ "${1:-}" = "--check" ]; then
   echo "deps: missing: ${missing[*]}"
@@ -30,3 +37,4 @@ sudo=""
 export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+"$here/install_data_deps.sh"

