@@ -54,3 +54,6 @@ add_test(data_prepare python3 ${CMAKE_CURRENT_LIST_DIR}/../data/test_prepare.py)
 # Host: llm.c token shards (DataLoader) and the tokenizer decoder; files written to a temp dir.
 add_test(test_dataloader ${TEST_BIN}/test_dataloader)
 add_test(test_tokenizer ${TEST_BIN}/test_tokenizer)
+
+# Checkpoint files (host/checkpoint.h): llm.c model format, training state, directory policy.
+add_test(test_checkpoint ${TEST_BIN}/test_checkpoint)
