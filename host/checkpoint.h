@@ -1,0 +1,575 @@
+// Checkpoint files.
+// 1. The model file in llm.c's format, so models interchange with llm.c (train_gpt2.cu,
+//    gpt2_write_to_checkpoint / gpt2_build_from_checkpoint): 256 int32 header, then every parameter
+//    tensor in a fixed order, float32 (version 3) or bf16 (version 5).
+// 2. Our own versioned training-state file (step, FP32 master weights, Adam m and v unsharded, RNG
+//    and data-loader position, the run config as JSON), written by several ranks into disjoint
+//    ranges and completed by a ".done" marker.
+// 3. The checkpoint directory policy: find the newest complete checkpoint, keep the last K.
+// Every failure throws std::runtime_error with one line naming the function, the file and the field.
+#pragma once
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+static_assert(std::endian::native == std::endian::little, "checkpoint files are little-endian");
+
+struct ModelHeader {
+    int version, max_seq_len, vocab_size, num_layers, num_heads, channels, padded_vocab_size;
+    bool operator==(const ModelHeader&) const = default;
+};
+
+struct TrainingState {
+    int64_t step;
+    uint64_t num_parameters;
+    uint64_t rng[4];
+    uint64_t loader_epoch, loader_shard, loader_sample;
+    std::string meta_json;
+};
+
+namespace checkpoint_internal {
+
+constexpr int kModelMagic = 20240326;  // llm.c model file
+constexpr int kModelVersionFp32 = 3;   // llm.c: 3 = fp32 parameters, padded vocab
+constexpr int kModelVersionBf16 = 5;   // llm.c: 5 = bf16 parameters (layernorms too), padded vocab
+constexpr size_t kModelHeaderInts = 256;
+constexpr size_t kModelHeaderBytes = kModelHeaderInts * sizeof(int32_t);
+
+constexpr uint64_t kStateMagic = 20261122;
+constexpr uint64_t kStateVersion = 1;
+constexpr size_t kStateHeaderWords = 256;
+constexpr uint64_t kStateHeaderBytes = kStateHeaderWords * sizeof(uint64_t);
+constexpr uint64_t kStateAlignment = 64;  // master/m/v start on a cache-line boundary
+// Slots of the state header (uint64 each); unused slots are zero.
+enum StateSlot : size_t {
+    kMagic, kVersion, kHeaderBytes, kStep, kNumParameters, kRng0, kRng1, kRng2, kRng3,
+    kLoaderEpoch, kLoaderShard, kLoaderSample, kMetaBytes, kMetaOffset, kMasterOffset, kMOffset,
+    kVOffset, kFileBytes, kNumSlots
+};
+static_assert(kNumSlots <= kStateHeaderWords);
+
+[[noreturn]] inline void fail(const std::string& message) { throw std::runtime_error(message); }
+
+inline std::string quote_path(const std::string& path) { return "'" + path + "'"; }
+
+// Size arithmetic that reports overflow instead of wrapping (header fields come from files).
+inline uint64_t checked_mul(uint64_t a, uint64_t b, const std::string& context) {
+    if (a != 0 && b > UINT64_MAX / a) fail(context + ": size overflows 64 bits");
+    return a * b;
+}
+inline uint64_t checked_add(uint64_t a, uint64_t b, const std::string& context) {
+    if (b > UINT64_MAX - a) fail(context + ": size overflows 64 bits");
+    return a + b;
+}
+inline uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+// A file descriptor that closes itself.
+struct File {
+    int fd = -1;
+    File() = default;
+    File(const std::string& fn, const std::string& path, int flags, mode_t mode = 0644) {
+        do fd = ::open(path.c_str(), flags | O_CLOEXEC, mode);
+        while (fd < 0 && errno == EINTR);
+        if (fd < 0) fail(fn + ": cannot open " + quote_path(path) + ": " + std::strerror(errno));
+    }
+    File(const File&) = delete;
+    File& operator=(const File&) = delete;
+    ~File() {
+        if (fd >= 0) ::close(fd);
+    }
+};
+
+inline uint64_t file_bytes(const std::string& fn, const File& f, const std::string& path) {
+    struct stat st;
+    if (::fstat(f.fd, &st) != 0) fail(fn + ": cannot stat " + quote_path(path) + ": " + std::strerror(errno));
+    if (!S_ISREG(st.st_mode)) fail(fn + ": " + quote_path(path) + " is not a regular file");
+    return uint64_t(st.st_size);
+}
+
+// pread/pwrite move at most ~2 GiB per call and may be interrupted: loop until done.
+inline void read_exact(const std::string& fn, const File& f, const std::string& path, void* data, uint64_t bytes,
+                       uint64_t offset, const std::string& what) {
+    char* p = static_cast<char*>(data);
+    for (uint64_t done = 0; done < bytes;) {
+        ssize_t n = ::pread(f.fd, p + done, std::min<uint64_t>(bytes - done, 1ull << 30), off_t(offset + done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) fail(fn + ": reading " + what + " from " + quote_path(path) + ": " + std::strerror(errno));
+        if (n == 0) fail(fn + ": " + quote_path(path) + " ends inside " + what + " (truncated)");
+        done += uint64_t(n);
+    }
+}
+inline void write_exact(const std::string& fn, const File& f, const std::string& path, const void* data,
+                        uint64_t bytes, uint64_t offset, const std::string& what) {
+    const char* p = static_cast<const char*>(data);
+    for (uint64_t done = 0; done < bytes;) {
+        ssize_t n = ::pwrite(f.fd, p + done, std::min<uint64_t>(bytes - done, 1ull << 30), off_t(offset + done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) fail(fn + ": writing " + what + " to " + quote_path(path) + ": " + std::strerror(n < 0 ? errno : EIO));
+        done += uint64_t(n);
+    }
+}
+
+inline void sync_file(const std::string& fn, const File& f, const std::string& path) {
+    if (::fsync(f.fd) != 0) fail(fn + ": fsync " + quote_path(path) + ": " + std::strerror(errno));
+}
+// A rename is durable only once the directory holding it is synced.
+inline void sync_parent_directory(const std::string& fn, const std::string& path) {
+    std::string dir = std::filesystem::path(path).parent_path().string();
+    if (dir.empty()) dir = ".";
+    File d(fn, dir, O_RDONLY | O_DIRECTORY);
+    // Some file systems cannot sync a directory (EINVAL); their renames are as durable as they get.
+    if (::fsync(d.fd) != 0 && errno != EINVAL) fail(fn + ": fsync directory " + quote_path(dir) + ": " + std::strerror(errno));
+}
+inline void rename_or_fail(const std::string& fn, const std::string& from, const std::string& to) {
+    if (::rename(from.c_str(), to.c_str()) != 0)
+        fail(fn + ": cannot rename " + quote_path(from) + " to " + quote_path(to) + ": " + std::strerror(errno));
+}
+
+// Writes a whole small file atomically: temp file, fsync, rename, directory fsync.
+inline void write_file_atomically(const std::string& fn, const std::string& path, const void* data, uint64_t bytes) {
+    const std::string tmp = path + ".tmp";
+    try {
+        File f(fn, tmp, O_WRONLY | O_CREAT | O_TRUNC);
+        write_exact(fn, f, tmp, data, bytes, 0, "the file");
+        sync_file(fn, f, tmp);
+    } catch (...) {
+        ::unlink(tmp.c_str());  // never leave a half-written temp behind; the old file is untouched
+        throw;
+    }
+    rename_or_fail(fn, tmp, path);
+    sync_parent_directory(fn, path);
+}
+
+inline size_t model_element_bytes(int version) { return version == kModelVersionBf16 ? 2 : 4; }
+
+inline void validate_model_header(const std::string& fn, const std::string& where, const ModelHeader& h) {
+    if (h.version != kModelVersionFp32 && h.version != kModelVersionBf16)
+        fail(fn + ": " + where + "version " + std::to_string(h.version) + " is not 3 (fp32) or 5 (bf16)");
+    const std::pair<const char*, int> sizes[] = {{"max_seq_len", h.max_seq_len}, {"vocab_size", h.vocab_size},
+                                                 {"num_layers", h.num_layers},   {"num_heads", h.num_heads},
+                                                 {"channels", h.channels},       {"padded_vocab_size", h.padded_vocab_size}};
+    for (const auto& [name, value] : sizes)
+        if (value <= 0) fail(fn + ": " + where + name + " " + std::to_string(value) + " must be positive");
+    if (h.padded_vocab_size < h.vocab_size)
+        fail(fn + ": " + where + "padded_vocab_size " + std::to_string(h.padded_vocab_size) + " is below vocab_size " +
+             std::to_string(h.vocab_size));
+    if (h.channels % h.num_heads != 0)
+        fail(fn + ": " + where + "channels " + std::to_string(h.channels) + " is not a multiple of num_heads " +
+             std::to_string(h.num_heads));
+}
+
+inline uint64_t parameter_count(const std::string& context, const ModelHeader& h) {
+    const uint64_t Vp = uint64_t(h.padded_vocab_size), C = uint64_t(h.channels), T = uint64_t(h.max_seq_len),
+                   L = uint64_t(h.num_layers);
+    const auto mul = [&](uint64_t a, uint64_t b) { return checked_mul(a, b, context); };
+    // Per layer: ln1 w,b (2C), qkv w,b (3C*C + 3C), attproj w,b (C*C + C), ln2 w,b (2C),
+    // fc w,b (4C*C + 4C), fcproj w,b (C*4C + C); that is 12*C*C + 13*C.
+    const uint64_t per_layer = checked_add(mul(mul(12, C), C), mul(13, C), context);
+    uint64_t total = checked_add(mul(Vp, C), mul(T, C), context);  // wte, wpe
+    total = checked_add(total, mul(L, per_layer), context);
+    return checked_add(total, mul(2, C), context);  // lnf w,b
+}
+
+inline std::string state_marker_path(const std::string& path) { return path + ".done"; }
+inline std::string state_tmp_path(const std::string& path) { return path + ".tmp"; }
+// The marker names the file it completes, so a stale marker never validates a different file.
+inline std::string state_marker_text(int64_t step, uint64_t bytes) {
+    return "train_gpt state step=" + std::to_string(step) + " bytes=" + std::to_string(bytes) + "\n";
+}
+
+// The layout implied by the sizes: header | meta JSON | pad to 64 | master | m | v.
+struct StateLayout {
+    uint64_t meta_offset, master_offset, m_offset, v_offset, file_bytes;
+};
+inline StateLayout state_layout(const std::string& context, uint64_t num_parameters, uint64_t meta_bytes) {
+    StateLayout l;
+    l.meta_offset = kStateHeaderBytes;
+    l.master_offset = align_up(checked_add(l.meta_offset, meta_bytes, context), kStateAlignment);
+    const uint64_t array_bytes = checked_mul(num_parameters, sizeof(float), context);
+    l.m_offset = checked_add(l.master_offset, array_bytes, context);
+    l.v_offset = checked_add(l.m_offset, array_bytes, context);
+    l.file_bytes = checked_add(l.v_offset, array_bytes, context);
+    return l;
+}
+
+struct StateHeader {
+    uint64_t words[kStateHeaderWords];
+    StateLayout layout;
+};
+
+// Reads and checks the header of an open state file (or its temp) against the file's real length.
+inline StateHeader read_and_validate_state_header(const std::string& fn, const File& f, const std::string& path) {
+    const uint64_t actual = file_bytes(fn, f, path);
+    if (actual == 0) fail(fn + ": " + quote_path(path) + " is empty (0 bytes)");
+    if (actual < kStateHeaderBytes)
+        fail(fn + ": " + quote_path(path) + " is " + std::to_string(actual) + " bytes, shorter than the " +
+             std::to_string(kStateHeaderBytes) + "-byte header (truncated)");
+    StateHeader h;
+    read_exact(fn, f, path, h.words, kStateHeaderBytes, 0, "the header");
+    const uint64_t* w = h.words;
+    const std::string at = fn + ": " + quote_path(path) + ": ";
+    if (w[kMagic] != kStateMagic)
+        fail(at + "bad magic " + std::to_string(w[kMagic]) + " (expected " + std::to_string(kStateMagic) +
+             ": not a train_gpt state file)");
+    if (w[kVersion] != kStateVersion)
+        fail(at + "unsupported version " + std::to_string(w[kVersion]) + " (this build reads version " +
+             std::to_string(kStateVersion) + ")");
+    if (w[kHeaderBytes] != kStateHeaderBytes)
+        fail(at + "header_bytes " + std::to_string(w[kHeaderBytes]) + " (expected " +
+             std::to_string(kStateHeaderBytes) + ")");
+    if (int64_t(w[kStep]) < 0) fail(at + "step " + std::to_string(int64_t(w[kStep])) + " is negative");
+    if (w[kNumParameters] == 0) fail(at + "num_parameters is 0");
+    if (w[kMetaBytes] > actual)
+        fail(at + "meta_json size " + std::to_string(w[kMetaBytes]) + " exceeds the file size " + std::to_string(actual));
+    h.layout = state_layout(at + "num_parameters " + std::to_string(w[kNumParameters]), w[kNumParameters],
+                            w[kMetaBytes]);
+    const struct { const char* name; StateSlot slot; uint64_t value; } derived[] = {
+        {"meta_offset", kMetaOffset, h.layout.meta_offset}, {"master_offset", kMasterOffset, h.layout.master_offset},
+        {"m_offset", kMOffset, h.layout.m_offset},          {"v_offset", kVOffset, h.layout.v_offset},
+        {"file_bytes", kFileBytes, h.layout.file_bytes}};
+    for (const auto& d : derived)
+        if (w[d.slot] != d.value)
+            fail(at + d.name + " " + std::to_string(w[d.slot]) + " disagrees with the sizes (expected " +
+                 std::to_string(d.value) + ")");
+    if (actual != h.layout.file_bytes)
+        fail(at + "file is " + std::to_string(actual) + " bytes, the header says " + std::to_string(h.layout.file_bytes) +
+             (actual < h.layout.file_bytes ? " (truncated)" : " (trailing bytes)"));
+    return h;
+}
+
+inline void check_range(const std::string& fn, const std::string& path, uint64_t num_parameters, uint64_t begin,
+                        uint64_t count) {
+    if (begin > num_parameters || count > num_parameters - begin)
+        fail(fn + ": " + quote_path(path) + ": range begin " + std::to_string(begin) + " count " + std::to_string(count) +
+             " exceeds num_parameters " + std::to_string(num_parameters));
+}
+
+}  // namespace checkpoint_internal
+
+// ------------------------------------------------------------------------------------------------
+// llm.c model file
+
+// Parameter count from the tensor shapes (llm.c fill_in_parameter_sizes): wte (Vp,C), wpe (maxT,C),
+// per layer ln1w/b, qkvw (3C,C), qkvb, attprojw (C,C), attprojb, ln2w/b, fcw (4C,C), fcb,
+// fcprojw (C,4C), fcprojb; then lnfw, lnfb (C each).
+inline size_t gpt2_parameter_count(const ModelHeader& h) {
+    checkpoint_internal::validate_model_header("gpt2_parameter_count", "", h);
+    return size_t(checkpoint_internal::parameter_count("gpt2_parameter_count", h));
+}
+
+// Writes the 256-int header (llm.c: [0] magic, [1] version, [2] maxT, [3] V, [4] L, [5] NH, [6] C,
+// [7] Vp, the rest zero) and the parameters: float (version 3) or bf16 bits as uint16 (version 5).
+// Atomic: a crash leaves either the old file or the new one, never a partial file under `path`.
+inline void write_model_checkpoint(const std::string& path, const ModelHeader& h, const void* params, size_t count) {
+    using namespace checkpoint_internal;
+    const std::string fn = "write_model_checkpoint";
+    validate_model_header(fn, quote_path(path) + ": ", h);
+    const uint64_t expected = parameter_count(fn, h);
+    if (count != expected)
+        fail(fn + ": " + quote_path(path) + ": count " + std::to_string(count) + " != " + std::to_string(expected) +
+             " parameters the header describes");
+    if (params == nullptr) fail(fn + ": " + quote_path(path) + ": params is null");
+    int32_t header[kModelHeaderInts] = {};
+    header[0] = kModelMagic, header[1] = h.version, header[2] = h.max_seq_len, header[3] = h.vocab_size;
+    header[4] = h.num_layers, header[5] = h.num_heads, header[6] = h.channels, header[7] = h.padded_vocab_size;
+    const std::string tmp = path + ".tmp";
+    try {
+        File f(fn, tmp, O_WRONLY | O_CREAT | O_TRUNC);
+        write_exact(fn, f, tmp, header, kModelHeaderBytes, 0, "the header");
+        write_exact(fn, f, tmp, params, checked_mul(count, model_element_bytes(h.version), fn), kModelHeaderBytes,
+                    "the parameters");
+        sync_file(fn, f, tmp);
+    } catch (...) {
+        ::unlink(tmp.c_str());
+        throw;
+    }
+    rename_or_fail(fn, tmp, path);
+    sync_parent_directory(fn, path);
+}
+
+// Validates magic, version (3 or 5), positive sizes, Vp >= V, and the exact file length.
+inline ModelHeader read_model_header(const std::string& path) {
+    using namespace checkpoint_internal;
+    const std::string fn = "read_model_header";
+    File f(fn, path, O_RDONLY);
+    const uint64_t actual = file_bytes(fn, f, path);
+    if (actual == 0) fail(fn + ": " + quote_path(path) + " is empty (0 bytes)");
+    if (actual < kModelHeaderBytes)
+        fail(fn + ": " + quote_path(path) + " is " + std::to_string(actual) + " bytes, shorter than the " +
+             std::to_string(kModelHeaderBytes) + "-byte header (truncated)");
+    int32_t header[kModelHeaderInts];
+    read_exact(fn, f, path, header, kModelHeaderBytes, 0, "the header");
+    if (header[0] != kModelMagic)
+        fail(fn + ": " + quote_path(path) + ": bad magic " + std::to_string(header[0]) + " in header int 0 (expected " +
+             std::to_string(kModelMagic) + ": not an llm.c model file)");
+    const ModelHeader h{header[1], header[2], header[3], header[4], header[5], header[6], header[7]};
+    validate_model_header(fn, quote_path(path) + ": header ", h);
+    const std::string context = fn + ": " + quote_path(path);
+    const uint64_t expected =
+        checked_add(kModelHeaderBytes, checked_mul(parameter_count(context, h), model_element_bytes(h.version), context),
+                    context);
+    if (actual != expected)
+        fail(context + ": file is " + std::to_string(actual) + " bytes, the header implies " + std::to_string(expected) +
+             (actual < expected ? " (truncated)" : " (trailing bytes)"));
+    return h;
+}
+
+// Reads all parameters into `params` (count elements of 4 or 2 bytes per h.version). The file is
+// re-validated and must still match `h`.
+inline void read_model_parameters(const std::string& path, const ModelHeader& h, void* params, size_t count) {
+    using namespace checkpoint_internal;
+    const std::string fn = "read_model_parameters";
+    const ModelHeader on_disk = read_model_header(path);
+    if (!(on_disk == h)) fail(fn + ": " + quote_path(path) + ": header differs from the one given (file changed?)");
+    const uint64_t expected = parameter_count(fn, h);
+    if (count != expected)
+        fail(fn + ": " + quote_path(path) + ": count " + std::to_string(count) + " != " + std::to_string(expected) +
+             " parameters in the file");
+    if (params == nullptr) fail(fn + ": " + quote_path(path) + ": params is null");
+    File f(fn, path, O_RDONLY);
+    read_exact(fn, f, path, params, count * model_element_bytes(h.version), kModelHeaderBytes, "the parameters");
+}
+
+// ------------------------------------------------------------------------------------------------
+// Training state (ours). Header: 256 uint64 slots (see StateSlot): magic 20261122, version 1, header
+// bytes, step, num_parameters, rng[4], loader epoch/shard/sample, meta_json bytes, then the offsets of
+// meta, master, m, v and the file length, all recomputed and checked by the reader.
+// Protocol: rank 0 begin_state_file; barrier; every rank write_state_range (disjoint ranges);
+// barrier; rank 0 finish_state_file. The path exists only once complete; the ".done" marker is
+// written last, so a state without its marker is incomplete.
+
+inline void begin_state_file(const std::string& path, const TrainingState& s) {
+    using namespace checkpoint_internal;
+    const std::string fn = "begin_state_file";
+    if (s.step < 0) fail(fn + ": " + quote_path(path) + ": step " + std::to_string(s.step) + " is negative");
+    if (s.num_parameters == 0) fail(fn + ": " + quote_path(path) + ": num_parameters is 0");
+    const StateLayout l = state_layout(fn + ": " + quote_path(path), s.num_parameters, s.meta_json.size());
+    uint64_t w[kStateHeaderWords] = {};
+    w[kMagic] = kStateMagic, w[kVersion] = kStateVersion, w[kHeaderBytes] = kStateHeaderBytes;
+    w[kStep] = uint64_t(s.step), w[kNumParameters] = s.num_parameters;
+    for (int i = 0; i < 4; i++) w[kRng0 + i] = s.rng[i];
+    w[kLoaderEpoch] = s.loader_epoch, w[kLoaderShard] = s.loader_shard, w[kLoaderSample] = s.loader_sample;
+    w[kMetaBytes] = s.meta_json.size(), w[kMetaOffset] = l.meta_offset, w[kMasterOffset] = l.master_offset;
+    w[kMOffset] = l.m_offset, w[kVOffset] = l.v_offset, w[kFileBytes] = l.file_bytes;
+    const std::string tmp = state_tmp_path(path);
+    try {
+        File f(fn, tmp, O_WRONLY | O_CREAT | O_TRUNC);
+        write_exact(fn, f, tmp, w, kStateHeaderBytes, 0, "the header");
+        write_exact(fn, f, tmp, s.meta_json.data(), s.meta_json.size(), l.meta_offset, "meta_json");
+        if (::ftruncate(f.fd, off_t(l.file_bytes)) != 0)
+            fail(fn + ": cannot size " + quote_path(tmp) + " to " + std::to_string(l.file_bytes) + " bytes: " +
+                 std::strerror(errno));
+    } catch (...) {
+        ::unlink(tmp.c_str());
+        throw;
+    }
+}
+
+// Writes elements [begin, begin+count) of master, m and v into the temp file begin_state_file made.
+inline void write_state_range(const std::string& path, uint64_t num_parameters, uint64_t begin, const float* master,
+                              const float* m, const float* v, uint64_t count) {
+    using namespace checkpoint_internal;
+    const std::string fn = "write_state_range";
+    const std::string tmp = state_tmp_path(path);
+    if (::access(tmp.c_str(), F_OK) != 0)
+        fail(fn + ": " + quote_path(tmp) + " does not exist (call begin_state_file on rank 0 first, then a barrier)");
+    File f(fn, tmp, O_RDWR);
+    const StateHeader h = read_and_validate_state_header(fn, f, tmp);
+    if (h.words[kNumParameters] != num_parameters)
+        fail(fn + ": " + quote_path(tmp) + ": num_parameters " + std::to_string(num_parameters) + " != " +
+             std::to_string(h.words[kNumParameters]) + " in the header");
+    check_range(fn, tmp, num_parameters, begin, count);
+    if (count == 0) return;  // a rank may own no parameters
+    if (!master || !m || !v) fail(fn + ": " + quote_path(tmp) + ": master, m and v must all be non-null");
+    const uint64_t skip = begin * sizeof(float), bytes = count * sizeof(float);
+    write_exact(fn, f, tmp, master, bytes, h.layout.master_offset + skip, "master weights");
+    write_exact(fn, f, tmp, m, bytes, h.layout.m_offset + skip, "Adam m");
+    write_exact(fn, f, tmp, v, bytes, h.layout.v_offset + skip, "Adam v");
+    sync_file(fn, f, tmp);  // durable before the barrier, also where ranks sit on other nodes
+}
+
+// Rank 0, after every rank's write_state_range: sync, rename into place, then write the marker.
+inline void finish_state_file(const std::string& path) {
+    using namespace checkpoint_internal;
+    const std::string fn = "finish_state_file";
+    const std::string tmp = state_tmp_path(path);
+    StateHeader h;
+    {
+        File f(fn, tmp, O_RDWR);
+        h = read_and_validate_state_header(fn, f, tmp);
+        sync_file(fn, f, tmp);
+    }
+    rename_or_fail(fn, tmp, path);
+    sync_parent_directory(fn, path);
+    const std::string marker = state_marker_text(int64_t(h.words[kStep]), h.layout.file_bytes);
+    write_file_atomically(fn, state_marker_path(path), marker.data(), marker.size());
+}
+
+// Validates the header, the exact file length and the ".done" marker (present and naming this file).
+inline TrainingState read_state_header(const std::string& path) {
+    using namespace checkpoint_internal;
+    const std::string fn = "read_state_header";
+    File f(fn, path, O_RDONLY);
+    const StateHeader h = read_and_validate_state_header(fn, f, path);
+    const uint64_t* w = h.words;
+    const std::string marker_path = state_marker_path(path);
+    if (::access(marker_path.c_str(), F_OK) != 0)
+        fail(fn + ": " + quote_path(path) + " is incomplete: no marker " + quote_path(marker_path) +
+             " (the writer did not finish)");
+    const std::string expected_marker = state_marker_text(int64_t(w[kStep]), h.layout.file_bytes);
+    {
+        File mf(fn, marker_path, O_RDONLY);
+        std::string marker(std::min<uint64_t>(file_bytes(fn, mf, marker_path), 256), '\0');
+        read_exact(fn, mf, marker_path, marker.data(), marker.size(), 0, "the marker");
+        if (marker != expected_marker)
+            fail(fn + ": marker " + quote_path(marker_path) + " does not describe " + quote_path(path) + " (expected '" +
+                 expected_marker.substr(0, expected_marker.size() - 1) + "'; stale marker?)");
+    }
+    TrainingState s;
+    s.step = int64_t(w[kStep]);
+    s.num_parameters = w[kNumParameters];
+    for (int i = 0; i < 4; i++) s.rng[i] = w[kRng0 + i];
+    s.loader_epoch = w[kLoaderEpoch], s.loader_shard = w[kLoaderShard], s.loader_sample = w[kLoaderSample];
+    s.meta_json.resize(w[kMetaBytes]);
+    read_exact(fn, f, path, s.meta_json.data(), s.meta_json.size(), h.layout.meta_offset, "meta_json");
+    return s;
+}
+
+// Reads elements [begin, begin+count) of master, m and v; a null pointer skips that array (e.g. a
+// ZeRO rank that needs all master weights but only its own shard of m and v).
+inline void read_state_range(const std::string& path, const TrainingState& s, uint64_t begin, uint64_t count,
+                             float* master, float* m, float* v) {
+    using namespace checkpoint_internal;
+    const std::string fn = "read_state_range";
+    File f(fn, path, O_RDONLY);
+    const StateHeader h = read_and_validate_state_header(fn, f, path);
+    if (h.words[kNumParameters] != s.num_parameters || h.words[kMetaBytes] != s.meta_json.size() ||
+        int64_t(h.words[kStep]) != s.step)
+        fail(fn + ": " + quote_path(path) + ": header differs from the state given (file changed since read_state_header?)");
+    check_range(fn, path, s.num_parameters, begin, count);
+    const uint64_t skip = begin * sizeof(float), bytes = count * sizeof(float);
+    if (master) read_exact(fn, f, path, master, bytes, h.layout.master_offset + skip, "master weights");
+    if (m) read_exact(fn, f, path, m, bytes, h.layout.m_offset + skip, "Adam m");
+    if (v) read_exact(fn, f, path, v, bytes, h.layout.v_offset + skip, "Adam v");
+}
+
+// ------------------------------------------------------------------------------------------------
+// Checkpoint directory: <out>/model_<step>.bin, <out>/state_<step>.bin and state_<step>.bin.done,
+// steps written with at least 8 digits.
+
+inline std::string checkpoint_step_name(const char* prefix, int64_t step) {
+    if (step < 0) checkpoint_internal::fail(std::string("checkpoint path: step ") + std::to_string(step) + " is negative");
+    char name[64];
+    std::snprintf(name, sizeof name, "%s_%08" PRId64 ".bin", prefix, step);
+    return name;
+}
+inline std::string model_checkpoint_path(const std::string& out_dir, int64_t step) {
+    return (std::filesystem::path(out_dir) / checkpoint_step_name("model", step)).string();
+}
+inline std::string state_checkpoint_path(const std::string& out_dir, int64_t step) {
+    return (std::filesystem::path(out_dir) / checkpoint_step_name("state", step)).string();
+}
+
+namespace checkpoint_internal {
+
+// The step in a name "<prefix>_<digits><suffix>", if it is exactly that.
+inline std::optional<int64_t> parse_step(const std::string& name, const std::string& prefix, const std::string& suffix) {
+    if (name.size() <= prefix.size() + suffix.size() || name.compare(0, prefix.size(), prefix) != 0 ||
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+        return std::nullopt;
+    const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+    if (digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+        return std::nullopt;
+    return std::stoll(digits);
+}
+
+// Every step that has any checkpoint file (model, state, marker or temp), newest first.
+inline std::vector<int64_t> checkpoint_steps(const std::string& fn, const std::string& out_dir) {
+    std::error_code ec;
+    if (!std::filesystem::exists(out_dir, ec)) return {};  // no checkpoints written yet
+    if (!std::filesystem::is_directory(out_dir, ec)) fail(fn + ": " + quote_path(out_dir) + " is not a directory");
+    std::vector<int64_t> steps;
+    std::filesystem::directory_iterator it(out_dir, ec);
+    if (ec) fail(fn + ": cannot list " + quote_path(out_dir) + ": " + ec.message());
+    for (const auto& entry : it) {
+        const std::string name = entry.path().filename().string();
+        for (const char* prefix : {"model_", "state_"})
+            for (const char* suffix : {".bin", ".bin.done", ".bin.tmp", ".bin.done.tmp"})
+                if (auto step = parse_step(name, prefix, suffix)) steps.push_back(*step);
+    }
+    std::sort(steps.rbegin(), steps.rend());
+    steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
+    return steps;
+}
+
+// Empty if the checkpoint at `step` is complete and valid; otherwise why not.
+inline std::string checkpoint_problem(const std::string& out_dir, int64_t step) {
+    try {
+        const TrainingState s = read_state_header(state_checkpoint_path(out_dir, step));
+        if (s.step != step) return "state file holds step " + std::to_string(s.step);
+        const ModelHeader h = read_model_header(model_checkpoint_path(out_dir, step));
+        if (parameter_count("", h) != s.num_parameters)
+            return "model file has " + std::to_string(parameter_count("", h)) + " parameters, the state " +
+                   std::to_string(s.num_parameters);
+        return "";
+    } catch (const std::exception& e) {
+        return e.what();
+    }
+}
+
+}  // namespace checkpoint_internal
+
+// The highest step whose state has its marker and a valid header and length, and whose model file
+// exists with a valid header and length; incomplete ones are skipped with a warning on stderr.
+inline std::optional<int64_t> latest_complete_checkpoint(const std::string& out_dir) {
+    using namespace checkpoint_internal;
+    for (int64_t step : checkpoint_steps("latest_complete_checkpoint", out_dir)) {
+        const std::string problem = checkpoint_problem(out_dir, step);
+        if (problem.empty()) return step;
+        std::fprintf(stderr, "warning: latest_complete_checkpoint: skipping step %" PRId64 ": %s\n", step,
+                     problem.c_str());
+    }
+    return std::nullopt;
+}
+
+// Keeps the newest `keep_last` complete checkpoints and deletes every checkpoint file of older steps
+// (complete or not); never touches steps newer than the oldest kept one, so the newest complete
+// checkpoint and any write in progress survive. keep_last <= 0 keeps everything.
+inline void remove_old_checkpoints(const std::string& out_dir, int keep_last) {
+    using namespace checkpoint_internal;
+    const std::string fn = "remove_old_checkpoints";
+    if (keep_last <= 0) return;
+    const std::vector<int64_t> steps = checkpoint_steps(fn, out_dir);
+    int complete = 0;
+    std::optional<int64_t> oldest_kept;
+    for (int64_t step : steps) {
+        if (complete == keep_last) break;
+        if (checkpoint_problem(out_dir, step).empty()) complete++, oldest_kept = step;
+    }
+    if (!oldest_kept) return;  // no complete checkpoint: delete nothing
+    for (int64_t step : steps) {
+        if (step >= *oldest_kept) continue;
+        const std::string state = state_checkpoint_path(out_dir, step), model = model_checkpoint_path(out_dir, step);
+        // The marker goes first: interrupted here, the step reads as incomplete, never as complete.
+        for (const std::string& file : {state_marker_path(state), state_marker_path(state) + ".tmp", state,
+                                        state_tmp_path(state), model, model + ".tmp"}) {
+            std::error_code ec;
+            std::filesystem::remove(file, ec);
+            if (ec) fail(fn + ": cannot delete " + quote_path(file) + ": " + ec.message());
+        }
+    }
+}
