@@ -57,3 +57,7 @@ add_test(test_tokenizer ${TEST_BIN}/test_tokenizer)
 
 # Checkpoint files (host/checkpoint.h): llm.c model format, training state, directory policy.
 add_test(test_checkpoint ${TEST_BIN}/test_checkpoint)
+
+# Host modules of the training program: CLI + JSON config, LR and batch-size schedules, reporting.
+add_test(test_config ${TEST_BIN}/test_config)
+add_test(test_schedule ${TEST_BIN}/test_schedule)
