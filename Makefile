@@ -61,7 +61,7 @@ ALL_HDR := $(EMU_HDR) $(KERNEL_HDR) $(HOST_HDR)
 TEST_SRC := $(wildcard test/test_*.cu)
 TEST_NAMES := $(patsubst test/%.cu,%,$(TEST_SRC))
 # Kernel and model tests are built in both precisions: test_X (PRECISION) and test_X_fp32.
-BOTH_PRECISION_TESTS := $(filter test_kernel_% test_model%,$(TEST_NAMES))
+BOTH_PRECISION_TESTS := $(filter test_kernel_% test_model% test_mpi_train,$(TEST_NAMES))
 FP32_TEST_NAMES := $(addsuffix _fp32,$(BOTH_PRECISION_TESTS))
 ALL_TEST_NAMES := $(TEST_NAMES) $(FP32_TEST_NAMES)
 GPU_TEST_NAMES := $(filter-out test_emu_%,$(ALL_TEST_NAMES))

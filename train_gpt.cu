@@ -7,18 +7,25 @@
 //
 // GPT-2 (Radford et al. 2019): learned position embeddings, pre-LayerNorm blocks, causal self-attention,
 // GELU (tanh), tied input/output embedding, biases everywhere.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "host/distributed.h"
+#include "host/memory_plan.h"
 #include "host/rng.h"
+#include "kernels/adamw.cuh"
 #include "kernels/attention.cuh"
 #include "kernels/classifier.cuh"
 #include "kernels/common.cuh"
+#include "kernels/elementwise.cuh"
 #include "kernels/encoder.cuh"
 #include "kernels/gelu.cuh"
+#include "kernels/global_norm.cuh"
 #include "kernels/layernorm.cuh"
 #include "kernels/matmul.cuh"
 
@@ -132,6 +139,35 @@ inline LayerTensors layer_view(const ParameterTensors& t, const GPT2Config& conf
             t.fcw + l * 4 * C * C,  t.fcb + l * 4 * C,      t.fcprojw + l * 4 * C * C, t.fcprojb + l * C};
 }
 
+// Decoupled weight decay applies to the weight matrices and the embeddings only, never to biases
+// or LayerNorm parameters: the 2-D tensors.
+inline bool decays(int tensor) {
+    const std::string name = kParameterNames[tensor];
+    return name == "wte" || name == "wpe" || name == "qkvw" || name == "attprojw" || name == "fcw" || name == "fcprojw";
+}
+// The per-layer tensors (1..13 except wte, wpe, lnfw, lnfb) and the global ones.
+inline bool is_layer_tensor(int tensor) { return tensor >= 2 && tensor <= 13; }
+
+// ---------------------------------------------------------------------------------------------
+// ZeRO: each rank owns one contiguous, equal-size range (shard) of the flat parameter buffer; the
+// buffer is padded at the end so the shards are equal, and each shard starts 16-byte aligned.
+// Stage 0 keeps everything everywhere; 1 shards the optimizer state; 2 also the gradients.
+
+struct ShardLayout {
+    int rank = 0, world_size = 1, zero_stage = 0;
+    size_t num_parameters = 0, shard_size = 0, padded_size = 0;
+    size_t shard_begin() const { return size_t(rank) * shard_size; }
+    // The parameters this rank updates (and keeps master weights and moments for).
+    size_t optimizer_begin() const { return zero_stage == 0 ? 0 : shard_begin(); }
+    size_t optimizer_size() const { return zero_stage == 0 ? num_parameters : shard_size; }
+};
+
+inline ShardLayout shard_layout(size_t num_parameters, int rank, int world_size, int zero_stage) {
+    size_t shard = (num_parameters + world_size - 1) / world_size;
+    shard = (shard + 7) / 8 * 8;
+    return {rank, world_size, zero_stage, num_parameters, shard, shard * size_t(world_size)};
+}
+
 // ---------------------------------------------------------------------------------------------
 // Activations: what the forward pass keeps for the backward pass, for B sequences of T tokens.
 // Per-layer tensors are stored for all L layers, layer-major.
@@ -171,39 +207,112 @@ struct BackwardBuffers {
 struct GPT2 {
     GPT2Config config{};
     size_t param_sizes[kNumParameterTensors]{};
+    size_t param_offsets[kNumParameterTensors]{};
     size_t num_parameters = 0;
-    ParameterTensors params{}, grads{};
+    ShardLayout shard{};
+    MemoryPlan plan;
+    PlannedMemory memory;
+    ParameterTensors params{};
+    ParameterTensors grads{};  // stages 0-1: the full gradient buffer; stage 2: see layer_grads()
     floatX* params_memory = nullptr;
-    floatX* grads_memory = nullptr;
+    floatX* grads_memory = nullptr;  // stage 0-1: all gradients; stage 2: this rank's gradient shard
 
     int max_batch = 0, max_tokens = 0;  // the activations hold up to max_batch x max_tokens
     ActivationTensors acts{};
     BackwardBuffers bwd{};
-    std::vector<void*> allocations;  // activation and backward buffers, freed together
-    int* inputs = nullptr;           // (B, T) on the device
-    int* targets = nullptr;          // (B, T) on the device
-    std::vector<int> inputs_host;    // the encoder's deterministic backward groups positions by token on the host
-    int B = 0, T = 0;                // sizes of the last forward pass
-    double loss_sum = 0;             // sum of per-token losses of the last forward pass with targets
-    int valid_targets = 0;           // targets != -1 in it
+    // Stage 2 keeps no full gradient buffer: the backward pass writes a layer's gradients into one of
+    // two layer buffers (alternating, so one can be reduced while the next layer is computed) and the
+    // global tensors' (wte, wpe, lnf) into their own buffer; each is reduced into the shards.
+    floatX* layer_grad_buffers[2] = {nullptr, nullptr};
+    size_t layer_grad_size = 0;  // parameters of one transformer block
+    int* inputs = nullptr;       // (B, T) on the device
+    int* targets = nullptr;      // (B, T) on the device
+    std::vector<int> inputs_host;  // the encoder's deterministic backward groups positions by token on the host
+    int B = 0, T = 0;              // sizes of the last forward pass
+    double loss_sum = 0;           // sum of per-token losses of the last forward pass with targets
+    int valid_targets = 0;         // targets != -1 in it
     cudaStream_t stream = nullptr;
 };
 
-template <typename T> T* device_alloc(GPT2& model, size_t count) {
-    void* p = nullptr;
-    CUDA_CHECK(cudaMalloc(&p, count * sizeof(T)));
-    model.allocations.push_back(p);
-    return static_cast<T*>(p);
+// ---------------------------------------------------------------------------------------------
+// Memory plan: every device allocation of a rank, from the model configuration, the micro-batch
+// B x T, the sharding and the precision. gpt2_build allocates exactly this; --dry-run prints it.
+
+inline MemoryPlan gpt2_memory_plan(const GPT2Config& c, int B, int T, const ShardLayout& shard) {
+    MemoryPlan plan;
+    const size_t X = sizeof(floatX), F = sizeof(float), I = sizeof(int);
+    const size_t L = c.num_layers, C = c.channels, NH = c.num_heads, BT = size_t(B) * T;
+    size_t sizes[kNumParameterTensors];
+    parameter_sizes(c, sizes);
+
+    plan.add("params", "params", shard.padded_size * X);
+    if (shard.zero_stage == 2) {
+        plan.add("grads", "grads", shard.shard_size * X);  // this rank's shard, accumulated over micro-steps
+        size_t layer = 0, global = 0;
+        for (int i = 0; i < kNumParameterTensors; ++i) (is_layer_tensor(i) ? layer : global) += sizes[i];
+        plan.add("grad_layer_buffer_0", "communication", layer / L * X);
+        plan.add("grad_layer_buffer_1", "communication", layer / L * X);
+        plan.add("grad_global_buffer", "communication", global * X);
+        plan.add("grad_reduce_receive", "communication", shard.shard_size * X);
+    } else {
+        plan.add("grads", "grads", shard.padded_size * X);
+    }
+    plan.add("master", "master", shard.optimizer_size() * F);
+    plan.add("adam_m", "adam_m", shard.optimizer_size() * F);
+    plan.add("adam_v", "adam_v", shard.optimizer_size() * F);
+
+    // Forward activations kept for the backward pass (see ActivationTensors).
+    plan.add("encoded", "activations", BT * C * X);
+    plan.add("ln1", "activations", L * BT * C * X);
+    plan.add("ln1_mean", "activations", L * BT * F);
+    plan.add("ln1_rstd", "activations", L * BT * F);
+    plan.add("qkv", "activations", L * BT * 3 * C * X);
+    plan.add("atty", "activations", L * BT * C * X);
+    plan.add("att_lse", "activations", L * BT * NH * F);
+    plan.add("residual2", "activations", L * BT * C * X);
+    plan.add("ln2", "activations", L * BT * C * X);
+    plan.add("ln2_mean", "activations", L * BT * F);
+    plan.add("ln2_rstd", "activations", L * BT * F);
+    plan.add("fch", "activations", L * BT * 4 * C * X);
+    plan.add("fch_gelu", "activations", L * BT * 4 * C * X);
+    plan.add("residual3", "activations", L * BT * C * X);
+    plan.add("lnf", "activations", BT * C * X);
+    plan.add("lnf_mean", "activations", BT * F);
+    plan.add("lnf_rstd", "activations", BT * F);
+    plan.add("losses", "activations", BT * F);
+    plan.add("logits", "activations", BT * size_t(c.padded_vocab_size) * X);
+    plan.add("branch", "activations", BT * C * X);
+
+    // Backward buffers, scratch of the deterministic reductions, inputs, the cuBLASLt workspace.
+    plan.add("dresidual", "workspace", BT * C * X);
+    plan.add("dbuf_c", "workspace", BT * C * X);
+    plan.add("dbuf_4c", "workspace", BT * 4 * C * X);
+    const int n = int(BT), ci = int(C), vp = c.padded_vocab_size;
+    const size_t scratch = std::max({layernorm_backward_scratch_floats(n, ci), matmul_backward_scratch_floats(n, 3 * ci),
+                                     matmul_backward_scratch_floats(n, 4 * ci), matmul_backward_scratch_floats(n, ci),
+                                     matmul_backward_scratch_floats(n, vp),
+                                     attention_backward_scratch_floats(B, T, c.num_heads),
+                                     global_norm_scratch_floats(shard.optimizer_size()), size_t(1)});
+    plan.add("scratch", "workspace", scratch * F);
+    plan.add("grad_norm", "workspace", F);
+    plan.add("encoder_scratch", "workspace", encoder_backward_scratch_ints(B, T) * I);
+    plan.add("inputs", "workspace", BT * I);
+    plan.add("targets", "workspace", BT * I);
+    plan.add("matmul_workspace", "workspace", kMatmulWorkspaceBytes);
+    return plan;
 }
 
-// Allocates parameters, gradients and activations for batches of up to B x T tokens.
+// Allocates the plan for batches of up to B x T tokens on `shard` (default: one rank, no sharding).
 // Exits with a message naming the constraint when the configuration is not supported.
-inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T) {
+inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int rank = 0, int world_size = 1,
+                       int zero_stage = 0) {
     std::string problem = gpt2_check_config(config);
     if (problem.empty() && (T < 1 || T > config.max_seq_len))
         problem = "model: sequence length T = " + std::to_string(T) + " must be in [1, max_seq_len = " +
                   std::to_string(config.max_seq_len) + "]";
     if (problem.empty() && B < 1) problem = "model: batch size B = " + std::to_string(B) + " must be at least 1";
+    if (problem.empty() && (zero_stage < 0 || zero_stage > 2))
+        problem = "model: ZeRO stage " + std::to_string(zero_stage) + " is not one of 0, 1, 2";
     if (!problem.empty()) {
         std::fprintf(stderr, "%s\n", problem.c_str());
         std::exit(EXIT_FAILURE);
@@ -211,61 +320,77 @@ inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T) {
     model.config = config;
     parameter_sizes(config, model.param_sizes);
     model.num_parameters = 0;
-    for (size_t s : model.param_sizes) model.num_parameters += s;
-    CUDA_CHECK(cudaMalloc(&model.params_memory, model.num_parameters * sizeof(floatX)));
-    CUDA_CHECK(cudaMalloc(&model.grads_memory, model.num_parameters * sizeof(floatX)));
+    for (int i = 0; i < kNumParameterTensors; ++i) {
+        model.param_offsets[i] = model.num_parameters;
+        model.num_parameters += model.param_sizes[i];
+    }
+    model.shard = shard_layout(model.num_parameters, rank, world_size, zero_stage);
+    model.plan = gpt2_memory_plan(config, B, T, model.shard);
+    model.memory.allocate(model.plan);
+    const PlannedMemory& m = model.memory;
+
+    model.params_memory = m.get<floatX>("params");
+    model.grads_memory = m.get<floatX>("grads");
+    CUDA_CHECK(cudaMemset(model.params_memory, 0, model.plan.bytes_of("params")));  // padding stays zero
+    CUDA_CHECK(cudaMemset(model.grads_memory, 0, model.plan.bytes_of("grads")));
     point_parameters(&model.params, model.params_memory, model.param_sizes);
-    point_parameters(&model.grads, model.grads_memory, model.param_sizes);
+    if (zero_stage == 2) {
+        model.layer_grad_buffers[0] = m.get<floatX>("grad_layer_buffer_0");
+        model.layer_grad_buffers[1] = m.get<floatX>("grad_layer_buffer_1");
+        model.layer_grad_size = model.plan.bytes_of("grad_layer_buffer_0") / sizeof(floatX);
+        // The global tensors' gradients live in their own buffer; the per-layer pointers are unused.
+        floatX* global = m.get<floatX>("grad_global_buffer");
+        floatX** g = model.grads.all();
+        for (int i = 0; i < kNumParameterTensors; ++i) {
+            g[i] = nullptr;
+            if (!is_layer_tensor(i)) {
+                g[i] = global;
+                global += model.param_sizes[i];
+            }
+        }
+    } else {
+        point_parameters(&model.grads, model.grads_memory, model.param_sizes);
+    }
 
-    const size_t L = config.num_layers, C = config.channels, NH = config.num_heads, BT = size_t(B) * T;
     ActivationTensors& a = model.acts;
-    a.encoded = device_alloc<floatX>(model, BT * C);
-    a.ln1 = device_alloc<floatX>(model, L * BT * C);
-    a.ln1_mean = device_alloc<float>(model, L * BT);
-    a.ln1_rstd = device_alloc<float>(model, L * BT);
-    a.qkv = device_alloc<floatX>(model, L * BT * 3 * C);
-    a.atty = device_alloc<floatX>(model, L * BT * C);
-    a.att_lse = device_alloc<float>(model, L * BT * NH);
-    a.residual2 = device_alloc<floatX>(model, L * BT * C);
-    a.ln2 = device_alloc<floatX>(model, L * BT * C);
-    a.ln2_mean = device_alloc<float>(model, L * BT);
-    a.ln2_rstd = device_alloc<float>(model, L * BT);
-    a.fch = device_alloc<floatX>(model, L * BT * 4 * C);
-    a.fch_gelu = device_alloc<floatX>(model, L * BT * 4 * C);
-    a.residual3 = device_alloc<floatX>(model, L * BT * C);
-    a.lnf = device_alloc<floatX>(model, BT * C);
-    a.lnf_mean = device_alloc<float>(model, BT);
-    a.lnf_rstd = device_alloc<float>(model, BT);
-    a.losses = device_alloc<float>(model, BT);
-    a.logits = device_alloc<floatX>(model, BT * config.padded_vocab_size);
-    a.branch = device_alloc<floatX>(model, BT * C);
+    a.encoded = m.get<floatX>("encoded");
+    a.ln1 = m.get<floatX>("ln1");
+    a.ln1_mean = m.get<float>("ln1_mean");
+    a.ln1_rstd = m.get<float>("ln1_rstd");
+    a.qkv = m.get<floatX>("qkv");
+    a.atty = m.get<floatX>("atty");
+    a.att_lse = m.get<float>("att_lse");
+    a.residual2 = m.get<floatX>("residual2");
+    a.ln2 = m.get<floatX>("ln2");
+    a.ln2_mean = m.get<float>("ln2_mean");
+    a.ln2_rstd = m.get<float>("ln2_rstd");
+    a.fch = m.get<floatX>("fch");
+    a.fch_gelu = m.get<floatX>("fch_gelu");
+    a.residual3 = m.get<floatX>("residual3");
+    a.lnf = m.get<floatX>("lnf");
+    a.lnf_mean = m.get<float>("lnf_mean");
+    a.lnf_rstd = m.get<float>("lnf_rstd");
+    a.losses = m.get<float>("losses");
+    a.logits = m.get<floatX>("logits");
+    a.branch = m.get<floatX>("branch");
 
-    BackwardBuffers& g = model.bwd;
-    g.dresidual = device_alloc<floatX>(model, BT * C);
-    g.dbuf_c = device_alloc<floatX>(model, BT * C);
-    g.dbuf_4c = device_alloc<floatX>(model, BT * 4 * C);
-    const int n = int(BT), c = int(C), vp = config.padded_vocab_size;
-    size_t scratch = std::max({layernorm_backward_scratch_floats(n, c), matmul_backward_scratch_floats(n, 3 * c),
-                               matmul_backward_scratch_floats(n, 4 * c), matmul_backward_scratch_floats(n, c),
-                               matmul_backward_scratch_floats(n, vp),
-                               attention_backward_scratch_floats(B, T, config.num_heads)});
-    g.scratch = device_alloc<float>(model, std::max<size_t>(scratch, 1));
-    g.encoder_scratch = device_alloc<int>(model, encoder_backward_scratch_ints(B, T));
-
-    model.inputs = device_alloc<int>(model, BT);
-    model.targets = device_alloc<int>(model, BT);
+    BackwardBuffers& b = model.bwd;
+    b.dresidual = m.get<floatX>("dresidual");
+    b.dbuf_c = m.get<floatX>("dbuf_c");
+    b.dbuf_4c = m.get<floatX>("dbuf_4c");
+    b.scratch = m.get<float>("scratch");
+    b.encoder_scratch = m.get<int>("encoder_scratch");
+    model.inputs = m.get<int>("inputs");
+    model.targets = m.get<int>("targets");
     model.max_batch = B;
     model.max_tokens = T;
-    matmul_init();
+    matmul_init(m.get<void>("matmul_workspace"));
 }
 
 inline void gpt2_free(GPT2& model) {
-    for (void* p : model.allocations) CUDA_CHECK(cudaFree(p));
-    model.allocations.clear();
-    CUDA_CHECK(cudaFree(model.params_memory));
-    CUDA_CHECK(cudaFree(model.grads_memory));
-    model.params_memory = model.grads_memory = nullptr;
     matmul_destroy();
+    model.memory.free_all();
+    model.params_memory = model.grads_memory = nullptr;
 }
 
 // GPT-2 initialization (seeded): weights and embeddings N(0, 0.02); the projections that write into the
@@ -393,15 +518,39 @@ inline double gpt2_forward(GPT2& model, const int* inputs_host, const int* targe
     return sum;
 }
 
+// Clears the step's accumulated gradients (all of them, or this rank's shard under ZeRO-2).
 inline void gpt2_zero_grad(GPT2& model) {
-    CUDA_CHECK(cudaMemsetAsync(model.grads_memory, 0, model.num_parameters * sizeof(floatX), model.stream));
+    CUDA_CHECK(cudaMemsetAsync(model.grads_memory, 0, model.plan.bytes_of("grads"), model.stream));
+}
+
+// Where the backward pass writes layer l's parameter gradients: the full gradient buffer (stages 0-1),
+// or one of the two alternating layer buffers (stage 2), laid out like one block of the flat buffer.
+inline LayerTensors layer_grads(const GPT2& model, int l) {
+    if (model.shard.zero_stage != 2) return layer_view(model.grads, model.config, l);
+    GPT2Config one_layer = model.config;
+    one_layer.num_layers = 1;
+    size_t sizes[kNumParameterTensors];
+    parameter_sizes(one_layer, sizes);
+    ParameterTensors t{};
+    floatX* p = model.layer_grad_buffers[l % 2];
+    for (int i = 0; i < kNumParameterTensors; ++i) {
+        if (!is_layer_tensor(i)) continue;
+        t.all()[i] = p;
+        p += sizes[i];
+    }
+    return layer_view(t, one_layer, 0);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Backward pass: the forward pass in reverse. Parameter gradients accumulate (+=) so micro-steps add up;
-// the logits buffer already holds dlogits from the forward pass.
+// the logits buffer already holds dlogits from the forward pass. `layer_done(l)` is called when layer
+// l's gradients are complete (then -1 for the global tensors wte, wpe, lnf), so the gradient reduction
+// can start while the layers below are still being computed.
+// `before_layer(l)` runs before layer l's gradients are written (ZeRO-2 waits there until the layer
+// buffer it reuses has been reduced).
 
-inline void gpt2_backward(GPT2& model) {
+inline void gpt2_backward(GPT2& model, const std::function<void(int)>& layer_done = {},
+                          const std::function<void(int)>& before_layer = {}) {
     const GPT2Config& cfg = model.config;
     const int L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads, Vp = cfg.padded_vocab_size;
     const int B = model.B, T = model.T, BT = B * T;
@@ -412,6 +561,8 @@ inline void gpt2_backward(GPT2& model) {
     ActivationTensors& a = model.acts;
     BackwardBuffers& b = model.bwd;
 
+    if (model.shard.zero_stage == 2)  // the global tensors' gradients are per micro-step there
+        CUDA_CHECK(cudaMemsetAsync(g.wte, 0, model.plan.bytes_of("grad_global_buffer"), stream));
     // Output head: dlnf = dlogits @ wte, dwte += dlogits^T @ lnf.
     matmul_backward(b.dbuf_c, g.wte, nullptr, b.scratch, a.logits, a.lnf, p.wte, BT, C, Vp, stream);
     // Final LayerNorm: dresidual starts as the gradient of the last layer's output.
@@ -420,7 +571,10 @@ inline void gpt2_backward(GPT2& model) {
                        a.lnf_mean, a.lnf_rstd, BT, C, stream);
 
     for (int l = L - 1; l >= 0; --l) {
-        const LayerTensors w = layer_view(p, cfg, l), dw = layer_view(g, cfg, l);
+        if (before_layer) before_layer(l);
+        const LayerTensors w = layer_view(p, cfg, l), dw = layer_grads(model, l);
+        if (model.shard.zero_stage == 2)
+            CUDA_CHECK(cudaMemsetAsync(model.layer_grad_buffers[l % 2], 0, model.layer_grad_size * sizeof(floatX), stream));
         const floatX* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * btc;
         const float* ln1_mean = a.ln1_mean + size_t(l) * BT;
         const float* ln1_rstd = a.ln1_rstd + size_t(l) * BT;
@@ -443,9 +597,221 @@ inline void gpt2_backward(GPT2& model) {
         // ln1's gradient joins too: dresidual becomes the gradient of this layer's input.
         layernorm_backward(b.dresidual, dw.ln1w, dw.ln1b, b.scratch, b.dbuf_c, residual, w.ln1w, ln1_mean, ln1_rstd, BT,
                            C, stream);
+        if (layer_done) layer_done(l);
     }
     // Embeddings: deterministic, grouped by token on the host.
     encoder_backward(g.wte, g.wpe, b.encoder_scratch, b.dresidual, model.inputs_host.data(), B, T, C, stream);
+    if (layer_done) layer_done(-1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The training step: micro-steps of forward + backward, the gradient reduction across ranks (ZeRO),
+// the global gradient norm and clipping, and the AdamW update of this rank's shard.
+
+struct OptimizerConfig {
+    float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.0f;
+    float grad_clip = 1.0f;  // clip the global gradient norm to this (0: no clipping)
+    uint64_t seed = 1337;    // stochastic rounding of BF16 parameters
+};
+
+struct Trainer {
+    GPT2 model;
+    Distributed dist;
+    OptimizerConfig opt;
+    float* master = nullptr;  // FP32 master weights of the optimizer range (ShardLayout::optimizer_*)
+    float* adam_m = nullptr;
+    float* adam_v = nullptr;
+    floatX* reduce_receive = nullptr;  // ZeRO-2: where a reduced slice of this rank's shard arrives
+    int step = 0;                      // optimizer steps taken
+    cudaEvent_t layer_buffer_free[2] = {nullptr, nullptr};
+};
+
+inline ncclDataType_t nccl_type_of_floatX() { return std::is_same_v<floatX, float> ? ncclFloat32 : ncclBfloat16; }
+
+// Builds the model for micro-batches of B x T on `dist`'s ranks with the given ZeRO stage, and the
+// optimizer state. Parameters must be set (gpt2_init_weights or loaded) before trainer_start.
+inline void trainer_build(Trainer& tr, const Distributed& dist, const GPT2Config& config, int B, int T, int zero_stage,
+                          const OptimizerConfig& opt) {
+    tr.dist = dist;
+    tr.opt = opt;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&tr.model.stream, cudaStreamNonBlocking));
+    gpt2_build(tr.model, config, B, T, dist.rank, dist.world_size, zero_stage);
+    tr.master = tr.model.memory.get<float>("master");
+    tr.adam_m = tr.model.memory.get<float>("adam_m");
+    tr.adam_v = tr.model.memory.get<float>("adam_v");
+    if (zero_stage == 2) tr.reduce_receive = tr.model.memory.get<floatX>("grad_reduce_receive");
+    for (cudaEvent_t& e : tr.layer_buffer_free) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+}
+
+// Copies this rank's range of the parameters into the FP32 master weights and clears the moments.
+// On several ranks the parameters must already agree (same seed, or the same checkpoint).
+inline void trainer_start(Trainer& tr) {
+    const ShardLayout& sh = tr.model.shard;
+    std::vector<floatX> params(sh.optimizer_size());
+    CUDA_CHECK(cudaMemcpy(params.data(), tr.model.params_memory + sh.optimizer_begin(), params.size() * sizeof(floatX),
+                          cudaMemcpyDeviceToHost));
+    std::vector<float> master(params.size());
+    for (size_t i = 0; i < params.size(); ++i) master[i] = to_float(params[i]);
+    CUDA_CHECK(cudaMemcpy(tr.master, master.data(), master.size() * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemset(tr.adam_m, 0, master.size() * sizeof(float)));
+    CUDA_CHECK(cudaMemset(tr.adam_v, 0, master.size() * sizeof(float)));
+    tr.step = 0;
+}
+
+inline void trainer_free(Trainer& tr) {
+    for (cudaEvent_t& e : tr.layer_buffer_free) CUDA_CHECK(cudaEventDestroy(e));
+    gpt2_free(tr.model);
+    CUDA_CHECK(cudaStreamDestroy(tr.model.stream));
+}
+
+// Reduces the gradients of the flat-buffer range [offset, offset + count), held on this rank at `local`,
+// on the communication stream. Averaging: every rank scaled its gradients by world_size / (valid
+// targets of the whole step), so the average is the gradient of the step's mean token loss.
+//  stage 0: all-reduce in place;
+//  stage 1: reduce each part to the rank whose shard holds it, in place (the owner's full buffer);
+//  stage 2: reduce each part into the owner's receive buffer, then add it to the owner's shard.
+inline void reduce_gradients(Trainer& tr, floatX* local, size_t offset, size_t count) {
+    const ShardLayout& sh = tr.model.shard;
+    const Distributed& d = tr.dist;
+    if (sh.zero_stage == 0) {
+        NCCL_CHECK(ncclAllReduce(local, local, count, nccl_type_of_floatX(), ncclAvg, d.nccl, d.comm_stream));
+        return;
+    }
+    struct Part {
+        size_t begin, end;  // in the flat buffer
+    };
+    std::vector<Part> mine;
+    NCCL_CHECK(ncclGroupStart());
+    for (int r = 0; r < sh.world_size; ++r) {
+        const size_t begin = std::max(offset, size_t(r) * sh.shard_size);
+        const size_t end = std::min(offset + count, size_t(r + 1) * sh.shard_size);
+        if (begin >= end) continue;
+        floatX* send = local + (begin - offset);
+        floatX* receive = sh.zero_stage == 1 ? send : tr.reduce_receive + (begin - size_t(r) * sh.shard_size);
+        NCCL_CHECK(ncclReduce(send, receive, end - begin, nccl_type_of_floatX(), ncclAvg, r, d.nccl, d.comm_stream));
+        if (r == sh.rank) mine.push_back({begin, end});
+    }
+    NCCL_CHECK(ncclGroupEnd());
+    if (sh.zero_stage == 2) {
+        for (const Part& p : mine) {
+            const size_t at = p.begin - sh.shard_begin();
+            accumulate(tr.model.grads_memory + at, tr.reduce_receive + at, p.end - p.begin, d.comm_stream);
+        }
+    }
+}
+
+// The gradients of layer l (or, for l = -1, of wte, wpe, lnfw, lnfb) are complete on the compute
+// stream: reduce them on the communication stream, after the compute stream's work so far.
+inline void reduce_layer_gradients(Trainer& tr, int l) {
+    GPT2& m = tr.model;
+    CUDA_CHECK(cudaEventRecord(tr.dist.compute_done, m.stream));
+    CUDA_CHECK(cudaStreamWaitEvent(tr.dist.comm_stream, tr.dist.compute_done, 0));
+    const int L = m.config.num_layers;
+    if (l >= 0) {
+        const LayerTensors dw = layer_grads(m, l);
+        floatX* const* local = &dw.ln1w;  // the 12 per-layer tensors, in flat-buffer order
+        int k = 0;
+        for (int i = 0; i < kNumParameterTensors; ++i) {
+            if (!is_layer_tensor(i)) continue;
+            const size_t per_layer = m.param_sizes[i] / L;
+            reduce_gradients(tr, local[k++], m.param_offsets[i] + size_t(l) * per_layer, per_layer);
+        }
+        if (m.shard.zero_stage == 2) CUDA_CHECK(cudaEventRecord(tr.layer_buffer_free[l % 2], tr.dist.comm_stream));
+    } else {
+        for (int i = 0; i < kNumParameterTensors; ++i)
+            if (!is_layer_tensor(i)) reduce_gradients(tr, m.grads.all()[i], m.param_offsets[i], m.param_sizes[i]);
+    }
+}
+
+// The global gradient norm over all ranks (each rank's part: everything under stage 0, since all
+// ranks then hold the same averaged gradients; its shard otherwise).
+inline float global_gradient_norm(Trainer& tr) {
+    GPT2& m = tr.model;
+    const ShardLayout& sh = m.shard;
+    float* norm = m.memory.get<float>("grad_norm");
+    const floatX* grads = sh.zero_stage == 0 ? m.grads_memory : sh.zero_stage == 1 ? m.grads_memory + sh.shard_begin()
+                                                                                    : m.grads_memory;
+    const size_t count = sh.zero_stage == 0 ? sh.num_parameters : sh.shard_size;
+    global_norm_squared(norm, grads, count, m.bwd.scratch, m.stream);
+    if (sh.zero_stage > 0) NCCL_CHECK(ncclAllReduce(norm, norm, 1, ncclFloat32, ncclSum, tr.dist.nccl, m.stream));
+    float norm_squared = 0;
+    CUDA_CHECK(cudaMemcpyAsync(&norm_squared, norm, sizeof(float), cudaMemcpyDeviceToHost, m.stream));
+    CUDA_CHECK(cudaStreamSynchronize(m.stream));
+    return std::sqrt(norm_squared);
+}
+
+// AdamW on this rank's range of each tensor (weight decay only where decays()), then, under ZeRO,
+// every rank gathers the updated parameters of all shards.
+inline void optimizer_update(Trainer& tr, float learning_rate, float grad_scale) {
+    GPT2& m = tr.model;
+    const ShardLayout& sh = m.shard;
+    ++tr.step;
+    const size_t lo = sh.optimizer_begin(), hi = lo + sh.optimizer_size();
+    for (int i = 0; i < kNumParameterTensors; ++i) {
+        const size_t begin = std::max(lo, m.param_offsets[i]), end = std::min(hi, m.param_offsets[i] + m.param_sizes[i]);
+        if (begin >= end) continue;
+        const AdamWHyper hyper{learning_rate, tr.opt.beta1, tr.opt.beta2, tr.opt.eps, decays(i) ? tr.opt.weight_decay : 0.0f};
+        const floatX* grads = sh.zero_stage == 2 ? m.grads_memory + (begin - sh.shard_begin()) : m.grads_memory + begin;
+        adamw_update(m.params_memory + begin, tr.master + (begin - lo), tr.adam_m + (begin - lo), tr.adam_v + (begin - lo),
+                     grads, end - begin, hyper, tr.step, grad_scale, tr.opt.seed, begin, m.stream);
+    }
+    if (sh.zero_stage > 0) {
+        NCCL_CHECK(ncclAllGather(m.params_memory + sh.shard_begin(), m.params_memory, sh.shard_size, nccl_type_of_floatX(),
+                                 tr.dist.nccl, m.stream));
+    }
+}
+
+struct StepResult {
+    double loss = 0;            // mean over the step's valid targets, all micro-steps and ranks
+    float grad_norm = 0;        // before clipping
+    long long valid_targets = 0;
+    bool updated = false;       // false: the step was skipped (no valid target, or a non-finite norm)
+};
+
+// One optimizer step over this rank's micro-batches (host arrays of B*T tokens each; every rank passes
+// the same number). The loss is the mean over all valid targets of the step: their count is summed
+// over micro-steps and ranks before any backward pass, so no mean of means is ever taken.
+inline StepResult train_step(Trainer& tr, const std::vector<const int*>& inputs, const std::vector<const int*>& targets,
+                             int B, int T, float learning_rate) {
+    GPT2& m = tr.model;
+    const ShardLayout& sh = m.shard;
+    long long local_valid = 0;
+    for (const int* t : targets)
+        for (int i = 0; i < B * T; ++i) local_valid += t[i] != -1;
+    StepResult result;
+    result.valid_targets = all_ranks_sum(tr.dist, local_valid);
+    if (result.valid_targets == 0) return result;
+    const float grad_scale = float(sh.world_size) / float(result.valid_targets);
+
+    gpt2_zero_grad(m);
+    double loss_sum = 0;
+    const size_t micro_steps = inputs.size();
+    for (size_t s = 0; s < micro_steps; ++s) {
+        loss_sum += gpt2_forward(m, inputs[s], targets[s], B, T, grad_scale);
+        // Stages 0-1 accumulate full gradients over the micro-steps and reduce after the last one;
+        // stage 2 keeps no full gradients, so it reduces after every micro-step.
+        const bool reduce = sh.zero_stage == 2 || s + 1 == micro_steps;
+        auto layer_done = [&](int l) { reduce_layer_gradients(tr, l); };
+        auto before_layer = [&](int l) {  // stage 2: the layer buffer must be reduced before it is reused
+            if (sh.zero_stage == 2 && l + 2 < m.config.num_layers)
+                CUDA_CHECK(cudaStreamWaitEvent(m.stream, tr.layer_buffer_free[l % 2], 0));
+        };
+        gpt2_backward(m, reduce ? std::function<void(int)>(layer_done) : std::function<void(int)>(), before_layer);
+        // The next micro-step overwrites buffers the reduction reads: wait for it.
+        CUDA_CHECK(cudaEventRecord(tr.dist.comm_done, tr.dist.comm_stream));
+        CUDA_CHECK(cudaStreamWaitEvent(m.stream, tr.dist.comm_done, 0));
+    }
+    result.loss = all_ranks_sum(tr.dist, loss_sum) / double(result.valid_targets);
+    result.grad_norm = global_gradient_norm(tr);
+    if (!std::isfinite(result.grad_norm)) {
+        std::fprintf(stderr, "train_step: gradient norm is %f; step skipped\n", result.grad_norm);
+        return result;
+    }
+    const float clip = tr.opt.grad_clip > 0 && result.grad_norm > tr.opt.grad_clip ? tr.opt.grad_clip / result.grad_norm : 1.0f;
+    optimizer_update(tr, learning_rate, clip);
+    CUDA_CHECK(cudaStreamSynchronize(m.stream));
+    result.updated = true;
+    return result;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 // moves the tensors on a communication stream of its own. Works without mpirun too (one rank).
 #pragma once
 
+#define OMPI_SKIP_MPICXX 1  // the deprecated MPI C++ bindings: unused, and noisy under -Wextra
 #include <mpi.h>
 #include <nccl.h>
 
@@ -31,6 +32,7 @@
     } while (0)
 
 struct Distributed {
+    MPI_Comm mpi = MPI_COMM_WORLD;  // the ranks of this run (token counts and losses are summed over it)
     int rank = 0, world_size = 1;
     int local_rank = 0, local_size = 1;  // among the ranks of this node
     ncclComm_t nccl = nullptr;
@@ -66,20 +68,45 @@ inline Distributed distributed_init(int* argc, char*** argv) {
     return d;
 }
 
-inline void distributed_finalize(Distributed& d) {
+// A one-rank "run" inside a larger one (tests compare a distributed run with a single-process run on
+// every rank). Every rank of `world` must call it together (communicator creation is collective).
+inline Distributed distributed_single(const Distributed& world) {
+    Distributed d;
+    d.mpi = MPI_COMM_SELF;
+    d.local_rank = world.local_rank;
+    ncclUniqueId id;
+    NCCL_CHECK(ncclGetUniqueId(&id));
+    NCCL_CHECK(ncclCommInitRank(&d.nccl, 1, id, 0));
+    CUDA_CHECK(cudaStreamCreate(&d.comm_stream));
+    CUDA_CHECK(cudaEventCreateWithFlags(&d.compute_done, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&d.comm_done, cudaEventDisableTiming));
+    return d;
+}
+
+// Releases the communicator, stream and events (not MPI: see distributed_finalize).
+inline void distributed_release(Distributed& d) {
     if (d.nccl) NCCL_CHECK(ncclCommDestroy(d.nccl));
     if (d.comm_stream) CUDA_CHECK(cudaStreamDestroy(d.comm_stream));
     if (d.compute_done) CUDA_CHECK(cudaEventDestroy(d.compute_done));
     if (d.comm_done) CUDA_CHECK(cudaEventDestroy(d.comm_done));
     d = Distributed{};
+}
+
+inline void distributed_finalize(Distributed& d) {
+    distributed_release(d);
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) MPI_Finalize();
 }
 
-// Sum of an int64 over all ranks (host side: token counts, known before the backward pass).
-inline long long all_ranks_sum(long long value) {
+// Sums over the run's ranks, on the host (token counts known before the backward pass, losses).
+inline long long all_ranks_sum(const Distributed& d, long long value) {
     long long total = 0;
-    MPI_CHECK(MPI_Allreduce(&value, &total, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD));
+    MPI_CHECK(MPI_Allreduce(&value, &total, 1, MPI_LONG_LONG, MPI_SUM, d.mpi));
+    return total;
+}
+inline double all_ranks_sum(const Distributed& d, double value) {
+    double total = 0;
+    MPI_CHECK(MPI_Allreduce(&value, &total, 1, MPI_DOUBLE, MPI_SUM, d.mpi));
     return total;
 }

@@ -204,15 +204,16 @@ inline void check_arguments(const char* launcher, int N, int C, int OC, std::ini
 
 // ---------------------------------------------------------------------------------------------
 
-inline void matmul_init() {
-    if (matmul_detail::handle != nullptr) return;
-    CUBLASLT_CHECK(cublasLtCreate(&matmul_detail::handle));
-    CUDA_CHECK(cudaMalloc(&matmul_detail::workspace, kMatmulWorkspaceBytes));
+// The caller owns the workspace (kMatmulWorkspaceBytes of device memory), so that the program's
+// memory plan accounts for it; matmul_destroy does not free it.
+inline void matmul_init(void* workspace) {
+    require_supported("matmul_init", workspace == nullptr ? "matmul: workspace is null" : "");
+    if (matmul_detail::handle == nullptr) CUBLASLT_CHECK(cublasLtCreate(&matmul_detail::handle));
+    matmul_detail::workspace = workspace;
 }
 
 inline void matmul_destroy() {
     if (matmul_detail::handle == nullptr) return;
-    CUDA_CHECK(cudaFree(matmul_detail::workspace));
     CUBLASLT_CHECK(cublasLtDestroy(matmul_detail::handle));
     matmul_detail::handle = nullptr;
     matmul_detail::workspace = nullptr;

@@ -79,13 +79,16 @@ double rounded_bound(double want, double fp32_bound) {
 
 struct MatmulLibrary {
     cudaStream_t stream;
+    void* workspace = nullptr;
     MatmulLibrary() {
-        matmul_init();
+        CUDA_CHECK(cudaMalloc(&workspace, kMatmulWorkspaceBytes));
+        matmul_init(workspace);
         CUDA_CHECK(cudaStreamCreate(&stream));
     }
     ~MatmulLibrary() {
         cudaStreamDestroy(stream);
         matmul_destroy();
+        cudaFree(workspace);
     }
 };
 

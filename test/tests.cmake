@@ -61,3 +61,19 @@ add_test(test_checkpoint ${TEST_BIN}/test_checkpoint)
 # Host modules of the training program: CLI + JSON config, LR and batch-size schedules, reporting.
 add_test(test_config ${TEST_BIN}/test_config)
 add_test(test_schedule ${TEST_BIN}/test_schedule)
+
+# The training step under mpirun (test_mpi_train.cu), both precisions: ranks, ZeRO stage and
+# micro-steps per rank. The issue's equivalences (same global batch): 1 rank; 1 rank x 4 micro-steps;
+# 2 ranks ZeRO-1; 4 ranks ZeRO-2 x 2 micro-steps; 3 ranks ZeRO-1 (shard padding). Masked targets
+# spread unevenly: 1 rank x 3 micro-steps and 3 ranks, both at stage 0 (full gradients to compare).
+foreach(config "1;0;1" "1;0;4" "2;1;1" "4;2;2" "3;1;1" "1;0;3" "3;0;1")
+  list(GET config 0 np)
+  list(GET config 1 zero)
+  list(GET config 2 accum)
+  foreach(suffix "" "_fp32")
+    set(name test_mpi_train${suffix}_np${np}_zero${zero}_accum${accum})
+    add_test(${name} ${MPIRUN} -np ${np} ${TEST_BIN}/test_mpi_train${suffix})
+    set_tests_properties(${name} PROPERTIES
+      ENVIRONMENT "TRAIN_ZERO=${zero};TRAIN_ACCUM=${accum};TRAIN_GPT_ROOT=${CMAKE_CURRENT_LIST_DIR}/..")
+  endforeach()
+endforeach()

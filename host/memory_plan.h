@@ -1,0 +1,105 @@
+// A memory plan: every device allocation of a rank, named and grouped, computed before anything is
+// allocated. The program allocates exactly the plan (PlannedMemory), and --dry-run prints it, so
+// what is printed is what gets allocated.
+#pragma once
+
+#include <cstdio>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "kernels/cuda_common.h"
+
+struct MemoryItem {
+    std::string name;
+    std::string group;  // params, grads, master, adam_m, adam_v, activations, workspace, communication
+    size_t bytes;
+};
+
+struct MemoryPlan {
+    std::vector<MemoryItem> items;
+
+    void add(const std::string& name, const std::string& group, size_t bytes) { items.push_back({name, group, bytes}); }
+
+    size_t total() const {
+        size_t sum = 0;
+        for (const MemoryItem& i : items) sum += i.bytes;
+        return sum;
+    }
+    size_t group_bytes(const std::string& group) const {
+        size_t sum = 0;
+        for (const MemoryItem& i : items)
+            if (i.group == group) sum += i.bytes;
+        return sum;
+    }
+    size_t bytes_of(const std::string& name) const {
+        for (const MemoryItem& i : items)
+            if (i.name == name) return i.bytes;
+        throw std::runtime_error("memory plan: no item '" + name + "'");
+    }
+    static const std::vector<std::string>& groups() {
+        static const std::vector<std::string> g = {"params", "grads",      "master",    "adam_m",
+                                                   "adam_v", "activations", "workspace", "communication"};
+        return g;
+    }
+
+    // One line per item, then the total of each group and the grand total, in bytes and GiB.
+    std::string table() const {
+        std::string out;
+        char line[256];
+        auto gib = [](size_t b) { return double(b) / double(size_t(1) << 30); };
+        std::snprintf(line, sizeof line, "%-28s %-14s %16s %10s\n", "item", "group", "bytes", "GiB");
+        out += line;
+        for (const MemoryItem& i : items) {
+            std::snprintf(line, sizeof line, "%-28s %-14s %16zu %10.4f\n", i.name.c_str(), i.group.c_str(), i.bytes,
+                          gib(i.bytes));
+            out += line;
+        }
+        out += "\n";
+        for (const std::string& g : groups()) {
+            std::snprintf(line, sizeof line, "%-28s %-14s %16zu %10.4f\n", ("total " + g).c_str(), "", group_bytes(g),
+                          gib(group_bytes(g)));
+            out += line;
+        }
+        std::snprintf(line, sizeof line, "%-28s %-14s %16zu %10.4f\n", "total", "", total(), gib(total()));
+        return out + line;
+    }
+
+    nlohmann::json bytes_json() const {
+        nlohmann::json j;
+        for (const std::string& g : groups()) j[g] = group_bytes(g);
+        j["total"] = total();
+        nlohmann::json items_json = nlohmann::json::object();
+        for (const MemoryItem& i : items) items_json[i.name] = i.bytes;
+        j["items"] = items_json;
+        return j;
+    }
+};
+
+// Allocates every item of a plan, one exact-size cudaMalloc each, and hands out pointers by name.
+class PlannedMemory {
+public:
+    void allocate(const MemoryPlan& plan) {
+        for (const MemoryItem& i : plan.items) {
+            void* p = nullptr;
+            if (i.bytes > 0) CUDA_CHECK(cudaMalloc(&p, i.bytes));
+            pointers_[i.name] = p;
+        }
+    }
+    void free_all() {
+        for (auto& [name, p] : pointers_) CUDA_CHECK(cudaFree(p));
+        pointers_.clear();
+    }
+    template <typename T> T* get(const std::string& name) const {
+        auto it = pointers_.find(name);
+        if (it == pointers_.end()) throw std::runtime_error("memory plan: nothing allocated for '" + name + "'");
+        return static_cast<T*>(it->second);
+    }
+    bool has(const std::string& name) const { return pointers_.count(name) != 0; }
+
+private:
+    std::map<std::string, void*> pointers_;
+};
