@@ -8,16 +8,27 @@
 // GPT-2 (Radford et al. 2019): learned position embeddings, pre-LayerNorm blocks, causal self-attention,
 // GELU (tanh), tied input/output embedding, biases everywhere.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "host/checkpoint.h"
+#include "host/config.h"
+#include "host/dataloader.h"
 #include "host/distributed.h"
 #include "host/memory_plan.h"
+#include "host/metrics.h"
 #include "host/rng.h"
+#include "host/schedule.h"
+#include "host/tokenizer.h"
 #include "kernels/adamw.cuh"
 #include "kernels/attention.cuh"
 #include "kernels/classifier.cuh"
@@ -815,36 +826,345 @@ inline StepResult train_step(Trainer& tr, const std::vector<const int*>& inputs,
 }
 
 // ---------------------------------------------------------------------------------------------
-// main: for now, a smoke run of the model (the optimizer and the training program come next).
+// The program: configuration, the model (a preset or an llm.c checkpoint), the memory plan
+// (--dry-run), the data, and the training loop with evaluation, sampling, checkpoints and reports.
+
+// A preset, or the configuration in an llm.c checkpoint's header (then *checkpoint is its path).
+inline GPT2Config model_config_of(const std::string& model, int T, std::string* checkpoint) {
+    GPT2Config c;
+    checkpoint->clear();
+    if (gpt2_preset(model, &c)) return c;
+    if (model == "tiny") return {std::max(T, 64), 50257, pad_vocab(50257), 2, 4, 64};   // tests and demos
+    if (model == "mini") return {std::max(T, 64), 50257, pad_vocab(50257), 4, 4, 128};  // `make train` on a CPU
+    const ModelHeader h = read_model_header(model);  // throws naming the file and field
+    *checkpoint = model;
+    return {h.max_seq_len, h.vocab_size, h.padded_vocab_size, h.num_layers, h.num_heads, h.channels};
+}
+
+inline ModelHeader header_of(const GPT2Config& c) {
+    return {std::is_same_v<floatX, float> ? 3 : 5, c.max_seq_len, c.vocab_size, c.num_layers, c.num_heads, c.channels,
+            c.padded_vocab_size};
+}
+
+// Loads llm.c checkpoint parameters (FP32 or BF16 file, whatever the build) into the model.
+inline void load_model_parameters(GPT2& m, const std::string& path) {
+    const ModelHeader h = read_model_header(path);
+    ModelHeader expected = header_of(m.config);
+    expected.version = h.version;  // either precision loads into either build
+    if (!(h == expected))
+        throw std::runtime_error("checkpoint '" + path + "': its model (L=" + std::to_string(h.num_layers) + " C=" +
+                                 std::to_string(h.channels) + " NH=" + std::to_string(h.num_heads) + " V=" +
+                                 std::to_string(h.vocab_size) + " maxT=" + std::to_string(h.max_seq_len) +
+                                 ") differs from the run's");
+    std::vector<floatX> params(m.num_parameters);
+    if (h.version == 3) {
+        std::vector<float> f(m.num_parameters);
+        read_model_parameters(path, h, f.data(), f.size());
+        for (size_t i = 0; i < f.size(); ++i) params[i] = from_float<floatX>(f[i]);
+    } else {
+        std::vector<__nv_bfloat16> b(m.num_parameters);
+        read_model_parameters(path, h, b.data(), b.size());
+        for (size_t i = 0; i < b.size(); ++i) params[i] = from_float<floatX>(__bfloat162float(b[i]));
+    }
+    CUDA_CHECK(cudaMemcpy(m.params_memory, params.data(), params.size() * sizeof(floatX), cudaMemcpyHostToDevice));
+}
+
+// The largest micro-batch whose plan fits in `bytes` (0 if none).
+inline int largest_fitting_batch(const GPT2Config& c, int T, const ShardLayout& shard, size_t bytes) {
+    int best = 0;
+    for (int b = 1; b <= 4096; b *= 2) {
+        if (gpt2_memory_plan(c, b, T, shard).total() > bytes) break;
+        best = b;
+    }
+    for (int step = best / 2; step >= 1; step /= 2)  // refine between best and 2*best
+        if (gpt2_memory_plan(c, best + step, T, shard).total() <= bytes) best += step;
+    return best;
+}
+
+// Mean loss over `batches` validation batches of every rank.
+inline double validation_loss(Trainer& tr, DataLoader& val, int batches, int B, int T) {
+    std::vector<int> inputs(size_t(B) * T), targets(size_t(B) * T);
+    val.reset();
+    double sum = 0;
+    long long valid = 0;
+    for (int i = 0; i < batches; ++i) {
+        val.next_batch(inputs.data(), targets.data());
+        sum += gpt2_forward(tr.model, inputs.data(), targets.data(), B, T, 0.0f);
+        valid += tr.model.valid_targets;
+    }
+    const long long total = all_ranks_sum(tr.dist, valid);
+    return total > 0 ? all_ranks_sum(tr.dist, sum) / double(total) : 0.0;
+}
+
+// Generates `count` tokens after an end-of-text token: temperature, then top-k, then a seeded draw.
+inline std::vector<int> sample_tokens(GPT2& m, int eot, int count, float temperature, int top_k, Rng& rng) {
+    std::vector<int> tokens = {eot};
+    const int V = m.config.vocab_size, Vp = m.config.padded_vocab_size;
+    std::vector<floatX> row(Vp);
+    for (int i = 0; i < count; ++i) {
+        const int window = std::min<int>(int(tokens.size()), m.max_tokens);
+        const int* context = tokens.data() + tokens.size() - window;
+        gpt2_forward(m, context, nullptr, 1, window, 0.0f);
+        CUDA_CHECK(cudaMemcpy(row.data(), m.acts.logits + size_t(window - 1) * Vp, Vp * sizeof(floatX),
+                              cudaMemcpyDeviceToHost));
+        std::vector<std::pair<float, int>> scored(V);
+        for (int v = 0; v < V; ++v) scored[v] = {to_float(row[v]) / std::max(temperature, 1e-6f), v};
+        if (top_k > 0 && top_k < V) {
+            std::partial_sort(scored.begin(), scored.begin() + top_k, scored.end(), std::greater<>());
+            scored.resize(top_k);
+        }
+        float max_logit = -INFINITY;
+        for (auto& [logit, v] : scored) max_logit = std::max(max_logit, logit);
+        double total = 0;
+        for (auto& [logit, v] : scored) total += std::exp(double(logit - max_logit));
+        double draw = rng.uniform() * total;
+        int next = scored.back().second;
+        for (auto& [logit, v] : scored) {
+            draw -= std::exp(double(logit - max_logit));
+            if (draw <= 0) {
+                next = v;
+                break;
+            }
+        }
+        tokens.push_back(next);
+    }
+    return std::vector<int>(tokens.begin() + 1, tokens.end());
+}
+
+// Writes the model (llm.c format, rank 0) and the training state (every rank its optimizer range).
+inline void save_checkpoint(Trainer& tr, const RunConfig& rc, int64_t step, const DataLoaderPosition& loader,
+                            uint64_t sample_rng) {
+    GPT2& m = tr.model;
+    const ShardLayout& sh = m.shard;
+    const std::string model_path = model_checkpoint_path(rc.output_dir, step);
+    const std::string state_path = state_checkpoint_path(rc.output_dir, step);
+    if (tr.dist.rank == 0) {
+        std::vector<floatX> params(m.num_parameters);
+        CUDA_CHECK(cudaMemcpy(params.data(), m.params_memory, params.size() * sizeof(floatX), cudaMemcpyDeviceToHost));
+        write_model_checkpoint(model_path, header_of(m.config), params.data(), params.size());
+        begin_state_file(state_path, TrainingState{step, m.num_parameters, {uint64_t(rc.seed), sample_rng, 0, 0},
+                                                   loader.epoch, loader.shard, loader.sample, to_json(rc).dump()});
+    }
+    MPI_CHECK(MPI_Barrier(tr.dist.mpi));
+    // Stage 0: every rank holds the same state; rank 0 writes it. Otherwise each rank its shard.
+    const size_t begin = sh.optimizer_begin();
+    const size_t count = std::min(sh.num_parameters, begin + sh.optimizer_size()) - std::min(sh.num_parameters, begin);
+    if ((sh.zero_stage > 0 || tr.dist.rank == 0) && count > 0) {
+        std::vector<float> master(count), adam_m(count), adam_v(count);
+        CUDA_CHECK(cudaMemcpy(master.data(), tr.master, count * sizeof(float), cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(adam_m.data(), tr.adam_m, count * sizeof(float), cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(adam_v.data(), tr.adam_v, count * sizeof(float), cudaMemcpyDeviceToHost));
+        write_state_range(state_path, m.num_parameters, begin, master.data(), adam_m.data(), adam_v.data(), count);
+    }
+    MPI_CHECK(MPI_Barrier(tr.dist.mpi));
+    if (tr.dist.rank == 0) {
+        finish_state_file(state_path);
+        remove_old_checkpoints(rc.output_dir, rc.keep_last);
+    }
+    MPI_CHECK(MPI_Barrier(tr.dist.mpi));
+}
+
+// Restores parameters, master weights, moments, step, data position and sampling RNG from the latest
+// complete checkpoint in the output directory (written by any number of ranks at any ZeRO stage).
+inline int64_t resume_checkpoint(Trainer& tr, const RunConfig& rc, DataLoader& loader, Rng& sample_rng) {
+    const std::optional<int64_t> latest = latest_complete_checkpoint(rc.output_dir);
+    if (!latest) throw std::runtime_error("--resume: no complete checkpoint in '" + rc.output_dir + "'");
+    GPT2& m = tr.model;
+    load_model_parameters(m, model_checkpoint_path(rc.output_dir, *latest));
+    const std::string state_path = state_checkpoint_path(rc.output_dir, *latest);
+    const TrainingState st = read_state_header(state_path);
+    if (st.num_parameters != m.num_parameters)
+        throw std::runtime_error("state '" + state_path + "': num_parameters differs from the model");
+    const ShardLayout& sh = m.shard;
+    const size_t begin = sh.optimizer_begin();
+    const size_t count = std::min(sh.num_parameters, begin + sh.optimizer_size()) - std::min(sh.num_parameters, begin);
+    std::vector<float> master(sh.optimizer_size(), 0.0f), adam_m(sh.optimizer_size(), 0.0f), adam_v(sh.optimizer_size(), 0.0f);
+    if (count > 0) read_state_range(state_path, st, begin, count, master.data(), adam_m.data(), adam_v.data());
+    CUDA_CHECK(cudaMemcpy(tr.master, master.data(), master.size() * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(tr.adam_m, adam_m.data(), adam_m.size() * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(tr.adam_v, adam_v.data(), adam_v.size() * sizeof(float), cudaMemcpyHostToDevice));
+    tr.step = int(st.step);
+    loader.seek({st.loader_epoch, st.loader_shard, st.loader_sample});
+    sample_rng.state = st.rng[1];
+    return st.step;
+}
+
+inline int run(const RunConfig& rc, Distributed& dist) {
+    const bool main_rank = dist.rank == 0;
+    const int world = planned_world_size(rc, dist.world_size);
+    std::string checkpoint;
+    const GPT2Config config = model_config_of(rc.model, rc.seq_len, &checkpoint);
+    if (const std::string problem = gpt2_check_config(config); !problem.empty()) throw std::runtime_error(problem);
+    size_t sizes[kNumParameterTensors], num_parameters = 0;
+    parameter_sizes(config, sizes);
+    for (size_t n : sizes) num_parameters += n;
+
+    // ---- the memory plan: --dry-run prints it; a run checks it against the device first ----
+    const ShardLayout shard = shard_layout(num_parameters, dist.rank % world, world, rc.zero_stage);
+    const MemoryPlan plan = gpt2_memory_plan(config, rc.batch_size, rc.seq_len, shard);
+    size_t free_bytes = 0, total_bytes = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    const size_t budget = rc.max_memory > 0 ? size_t(rc.max_memory * double(size_t(1) << 30)) : free_bytes;
+    if (rc.dry_run) {
+        if (!main_rank) return 0;
+        const int fits = largest_fitting_batch(config, rc.seq_len, shard, budget);
+        if (rc.json) {
+            nlohmann::json j = {{"parameters", num_parameters},
+                                {"world_size", world},
+                                {"zero_stage", rc.zero_stage},
+                                {"micro_batch", rc.batch_size},
+                                {"seq_len", rc.seq_len},
+                                {"precision", kPrecisionName},
+                                {"bytes", plan.bytes_json()},
+                                {"memory_budget_bytes", budget},
+                                {"largest_micro_batch", {{"none", fits}}}};
+            std::printf("%s\n", j.dump(2).c_str());
+        } else {
+            std::printf("memory plan per rank: %s, %zu parameters, B=%d T=%d, %d rank(s), ZeRO-%d, %s\n", rc.model.c_str(),
+                        num_parameters, rc.batch_size, rc.seq_len, world, rc.zero_stage, kPrecisionName);
+            std::printf("%s", plan.table().c_str());
+            std::printf("largest micro-batch within %.2f GiB: %d\n", double(budget) / double(size_t(1) << 30), fits);
+        }
+        return 0;
+    }
+    if (plan.total() > budget) {
+        if (main_rank) std::fprintf(stderr, "%s", plan.table().c_str());
+        throw std::runtime_error("the memory plan needs " + std::to_string(plan.total()) + " bytes per rank, more than the " +
+                                 std::to_string(budget) + " available (lower -b, raise -z, or add ranks)");
+    }
+
+    // ---- data, schedules ----
+    const int B = rc.batch_size, T = rc.seq_len;
+    const int64_t cap = total_batch_tokens_for(rc, world);
+    const BatchRamp ramp = rc.batch_ramp.empty() ? BatchRamp{} : parse_batch_ramp(rc.batch_ramp);
+    DataLoader train_loader(rc.train_data, B, T, dist.rank, dist.world_size, uint64_t(rc.seed), true);
+    std::optional<DataLoader> val_loader;
+    if (rc.val_every > 0) val_loader.emplace(rc.val_data, B, T, dist.rank, dist.world_size, uint64_t(rc.seed), false);
+    const int64_t total_steps = rc.max_steps > 0 ? rc.max_steps : steps_for_tokens(int64_t(train_loader.total_tokens()), ramp, cap);
+    const LrSchedule schedule = lr_schedule_of(rc);
+    std::optional<Tokenizer> tokenizer;
+    const std::string tokenizer_path = (std::filesystem::path(rc.train_data).parent_path() / "tokenizer.bin").string();
+    if (std::filesystem::exists(tokenizer_path)) tokenizer.emplace(tokenizer_path);
+
+    // ---- model and optimizer ----
+    Trainer tr;
+    OptimizerConfig opt;
+    opt.beta1 = float(rc.beta1);
+    opt.beta2 = float(rc.beta2);
+    opt.eps = float(rc.eps);
+    opt.weight_decay = float(rc.weight_decay);
+    opt.grad_clip = float(rc.grad_clip);
+    opt.seed = uint64_t(rc.seed);
+    trainer_build(tr, dist, config, B, T, rc.zero_stage, opt);
+    if (checkpoint.empty()) gpt2_init_weights(tr.model, uint64_t(rc.seed));
+    else load_model_parameters(tr.model, checkpoint);
+    trainer_start(tr);
+    Rng sample_rng(uint64_t(rc.seed) ^ 0x5A4D504C45ull);
+    int64_t step = 0;
+    if (rc.resume) step = resume_checkpoint(tr, rc, train_loader, sample_rng);
+    int64_t tokens_seen = 0;  // replayed, so a resumed run continues the batch ramp where it was
+    for (int64_t s = 0; s < step; ++s) tokens_seen += total_batch_tokens_at(tokens_seen, ramp, cap);
+
+    std::unique_ptr<MetricsWriter> metrics;
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    const double peak = peak_bf16_flops(prop.name);
+    if (main_rank) {
+        std::printf("train_gpt: %s on %s x %d, %s, %zu parameters, B=%d T=%d, %lld tokens/step, %lld steps%s\n",
+                    rc.model.c_str(), prop.name, dist.world_size, kPrecisionName, num_parameters, B, T, (long long)cap,
+                    (long long)total_steps, rc.resume ? (", resumed at step " + std::to_string(step)).c_str() : "");
+        if (!rc.output_dir.empty()) {
+            std::filesystem::create_directories(rc.output_dir);
+            std::ofstream(std::filesystem::path(rc.output_dir) / "config.json") << to_json(rc).dump(2) << "\n";
+            metrics = std::make_unique<MetricsWriter>(rc.output_dir);
+        }
+    }
+
+    // ---- the training loop ----
+    const double flops_token = flops_per_token(int64_t(num_parameters), config.num_layers, config.channels, T);
+    std::vector<std::vector<int>> inputs, targets;
+    double elapsed = 0;
+    int64_t steps_this_run = 0;
+    for (; step < total_steps; ++step) {
+        const int64_t batch_tokens = total_batch_tokens_at(tokens_seen, ramp, cap);
+        const int micro_steps = int(batch_tokens / (int64_t(B) * T * dist.world_size));
+        inputs.resize(micro_steps, std::vector<int>(size_t(B) * T));
+        targets.resize(micro_steps, std::vector<int>(size_t(B) * T));
+        std::vector<const int*> in_ptrs, tg_ptrs;
+        for (int i = 0; i < micro_steps; ++i) {
+            train_loader.next_batch(inputs[i].data(), targets[i].data());
+            in_ptrs.push_back(inputs[i].data());
+            tg_ptrs.push_back(targets[i].data());
+        }
+        const float lr = learning_rate(schedule, step, total_steps);
+        const auto t0 = std::chrono::steady_clock::now();
+        const StepResult r = train_step(tr, in_ptrs, tg_ptrs, B, T, lr);
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        tokens_seen += batch_tokens;
+        elapsed += seconds;
+        const int64_t done = step + 1;
+        if (main_rank && (done % rc.log_every == 0 || done == total_steps)) {
+            StepReport report;
+            report.step = done;
+            report.total_steps = total_steps;
+            report.loss = float(r.loss);
+            report.lr = lr;
+            report.grad_norm = r.grad_norm;
+            report.ms = seconds * 1000.0;
+            report.tokens_per_second = double(batch_tokens) / seconds;
+            report.mfu = model_flops_utilization(flops_token, report.tokens_per_second, peak, dist.world_size);
+            report.eta_seconds = elapsed / double(++steps_this_run) * double(total_steps - done);
+            report.batch_tokens = batch_tokens;
+            std::printf("%s\n", step_line(report).c_str());
+            std::fflush(stdout);
+            if (metrics) metrics->log_step(report);
+        }
+        if (val_loader && (done % rc.val_every == 0 || done == total_steps)) {
+            const double val = validation_loss(tr, *val_loader, rc.val_batches, B, T);
+            if (main_rank) {
+                std::printf("val loss %.4f\n", val);
+                if (metrics) metrics->log_val(done, float(val));
+            }
+        }
+        if (rc.sample_every > 0 && (done % rc.sample_every == 0 || done == total_steps) && main_rank) {
+            const std::vector<int> tokens = sample_tokens(tr.model, tokenizer ? tokenizer->eot_token() : 50256,
+                                                          std::min(rc.gen_tokens, T - 1), float(rc.temperature), rc.top_k,
+                                                          sample_rng);
+            std::string text;
+            if (tokenizer) text = tokenizer->decode(tokens);
+            else for (int t : tokens) text += std::to_string(t) + " ";
+            std::printf("sample: %s\n", text.c_str());
+            if (metrics) metrics->log_sample(done, text);
+        }
+        if (!rc.output_dir.empty() && rc.checkpoint_every > 0 && (done % rc.checkpoint_every == 0 || done == total_steps))
+            save_checkpoint(tr, rc, done, train_loader.position(), sample_rng.state);
+    }
+    trainer_free(tr);
+    return 0;
+}
 
 #ifndef TRAIN_GPT_NO_MAIN
 int main(int argc, char** argv) {
-    cudaDeviceProp prop;
-    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-    std::printf("train_gpt: device %s, precision %s\n", prop.name, kPrecisionName);
-    GPT2Config config{64, 512, pad_vocab(512), 2, 4, 64};  // a small GPT-2 for the smoke run
-    if (argc > 1 && !gpt2_preset(argv[1], &config)) {
-        std::fprintf(stderr, "train_gpt: unknown model '%s' (presets: d12, d24, d36, d48)\n", argv[1]);
+    RunConfig rc;
+    try {
+        rc = parse_config(argc, argv);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "train_gpt: %s\n", e.what());
         return EXIT_FAILURE;
     }
-    const int B = 2, T = std::min(64, config.max_seq_len);
-    GPT2 model;
-    gpt2_build(model, config, B, T);
-    gpt2_init_weights(model, 1337);
-    std::printf("model: L=%d C=%d NH=%d V=%d (padded %d) maxT=%d: %zu parameters\n", config.num_layers,
-                config.channels, config.num_heads, config.vocab_size, config.padded_vocab_size, config.max_seq_len,
-                model.num_parameters);
-    std::vector<int> tokens(B * T + 1);
-    Rng rng(42);
-    for (int& t : tokens) t = int(rng.next_u64() % uint64_t(config.vocab_size));
-    gpt2_zero_grad(model);
-    double loss_sum = gpt2_forward(model, tokens.data(), tokens.data() + 1, B, T, 1.0f / float(B * T));
-    gpt2_backward(model);
-    CUDA_CHECK(cudaDeviceSynchronize());
-    std::printf("forward + backward on random tokens: loss %.4f (ln V = %.4f)\n", loss_sum / (B * T),
-                std::log(double(config.vocab_size)));
-    std::printf("train_gpt: the optimizer and training program land with the next issues\n");
-    gpt2_free(model);
-    return 0;
+    if (rc.help) {
+        std::printf("%s", help_text().c_str());
+        return EXIT_SUCCESS;
+    }
+    Distributed dist = distributed_init(&argc, &argv);
+    int status = EXIT_SUCCESS;
+    try {
+        status = run(rc, dist);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "train_gpt: %s\n", e.what());
+        MPI_Abort(MPI_COMM_WORLD, EXIT_FAILURE);
+    }
+    distributed_finalize(dist);
+    return status;
 }
 #endif

@@ -77,3 +77,12 @@ foreach(config "1;0;1" "1;0;4" "2;1;1" "4;2;2" "3;1;1" "1;0;3" "3;0;1")
       ENVIRONMENT "TRAIN_ZERO=${zero};TRAIN_ACCUM=${accum};TRAIN_GPT_ROOT=${CMAKE_CURRENT_LIST_DIR}/..")
   endforeach()
 endforeach()
+
+# Resume through the program: bitwise equal to an uninterrupted run, and on a different rank count.
+if(GPU)
+  set(train_binary ${TEST_BIN}/train_gpt)
+else()
+  set(train_binary ${TEST_BIN}/train_gpt_cpu)
+endif()
+string(REPLACE ";" " " mpirun_line "${MPIRUN}")
+add_test(test_resume ${CMAKE_CURRENT_LIST_DIR}/test_resume.sh ${train_binary} "${mpirun_line}")

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Resume, through the real program: (1) 6 steps in one go equal 3 steps, stop, resume, 3 more, byte
+# for byte (model and training state); (2) resuming those 3 steps on 2 ranks with ZeRO-1 (same global
+# batch: -d covers two micro-batches) continues the same run: its losses stay within 1e-3 of the
+# single-rank run's. Usage: test_resume.sh TRAIN_GPT_CPU "MPIRUN..."
+set -euo pipefail
+bin=$1
+mpirun=${2:-mpirun --allow-run-as-root --oversubscribe}
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+
+# Two small token shards of random GPT-2 token ids (llm.c's format: 256 int32 header, uint16 tokens).
+python3 - "$dir" <<'PY'
+import random, struct, sys
+random.seed(5)
+for name, n in (("train_000000.bin", 20000), ("train_000001.bin", 15000), ("val_000000.bin", 5000)):
+    with open(f"{sys.argv[1]}/{name}", "wb") as f:
+        f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
+        f.write(struct.pack(f"<{n}H", *[random.randrange(50257) for _ in range(n)]))
+PY
+common=(-e tiny -b 2 -t 32 -d 128 -k constant -l 1e-3 -c 0.1 -v 0 -s 0 -i "$dir/train_*.bin" -j "$dir/val_*.bin" -n 3)
+
+"$bin" "${common[@]}" -x 6 -o "$dir/straight" > "$dir/straight.log"
+"$bin" "${common[@]}" -x 3 -o "$dir/resumed" > "$dir/first.log"
+"$bin" "${common[@]}" -x 6 -o "$dir/resumed" -y > "$dir/second.log"
+cmp "$dir/straight/model_00000006.bin" "$dir/resumed/model_00000006.bin" ||
+  { echo "resume: the model differs from the uninterrupted run"; exit 1; }
+# The state: everything but the run's metadata (its config JSON names the output dir and -y) must
+# be equal: step, RNG, data position, and the master weights and moments byte for byte. Header
+# slots (uint64, host/checkpoint.h StateSlot): 3 step, 5-8 rng, 9-11 loader, 14-16 array offsets.
+python3 - "$dir/straight/state_00000006.bin" "$dir/resumed/state_00000006.bin" <<'PY'
+import struct, sys
+def content(path):
+    data = open(path, "rb").read()
+    slot = struct.unpack_from("<256Q", data)
+    master, m, v, end = slot[14], slot[15], slot[16], slot[17]
+    return slot[3:12], data[master:end]
+a, b = content(sys.argv[1]), content(sys.argv[2])
+assert a[0] == b[0], f"resume: step/rng/loader differ: {a[0]} vs {b[0]}"
+assert a[1] == b[1], "resume: master weights or moments differ from the uninterrupted run"
+PY
+echo "resume: 3 + 3 steps equal 6 steps byte for byte (model; state's step, RNG, data position, master, moments)"
+
+# The same checkpoint at step 3, resumed on 2 ranks at ZeRO-1.
+mkdir -p "$dir/ranks2"
+cp "$dir/resumed/"*00000003* "$dir/ranks2/"
+$mpirun -np 2 "$bin" "${common[@]}" -x 6 -z 1 -o "$dir/ranks2" -y > "$dir/ranks2.log"
+python3 - "$dir" <<'PY'
+import json, sys
+def losses(path):
+    return {r["step"]: r["loss"] for r in map(json.loads, open(path)) if "loss" in r}
+one, two = losses(f"{sys.argv[1]}/straight/metrics.jsonl"), losses(f"{sys.argv[1]}/ranks2/metrics.jsonl")
+for step in (4, 5, 6):
+    diff = abs(one[step] - two[step])
+    print(f"resume on 2 ranks, step {step}: loss {two[step]:.5f} vs {one[step]:.5f} on 1 rank (|diff| {diff:.1e})")
+    # The ranks sum the batch in another order, so BF16 results differ slightly: measured 4e-5.
+    # This is a smoke test of resuming on another rank count and stage (the state is read back
+    # unsharded); random tokens keep the loss near ln V, so the byte-for-byte check above is the
+    # one that pins the data position and optimizer state.
+    assert diff < 1e-3, f"step {step}: resumed on 2 ranks, loss differs by {diff}"
+PY
