@@ -9,6 +9,11 @@
 #   make train           set up, prepare the Shakespeare data and train a small GPT-2 (~10 min on 2 cores)
 # PRECISION=FP32 builds FP32 parameters/activations instead of BF16.
 
+# Build with every core unless the caller chose (-j / MAKEFLAGS): the test suite is ~30 binaries.
+ifeq ($(filter -j%,$(MAKEFLAGS)),)
+MAKEFLAGS += -j$(shell nproc)
+endif
+
 CXX      ?= g++
 NVCC     ?= nvcc
 CUDA_HOME ?= /usr/local/cuda

@@ -64,41 +64,36 @@ template <typename T> __device__ inline void store128cs(T* p, const Packed128<T>
 // ---------------------------------------------------------------------------------------------
 // Reductions. The order of additions is fixed by the code, so results are deterministic.
 
-__device__ inline float warp_sum(float v) {
-    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+struct AddOp {
+    __device__ float operator()(float a, float b) const { return a + b; }
+};
+struct MaxOp {
+    __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+// Butterfly reduction over the 32 lanes of a warp; every lane gets the result.
+template <typename Op> __device__ inline float warp_reduce(float v, Op op) {
+    for (int offset = 16; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
     return v;
 }
+__device__ inline float warp_sum(float v) { return warp_reduce(v, AddOp{}); }
+__device__ inline float warp_max(float v) { return warp_reduce(v, MaxOp{}); }
 
-__device__ inline float warp_max(float v) {
-    for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-    return v;
-}
-
-// Sum over the block, returned to every thread. blockDim.x must be a multiple of 32 (at most
+// Reduction over the block, returned to every thread. blockDim.x must be a multiple of 32 (at most
 // 1024); `scratch` is 32 floats of shared memory, free again when this returns.
-__device__ inline float block_sum(float v, float* scratch) {
+template <typename Op> __device__ inline float block_reduce(float v, float* scratch, float identity, Op op) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
-    v = warp_sum(v);
+    v = warp_reduce(v, op);
     if (lane == 0) scratch[warp] = v;
     __syncthreads();
-    v = lane < nwarps ? scratch[lane] : 0.0f;
-    v = warp_sum(v);
+    v = lane < nwarps ? scratch[lane] : identity;
+    v = warp_reduce(v, op);
     __syncthreads();  // scratch may be reused right after
     return v;
 }
-
-// Max over the block, returned to every thread; same contract as block_sum (added for the
-// classifier's softmax).
-__device__ inline float block_max(float v, float* scratch) {
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
-    v = warp_max(v);
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    v = lane < nwarps ? scratch[lane] : -INFINITY;
-    v = warp_max(v);
-    __syncthreads();  // scratch may be reused right after
-    return v;
-}
+__device__ inline float block_sum(float v, float* scratch) { return block_reduce(v, scratch, 0.0f, AddOp{}); }
+// (the classifier's softmax)
+__device__ inline float block_max(float v, float* scratch) { return block_reduce(v, scratch, -INFINITY, MaxOp{}); }
 
 // ---------------------------------------------------------------------------------------------
 // Launcher input checks. A launcher that gets sizes its kernels do not support (the message of

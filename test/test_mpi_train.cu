@@ -8,39 +8,12 @@
 #include "../train_gpt.cu"
 
 #define CATCH_CONFIG_RUNNER
-#include "test/fixture.h"
-#include "test_util.h"
+#include "model_test_util.h"
 
 namespace {
 
-constexpr bool kFP32 = std::is_same_v<floatX, float>;
 Distributed world;
 int zero_stage = 0, accumulation = 1;
-
-std::vector<float> download_as_float(const floatX* device, size_t count) {
-    std::vector<floatX> raw(count);
-    CUDA_CHECK(cudaMemcpy(raw.data(), device, count * sizeof(floatX), cudaMemcpyDeviceToHost));
-    std::vector<float> out(count);
-    for (size_t i = 0; i < count; ++i) out[i] = to_float(raw[i]);
-    return out;
-}
-
-double scaled_error(const float* got, const float* ref, size_t n) {
-    double max_err = 0, max_ref = 0;
-    for (size_t i = 0; i < n; ++i) {
-        max_err = std::max(max_err, std::fabs(double(got[i]) - ref[i]));
-        max_ref = std::max(max_ref, std::fabs(double(ref[i])));
-    }
-    return max_ref > 0 ? max_err / max_ref : max_err;
-}
-
-void load_parameters(GPT2& model, const Fixture& fx, const std::string& prefix = "") {
-    std::vector<floatX> host;
-    for (int i = 0; i < kNumParameterTensors; ++i)
-        for (float v : fx.at(prefix + kParameterNames[i]).f32) host.push_back(from_float<floatX>(v));
-    REQUIRE(host.size() == model.num_parameters);
-    CUDA_CHECK(cudaMemcpy(model.params_memory, host.data(), host.size() * sizeof(floatX), cudaMemcpyHostToDevice));
-}
 
 OptimizerConfig optimizer_of(const Fixture& fx) {
     const nlohmann::json& a = fx.meta.at("adamw");
@@ -53,8 +26,6 @@ OptimizerConfig optimizer_of(const Fixture& fx) {
     o.seed = 42;
     return o;
 }
-
-GPT2Config config_of(const FixtureConfig& f) { return {f.maxT, f.V, f.Vp, f.L, f.NH, f.C}; }
 
 // A global batch of `sequences` x T split over ranks and micro-steps: rank r takes a contiguous block
 // of sequences, cut into `accumulation` micro-batches.
