@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Launches train_gpt for a GPT-2 reproduction and restarts it with --resume until it completes, so a
+# crashed or preempted run continues from its latest complete checkpoint.
+#   scripts/run_gpt2.sh OUT_DIR [train_gpt flags...]
+# Environment:
+#   NGPU        ranks on this node (default: all GPUs nvidia-smi lists)
+#   HOSTFILE    an mpirun hostfile for several nodes (then NGPU is the total rank count)
+#   LAUNCHER    "mpirun" (default) or "srun" (inside a Slurm allocation: one task per GPU)
+#   TRAIN_GPT   the binary (default ./train_gpt)
+#   MAX_TRIES   restarts before giving up (default 100)
+# Data: FineWeb-style llm.c token shards (magic 20240520), prepared with llm.c's data scripts on a
+# machine that has the data; set TRAIN_DATA / VAL_DATA globs (defaults below).
+set -euo pipefail
+out=${1:?usage: run_gpt2.sh OUT_DIR [train_gpt flags...]}
+shift
+binary=${TRAIN_GPT:-./train_gpt}
+ngpu=${NGPU:-$(nvidia-smi -L 2>/dev/null | wc -l)}
+[ "$ngpu" -ge 1 ] || { echo "run_gpt2.sh: no GPU found; set NGPU" >&2; exit 1; }
+train=${TRAIN_DATA:-data/fineweb10B/fineweb_train_*.bin}
+val=${VAL_DATA:-data/fineweb10B/fineweb_val_*.bin}
+case ${LAUNCHER:-mpirun} in
+  mpirun) launch=(mpirun -np "$ngpu" ${HOSTFILE:+--hostfile "$HOSTFILE"} --bind-to none) ;;
+  srun) launch=(srun --ntasks="$ngpu" --gpus-per-task=1 --cpu-bind=none) ;;
+  *) echo "run_gpt2.sh: LAUNCHER must be mpirun or srun" >&2; exit 1 ;;
+esac
+mkdir -p "$out"
+resume=()
+for try in $(seq 1 "${MAX_TRIES:-100}"); do
+  # Resume whenever a complete checkpoint exists (train_gpt picks the latest one with its marker).
+  if ls "$out"/state_*.bin.done >/dev/null 2>&1; then resume=(-y); fi
+  if "${launch[@]}" "$binary" -i "$train" -j "$val" -o "$out" "${resume[@]}" "$@"; then
+    echo "run_gpt2.sh: finished ($out)"
+    exit 0
+  fi
+  echo "run_gpt2.sh: attempt $try failed; restarting from the latest checkpoint in 30 s" >&2
+  sleep 30
+done
+echo "run_gpt2.sh: giving up after ${MAX_TRIES:-100} attempts" >&2
+exit 1

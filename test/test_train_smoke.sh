@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# 20 training steps of a tiny GPT-2 on a small repetitive corpus: the loss must fall (by at least
+# a third), and the program's outputs must be there (config.json, metrics.jsonl with 20 steps).
+# Usage: test_train_smoke.sh TRAIN_BINARY
+set -euo pipefail
+bin=$1
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+# A token stream a model can learn fast: a 50-token sentence repeated, documents separated by EOT.
+python3 - "$dir" <<'PY'
+import struct, sys
+sentence = [464, 2068, 7586, 21831, 18045, 625, 262, 16931, 3290, 13] * 5
+tokens = ([50256] + sentence * 8) * 40
+for name in ("train_000000.bin", "val_000000.bin"):
+    with open(f"{sys.argv[1]}/{name}", "wb") as f:
+        f.write(struct.pack("<256i", 20240520, 1, len(tokens), *([0] * 253)))
+        f.write(struct.pack(f"<{len(tokens)}H", *tokens))
+PY
+"$bin" -e tiny -b 4 -t 32 -x 20 -l 3e-3 -u 2 -v 10 -m 2 -s 20 -g 8 -i "$dir/train_*.bin" -j "$dir/val_*.bin" \
+  -o "$dir/out" > "$dir/log"
+cat "$dir/log"
+python3 - "$dir/out" <<'PY'
+import json, sys
+records = [json.loads(line) for line in open(f"{sys.argv[1]}/metrics.jsonl")]
+losses = [r["loss"] for r in records if "loss" in r]
+vals = [r["val_loss"] for r in records if "val_loss" in r]
+assert len(losses) == 20, f"expected 20 step records, got {len(losses)}"
+assert losses[-1] < losses[0] * 2 / 3, f"the loss did not fall: {losses[0]:.3f} -> {losses[-1]:.3f}"
+assert len(vals) == 2 and vals[-1] < vals[0], f"the validation loss did not fall: {vals}"
+json.load(open(f"{sys.argv[1]}/config.json"))
+print(f"smoke: loss {losses[0]:.3f} -> {losses[-1]:.3f}, val {vals[0]:.3f} -> {vals[-1]:.3f}")
+PY
