@@ -125,12 +125,12 @@ $(CPU_DIR)/test_mpi_%: $(CPU_DIR)/test_mpi_%.o $(CPU_DIR)/libcuemu.a
 # CTest reads the suite from test/tests.cmake (shared with CMakeLists.txt).
 define ctest_file
 	@mkdir -p $(1)
-	@printf 'set(TEST_BIN %s)\nset(GPU %s)\nset(MPIRUN mpirun --allow-run-as-root --oversubscribe)\ninclude(%s/test/tests.cmake)\n' \
-	  "$(abspath $(1))" "$(2)" "$(CURDIR)" > $(1)/CTestTestfile.cmake
+	@printf 'set(TEST_BIN %s)\nset(GPU %s)\nset(ASAN %s)\nset(MPIRUN mpirun --allow-run-as-root --oversubscribe)\ninclude(%s/test/tests.cmake)\n' \
+	  "$(abspath $(1))" "$(2)" "$(3)" "$(CURDIR)" > $(1)/CTestTestfile.cmake
 endef
 
 test: deps-if-missing $(addprefix $(CPU_DIR)/,$(ALL_TEST_NAMES)) $(CPU_DIR)/train_gpt_cpu
-	$(call ctest_file,$(CPU_DIR),OFF)
+	$(call ctest_file,$(CPU_DIR),OFF,OFF)
 	ctest --test-dir $(CPU_DIR) --output-on-failure -j2
 ifeq ($(HAVE_NVCC),yes)
 	$(MAKE) --no-print-directory train_gpt
@@ -168,7 +168,7 @@ $(GPU_DIR)/test_%: $(GPU_DIR)/test_%.o $(GPU_DIR)/catch_main.o
 	$(NVCC) $< $(if $(filter mpi_%,$*),,$(GPU_DIR)/catch_main.o) $(GPU_LDLIBS) -o $@
 
 test-gpu: deps-if-missing $(addprefix $(GPU_DIR)/,$(GPU_TEST_NAMES)) $(GPU_DIR)/train_gpt
-	$(call ctest_file,$(GPU_DIR),ON)
+	$(call ctest_file,$(GPU_DIR),ON,OFF)
 	ctest --test-dir $(GPU_DIR) --output-on-failure
 
 # ---------------------------------------------------------------------------------------------
@@ -199,7 +199,7 @@ $(ASAN_DIR)/train_gpt_cpu: train_gpt.cu $(ALL_HDR) $(patsubst emu/%.cpp,$(ASAN_D
 	$(CXX) $(ASAN_CXXFLAGS) -x c++ $< -x none $(patsubst emu/%.cpp,$(ASAN_DIR)/emu/%.o,$(EMU_SRC)) $(CPU_LDLIBS) -o $@
 
 test-asan: deps-if-missing $(addprefix $(ASAN_DIR)/,$(ALL_TEST_NAMES)) $(ASAN_DIR)/train_gpt_cpu
-	$(call ctest_file,$(ASAN_DIR),OFF)
+	$(call ctest_file,$(ASAN_DIR),OFF,ON)
 	ASAN_OPTIONS=detect_leaks=0 ctest --test-dir $(ASAN_DIR) --output-on-failure -j2
 
 # ---------------------------------------------------------------------------------------------
