@@ -991,6 +991,13 @@ inline int64_t resume_checkpoint(Trainer& tr, const RunConfig& rc, DataLoader& l
 
 inline int run(const RunConfig& rc, Distributed& dist) {
     const bool main_rank = dist.rank == 0;
+    // Accepted by the CLI, not built yet: refuse rather than silently ignore.
+    if (rc.recompute != "none")
+        throw std::runtime_error("-r/--recompute " + rc.recompute + ": activation recomputation is not implemented yet (use none)");
+    if (rc.attention != "simt")
+        throw std::runtime_error("--attention " + rc.attention + ": only the SIMT attention kernels exist so far (use simt)");
+    if (!rc.hellaswag.empty())
+        throw std::runtime_error("-h/--hellaswag " + rc.hellaswag + ": HellaSwag evaluation is not implemented yet");
     const int world = planned_world_size(rc, dist.world_size);
     std::string checkpoint;
     const GPT2Config config = model_config_of(rc.model, rc.seq_len, &checkpoint);
@@ -1162,7 +1169,8 @@ int main(int argc, char** argv) {
         status = run(rc, dist);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "train_gpt: %s\n", e.what());
-        MPI_Abort(MPI_COMM_WORLD, EXIT_FAILURE);
+        if (dist.world_size > 1) MPI_Abort(MPI_COMM_WORLD, EXIT_FAILURE);  // the other ranks may be waiting
+        status = EXIT_FAILURE;
     }
     distributed_finalize(dist);
     return status;
