@@ -16,22 +16,6 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-// A fresh directory under the system temp dir, removed afterwards.
-struct TempDir {
-    fs::path path;
-    TempDir() {
-        static int counter = 0;
-        path = fs::temp_directory_path() /
-               ("train_gpt_test_checkpoint_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-        fs::remove_all(path);
-        fs::create_directories(path);
-    }
-    ~TempDir() {
-        std::error_code ec;
-        fs::remove_all(path, ec);
-    }
-    std::string file(const std::string& name) const { return (path / name).string(); }
-};
 
 std::vector<char> read_bytes(const std::string& path) {
     std::ifstream in(path, std::ios::binary);

@@ -37,24 +37,6 @@ std::string error_of(const std::vector<std::string>& args) {
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 // A scratch folder under the system temp directory, removed afterwards.
-struct TempDir {
-    std::filesystem::path path;
-    TempDir() {
-        path = std::filesystem::temp_directory_path() /
-               ("train_gpt_test_config_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++));
-        std::filesystem::create_directories(path);
-    }
-    ~TempDir() { std::filesystem::remove_all(path); }
-    static int& counter() {
-        static int n = 0;
-        return n;
-    }
-    std::string write(const std::string& name, const std::string& text) const {
-        const std::string file = (path / name).string();
-        std::ofstream(file) << text;
-        return file;
-    }
-};
 
 }  // namespace
 

@@ -17,21 +17,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A fresh directory under the system temporary directory, removed with its contents.
-struct TempDir {
-    fs::path path;
-    TempDir() {
-        static int count = 0;
-        path = fs::temp_directory_path() / ("test_dataloader_" + std::to_string(getpid()) + "_" + std::to_string(count++));
-        fs::remove_all(path);
-        fs::create_directories(path);
-    }
-    ~TempDir() {
-        std::error_code ignored;
-        fs::remove_all(path, ignored);
-    }
-    std::string file(const std::string& name) const { return (path / name).string(); }
-};
 
 void write_bytes(const std::string& path, const std::string& bytes) {
     std::ofstream(path, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));

@@ -16,20 +16,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct TempDir {
-    fs::path path;
-    TempDir() {
-        static int count = 0;
-        path = fs::temp_directory_path() / ("test_tokenizer_" + std::to_string(getpid()) + "_" + std::to_string(count++));
-        fs::remove_all(path);
-        fs::create_directories(path);
-    }
-    ~TempDir() {
-        std::error_code ignored;
-        fs::remove_all(path, ignored);
-    }
-    std::string file(const std::string& name) const { return (path / name).string(); }
-};
 
 // A tokenizer file as llm.c writes it: 256 uint32 (magic, version, vocab size, EOT from version 2,
 // zeros), then per token a uint8 length and the bytes.

@@ -3,8 +3,11 @@
 #pragma once
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -40,3 +43,28 @@ inline std::string repo_root() {
     REQUIRE(std::filesystem::exists(root + "/dev/gpt2_reference.py"));
     return root;
 }
+
+// A fresh directory under the system temporary directory, removed with its contents.
+struct TempDir {
+    std::filesystem::path path;
+    TempDir() {
+        static int count = 0;
+        path = std::filesystem::temp_directory_path() /
+               ("train_gpt_test_" + std::to_string(::getpid()) + "_" + std::to_string(count++));
+        std::filesystem::remove_all(path);
+        std::filesystem::create_directories(path);
+    }
+    ~TempDir() {
+        std::error_code ignored;
+        std::filesystem::remove_all(path, ignored);
+    }
+    TempDir(const TempDir&) = delete;
+    TempDir& operator=(const TempDir&) = delete;
+    std::string file(const std::string& name) const { return (path / name).string(); }
+    // Writes `text` to the file `name` in the directory and returns its path.
+    std::string write(const std::string& name, const std::string& text) const {
+        const std::string p = file(name);
+        std::ofstream(p, std::ios::binary) << text;
+        return p;
+    }
+};
