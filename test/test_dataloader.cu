@@ -34,18 +34,6 @@ std::string shard_bytes(const std::vector<uint16_t>& tokens, int32_t magic = 202
     return bytes;
 }
 
-// The exception message of a call expected to throw std::runtime_error, checked to be one line.
-template <typename F> std::string error_of(F&& call) {
-    try {
-        call();
-    } catch (const std::runtime_error& error) {
-        const std::string message = error.what();
-        CHECK(message.find('\n') == std::string::npos);
-        return message;
-    }
-    FAIL("expected a std::runtime_error");
-    return "";
-}
 
 constexpr int T = 4;
 

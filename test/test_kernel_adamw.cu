@@ -61,9 +61,6 @@ Bf16Neighbours bf16_neighbours(float x) {
     return {float_from_bits(truncated), float_from_bits(truncated == bits ? bits : truncated + 0x10000u)};
 }
 
-template <typename T> bool bitwise_equal(const std::vector<T>& a, const std::vector<T>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
-}
 
 // Worst |got - want| / (kAdamWUnits 2^-24 scale) over all elements; must be <= 1.
 void check_adamw_close(const std::string& what, const std::vector<float>& got, const std::vector<double>& want,

@@ -119,7 +119,6 @@ void check(const Problem& p, const Result& r, bool write_dlogits) {
     CHECK(grad_failures == 0);
 }
 
-bool bitwise_equal(const void* a, const void* b, size_t bytes) { return std::memcmp(a, b, bytes) == 0; }
 
 }  // namespace
 
@@ -132,7 +131,7 @@ TEST_CASE("fused_classifier: write_dlogits false gives the losses and leaves the
     const Problem p = make_problem(111, 301, 384, 6.0f, 2);
     const Result r = run(p, false);
     check(p, r, false);
-    CHECK(bitwise_equal(r.logits.data(), p.logits.data(), p.logits.size() * sizeof(floatX)));
+    CHECK(bitwise_equal(r.logits, p.logits));
 }
 
 TEST_CASE("fused_classifier: logits of +-80 stay finite and accurate") {
@@ -161,8 +160,8 @@ TEST_CASE("fused_classifier: rows of many chunks per thread (online softmax resc
 TEST_CASE("fused_classifier is deterministic") {
     const Problem p = make_problem(111, 301, 384, 6.0f, 5);
     const Result a = run(p, true), b = run(p, true);
-    CHECK(bitwise_equal(a.losses.data(), b.losses.data(), a.losses.size() * sizeof(float)));
-    CHECK(bitwise_equal(a.logits.data(), b.logits.data(), a.logits.size() * sizeof(floatX)));
+    CHECK(bitwise_equal(a.losses, b.losses));
+    CHECK(bitwise_equal(a.logits, b.logits));
 }
 
 TEST_CASE("classifier_requirements rejects unsupported sizes") {

@@ -45,9 +45,6 @@ void check_close(const std::string& what, const std::vector<floatX>& got, const 
     CHECK(worst_ratio <= 1.0);
 }
 
-template <typename T> bool bitwise_equal(const std::vector<T>& a, const std::vector<T>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
-}
 
 // Gradient accumulation in double: grad[row,:] += dout[position,:] for every (row, position) pair,
 // with the rigorous FP32 bound of the kernel's float sum of k terms added to the initial value:

@@ -62,9 +62,6 @@ void check_close(const std::string& what, const std::vector<T>& got, const std::
     CHECK(worst_ratio <= 1.0);
 }
 
-template <typename T> bool bitwise_equal(const std::vector<T>& a, const std::vector<T>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
-}
 
 // ---- double references ----
 

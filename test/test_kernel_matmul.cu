@@ -44,10 +44,6 @@ std::vector<floatX> random_values(size_t n, float scale, std::mt19937& rng) {
 }
 double at(const std::vector<floatX>& v, size_t i) { return to_float(v[i]); }
 
-bool bitwise_equal(const std::vector<floatX>& a, const std::vector<floatX>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(floatX)) == 0;
-}
-
 // Counts elements off by more than their bound; reports the worst one.
 struct Comparison {
     explicit Comparison(std::string name) : what(std::move(name)) {}

@@ -40,18 +40,6 @@ std::string write(const TempDir& dir, const std::string& bytes) {
     return path;
 }
 
-// The exception message of a call expected to throw std::runtime_error, checked to be one line.
-template <typename F> std::string error_of(F&& call) {
-    try {
-        call();
-    } catch (const std::runtime_error& error) {
-        const std::string message = error.what();
-        CHECK(message.find('\n') == std::string::npos);
-        return message;
-    }
-    FAIL("expected a std::runtime_error");
-    return "";
-}
 
 // A small vocabulary: the euro sign U+20AC (E2 82 AC in UTF-8) split over two tokens, a NUL byte
 // (GPT-2 has a token per byte), a 255-byte token (the longest a uint8 length allows), EOT last.

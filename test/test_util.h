@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
+#include <stdexcept>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -68,3 +70,21 @@ struct TempDir {
         return p;
     }
 };
+
+// Same size and the same bytes (results that must be bitwise reproducible).
+template <typename T> bool bitwise_equal(const std::vector<T>& a, const std::vector<T>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+// The exception message of a call expected to throw std::runtime_error, checked to be one line.
+template <typename F> std::string error_of(F&& call) {
+    try {
+        call();
+    } catch (const std::runtime_error& error) {
+        const std::string message = error.what();
+        CHECK(message.find('\n') == std::string::npos);
+        return message;
+    }
+    FAIL("expected a std::runtime_error");
+    return "";
+}
