@@ -75,4 +75,17 @@ void launch(dim3 grid, dim3 block, size_t dynamic_smem, cudaStream_t stream, Arg
     }
 }
 
+// What one launch costs: floating-point operations and the bytes it must move to and from device
+// memory. Launchers state it so the roofline tool and the profiler can account for every launch.
+struct KernelCost {
+    double flops = 0;
+    double bytes = 0;
+};
+
+template <auto Kernel, typename... Args>
+void launch(const KernelCost& cost, dim3 grid, dim3 block, size_t dynamic_smem, cudaStream_t stream, Args&&... args) {
+    (void)cost;
+    launch<Kernel>(grid, block, dynamic_smem, stream, std::forward<Args>(args)...);
+}
+
 inline unsigned ceil_div(size_t a, size_t b) { return unsigned((a + b - 1) / b); }
