@@ -180,24 +180,50 @@ inline ShardLayout shard_layout(size_t num_parameters, int rank, int world_size,
 }
 
 // ---------------------------------------------------------------------------------------------
+// Activation recomputation (-r): what the forward pass keeps for backward, and what backward rebuilds.
+//  none:      every activation backward reads is kept, for all L layers.
+//  selective: the LayerNorm outputs ln1, ln2 and the MLP's hidden layer fch, fch_gelu (10 of the 16
+//             B*T*C-sized tensors a layer keeps) live in one layer's buffers (ln1 and ln2 share one);
+//             backward rebuilds them layer by layer: ln2 from residual2, fch and fch_gelu with the fc
+//             matmul (8*B*T*C^2 FLOPs), ln1 from the layer's input.
+//  full:      only each block's input (the residual stream) is kept for all layers; backward reruns
+//             the block's forward up to fch_gelu (LayerNorm, qkv matmul, attention, projection,
+//             residual + LayerNorm, fc matmul) into one layer's buffers, then ln1 once more when ln2
+//             has taken its buffer, and differentiates the block.
+// Recomputation reruns the very kernels of the forward pass on the very inputs, so activations, and
+// therefore gradients, are bitwise identical in all three modes.
+
+enum class Recompute { none, selective, full };
+
+inline const char* recompute_name(Recompute r) {
+    return r == Recompute::none ? "none" : r == Recompute::selective ? "selective" : "full";
+}
+inline Recompute recompute_of(const std::string& name) {
+    for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full})
+        if (name == recompute_name(r)) return r;
+    throw std::runtime_error("-r/--recompute must be one of none|selective|full, got '" + name + "'");
+}
+
+// ---------------------------------------------------------------------------------------------
 // Activations: what the forward pass keeps for the backward pass, for B sequences of T tokens.
-// Per-layer tensors are stored for all L layers, layer-major.
+// Per-layer tensors are stored layer-major for all L layers, or, when recomputed, for one layer
+// (see layer_activations()).
 
 struct ActivationTensors {
     floatX* encoded;    // (B, T, C) token + position embedding: the residual stream entering layer 0
-    floatX* ln1;        // (L, B, T, C)
+    floatX* ln1;        // (L, B, T, C); selective/full: one layer's (B, T, C), shared with ln2
     float* ln1_mean;    // (L, B, T)
     float* ln1_rstd;    // (L, B, T)
     floatX* qkv;        // (L, B, T, 3C)
     floatX* atty;       // (L, B, T, C) attention output, heads concatenated, before the projection
     float* att_lse;     // (L, B, NH, T) softmax logsumexp per query row (flash attention keeps only this)
     floatX* residual2;  // (L, B, T, C) residual stream after the attention branch
-    floatX* ln2;        // (L, B, T, C)
+    floatX* ln2;        // (L, B, T, C); selective/full: the ln1 buffer
     float* ln2_mean;    // (L, B, T)
     float* ln2_rstd;    // (L, B, T)
-    floatX* fch;        // (L, B, T, 4C) MLP hidden layer before GELU
-    floatX* fch_gelu;   // (L, B, T, 4C) after GELU
-    floatX* residual3;  // (L, B, T, C) residual stream after the MLP branch (the next layer's input)
+    floatX* fch;        // (L, B, T, 4C) MLP hidden layer before GELU; selective/full: one layer's
+    floatX* fch_gelu;   // (L, B, T, 4C) after GELU; selective/full: one layer's
+    floatX* residual3;  // (L, B, T, C) residual stream after the MLP branch (the next layer's input); always L
     floatX* lnf;        // (B, T, C) final LayerNorm
     float* lnf_mean;    // (B, T)
     float* lnf_rstd;    // (B, T)
@@ -221,6 +247,7 @@ struct GPT2 {
     size_t param_offsets[kNumParameterTensors]{};
     size_t num_parameters = 0;
     ShardLayout shard{};
+    Recompute recompute = Recompute::none;
     MemoryPlan plan;
     PlannedMemory memory;
     ParameterTensors params{};
@@ -247,9 +274,20 @@ struct GPT2 {
 
 // ---------------------------------------------------------------------------------------------
 // Memory plan: every device allocation of a rank, from the model configuration, the micro-batch
-// B x T, the sharding and the precision. gpt2_build allocates exactly this; --dry-run prints it.
+// B x T, the sharding, the recompute mode and the precision. gpt2_build allocates exactly this;
+// --dry-run prints it.
 
-inline MemoryPlan gpt2_memory_plan(const GPT2Config& c, int B, int T, const ShardLayout& shard) {
+// Layers whose copy of a per-layer activation is kept: all of them, or one when it is recomputed.
+struct KeptLayers {
+    size_t ln, mlp, attention;  // ln1/ln2; fch/fch_gelu; everything else but residual3 (always L)
+};
+inline KeptLayers kept_layers(int L, Recompute r) {
+    const size_t all = size_t(L);
+    return {r == Recompute::none ? all : 1, r == Recompute::none ? all : 1, r == Recompute::full ? 1 : all};
+}
+
+inline MemoryPlan gpt2_memory_plan(const GPT2Config& c, int B, int T, const ShardLayout& shard,
+                                   Recompute recompute = Recompute::none) {
     MemoryPlan plan;
     const size_t X = sizeof(floatX), F = sizeof(float), I = sizeof(int);
     const size_t L = c.num_layers, C = c.channels, NH = c.num_heads, BT = size_t(B) * T;
@@ -272,20 +310,25 @@ inline MemoryPlan gpt2_memory_plan(const GPT2Config& c, int B, int T, const Shar
     plan.add("adam_m", "adam_m", shard.optimizer_size() * F);
     plan.add("adam_v", "adam_v", shard.optimizer_size() * F);
 
-    // Forward activations kept for the backward pass (see ActivationTensors).
+    // Forward activations kept for the backward pass (see ActivationTensors), for the kept layers.
+    const KeptLayers kept = kept_layers(c.num_layers, recompute);
     plan.add("encoded", "activations", BT * C * X);
-    plan.add("ln1", "activations", L * BT * C * X);
-    plan.add("ln1_mean", "activations", L * BT * F);
-    plan.add("ln1_rstd", "activations", L * BT * F);
-    plan.add("qkv", "activations", L * BT * 3 * C * X);
-    plan.add("atty", "activations", L * BT * C * X);
-    plan.add("att_lse", "activations", L * BT * NH * F);
-    plan.add("residual2", "activations", L * BT * C * X);
-    plan.add("ln2", "activations", L * BT * C * X);
-    plan.add("ln2_mean", "activations", L * BT * F);
-    plan.add("ln2_rstd", "activations", L * BT * F);
-    plan.add("fch", "activations", L * BT * 4 * C * X);
-    plan.add("fch_gelu", "activations", L * BT * 4 * C * X);
+    if (recompute == Recompute::none) {
+        plan.add("ln1", "activations", L * BT * C * X);
+    } else {
+        plan.add("ln1_ln2", "activations", BT * C * X);  // one layer's, rebuilt in backward
+    }
+    plan.add("ln1_mean", "activations", kept.attention * BT * F);
+    plan.add("ln1_rstd", "activations", kept.attention * BT * F);
+    plan.add("qkv", "activations", kept.attention * BT * 3 * C * X);
+    plan.add("atty", "activations", kept.attention * BT * C * X);
+    plan.add("att_lse", "activations", kept.attention * BT * NH * F);
+    plan.add("residual2", "activations", kept.attention * BT * C * X);
+    if (recompute == Recompute::none) plan.add("ln2", "activations", L * BT * C * X);
+    plan.add("ln2_mean", "activations", kept.attention * BT * F);
+    plan.add("ln2_rstd", "activations", kept.attention * BT * F);
+    plan.add("fch", "activations", kept.mlp * BT * 4 * C * X);
+    plan.add("fch_gelu", "activations", kept.mlp * BT * 4 * C * X);
     plan.add("residual3", "activations", L * BT * C * X);
     plan.add("lnf", "activations", BT * C * X);
     plan.add("lnf_mean", "activations", BT * F);
@@ -316,7 +359,7 @@ inline MemoryPlan gpt2_memory_plan(const GPT2Config& c, int B, int T, const Shar
 // Allocates the plan for batches of up to B x T tokens on `shard` (default: one rank, no sharding).
 // Exits with a message naming the constraint when the configuration is not supported.
 inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int rank = 0, int world_size = 1,
-                       int zero_stage = 0) {
+                       int zero_stage = 0, Recompute recompute = Recompute::none) {
     std::string problem = gpt2_check_config(config);
     if (problem.empty() && (T < 1 || T > config.max_seq_len))
         problem = "model: sequence length T = " + std::to_string(T) + " must be in [1, max_seq_len = " +
@@ -336,7 +379,8 @@ inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int 
         model.num_parameters += model.param_sizes[i];
     }
     model.shard = shard_layout(model.num_parameters, rank, world_size, zero_stage);
-    model.plan = gpt2_memory_plan(config, B, T, model.shard);
+    model.recompute = recompute;
+    model.plan = gpt2_memory_plan(config, B, T, model.shard, recompute);
     model.memory.allocate(model.plan);
     const PlannedMemory& m = model.memory;
 
@@ -365,14 +409,14 @@ inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int 
 
     ActivationTensors& a = model.acts;
     a.encoded = m.get<floatX>("encoded");
-    a.ln1 = m.get<floatX>("ln1");
+    a.ln1 = m.get<floatX>(recompute == Recompute::none ? "ln1" : "ln1_ln2");
     a.ln1_mean = m.get<float>("ln1_mean");
     a.ln1_rstd = m.get<float>("ln1_rstd");
     a.qkv = m.get<floatX>("qkv");
     a.atty = m.get<floatX>("atty");
     a.att_lse = m.get<float>("att_lse");
     a.residual2 = m.get<floatX>("residual2");
-    a.ln2 = m.get<floatX>("ln2");
+    a.ln2 = recompute == Recompute::none ? m.get<floatX>("ln2") : a.ln1;
     a.ln2_mean = m.get<float>("ln2_mean");
     a.ln2_rstd = m.get<float>("ln2_rstd");
     a.fch = m.get<floatX>("fch");
@@ -432,6 +476,67 @@ inline void gpt2_init_weights(GPT2& model, uint64_t seed) {
     CUDA_CHECK(cudaMemcpy(model.params_memory, host.data(), host.size() * sizeof(floatX), cudaMemcpyHostToDevice));
 }
 
+// Layer l's activations for the current B x T: slices of the layer-major buffers, or the one-layer
+// buffers of what recomputation rebuilds.
+struct LayerActivations {
+    const floatX* input;  // the residual stream entering the layer: encoded, or layer l-1's residual3
+    floatX* ln1;
+    float* ln1_mean;
+    float* ln1_rstd;
+    floatX* qkv;
+    floatX* atty;
+    float* att_lse;
+    floatX* residual2;
+    floatX* ln2;
+    float* ln2_mean;
+    float* ln2_rstd;
+    floatX* fch;
+    floatX* fch_gelu;
+    floatX* residual3;
+};
+
+inline LayerActivations layer_activations(const GPT2& model, int l) {
+    const ActivationTensors& a = model.acts;
+    const size_t BT = size_t(model.B) * model.T, btc = BT * model.config.channels, NH = model.config.num_heads;
+    const KeptLayers kept = kept_layers(model.config.num_layers, model.recompute);
+    // The slice of layer l, or the single buffer when only one layer's copy is kept.
+    auto at = [l](size_t kept_layers, size_t per_layer) { return kept_layers == 1 ? 0 : size_t(l) * per_layer; };
+    LayerActivations r;
+    r.input = l == 0 ? a.encoded : a.residual3 + size_t(l - 1) * btc;
+    r.ln1 = a.ln1 + at(kept.ln, btc);
+    r.ln1_mean = a.ln1_mean + at(kept.attention, BT);
+    r.ln1_rstd = a.ln1_rstd + at(kept.attention, BT);
+    r.qkv = a.qkv + at(kept.attention, 3 * btc);
+    r.atty = a.atty + at(kept.attention, btc);
+    r.att_lse = a.att_lse + at(kept.attention, BT * NH);
+    r.residual2 = a.residual2 + at(kept.attention, btc);
+    r.ln2 = a.ln2 + at(kept.ln, btc);
+    r.ln2_mean = a.ln2_mean + at(kept.attention, BT);
+    r.ln2_rstd = a.ln2_rstd + at(kept.attention, BT);
+    r.fch = a.fch + at(kept.mlp, 4 * btc);
+    r.fch_gelu = a.fch_gelu + at(kept.mlp, 4 * btc);
+    r.residual3 = a.residual3 + size_t(l) * btc;
+    return r;
+}
+
+// Block l's forward from ln1 (already computed: by the previous block's fused residual + LayerNorm,
+// or by recomputation) up to the MLP's hidden layer: everything its backward pass reads.
+inline void block_forward_to_mlp(GPT2& model, int l, const LayerActivations& x) {
+    const GPT2Config& cfg = model.config;
+    const int B = model.B, T = model.T, BT = B * T, C = cfg.channels, NH = cfg.num_heads;
+    const LayerTensors w = layer_view(model.params, cfg, l);
+    floatX* branch = model.acts.branch;
+    cudaStream_t stream = model.stream;
+    // Attention branch: x + attproj(attention(ln1(x)))
+    matmul_forward(x.qkv, x.ln1, w.qkvw, w.qkvb, BT, C, 3 * C, stream);
+    attention_forward(x.atty, x.att_lse, x.qkv, B, T, C, NH, stream);
+    matmul_forward(branch, x.atty, w.attprojw, w.attprojb, BT, C, C, stream);
+    fused_residual_layernorm_forward(x.residual2, x.ln2, x.ln2_mean, x.ln2_rstd, x.input, branch, w.ln2w, w.ln2b, BT, C,
+                                     stream);
+    // MLP's first half: gelu(fc(ln2(x))), GELU fused into the matmul's epilogue (fch keeps its input)
+    matmul_forward(x.fch_gelu, x.ln2, w.fcw, w.fcb, BT, C, 4 * C, stream, x.fch);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Forward pass. targets may be null (inference: logits only). With targets, the per-token losses are
 // computed, and when grad_scale > 0 the classifier also leaves dlogits = grad_scale * dloss/dlogits in
@@ -447,7 +552,7 @@ inline double gpt2_forward(GPT2& model, const int* inputs_host, const int* targe
         std::exit(EXIT_FAILURE);
     }
     const GPT2Config& cfg = model.config;
-    const int L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads, V = cfg.vocab_size, Vp = cfg.padded_vocab_size;
+    const int L = cfg.num_layers, C = cfg.channels, V = cfg.vocab_size, Vp = cfg.padded_vocab_size;
     const int BT = B * T;
     for (int i = 0; i < BT; ++i) {
         if (inputs_host[i] < 0 || inputs_host[i] >= V) {
@@ -471,41 +576,26 @@ inline double gpt2_forward(GPT2& model, const int* inputs_host, const int* targe
 
     ParameterTensors& p = model.params;
     ActivationTensors& a = model.acts;
-    const size_t btc = size_t(BT) * C;
 
     // Embeddings, then the first LayerNorm; later LayerNorms are fused with the residual add before them.
     encoder_forward(a.encoded, model.inputs, p.wte, p.wpe, B, T, C, stream);
-    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.encoded, p.ln1w, p.ln1b, BT, C, stream);
+    const LayerActivations first = layer_activations(model, 0);
+    layernorm_forward(first.ln1, first.ln1_mean, first.ln1_rstd, a.encoded, p.ln1w, p.ln1b, BT, C, stream);
 
     for (int l = 0; l < L; ++l) {
         const LayerTensors w = layer_view(p, cfg, l);
-        const floatX* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * btc;
-        floatX* ln1 = a.ln1 + l * btc;
-        floatX* qkv = a.qkv + l * 3 * btc;
-        floatX* atty = a.atty + l * btc;
-        floatX* residual2 = a.residual2 + l * btc;
-        floatX* ln2 = a.ln2 + l * btc;
-        floatX* fch = a.fch + l * 4 * btc;
-        floatX* fch_gelu = a.fch_gelu + l * 4 * btc;
-        floatX* residual3 = a.residual3 + l * btc;
-
-        // Attention branch: x + attproj(attention(ln1(x)))
-        matmul_forward(qkv, ln1, w.qkvw, w.qkvb, BT, C, 3 * C, stream);
-        attention_forward(atty, a.att_lse + size_t(l) * BT * NH, qkv, B, T, C, NH, stream);
-        matmul_forward(a.branch, atty, w.attprojw, w.attprojb, BT, C, C, stream);
-        fused_residual_layernorm_forward(residual2, ln2, a.ln2_mean + size_t(l) * BT, a.ln2_rstd + size_t(l) * BT,
-                                         residual, a.branch, w.ln2w, w.ln2b, BT, C, stream);
-        // MLP branch: x + fcproj(gelu(fc(ln2(x)))), GELU fused into the first matmul's epilogue
-        matmul_forward(fch_gelu, ln2, w.fcw, w.fcb, BT, C, 4 * C, stream, fch);
-        matmul_forward(a.branch, fch_gelu, w.fcprojw, w.fcprojb, BT, 4 * C, C, stream);
+        const LayerActivations x = layer_activations(model, l);
+        block_forward_to_mlp(model, l, x);
+        // MLP branch's second half: x + fcproj(fch_gelu)
+        matmul_forward(a.branch, x.fch_gelu, w.fcprojw, w.fcprojb, BT, 4 * C, C, stream);
         // The residual add, fused with the next LayerNorm: the next layer's ln1, or the final one
         if (l + 1 < L) {
-            const LayerTensors next = layer_view(p, cfg, l + 1);
-            fused_residual_layernorm_forward(residual3, a.ln1 + (l + 1) * btc, a.ln1_mean + size_t(l + 1) * BT,
-                                             a.ln1_rstd + size_t(l + 1) * BT, residual2, a.branch, next.ln1w,
-                                             next.ln1b, BT, C, stream);
+            const LayerTensors next_w = layer_view(p, cfg, l + 1);
+            const LayerActivations next = layer_activations(model, l + 1);
+            fused_residual_layernorm_forward(x.residual3, next.ln1, next.ln1_mean, next.ln1_rstd, x.residual2, a.branch,
+                                             next_w.ln1w, next_w.ln1b, BT, C, stream);
         } else {
-            fused_residual_layernorm_forward(residual3, a.lnf, a.lnf_mean, a.lnf_rstd, residual2, a.branch, p.lnfw,
+            fused_residual_layernorm_forward(x.residual3, a.lnf, a.lnf_mean, a.lnf_rstd, x.residual2, a.branch, p.lnfw,
                                              p.lnfb, BT, C, stream);
         }
     }
@@ -586,28 +676,33 @@ inline void gpt2_backward(GPT2& model, const std::function<void(int)>& layer_don
         const LayerTensors w = layer_view(p, cfg, l), dw = layer_grads(model, l);
         if (model.shard.zero_stage == 2)
             CUDA_CHECK(cudaMemsetAsync(model.layer_grad_buffers[l % 2], 0, model.layer_grad_size * sizeof(floatX), stream));
-        const floatX* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * btc;
-        const float* ln1_mean = a.ln1_mean + size_t(l) * BT;
-        const float* ln1_rstd = a.ln1_rstd + size_t(l) * BT;
-        const float* ln2_mean = a.ln2_mean + size_t(l) * BT;
-        const float* ln2_rstd = a.ln2_rstd + size_t(l) * BT;
+        const LayerActivations x = layer_activations(model, l);
+        // Recompute what the forward pass did not keep, with the forward's kernels on the kept inputs.
+        // The LayerNorm statistics come out equal to the kept ones; selective mode need not store them.
+        if (model.recompute == Recompute::full) {
+            layernorm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, x.input, w.ln1w, w.ln1b, BT, C, stream);
+            block_forward_to_mlp(model, l, x);
+        } else if (model.recompute == Recompute::selective) {
+            layernorm_forward(x.ln2, nullptr, nullptr, x.residual2, w.ln2w, w.ln2b, BT, C, stream);
+            matmul_forward(x.fch_gelu, x.ln2, w.fcw, w.fcb, BT, C, 4 * C, stream, x.fch);
+        }
         // MLP branch. dresidual holds the gradient of residual3; the DGELU epilogue turns the gradient of
         // fch_gelu into the gradient of fch directly.
-        matmul_backward(b.dbuf_4c, dw.fcprojw, dw.fcprojb, b.scratch, b.dresidual, a.fch_gelu + l * 4 * btc, w.fcprojw,
-                        BT, 4 * C, C, stream, a.fch + l * 4 * btc);
-        matmul_backward(b.dbuf_c, dw.fcw, dw.fcb, b.scratch, b.dbuf_4c, a.ln2 + l * btc, w.fcw, BT, C, 4 * C, stream);
+        matmul_backward(b.dbuf_4c, dw.fcprojw, dw.fcprojb, b.scratch, b.dresidual, x.fch_gelu, w.fcprojw, BT, 4 * C, C,
+                        stream, x.fch);
+        matmul_backward(b.dbuf_c, dw.fcw, dw.fcb, b.scratch, b.dbuf_4c, x.ln2, w.fcw, BT, C, 4 * C, stream);
         // ln2's gradient joins the residual path: dresidual becomes the gradient of residual2.
-        layernorm_backward(b.dresidual, dw.ln2w, dw.ln2b, b.scratch, b.dbuf_c, a.residual2 + l * btc, w.ln2w, ln2_mean,
-                           ln2_rstd, BT, C, stream);
-        // Attention branch.
-        matmul_backward(b.dbuf_c, dw.attprojw, dw.attprojb, b.scratch, b.dresidual, a.atty + l * btc, w.attprojw, BT, C,
-                        C, stream);
-        attention_backward(b.dbuf_4c, b.scratch, b.dbuf_c, a.qkv + l * 3 * btc, a.atty + l * btc,
-                           a.att_lse + size_t(l) * BT * NH, B, T, C, NH, stream);
-        matmul_backward(b.dbuf_c, dw.qkvw, dw.qkvb, b.scratch, b.dbuf_4c, a.ln1 + l * btc, w.qkvw, BT, C, 3 * C, stream);
+        layernorm_backward(b.dresidual, dw.ln2w, dw.ln2b, b.scratch, b.dbuf_c, x.residual2, w.ln2w, x.ln2_mean,
+                           x.ln2_rstd, BT, C, stream);
+        // Attention branch. Recomputation rebuilds ln1 in the buffer ln2 took over (ln2 is no longer read).
+        matmul_backward(b.dbuf_c, dw.attprojw, dw.attprojb, b.scratch, b.dresidual, x.atty, w.attprojw, BT, C, C, stream);
+        attention_backward(b.dbuf_4c, b.scratch, b.dbuf_c, x.qkv, x.atty, x.att_lse, B, T, C, NH, stream);
+        if (model.recompute != Recompute::none)
+            layernorm_forward(x.ln1, nullptr, nullptr, x.input, w.ln1w, w.ln1b, BT, C, stream);
+        matmul_backward(b.dbuf_c, dw.qkvw, dw.qkvb, b.scratch, b.dbuf_4c, x.ln1, w.qkvw, BT, C, 3 * C, stream);
         // ln1's gradient joins too: dresidual becomes the gradient of this layer's input.
-        layernorm_backward(b.dresidual, dw.ln1w, dw.ln1b, b.scratch, b.dbuf_c, residual, w.ln1w, ln1_mean, ln1_rstd, BT,
-                           C, stream);
+        layernorm_backward(b.dresidual, dw.ln1w, dw.ln1b, b.scratch, b.dbuf_c, x.input, w.ln1w, x.ln1_mean, x.ln1_rstd,
+                           BT, C, stream);
         if (layer_done) layer_done(l);
     }
     // Embeddings: deterministic, grouped by token on the host.
@@ -642,11 +737,11 @@ inline ncclDataType_t nccl_type_of_floatX() { return std::is_same_v<floatX, floa
 // Builds the model for micro-batches of B x T on `dist`'s ranks with the given ZeRO stage, and the
 // optimizer state. Parameters must be set (gpt2_init_weights or loaded) before trainer_start.
 inline void trainer_build(Trainer& tr, const Distributed& dist, const GPT2Config& config, int B, int T, int zero_stage,
-                          const OptimizerConfig& opt) {
+                          const OptimizerConfig& opt, Recompute recompute = Recompute::none) {
     tr.dist = dist;
     tr.opt = opt;
     CUDA_CHECK(cudaStreamCreateWithFlags(&tr.model.stream, cudaStreamNonBlocking));
-    gpt2_build(tr.model, config, B, T, dist.rank, dist.world_size, zero_stage);
+    gpt2_build(tr.model, config, B, T, dist.rank, dist.world_size, zero_stage, recompute);
     tr.master = tr.model.memory.get<float>("master");
     tr.adam_m = tr.model.memory.get<float>("adam_m");
     tr.adam_v = tr.model.memory.get<float>("adam_v");
@@ -870,14 +965,15 @@ inline void load_model_parameters(GPT2& m, const std::string& path) {
 }
 
 // The largest micro-batch whose plan fits in `bytes` (0 if none).
-inline int largest_fitting_batch(const GPT2Config& c, int T, const ShardLayout& shard, size_t bytes) {
+inline int largest_fitting_batch(const GPT2Config& c, int T, const ShardLayout& shard, Recompute recompute,
+                                 size_t bytes) {
     int best = 0;
     for (int b = 1; b <= 4096; b *= 2) {
-        if (gpt2_memory_plan(c, b, T, shard).total() > bytes) break;
+        if (gpt2_memory_plan(c, b, T, shard, recompute).total() > bytes) break;
         best = b;
     }
     for (int step = best / 2; step >= 1; step /= 2)  // refine between best and 2*best
-        if (gpt2_memory_plan(c, best + step, T, shard).total() <= bytes) best += step;
+        if (gpt2_memory_plan(c, best + step, T, shard, recompute).total() <= bytes) best += step;
     return best;
 }
 
@@ -992,8 +1088,6 @@ inline int64_t resume_checkpoint(Trainer& tr, const RunConfig& rc, DataLoader& l
 inline int run(const RunConfig& rc, Distributed& dist) {
     const bool main_rank = dist.rank == 0;
     // Accepted by the CLI, not built yet: refuse rather than silently ignore.
-    if (rc.recompute != "none")
-        throw std::runtime_error("-r/--recompute " + rc.recompute + ": activation recomputation is not implemented yet (use none)");
     if (rc.attention != "simt")
         throw std::runtime_error("--attention " + rc.attention + ": only the SIMT attention kernels exist so far (use simt)");
     if (!rc.hellaswag.empty())
@@ -1008,29 +1102,36 @@ inline int run(const RunConfig& rc, Distributed& dist) {
 
     // ---- the memory plan: --dry-run prints it; a run checks it against the device first ----
     const ShardLayout shard = shard_layout(num_parameters, dist.rank % world, world, rc.zero_stage);
-    const MemoryPlan plan = gpt2_memory_plan(config, rc.batch_size, rc.seq_len, shard);
+    const Recompute recompute = recompute_of(rc.recompute);
+    const MemoryPlan plan = gpt2_memory_plan(config, rc.batch_size, rc.seq_len, shard, recompute);
     size_t free_bytes = 0, total_bytes = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
     const size_t budget = rc.max_memory > 0 ? size_t(rc.max_memory * double(size_t(1) << 30)) : free_bytes;
     if (rc.dry_run) {
         if (!main_rank) return 0;
-        const int fits = largest_fitting_batch(config, rc.seq_len, shard, budget);
+        nlohmann::json fits;  // per recompute mode
+        for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full})
+            fits[recompute_name(r)] = largest_fitting_batch(config, rc.seq_len, shard, r, budget);
         if (rc.json) {
             nlohmann::json j = {{"parameters", num_parameters},
                                 {"world_size", world},
                                 {"zero_stage", rc.zero_stage},
+                                {"recompute", rc.recompute},
                                 {"micro_batch", rc.batch_size},
                                 {"seq_len", rc.seq_len},
                                 {"precision", kPrecisionName},
                                 {"bytes", plan.bytes_json()},
                                 {"memory_budget_bytes", budget},
-                                {"largest_micro_batch", {{"none", fits}}}};
+                                {"largest_micro_batch", fits}};
             std::printf("%s\n", j.dump(2).c_str());
         } else {
-            std::printf("memory plan per rank: %s, %zu parameters, B=%d T=%d, %d rank(s), ZeRO-%d, %s\n", rc.model.c_str(),
-                        num_parameters, rc.batch_size, rc.seq_len, world, rc.zero_stage, kPrecisionName);
+            std::printf("memory plan per rank: %s, %zu parameters, B=%d T=%d, %d rank(s), ZeRO-%d, recompute %s, %s\n",
+                        rc.model.c_str(), num_parameters, rc.batch_size, rc.seq_len, world, rc.zero_stage,
+                        rc.recompute.c_str(), kPrecisionName);
             std::printf("%s", plan.table().c_str());
-            std::printf("largest micro-batch within %.2f GiB: %d\n", double(budget) / double(size_t(1) << 30), fits);
+            std::printf("largest micro-batch within %.2f GiB: none %d, selective %d, full %d\n",
+                        double(budget) / double(size_t(1) << 30), fits["none"].get<int>(), fits["selective"].get<int>(),
+                        fits["full"].get<int>());
         }
         return 0;
     }
@@ -1062,7 +1163,7 @@ inline int run(const RunConfig& rc, Distributed& dist) {
     opt.weight_decay = float(rc.weight_decay);
     opt.grad_clip = float(rc.grad_clip);
     opt.seed = uint64_t(rc.seed);
-    trainer_build(tr, dist, config, B, T, rc.zero_stage, opt);
+    trainer_build(tr, dist, config, B, T, rc.zero_stage, opt, recompute);
     if (checkpoint.empty()) gpt2_init_weights(tr.model, uint64_t(rc.seed));
     else load_model_parameters(tr.model, checkpoint);
     trainer_start(tr);

@@ -98,3 +98,11 @@ endif()
 string(REPLACE ";" " " mpirun_line "${MPIRUN}")
 add_test(test_resume ${CMAKE_CURRENT_LIST_DIR}/test_resume.sh ${train_binary} "${mpirun_line}")
 add_test(test_train_smoke ${CMAKE_CURRENT_LIST_DIR}/test_train_smoke.sh ${train_binary})
+
+# The memory plan against the seeds' accounting (test_memory_plan.cu); --dry-run plans GPT-2 1.5B
+# without allocating it; a run whose plan does not fit stops with the plan before allocating.
+add_test(test_memory_plan ${TEST_BIN}/test_memory_plan)
+add_test(dry_run_d48 ${train_binary} -e d48 -b 16 -t 1024 --world-size 8 -z 1 -r full --dry-run --json)
+set_tests_properties(dry_run_d48 PROPERTIES PASS_REGULAR_EXPRESSION "\"parameters\": 1557686400")
+add_test(plan_does_not_fit ${CMAKE_CURRENT_LIST_DIR}/expect_failure.sh "more than the .* available"
+         ${train_binary} -e tiny -b 4 -t 64 --max-memory 0.01)
