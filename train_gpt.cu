@@ -24,6 +24,7 @@
 #include "host/config.h"
 #include "host/dataloader.h"
 #include "host/distributed.h"
+#include "host/hellaswag.h"
 #include "host/memory_plan.h"
 #include "host/metrics.h"
 #include "host/rng.h"
@@ -992,6 +993,25 @@ inline double validation_loss(Trainer& tr, DataLoader& val, int batches, int B, 
     return total > 0 ? all_ranks_sum(tr.dist, sum) / double(total) : 0.0;
 }
 
+// Per-token losses (0 where a target is -1) of one forward pass, copied to the host.
+inline void forward_token_losses(GPT2& m, const int* inputs, const int* targets, int B, int T, float* losses) {
+    gpt2_forward(m, inputs, targets, B, T, 0.0f);
+    CUDA_CHECK(cudaMemcpyAsync(losses, m.acts.losses, size_t(B) * T * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
+    CUDA_CHECK(cudaStreamSynchronize(m.stream));
+}
+
+// HellaSwag accuracy over every rank (each scores its share of the examples, B rows per forward pass).
+inline HellaSwagResult hellaswag_accuracy(Trainer& tr, const HellaSwagSet& set, int B, int T) {
+    HellaSwagResult r = hellaswag_evaluate(set, B, T, tr.dist.rank, tr.dist.world_size,
+                                           [&](const int* inputs, const int* targets, int b, int t, float* losses) {
+                                               forward_token_losses(tr.model, inputs, targets, b, t, losses);
+                                           });
+    r.correct = all_ranks_sum(tr.dist, r.correct);
+    r.total = all_ranks_sum(tr.dist, r.total);
+    r.skipped = all_ranks_sum(tr.dist, r.skipped);
+    return r;
+}
+
 // Generates `count` tokens after an end-of-text token: temperature, then top-k, then a seeded draw.
 inline std::vector<int> sample_tokens(GPT2& m, int eot, int count, float temperature, int top_k, Rng& rng) {
     std::vector<int> tokens = {eot};
@@ -1090,8 +1110,6 @@ inline int run(const RunConfig& rc, Distributed& dist) {
     // Accepted by the CLI, not built yet: refuse rather than silently ignore.
     if (rc.attention != "simt")
         throw std::runtime_error("--attention " + rc.attention + ": only the SIMT attention kernels exist so far (use simt)");
-    if (!rc.hellaswag.empty())
-        throw std::runtime_error("-h/--hellaswag " + rc.hellaswag + ": HellaSwag evaluation is not implemented yet");
     const int world = planned_world_size(rc, dist.world_size);
     std::string checkpoint;
     const GPT2Config config = model_config_of(rc.model, rc.seq_len, &checkpoint);
@@ -1148,6 +1166,8 @@ inline int run(const RunConfig& rc, Distributed& dist) {
     DataLoader train_loader(rc.train_data, B, T, dist.rank, dist.world_size, uint64_t(rc.seed), true);
     std::optional<DataLoader> val_loader;
     if (rc.val_every > 0) val_loader.emplace(rc.val_data, B, T, dist.rank, dist.world_size, uint64_t(rc.seed), false);
+    std::optional<HellaSwagSet> hellaswag;  // evaluated with validation, and after the last step
+    if (!rc.hellaswag.empty()) hellaswag = read_hellaswag(rc.hellaswag, config.vocab_size);
     const int64_t total_steps = rc.max_steps > 0 ? rc.max_steps : steps_for_tokens(int64_t(train_loader.total_tokens()), ramp, cap);
     const LrSchedule schedule = lr_schedule_of(rc);
     std::optional<Tokenizer> tokenizer;
@@ -1232,6 +1252,15 @@ inline int run(const RunConfig& rc, Distributed& dist) {
             if (main_rank) {
                 std::printf("val loss %.4f\n", val);
                 if (metrics) metrics->log_val(done, float(val));
+            }
+        }
+        if (hellaswag && ((rc.val_every > 0 && done % rc.val_every == 0) || done == total_steps)) {
+            const HellaSwagResult hs = hellaswag_accuracy(tr, *hellaswag, B, T);
+            if (main_rank) {
+                const std::string skipped = hs.skipped ? ", " + std::to_string(hs.skipped) + " skipped: longer than T" : "";
+                std::printf("hellaswag %.4f (%lld/%lld)%s\n", hs.accuracy(), hs.correct, hs.total, skipped.c_str());
+                std::fflush(stdout);
+                if (metrics) metrics->log_hellaswag(done, hs.correct, hs.total);
             }
         }
         if (rc.sample_every > 0 && (done % rc.sample_every == 0 || done == total_steps) && main_rank) {

@@ -118,6 +118,7 @@ inline std::string step_line(const StepReport& r) {
 // record of a step). Records:
 //   {"step", "loss", "lr", "grad_norm", "ms", "tokens_per_second", "mfu" (null when unknown), "batch_tokens"}
 //   {"step", "val_loss"}   and   {"step", "sample"}
+//   {"step", "hellaswag_accuracy", "hellaswag_correct", "hellaswag_examples"} (examples scored)
 // Non-finite numbers are written as null (JSON has no NaN).
 class MetricsWriter {
 public:
@@ -154,6 +155,11 @@ public:
     }
     void log_val(int64_t step, float val_loss) { write({{"step", step}, {"val_loss", tidy(val_loss)}}); }
     void log_sample(int64_t step, const std::string& text) { write({{"step", step}, {"sample", text}}); }
+    void log_hellaswag(int64_t step, long long correct, long long examples) {
+        const double accuracy = examples > 0 ? double(correct) / double(examples) : 0.0;
+        write({{"step", step}, {"hellaswag_accuracy", accuracy}, {"hellaswag_correct", correct},
+               {"hellaswag_examples", examples}});
+    }
 
 private:
     // A float as the shortest decimal that reads back to it (3e-4f -> 0.0003, not 0.000300000014).

