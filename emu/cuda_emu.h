@@ -89,7 +89,7 @@ void* dynamic_shared_memory();
 
 // Barriers and warp collectives (called through the CUDA-named wrappers below).
 int block_barrier(int op, int predicate);  // op: 0 plain, 1 count, 2 and, 3 or
-enum class WarpOp : int { sync, shfl_idx, shfl_up, shfl_down, shfl_xor, ballot, any, all };
+enum class WarpOp : int { sync, shfl_idx, shfl_up, shfl_down, shfl_xor, ballot, any, all, exchange };
 uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int operand, int width);
 
 // ---- schedule and checking controls (also settable by CUEMU_* environment variables) ----
@@ -172,6 +172,36 @@ inline int __any_sync(unsigned mask, int predicate) {
 inline int __all_sync(unsigned mask, int predicate) {
     return int(cuemu::warp_collective(cuemu::WarpOp::all, mask, predicate != 0, 0, warpSize));
 }
+
+// ---------------------------------------------------------------------------------------------
+// Tensor-core and asynchronous-copy instructions (emu/tensor_core.cpp), called through the
+// wrappers in kernels/tensor_core.cuh (inline PTX under nvcc). Semantics of the PTX ISA sections
+// "Matrix Fragments for mma.m16n8k16 with floating point type", "Warp-level matrix load
+// instruction: ldmatrix" and "cp.async" / "cp.async.commit_group" / "cp.async.wait_group".
+
+namespace cuemu {
+
+// A warp collective with payloads of any size: every lane in `mask` passes its input and where
+// its output goes (both stay valid while it waits); when the last one arrives, `combine` runs
+// once with all of them (null for lanes not in the group) and returns null or what went wrong.
+using WarpExchangeFn = const char* (*)(const void* const inputs[32], void* const outputs[32], unsigned members);
+void warp_exchange(unsigned mask, const void* input, void* output, WarpExchangeFn combine, const char* name);
+
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (all 32 lanes): d = a * b + c, fragments
+// as the PTX ISA lays them out. d may alias c.
+void mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]);
+// ldmatrix.sync.aligned.m8n8.x{count}{.trans}.shared.b16 (all 32 lanes): lane 8 * i + r gives the
+// address of row r of matrix i (16-byte aligned); r[i] receives this lane's fragment of matrix i.
+void ldmatrix(uint32_t* r, int count, bool trans, const void* row_address);
+// cp.async.{ca,cg}.shared.global: `bytes` (4, 8 or 16) from gmem to smem, of which the first
+// `src_bytes` are read and the rest zero-filled. The source is read at once; the destination
+// reads as NaN (0xFF bytes) until the copy's group completes at cp_async_wait, so a read before
+// the wait (or before the barrier that publishes another thread's copy) sees poison.
+void cp_async(void* smem, const void* gmem, int bytes, int src_bytes);
+void cp_async_commit();                // cp.async.commit_group
+void cp_async_wait(int max_pending);   // cp.async.wait_group max_pending
+
+}  // namespace cuemu
 
 // ---------------------------------------------------------------------------------------------
 // Atomics. Blocks run concurrently on several OS threads, so these are real atomics. Float
@@ -284,3 +314,38 @@ inline float min(float a, float b) { return std::fmin(a, b); }
 inline float max(float a, float b) { return std::fmax(a, b); }
 inline double min(double a, double b) { return std::fmin(a, b); }
 inline double max(double a, double b) { return std::fmax(a, b); }
+
+// ---------------------------------------------------------------------------------------------
+// Recording for the roofline tool (kernels/launch_record.h, dev/roofline.cu).
+//
+// Record-only mode: device allocations only reserve address space (no memory is touched, so the
+// plan of a 1.5B-parameter model costs nothing), and kernel launches (the launch wrapper skips
+// them), cuBLASLt matmuls, memsets, copies and NCCL collectives check their arguments and are
+// reported but not executed; a device-to-host copy leaves the host buffer as it was. In this mode
+// ncclCommInitRank creates a communicator of nranks without MPI peers (only this rank exists).
+// Set it before the first allocation; allocations keep the kind they were made with.
+//
+// Work observer: while one is set, memsets, copies, collectives, event records and stream waits
+// report themselves to it (kernel launches and matmuls are recorded by the program's own
+// wrappers; the events tell a replay which work on different streams may overlap).
+
+namespace cuemu {
+
+void set_record_only(bool on);
+bool record_only();
+
+struct WorkReport {
+    enum Kind { memset, copy_device, copy_host, communication, event_record, stream_wait };
+    const char* name;     // "cudaMemsetAsync", "ncclAllReduce", "cudaEventRecord", ...
+    Kind kind;
+    double bytes;         // memset: written; copy_device: read + written; copy_host: moved; communication:
+                          // NCCL's bus bytes per rank (see emu/nccl.cpp)
+    cudaStream_t stream;  // the stream it was issued on (0: the legacy default stream)
+    double ms;            // wall time the emulator took
+    const void* event = nullptr;  // event_record (cudaEventRecord), stream_wait (cudaStreamWaitEvent)
+};
+using WorkObserver = void (*)(const WorkReport&);
+void set_work_observer(WorkObserver observer);
+void report_work(const WorkReport& report);  // to the observer, if any
+
+}  // namespace cuemu

@@ -2,6 +2,8 @@
 #pragma once
 #include <cuda_runtime.h>
 #include <cstddef>
+#include <cstdint>
+#include <string>
 
 namespace cuemu {
 
@@ -17,5 +19,11 @@ cudaError_t record_error(cudaError_t err);
 void set_max_dynamic_shared(const void* func, size_t bytes);
 
 bool is_device_allocation(const void* p);
+
+// Executor services for emu/tensor_core.cpp (called from kernel code, on the block's OS thread):
+// a number that changes with every block this OS thread runs (per-block state can reset itself),
+// and recording an error of the running block (its launch then fails with that message).
+uint64_t block_serial();
+void kernel_error(const std::string& what);
 
 }  // namespace cuemu

@@ -247,11 +247,18 @@ struct Fiber {
     unsigned mask;
     int operand, width, block_op;
     uint64_t value, result;
+    // warp_exchange: this lane's payload, where its result goes, and the combining instruction
+    const void* exchange_in;
+    void* exchange_out;
+    WarpExchangeFn exchange_fn;
+    const char* exchange_name;
 };
 
 struct WarpGroup {  // lanes waiting at one warp collective, keyed by member mask
     unsigned mask, arrived;
     WarpOp op;
+    WarpExchangeFn exchange_fn;  // op == exchange: the instruction all lanes must agree on
+    const char* exchange_name;
 };
 
 struct Warp {
@@ -280,6 +287,7 @@ struct Worker {
     std::vector<unsigned> ready;  // FIFO of released fibers
     size_t ready_head = 0;
     unsigned block_arrived = 0, done = 0;
+    uint64_t block_serial = 0;  // counts the blocks this worker has run (emu_internal.h)
     std::vector<Warp> warps;
     Fiber* current = nullptr;
     std::mt19937_64 rng;
@@ -495,6 +503,18 @@ unsigned shuffle_source(const Fiber& f, unsigned lane) {
 void complete_warp_group(Worker& w, unsigned warp, const WarpGroup& g) {
     Fiber* lanes = &w.fibers[warp * 32];
     unsigned members = g.arrived;
+    if (g.op == WarpOp::exchange) {  // the instruction combines all payloads at once
+        const void* inputs[32] = {};
+        void* outputs[32] = {};
+        bool agreed = true;  // lanes that came to another instruction (an error already) bring no payload
+        for (unsigned l = 0; l < 32; ++l) {
+            if (!((members >> l) & 1u)) continue;
+            agreed = agreed && lanes[l].op == WarpOp::exchange && lanes[l].exchange_fn == g.exchange_fn;
+            inputs[l] = lanes[l].exchange_in, outputs[l] = lanes[l].exchange_out;
+        }
+        if (const char* problem = agreed ? g.exchange_fn(inputs, outputs, members) : nullptr)
+            block_error(w, std::string(g.exchange_name) + " in warp " + std::to_string(warp) + ": " + problem);
+    }
     uint64_t ballot = 0;
     for (unsigned l = 0; l < 32; ++l)
         if ((members >> l) & 1u) ballot |= uint64_t(lanes[l].value != 0) << l;
@@ -502,7 +522,8 @@ void complete_warp_group(Worker& w, unsigned warp, const WarpGroup& g) {
         if (!((members >> l) & 1u)) continue;
         Fiber& f = lanes[l];
         switch (g.op) {
-            case WarpOp::sync: f.result = 0; break;
+            case WarpOp::sync:
+            case WarpOp::exchange: f.result = 0; break;
             case WarpOp::ballot: f.result = ballot; break;
             case WarpOp::any: f.result = ballot != 0; break;
             case WarpOp::all: f.result = ballot == (members & 0xffffffffu); break;
@@ -529,6 +550,7 @@ const char* op_name(WarpOp op) {
         case WarpOp::ballot: return "__ballot_sync";
         case WarpOp::any: return "__any_sync";
         case WarpOp::all: return "__all_sync";
+        case WarpOp::exchange: return "a warp-wide instruction";
     }
     return "?";
 }
@@ -570,33 +592,27 @@ int block_barrier(int op, int predicate) {
     return int(f.result);
 }
 
-uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int operand, int width) {
-    Worker& w = *tls_worker;
-    Fiber& f = *w.current;
+namespace {
+
+// The calling lane joins the group of its warp that waits with the same member mask; the last
+// lane to arrive completes the group. Returns the lane's result once it is released.
+uint64_t join_warp_group(Worker& w, Fiber& f, WarpOp op, unsigned mask) {
     unsigned lane = f.linear & 31u, warp = f.linear >> 5;
-    if (!((mask >> lane) & 1u))
-        block_error(w, std::string(op_name(op)) + " with mask " + hex(mask) + " called by lane " + std::to_string(lane) +
-                           ", which is not in the mask (undefined in CUDA)");
-    if (width < 1 || width > 32 || (width & (width - 1)) != 0)
-        block_error(w, std::string(op_name(op)) + " width " + std::to_string(width) + " is not a power of two in [1, 32]");
-    mask |= 1u << lane;
-    if (width < 1 || width > 32 || (width & (width - 1)) != 0) width = 32;
     f.state = FiberState::waiting_warp;
     f.op = op;
     f.mask = mask;
-    f.value = value;
-    f.operand = operand;
-    f.width = width;
     Warp& wp = w.warps[warp];
     WarpGroup* g = nullptr;
     for (WarpGroup& cand : wp.groups)
         if (cand.mask == mask) g = &cand;
     if (!g) {
-        wp.groups.push_back({mask, 0u, op});
+        wp.groups.push_back({mask, 0u, op, f.exchange_fn, f.exchange_name});
         g = &wp.groups.back();
-    } else if (g->op != op) {
+    } else if (g->op != op || (op == WarpOp::exchange && g->exchange_fn != f.exchange_fn)) {
+        const std::string here = op == WarpOp::exchange ? f.exchange_name : op_name(op);
+        const std::string there = g->op == WarpOp::exchange ? g->exchange_name : op_name(g->op);
         block_error(w, std::string("lanes of warp ") + std::to_string(warp) + " with mask " + hex(mask) + " meet at " +
-                           op_name(g->op) + " and " + op_name(op) + " (divergent warp collectives)");
+                           there + " and " + here + " (divergent warp collectives)");
     }
     g->arrived |= 1u << lane;
     unsigned needed = mask & wp.existing;
@@ -608,6 +624,47 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int operand, 
     suspend_current(w);
     return f.result;
 }
+
+}  // namespace
+
+uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int operand, int width) {
+    Worker& w = *tls_worker;
+    Fiber& f = *w.current;
+    unsigned lane = f.linear & 31u;
+    if (!((mask >> lane) & 1u))
+        block_error(w, std::string(op_name(op)) + " with mask " + hex(mask) + " called by lane " + std::to_string(lane) +
+                           ", which is not in the mask (undefined in CUDA)");
+    if (width < 1 || width > 32 || (width & (width - 1)) != 0)
+        block_error(w, std::string(op_name(op)) + " width " + std::to_string(width) + " is not a power of two in [1, 32]");
+    mask |= 1u << lane;
+    if (width < 1 || width > 32 || (width & (width - 1)) != 0) width = 32;
+    f.value = value;
+    f.operand = operand;
+    f.width = width;
+    f.exchange_fn = nullptr;
+    f.exchange_name = nullptr;
+    return join_warp_group(w, f, op, mask);
+}
+
+// ---- warp_exchange: collectives with payloads of any size (tensor-core instructions) ----
+
+void warp_exchange(unsigned mask, const void* input, void* output, WarpExchangeFn combine, const char* name) {
+    Worker& w = *tls_worker;
+    Fiber& f = *w.current;
+    unsigned lane = f.linear & 31u;
+    if (!((mask >> lane) & 1u))
+        block_error(w, std::string(name) + " with mask " + hex(mask) + " called by lane " + std::to_string(lane) +
+                           ", which is not in the mask");
+    f.exchange_in = input;
+    f.exchange_out = output;
+    f.exchange_fn = combine;
+    f.exchange_name = name;
+    join_warp_group(w, f, WarpOp::exchange, mask | (1u << lane));
+}
+
+uint64_t block_serial() { return tls_worker->block_serial; }
+
+void kernel_error(const std::string& what) { block_error(*tls_worker, what); }
 
 void* dynamic_shared_memory() { return tls_worker->dynamic_shared.data(); }
 
@@ -640,6 +697,7 @@ std::string describe_deadlock(Worker& w) {
 void run_block(Worker& w, const KernelLaunch& L, unsigned block_linear) {
     const dim3 grid = L.grid, block = L.block;
     w.launch = &L;
+    ++w.block_serial;
     w.block_idx = {block_linear % grid.x, (block_linear / grid.x) % grid.y, block_linear / (grid.x * grid.y)};
     blockIdx = w.block_idx;
     blockDim = block;
@@ -653,6 +711,7 @@ void run_block(Worker& w, const KernelLaunch& L, unsigned block_linear) {
         f.state = FiberState::unstarted;
         f.stack = nullptr;
         f.value = 0;
+        f.exchange_fn = nullptr;
     }
     w.order.resize(w.nthreads);
     for (unsigned t = 0; t < w.nthreads; ++t) w.order[t] = t;
