@@ -210,6 +210,29 @@ $(CPU_DIR)/emu_bench: dev/emu_bench.cu $(ALL_HDR) $(CPU_DIR)/libcuemu.a
 emu-bench: $(CPU_DIR)/emu_bench
 	CUEMU_THREADS=1 $<
 
+# The roofline of one training step at full size (dev/roofline.cu; dev/README.md has examples).
+.PHONY: roofline kernel-report
+$(CPU_DIR)/roofline: dev/roofline.cu train_gpt.cu $(ALL_HDR) $(CPU_DIR)/libcuemu.a | deps-if-missing
+	$(CXX) $(CPU_CXXFLAGS) -x c++ $< -x none $(CPU_DIR)/libcuemu.a $(CPU_LDLIBS) -o $@
+
+roofline: $(CPU_DIR)/roofline
+
+# Per kernel of the sm_90 build: registers, spills, static shared memory, theoretical H100
+# occupancy (block sizes from recorded d12 steps, one per attention kind); fails on any spill
+# (scripts/kernel_report.py).
+$(GPU_DIR)/launches_%.json: $(CPU_DIR)/roofline
+	@mkdir -p $(@D)
+	$(CPU_DIR)/roofline -e d12 -b 4 -t 1024 -z 1 -w 8 -d 32768 --attention $* --launches-json $@ > /dev/null
+
+$(GPU_DIR)/train_gpt_sm90.ptx: train_gpt.cu $(ALL_HDR) | deps-if-missing
+	@mkdir -p $(@D)
+	$(NVCC) $(COMMON_FLAGS) -O3 -arch=compute_90 -ptx $(MPI_INC) -x cu $< -o $@
+
+kernel-report: $(GPU_DIR)/train_gpt $(GPU_DIR)/launches_tc.json $(GPU_DIR)/launches_simt.json \
+               $(GPU_DIR)/train_gpt_sm90.ptx
+	python3 scripts/kernel_report.py --ptxas-log $(GPU_DIR)/train_gpt.ptxas.log --binary $(GPU_DIR)/train_gpt \
+	  --launches $(GPU_DIR)/launches_tc.json $(GPU_DIR)/launches_simt.json --ptx $(GPU_DIR)/train_gpt_sm90.ptx
+
 # make train: a small GPT-2 ("mini": 4 layers, 128 channels, GPT-2's vocabulary) on Shakespeare, in
 # about 10 minutes on 2 CPU cores (the GPU build when a GPU is present). Prints falling train and val
 # loss and a text sample; writes out/mini_shakespeare/ (config.json, metrics.jsonl, checkpoints).

@@ -28,6 +28,7 @@
 #include "host/memory_plan.h"
 #include "host/metrics.h"
 #include "host/rng.h"
+#include "host/roofline.h"
 #include "host/schedule.h"
 #include "host/tokenizer.h"
 #include "kernels/adamw.cuh"
@@ -1206,6 +1207,33 @@ inline int run(const RunConfig& rc, Distributed& dist) {
             std::ofstream(std::filesystem::path(rc.output_dir) / "config.json") << to_json(rc).dump(2) << "\n";
             metrics = std::make_unique<MetricsWriter>(rc.output_dir);
         }
+    }
+
+    // ---- --profile-step: a warm-up step, then one step with every launch recorded and timed ----
+    if (rc.profile_step) {
+        const int64_t batch_tokens = total_batch_tokens_at(tokens_seen, ramp, cap);
+        std::vector<std::vector<int>> in(size_t(batch_tokens / (int64_t(B) * T * dist.world_size)),
+                                         std::vector<int>(size_t(B) * T));
+        std::vector<std::vector<int>> tg = in;
+        std::vector<const int*> in_ptrs, tg_ptrs;
+        for (size_t i = 0; i < in.size(); ++i) {
+            train_loader.next_batch(in[i].data(), tg[i].data());
+            in_ptrs.push_back(in[i].data());
+            tg_ptrs.push_back(tg[i].data());
+        }
+        const float lr = learning_rate(schedule, step, total_steps);
+        train_step(tr, in_ptrs, tg_ptrs, B, T, lr);  // warm-up: cuBLASLt heuristics, caches, clocks
+        launch_record::start(/*timing=*/true);
+        const auto t0 = std::chrono::steady_clock::now();
+        train_step(tr, in_ptrs, tg_ptrs, B, T, lr);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const std::vector<LaunchRecord> records = launch_record::stop();
+        if (main_rank)
+            std::printf("%s", profile_report(records, seconds, double(batch_tokens), dist.world_size, int64_t(num_parameters),
+                                             config.num_layers, config.channels, T, prop.name, peak).c_str());
+        trainer_free(tr);
+        return 0;
     }
 
     // ---- the training loop ----

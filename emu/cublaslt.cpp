@@ -658,5 +658,6 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t comp
     if (p.epilogue.needs_aux() && desc->aux == nullptr)
         return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: epilogue %u needs CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER", caller,
                     desc->epilogue);
+    if (cuemu::record_only()) return CUBLAS_STATUS_SUCCESS;  // checked, not executed (cuda_emu.h)
     return run_matmul(*desc, p, alpha_value, A, B, beta_value, C, D);
 }

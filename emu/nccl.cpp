@@ -14,12 +14,20 @@
 // Each collective first agrees on its arguments across ranks with one small MPI_Allreduce, so a
 // bad argument on any rank, or ranks that disagree on the call, make it fail on every rank with
 // a message instead of hanging.
+//
+// Recording (cuda_emu.h): every collective reports itself, with its stream and the bytes this rank
+// moves, to the emulator's work observer. In record-only mode ncclCommInitRank makes a
+// communicator of nranks with no MPI peers (MPI need not be initialized): its collectives check
+// their arguments and report, but move nothing.
 #define OMPI_SKIP_MPICXX 1  // the C API only; the C++ bindings are deprecated and warn
 #include <mpi.h>
 #include <nccl.h>
 
+#include "cuda_emu.h"
+
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
@@ -29,7 +37,7 @@
 #include <vector>
 
 struct ncclComm {
-    MPI_Comm mpi = MPI_COMM_NULL;
+    MPI_Comm mpi = MPI_COMM_NULL;  // MPI_COMM_NULL: a record-only communicator (no peers)
     int rank = 0;
     int nranks = 1;
     std::vector<unsigned char> outgoing, incoming, reduced;  // scratch, reused across calls
@@ -93,6 +101,7 @@ using Signature = std::array<Field, 5>;
 // Every rank contributes whether its own arguments were valid and the fields that must match on
 // all ranks; one MPI_Allreduce(MAX) over {bad, fields, -fields} yields each field's max and min.
 ncclResult_t agree(MPI_Comm mpi, const char* call, ncclResult_t local, const Signature& fields) {
+    if (mpi == MPI_COMM_NULL) return local;  // record-only: no other rank to agree with
     constexpr size_t n = std::tuple_size_v<Signature>;
     std::array<int64_t, 1 + 2 * n> v{};
     v[0] = local != ncclSuccess;
@@ -269,6 +278,21 @@ unsigned char* bytes_of(void* p) { return static_cast<unsigned char*>(p); }
 
 thread_local int group_depth = 0;  // NCCL groups are per thread
 
+// Runs a collective's data movement (unless the communicator is record-only) and reports it to the
+// emulator's work observer with the bytes each rank moves over the links: the buffer size times
+// NCCL's bus-bandwidth factor (nccl-tests, doc/PERFORMANCE.md: 2(n-1)/n for all-reduce, (n-1)/n of
+// the whole buffer for reduce-scatter and all-gather, 1 for broadcast and reduce).
+template <typename Move>
+ncclResult_t run_reported(ncclComm& comm, const char* call, double bus_bytes, cudaStream_t stream, Move move) {
+    const auto begin = std::chrono::steady_clock::now();
+    const ncclResult_t r = comm.mpi == MPI_COMM_NULL ? ncclSuccess : move();
+    if (r != ncclSuccess) return r;
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin).count();
+    cuemu::report_work({call, cuemu::WorkReport::communication, bus_bytes, stream, ms});
+    return r;
+}
+double ring_share(const ncclComm& comm) { return double(comm.nranks - 1) / double(comm.nranks); }
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -295,7 +319,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId,
     int initialized = 0, finalized = 0;
     MPI_Initialized(&initialized);
     MPI_Finalized(&finalized);
-    if (!initialized || finalized)
+    if ((!initialized || finalized) && !cuemu::record_only())
         return fail(ncclInvalidUsage, call, "MPI is not initialized; the emulated NCCL runs over MPI, so call MPI_Init first");
     if (comm) *comm = nullptr;
     ncclResult_t local = ncclSuccess;
@@ -303,6 +327,14 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId,
     else if (nranks < 1) local = fail(ncclInvalidArgument, call, "nranks is %d; it must be at least 1", nranks);
     else if (rank < 0 || rank >= nranks)
         local = fail(ncclInvalidArgument, call, "rank %d is outside 0..%d (nranks %d)", rank, nranks - 1, nranks);
+    if (cuemu::record_only()) {  // rank `rank` of nranks, alone: collectives are recorded, not run
+        if (local != ncclSuccess) return local;
+        ncclComm* created = new ncclComm;
+        created->rank = rank;
+        created->nranks = nranks;
+        *comm = created;
+        return ncclSuccess;
+    }
 
     // Every world rank takes part in the split, as every rank of an NCCL job calls
     // ncclCommInitRank: ranks that pass the same id form one communicator, ordered by `rank`.
@@ -340,7 +372,7 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
     if (comm == nullptr) return ncclSuccess;
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized) MPI_Comm_free(&comm->mpi);
+    if (!finalized && comm->mpi != MPI_COMM_NULL) MPI_Comm_free(&comm->mpi);
     delete comm;
     return ncclSuccess;
 }
@@ -384,7 +416,7 @@ const char* ncclGetErrorString(ncclResult_t result) {
 // Collectives
 
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
-                           ncclRedOp_t op, ncclComm_t comm, cudaStream_t) {
+                           ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
     const char* call = "ncclAllReduce";
     if (comm == nullptr) return fail(ncclInvalidArgument, call, "comm is NULL");
     ncclResult_t local = check_reduction(call, datatype, op);
@@ -399,17 +431,19 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, n
     if (agreed != ncclSuccess) return agreed;
     // Block j of the result is reduced on rank j, then gathered everywhere.
     const Blocks blocks{(count + comm->nranks - 1) / comm->nranks, count};
-    return in_rounds(blocks, elem, comm->nranks, [&](size_t begin, size_t len) {
-        comm->reduced.resize(len * elem);
-        ncclResult_t r = reduce_round(*comm, call, datatype, bytes_of(sendbuff), blocks, begin, len, op,
-                                      comm->reduced.data());
-        if (r != ncclSuccess) return r;
-        return gather_round(*comm, call, comm->reduced.data(), elem, bytes_of(recvbuff), blocks, begin, len);
+    return run_reported(*comm, call, 2 * ring_share(*comm) * double(count * elem), stream, [&] {
+        return in_rounds(blocks, elem, comm->nranks, [&](size_t begin, size_t len) {
+            comm->reduced.resize(len * elem);
+            ncclResult_t r = reduce_round(*comm, call, datatype, bytes_of(sendbuff), blocks, begin, len, op,
+                                          comm->reduced.data());
+            if (r != ncclSuccess) return r;
+            return gather_round(*comm, call, comm->reduced.data(), elem, bytes_of(recvbuff), blocks, begin, len);
+        });
     });
 }
 
 ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t datatype,
-                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t) {
+                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
     const char* call = "ncclReduceScatter";
     if (comm == nullptr) return fail(ncclInvalidArgument, call, "comm is NULL");
     ncclResult_t local = check_reduction(call, datatype, op);
@@ -427,14 +461,16 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
                                                           {"op", op}, {"nothing", 0}}});
     if (agreed != ncclSuccess) return agreed;
     const Blocks blocks{recvcount, comm->nranks * recvcount};
-    return in_rounds(blocks, elem, comm->nranks, [&](size_t begin, size_t len) {
-        return reduce_round(*comm, call, datatype, bytes_of(sendbuff), blocks, begin, len, op,
-                            bytes_of(recvbuff) + begin * elem);
+    return run_reported(*comm, call, ring_share(*comm) * double(comm->nranks * recvcount * elem), stream, [&] {
+        return in_rounds(blocks, elem, comm->nranks, [&](size_t begin, size_t len) {
+            return reduce_round(*comm, call, datatype, bytes_of(sendbuff), blocks, begin, len, op,
+                                bytes_of(recvbuff) + begin * elem);
+        });
     });
 }
 
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
-                           ncclComm_t comm, cudaStream_t) {
+                           ncclComm_t comm, cudaStream_t stream) {
     const char* call = "ncclAllGather";
     if (comm == nullptr) return fail(ncclInvalidArgument, call, "comm is NULL");
     ncclResult_t local = check_type(call, datatype);
@@ -452,14 +488,16 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
                                                           {"nothing", 0}, {"nothing", 0}}});
     if (agreed != ncclSuccess) return agreed;
     const Blocks blocks{sendcount, comm->nranks * sendcount};
-    return in_rounds(blocks, elem, comm->nranks, [&](size_t begin, size_t len) {
-        return gather_round(*comm, call, bytes_of(sendbuff) + begin * elem, elem, bytes_of(recvbuff), blocks, begin,
-                            len);
+    return run_reported(*comm, call, ring_share(*comm) * double(comm->nranks * sendcount * elem), stream, [&] {
+        return in_rounds(blocks, elem, comm->nranks, [&](size_t begin, size_t len) {
+            return gather_round(*comm, call, bytes_of(sendbuff) + begin * elem, elem, bytes_of(recvbuff), blocks,
+                                begin, len);
+        });
     });
 }
 
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
-                           ncclComm_t comm, cudaStream_t) {
+                           ncclComm_t comm, cudaStream_t stream) {
     const char* call = "ncclBroadcast";
     if (comm == nullptr) return fail(ncclInvalidArgument, call, "comm is NULL");
     ncclResult_t local = check_type(call, datatype);
@@ -477,18 +515,20 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, n
                                                           {"datatype", datatype}, {"root", root}, {"nothing", 0}}});
     if (agreed != ncclSuccess) return agreed;
     const size_t bytes = count * elem;
-    if (is_root && sendbuff != recvbuff && bytes) std::memcpy(recvbuff, sendbuff, bytes);
-    constexpr size_t kMaxMessage = size_t(1) << 30;  // MPI counts are int
-    for (size_t offset = 0; offset < bytes; offset += kMaxMessage)
-        MPI_TRY(call, "MPI_Bcast", MPI_Bcast(bytes_of(recvbuff) + offset, int(std::min(kMaxMessage, bytes - offset)),
-                                             MPI_BYTE, root, comm->mpi));
-    return ncclSuccess;
+    return run_reported(*comm, call, comm->nranks > 1 ? double(bytes) : 0.0, stream, [&] {
+        if (is_root && sendbuff != recvbuff && bytes) std::memcpy(recvbuff, sendbuff, bytes);
+        constexpr size_t kMaxMessage = size_t(1) << 30;  // MPI counts are int
+        for (size_t offset = 0; offset < bytes; offset += kMaxMessage)
+            MPI_TRY(call, "MPI_Bcast", MPI_Bcast(bytes_of(recvbuff) + offset,
+                                                 int(std::min(kMaxMessage, bytes - offset)), MPI_BYTE, root, comm->mpi));
+        return ncclSuccess;
+    });
 }
 
 // Reduce to one rank: the same arithmetic as ncclAllReduce (FP32 in rank order, one rounding), kept
 // only on the root. recvbuff is only used on the root (NCCL User Guide, "ncclReduce").
 ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
-                        int root, ncclComm_t comm, cudaStream_t) {
+                        int root, ncclComm_t comm, cudaStream_t stream) {
     const char* call = "ncclReduce";
     if (comm == nullptr) return fail(ncclInvalidArgument, call, "comm is NULL");
     ncclResult_t local = check_reduction(call, datatype, op);
@@ -504,17 +544,19 @@ ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, nccl
     ncclResult_t agreed = agree(comm->mpi, call, local, {{{"the collective", kReduce}, {"count", int64_t(count)},
                                                           {"datatype", datatype}, {"op", op}, {"root", root}}});
     if (agreed != ncclSuccess) return agreed;
-    std::vector<unsigned char> result(count * elem);
-    const Blocks blocks{(count + comm->nranks - 1) / comm->nranks, count};
-    ncclResult_t r = in_rounds(blocks, elem, comm->nranks, [&](size_t begin, size_t len) {
-        comm->reduced.resize(len * elem);
-        ncclResult_t rr = reduce_round(*comm, call, datatype, bytes_of(sendbuff), blocks, begin, len, op,
-                                       comm->reduced.data());
-        if (rr != ncclSuccess) return rr;
-        return gather_round(*comm, call, comm->reduced.data(), elem, result.data(), blocks, begin, len);
+    return run_reported(*comm, call, comm->nranks > 1 ? double(count * elem) : 0.0, stream, [&] {
+        std::vector<unsigned char> result(count * elem);
+        const Blocks blocks{(count + comm->nranks - 1) / comm->nranks, count};
+        ncclResult_t r = in_rounds(blocks, elem, comm->nranks, [&](size_t begin, size_t len) {
+            comm->reduced.resize(len * elem);
+            ncclResult_t rr = reduce_round(*comm, call, datatype, bytes_of(sendbuff), blocks, begin, len, op,
+                                           comm->reduced.data());
+            if (rr != ncclSuccess) return rr;
+            return gather_round(*comm, call, comm->reduced.data(), elem, result.data(), blocks, begin, len);
+        });
+        if (r == ncclSuccess && is_root && count) std::memcpy(recvbuff, result.data(), count * elem);
+        return r;
     });
-    if (r == ncclSuccess && is_root && count) std::memcpy(recvbuff, result.data(), count * elem);
-    return r;
 }
 
 ncclResult_t ncclGroupStart() {

@@ -4,6 +4,9 @@
 #include "cuda_emu.h"
 #include "emu_internal.h"
 
+#include <sys/mman.h>
+
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -11,6 +14,7 @@
 #include <new>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace cuemu {
 
@@ -29,6 +33,7 @@ namespace {
 struct Allocations {
     std::mutex mutex;
     std::unordered_map<void*, size_t> sizes;
+    std::unordered_set<void*> reserved;  // record-only allocations: address space only (munmap)
     size_t current = 0, peak = 0;
 };
 Allocations& allocations() {
@@ -67,6 +72,32 @@ bool is_device_allocation(const void* p) {
     return a.sizes.count(const_cast<void*>(p)) != 0;
 }
 
+// ---- record-only mode and the work observer (cuda_emu.h, "Recording for the roofline tool") ----
+
+namespace {
+std::atomic<bool> record_only_mode{false};
+std::atomic<WorkObserver> work_observer{nullptr};
+}  // namespace
+
+void set_record_only(bool on) { record_only_mode = on; }
+bool record_only() { return record_only_mode; }
+void set_work_observer(WorkObserver observer) { work_observer = observer; }
+void report_work(const WorkReport& report) {
+    if (WorkObserver observer = work_observer) observer(report);
+}
+
+namespace {
+// Runs `work` unless in record-only mode, and reports it (timed) when an observer is set.
+template <typename F>
+void run_reported(const char* name, WorkReport::Kind kind, double bytes, cudaStream_t stream, F work) {
+    const auto begin = std::chrono::steady_clock::now();
+    if (!record_only()) work();
+    if (work_observer.load() == nullptr) return;
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin).count();
+    report_work({name, kind, bytes, stream, ms});
+}
+}  // namespace
+
 }  // namespace cuemu
 
 using cuemu::record_error;
@@ -81,10 +112,18 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
         std::lock_guard<std::mutex> lock(a.mutex);
         if (a.current + size > cuemu::device_capacity_bytes()) return record_error(cudaErrorMemoryAllocation);
     }
-    // 256-byte alignment like cudaMalloc; the size stays exact so overruns are visible to ASan.
     void* p = nullptr;
-    if (posix_memalign(&p, 256, size == 0 ? 1 : size) != 0) return record_error(cudaErrorMemoryAllocation);
+    const bool reserve_only = cuemu::record_only();
+    if (reserve_only) {
+        // Address space only: nothing may touch it (PROT_NONE), and no memory is committed.
+        p = mmap(nullptr, size == 0 ? 1 : size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED) return record_error(cudaErrorMemoryAllocation);
+    } else if (posix_memalign(&p, 256, size == 0 ? 1 : size) != 0) {
+        // 256-byte alignment like cudaMalloc; the size stays exact so overruns are visible to ASan.
+        return record_error(cudaErrorMemoryAllocation);
+    }
     std::lock_guard<std::mutex> lock(a.mutex);
+    if (reserve_only) a.reserved.insert(p);
     a.sizes[p] = size;
     a.current += size;
     if (a.current > a.peak) a.peak = a.current;
@@ -95,14 +134,19 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
 cudaError_t cudaFree(void* ptr) {
     if (ptr == nullptr) return cudaSuccess;
     auto& a = cuemu::allocations();
+    size_t size = 0;
+    bool reserved = false;
     {
         std::lock_guard<std::mutex> lock(a.mutex);
         auto it = a.sizes.find(ptr);
         if (it == a.sizes.end()) return record_error(cudaErrorInvalidValue);
-        a.current -= it->second;
+        size = it->second;
+        a.current -= size;
         a.sizes.erase(it);
+        reserved = a.reserved.erase(ptr) != 0;
     }
-    std::free(ptr);
+    if (reserved) munmap(ptr, size == 0 ? 1 : size);
+    else std::free(ptr);
     return cudaSuccess;
 }
 
@@ -125,23 +169,41 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
     return cudaSuccess;
 }
 
-cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind) {
+namespace {
+// Streams execute in order, synchronously, so the Async forms are the same as the others.
+cudaError_t copy_bytes(const char* name, void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t stream) {
     if (count && (dst == nullptr || src == nullptr)) return record_error(cudaErrorInvalidValue);
-    if (count) std::memmove(dst, src, count);
+    // Bytes to device memory and back: read and written for a device-to-device copy.
+    const bool on_device = kind == cudaMemcpyDeviceToDevice ||
+                           (kind == cudaMemcpyDefault && cuemu::is_device_allocation(dst) && cuemu::is_device_allocation(src));
+    cuemu::run_reported(name, on_device ? cuemu::WorkReport::copy_device : cuemu::WorkReport::copy_host,
+                        double(count) * (on_device ? 2 : 1), stream, [&] {
+                            if (count) std::memmove(dst, src, count);
+                        });
     return cudaSuccess;
 }
-
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t) {
-    return cudaMemcpy(dst, src, count, kind);  // streams execute in order, synchronously
-}
-
-cudaError_t cudaMemset(void* dst, int value, size_t count) {
+cudaError_t fill_bytes(const char* name, void* dst, int value, size_t count, cudaStream_t stream) {
     if (count && dst == nullptr) return record_error(cudaErrorInvalidValue);
-    if (count) std::memset(dst, value, count);
+    cuemu::run_reported(name, cuemu::WorkReport::memset, double(count), stream, [&] {
+        if (count) std::memset(dst, value, count);
+    });
     return cudaSuccess;
 }
+}  // namespace
 
-cudaError_t cudaMemsetAsync(void* dst, int value, size_t count, cudaStream_t) { return cudaMemset(dst, value, count); }
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
+    return copy_bytes("cudaMemcpy", dst, src, count, kind, nullptr);
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t stream) {
+    return copy_bytes("cudaMemcpyAsync", dst, src, count, kind, stream);
+}
+
+cudaError_t cudaMemset(void* dst, int value, size_t count) { return fill_bytes("cudaMemset", dst, value, count, nullptr); }
+
+cudaError_t cudaMemsetAsync(void* dst, int value, size_t count, cudaStream_t stream) {
+    return fill_bytes("cudaMemsetAsync", dst, value, count, stream);
+}
 
 // ---- streams and events: work runs synchronously, so events are host timestamps ----
 
@@ -169,7 +231,10 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { return cudaSuccess; }
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
+    cuemu::report_work({"cudaStreamWaitEvent", cuemu::WorkReport::stream_wait, 0, stream, 0, event});
+    return cudaSuccess;
+}
 cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
 
 cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, 0); }
@@ -185,11 +250,12 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
     return cudaSuccess;
 }
 
-cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
     if (event == nullptr) return record_error(cudaErrorInvalidResourceHandle);
     auto* e = reinterpret_cast<EmuEvent*>(event);
     e->when = std::chrono::steady_clock::now();
     e->recorded = true;
+    cuemu::report_work({"cudaEventRecord", cuemu::WorkReport::event_record, 0, stream, 0, event});
     return cudaSuccess;
 }
 

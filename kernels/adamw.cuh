@@ -209,6 +209,11 @@ inline void adamw_update(floatX* params, float* master, float* m, float* v, cons
     }
     if (chunks == 0) head = 0;
     const size_t items = chunks + (n - chunks * kAdamWChunk);
-    launch<adamw_kernel>(dim3(ceil_div(items, kAdamWBlock)), dim3(kAdamWBlock), 0, stream, params, master, m, v, grads,
-                         n, head, chunks, c);
+    // Per element 16 FLOPs: adamw_update_element's 14 multiplies and adds (an fma counts 2), a
+    // square root and a division (the rounding's integer hash not counted). Bytes: grads and
+    // master, m, v read; master, m, v and params written.
+    const double elements = double(n);
+    const KernelCost cost{16.0 * elements, elements * (2.0 * sizeof(floatX) + 6.0 * sizeof(float))};
+    launch<adamw_kernel>(cost, dim3(ceil_div(items, kAdamWBlock)), dim3(kAdamWBlock), 0, stream, params, master, m, v,
+                         grads, n, head, chunks, c);
 }

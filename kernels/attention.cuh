@@ -396,6 +396,15 @@ template <typename F> void dispatch_head_size(int hs, F&& f) {
     else f(std::integral_constant<int, 128>{});
 }
 
+// Work of one (b, h) for the launch costs: the query-key pairs the causal mask keeps, T(T+1)/2,
+// and the pairs of the 32 x 32 tiles the kernels sweep (every tile on or below the diagonal,
+// masked entries included: the P V and dS K products run over whole tiles).
+inline double causal_pairs(int T) { return double(T) * (double(T) + 1) / 2; }
+inline double swept_pairs(int T) {
+    const double tiles = ceil_div(T, kTile);
+    return double(kTile) * kTile * tiles * (tiles + 1) / 2;
+}
+
 // Dynamic shared memory beyond the default 48 KB must be opted into per kernel.
 template <auto Kernel> void allow_smem(size_t bytes) {
     CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
@@ -410,10 +419,16 @@ inline void attention_forward(floatX* out, float* lse, const floatX* qkv, int B,
     const int hs = C / NH;
     const dim3 grid(ceil_div(T, kTile), NH, B);
     const size_t smem = forward_smem_floats(hs) * sizeof(float);
+    // Per (b, h): a scaled q.k dot for each kept pair; per swept pair the online softmax (max,
+    // subtract, exp, add) and a p * v row update. Bytes: qkv read once, out and lse written once;
+    // each key tile is re-read by every query tile at or after it (from L2, not counted).
+    const double heads = double(B) * NH, X = sizeof(floatX), btc = double(B) * T * C;
+    const KernelCost cost{heads * (causal_pairs(T) * (2.0 * hs + 1) + swept_pairs(T) * (2.0 * hs + 4)),
+                          4.0 * btc * X + heads * T * sizeof(float)};
     dispatch_head_size(hs, [&](auto hs_max) {
         constexpr auto kernel = attention_forward_kernel<decltype(hs_max)::value>;
         allow_smem<kernel>(smem);
-        launch<kernel>(grid, dim3(kThreads), smem, stream, out, lse, qkv, T, C, NH);
+        launch<kernel>(cost, grid, dim3(kThreads), smem, stream, out, lse, qkv, T, C, NH);
     });
 }
 
@@ -425,16 +440,29 @@ inline void attention_backward(floatX* dqkv, float* scratch, const floatX* dout,
     const int hs = C / NH;
     float* D = scratch;  // (B, NH, T)
     constexpr int kRowdotWarps = 4;
-    launch<attention_backward_rowdot_kernel>(dim3(ceil_div(size_t(B) * T * NH, kRowdotWarps)), dim3(32 * kRowdotWarps),
-                                             0, stream, D, dout, out, B, T, C, NH);
+    // D = rowsum(dout * out): one fma per element; dout and out read, D written.
+    const double heads = double(B) * NH, X = sizeof(floatX), btc = double(B) * T * C;
+    const double row_floats = heads * T * sizeof(float);  // lse or D
+    const KernelCost rowdot_cost{2.0 * btc, 2.0 * btc * X + row_floats};
+    launch<attention_backward_rowdot_kernel>(rowdot_cost, dim3(ceil_div(size_t(B) * T * NH, kRowdotWarps)),
+                                             dim3(32 * kRowdotWarps), 0, stream, D, dout, out, B, T, C, NH);
     const dim3 grid(ceil_div(T, kTile), NH, B);
     const size_t dkdv_smem = dkdv_smem_floats(hs) * sizeof(float), dq_smem = dq_smem_floats(hs) * sizeof(float);
+    // Per kept pair both kernels recompute p (a q.k dot, scale, subtract, exp) and dS (a dout.v
+    // dot, subtract, multiply); per swept pair dK/dV add two rows (dS q and p dout), dQ one (dS k).
+    // Bytes: q, k, v, dout, lse and D read once, the gradients written once; the kernels re-read
+    // the tiles of the other side once per tile (from L2, not counted).
+    const double kept = causal_pairs(T), swept = swept_pairs(T);
+    const KernelCost dkdv_cost{heads * (kept * (4.0 * hs + 5) + swept * 4.0 * hs),
+                               4.0 * btc * X + 2.0 * row_floats + 2.0 * btc * X};
+    const KernelCost dq_cost{heads * (kept * (4.0 * hs + 5) + swept * 2.0 * hs),
+                             4.0 * btc * X + 2.0 * row_floats + btc * X};
     dispatch_head_size(hs, [&](auto hs_max) {
         constexpr auto dkdv_kernel = attention_backward_dkdv_kernel<decltype(hs_max)::value>;
         constexpr auto dq_kernel = attention_backward_dq_kernel<decltype(hs_max)::value>;
         allow_smem<dkdv_kernel>(dkdv_smem);
         allow_smem<dq_kernel>(dq_smem);
-        launch<dkdv_kernel>(grid, dim3(kThreads), dkdv_smem, stream, dqkv, dout, qkv, lse, D, T, C, NH);
-        launch<dq_kernel>(grid, dim3(kThreads), dq_smem, stream, dqkv, dout, qkv, lse, D, T, C, NH);
+        launch<dkdv_kernel>(dkdv_cost, grid, dim3(kThreads), dkdv_smem, stream, dqkv, dout, qkv, lse, D, T, C, NH);
+        launch<dq_kernel>(dq_cost, grid, dim3(kThreads), dq_smem, stream, dqkv, dout, qkv, lse, D, T, C, NH);
     });
 }

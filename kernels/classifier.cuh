@@ -93,6 +93,13 @@ inline void fused_classifier(floatX* logits, float* losses, const int* targets, 
                                               ? "classifier: logits is not 16-byte aligned"
                                               : "");
     if (N == 0) return;
-    launch<fused_classifier_kernel>(dim3(N), dim3(kClassifierBlockSize), 0, stream, logits, losses, targets, dloss, V,
-                                    Vp, write_dlogits);
+    // FLOPs per row: pass 1 takes a max, a subtraction, an exp and an add per column (exp counted
+    // as one operation), pass 2 an exp, a subtraction, two multiplies and a subtraction per padded
+    // column. Bytes: the logits once, dlogits written once, the targets and losses. The kernel reads
+    // each row twice (a 100 KB GPT-2 row is mostly re-read from L2, not counted).
+    const double rows = N, X = sizeof(floatX);
+    const KernelCost cost{rows * (4.0 * V + (write_dlogits ? 5.0 * Vp : 0.0)),
+                          rows * ((write_dlogits ? 2.0 * Vp : double(V)) * X + sizeof(int) + sizeof(float))};
+    launch<fused_classifier_kernel>(cost, dim3(N), dim3(kClassifierBlockSize), 0, stream, logits, losses, targets, dloss,
+                                    V, Vp, write_dlogits);
 }

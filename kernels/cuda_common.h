@@ -59,6 +59,7 @@ cudaError_t try_launch(dim3 grid, dim3 block, size_t dynamic_smem, cudaStream_t 
     Kernel<<<grid, block, dynamic_smem, stream>>>(std::forward<Args>(args)...);
     return cudaGetLastError();
 #else
+    if (cuemu::record_only()) return cudaSuccess;  // the roofline tool's mode: nothing executes
     cuemu::launch<Kernel>(kernel_name<Kernel>(), grid, block, dynamic_smem, stream, std::forward<Args>(args)...);
     return cudaGetLastError();
 #endif
@@ -75,16 +76,24 @@ void launch(dim3 grid, dim3 block, size_t dynamic_smem, cudaStream_t stream, Arg
     }
 }
 
-// What one launch costs: floating-point operations and the bytes it must move to and from device
-// memory. Launchers state it so the roofline tool and the profiler can account for every launch.
+// ---------------------------------------------------------------------------------------------
+// What one launch costs: the floating-point operations it performs and the bytes it must move to
+// and from device memory (each input read once, each output written once; launchers say where
+// their kernel reads more). Every launcher states it, so that the launch recorder
+// (launch_record.h: the roofline tool, --profile-step) accounts for every launch.
+
+#include "launch_record.h"
+
 struct KernelCost {
     double flops = 0;
     double bytes = 0;
+    WorkKind kind = WorkKind::cuda_cores;  // tensor_cores for kernels built on mma.sync
 };
 
 template <auto Kernel, typename... Args>
 void launch(const KernelCost& cost, dim3 grid, dim3 block, size_t dynamic_smem, cudaStream_t stream, Args&&... args) {
-    (void)cost;
+    launch_record::Scope recorded(kernel_name<Kernel>(), cost.kind, cost.flops, cost.bytes, stream, grid, block,
+                                  dynamic_smem);
     launch<Kernel>(grid, block, dynamic_smem, stream, std::forward<Args>(args)...);
 }
 

@@ -15,5 +15,6 @@ inline void accumulate(floatX* dst, const floatX* src, size_t n, cudaStream_t st
     if (n == 0) return;
     require_supported("accumulate", dst == nullptr || src == nullptr ? "accumulate: null pointer" : "");
     const unsigned threads = 256;
-    launch<accumulate_kernel>(dim3(ceil_div(n, threads)), dim3(threads), 0, stream, dst, src, n);
+    const KernelCost cost{double(n), 3.0 * double(n) * sizeof(floatX)};  // one add; dst read + written, src read
+    launch<accumulate_kernel>(cost, dim3(ceil_div(n, threads)), dim3(threads), 0, stream, dst, src, n);
 }

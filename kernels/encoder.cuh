@@ -51,8 +51,13 @@ inline void encoder_forward(floatX* out, const int* inp, const floatX* wte, cons
     const size_t total_packs = size_t(B) * T * C / Packed128<floatX>::size;
     if (total_packs == 0) return;
     const int block = 256;
-    launch<encoder_forward_kernel>(dim3(ceil_div(total_packs, block)), dim3(block), 0, stream, out, inp, wte, wpe, T, C,
-                                   total_packs);
+    // One add per element. Bytes: the token ids, one wte row per position (a token seen twice is
+    // read twice: rows are gathered), wpe once (each row is re-read by the B sequences, from cache),
+    // the output once.
+    const double btc = double(B) * T * C, X = sizeof(floatX);
+    const KernelCost cost{btc, double(B) * T * sizeof(int) + 2 * btc * X + double(T) * C * X};
+    launch<encoder_forward_kernel>(cost, dim3(ceil_div(total_packs, block)), dim3(block), 0, stream, out, inp, wte, wpe,
+                                   T, C, total_packs);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -156,8 +161,16 @@ inline void encoder_backward(floatX* dwte, floatX* dwpe, int* scratch, const flo
     const unsigned threads_per_row = ceil_div(C, kEncoderChannelsPerThread);
     const unsigned block = std::min(256u, ceil_div(threads_per_row, 32) * 32);
     const int* device_positions = scratch;
-    launch<encoder_backward_wte_kernel>(dim3(G, ceil_div(threads_per_row, block)), dim3(block), 0, stream, dwte,
-                                        device_positions, device_positions + N, device_positions + N + G + 1, dout, C);
+    // wte: every dout row added once into its token's sum, then G rows of dwte read, added, written;
+    // the grouping's ints read once.
+    const double X = sizeof(floatX), btc = double(N) * C;
+    const KernelCost wte_cost{btc + double(G) * C, btc * X + 2.0 * G * C * X + double(grouping.size()) * sizeof(int)};
+    launch<encoder_backward_wte_kernel>(wte_cost, dim3(G, ceil_div(threads_per_row, block)), dim3(block), 0, stream,
+                                        dwte, device_positions, device_positions + N, device_positions + N + G + 1, dout,
+                                        C);
+    // wpe: dout read once (B additions per element), dwpe read and written once.
     const size_t wpe_packs = size_t(T) * C / Packed128<floatX>::size;
-    launch<encoder_backward_wpe_kernel>(dim3(ceil_div(wpe_packs, 256)), dim3(256), 0, stream, dwpe, dout, B, T, C);
+    const KernelCost wpe_cost{btc, btc * X + 2.0 * T * C * X};
+    launch<encoder_backward_wpe_kernel>(wpe_cost, dim3(ceil_div(wpe_packs, 256)), dim3(256), 0, stream, dwpe, dout, B, T,
+                                        C);
 }

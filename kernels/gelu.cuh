@@ -56,13 +56,19 @@ inline std::string gelu_alignment_problem(const char* name, const void* p) {
     return is_aligned16(p) ? "" : std::string(name) + " is not 16-byte aligned";
 }
 
+// FLOPs per element, counting tanhf as one operation (its cost on the GPU is a few instructions
+// of the special-function unit): forward 8 (x^3, the polynomial, the scale, 0.5 x (1 + t));
+// backward 16 (the same tanh argument, then the two terms of gelu' and the product with dout).
+constexpr double kGeluForwardFlops = 8, kGeluBackwardFlops = 16;
+
 inline void gelu_forward(floatX* out, const floatX* inp, size_t N, cudaStream_t stream) {
     require_supported("gelu_forward", gelu_alignment_problem("out", out));
     require_supported("gelu_forward", gelu_alignment_problem("inp", inp));
     if (N == 0) return;
     const int block = 256;
-    launch<gelu_forward_kernel>(dim3(ceil_div(ceil_div(N, Packed128<floatX>::size), block)), dim3(block), 0, stream, out,
-                                inp, N);
+    const KernelCost cost{kGeluForwardFlops * double(N), 2.0 * double(N) * sizeof(floatX)};  // inp in, out out
+    launch<gelu_forward_kernel>(cost, dim3(ceil_div(ceil_div(N, Packed128<floatX>::size), block)), dim3(block), 0,
+                                stream, out, inp, N);
 }
 
 inline void gelu_backward(floatX* dinp, const floatX* inp, const floatX* dout, size_t N, cudaStream_t stream) {
@@ -71,6 +77,7 @@ inline void gelu_backward(floatX* dinp, const floatX* inp, const floatX* dout, s
     require_supported("gelu_backward", gelu_alignment_problem("dout", dout));
     if (N == 0) return;
     const int block = 256;
-    launch<gelu_backward_kernel>(dim3(ceil_div(ceil_div(N, Packed128<floatX>::size), block)), dim3(block), 0, stream,
-                                 dinp, inp, dout, N);
+    const KernelCost cost{kGeluBackwardFlops * double(N), 3.0 * double(N) * sizeof(floatX)};  // inp, dout in; dinp out
+    launch<gelu_backward_kernel>(cost, dim3(ceil_div(ceil_div(N, Packed128<floatX>::size), block)), dim3(block), 0,
+                                 stream, dinp, inp, dout, N);
 }

@@ -64,8 +64,12 @@ inline void global_norm_squared(float* out, const floatX* values, size_t n, floa
     const size_t head = std::min(elements_to_align16(values), n);
     const size_t vectors = (n - head) / width;
     const size_t blocks = global_norm_blocks(n);
-    launch<global_norm_partials_kernel>(dim3(unsigned(blocks)), dim3(kGlobalNormBlock), 0, stream, scratch, values, n,
-                                        head, vectors);
+    // One fma (2 FLOPs) per value, then the block sums; values read once, one partial per block written.
+    const KernelCost partials_cost{2.0 * double(n) + double(blocks) * kGlobalNormBlock,
+                                   double(n) * sizeof(floatX) + double(blocks) * sizeof(float)};
+    launch<global_norm_partials_kernel>(partials_cost, dim3(unsigned(blocks)), dim3(kGlobalNormBlock), 0, stream,
+                                        scratch, values, n, head, vectors);
     const unsigned finish_threads = ceil_div(blocks, 32) * 32;
-    launch<global_norm_finish_kernel>(dim3(1), dim3(finish_threads), 0, stream, out, scratch, int(blocks));
+    const KernelCost finish_cost{double(finish_threads), (double(blocks) + 1) * sizeof(float)};
+    launch<global_norm_finish_kernel>(finish_cost, dim3(1), dim3(finish_threads), 0, stream, out, scratch, int(blocks));
 }

@@ -98,6 +98,17 @@ __global__ void fused_residual_layernorm_forward_kernel(floatX* residual, floatX
                   bias, C);
 }
 
+// Costs. FLOPs per element: forward 8 (mean 1; variance 3: subtract, multiply, add; output 4:
+// subtract, two multiplies, add), the residual add 1 more; backward 14 (xhat 2, dxhat 1, the two
+// row sums 3, the parameter-gradient sums 3, dx 4, the += 1). Bytes: every tensor once. The
+// forward kernels read each row three times (mean, variance, output: all but the first from L1),
+// and the fused one reads back the residual it has just written; neither re-read is counted.
+inline KernelCost layernorm_forward_cost(int N, int C, bool stats, bool residual) {
+    const double nc = double(N) * C, X = sizeof(floatX);
+    const double tensors = residual ? 4 : 2;  // in: inp (or inp1, inp2); out: out (and residual)
+    return {(residual ? 9.0 : 8.0) * nc, tensors * nc * X + 2.0 * C * X + (stats ? 2.0 * N * sizeof(float) : 0.0)};
+}
+
 // mean and rstd may be null when the backward pass will not need them.
 inline void layernorm_forward(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* weight,
                               const floatX* bias, int N, int C, cudaStream_t stream) {
@@ -105,7 +116,8 @@ inline void layernorm_forward(floatX* out, float* mean, float* rstd, const float
     require_supported("layernorm_forward", layernorm_rows_problem(N));
     if (N == 0) return;
     const int rows_per_block = kLayernormForwardBlock / 32;
-    launch<layernorm_forward_kernel>(dim3(ceil_div(N, rows_per_block)), dim3(kLayernormForwardBlock), 0, stream, out,
+    launch<layernorm_forward_kernel>(layernorm_forward_cost(N, C, mean != nullptr, false),
+                                     dim3(ceil_div(N, rows_per_block)), dim3(kLayernormForwardBlock), 0, stream, out,
                                      mean, rstd, inp, weight, bias, N, C);
 }
 
@@ -116,7 +128,8 @@ inline void fused_residual_layernorm_forward(floatX* residual, floatX* out, floa
     require_supported("fused_residual_layernorm_forward", layernorm_rows_problem(N));
     if (N == 0) return;
     const int rows_per_block = kLayernormForwardBlock / 32;
-    launch<fused_residual_layernorm_forward_kernel>(dim3(ceil_div(N, rows_per_block)), dim3(kLayernormForwardBlock), 0,
+    launch<fused_residual_layernorm_forward_kernel>(layernorm_forward_cost(N, C, mean != nullptr, true),
+                                                    dim3(ceil_div(N, rows_per_block)), dim3(kLayernormForwardBlock), 0,
                                                     stream, residual, out, mean, rstd, inp1, inp2, weight, bias, N, C);
 }
 
@@ -245,8 +258,13 @@ inline void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias, flo
     if (N == 0) return;
     const int blocks = layernorm_backward_blocks(N);
     const unsigned threads = ceil_div(ceil_div(C, kLayernormChannelsPerThread), 32) * 32;
-    launch<layernorm_backward_kernel>(dim3(blocks), dim3(threads), 0, stream, dinp, scratch, dout, inp, weight, mean,
-                                      rstd, N, C);
-    launch<layernorm_param_grads_kernel>(dim3(ceil_div(2 * size_t(C), 32)), dim3(32, kLayernormReduceSlices), 0, stream,
-                                         dweight, dbias, scratch, blocks, C);
+    // dout, inp read; dinp read and written (+=); weight, mean, rstd read; the partials written.
+    const double nc = double(N) * C, X = sizeof(floatX), partial_floats = double(blocks) * 2 * C;
+    const KernelCost cost{14.0 * nc, 4.0 * nc * X + double(C) * X + 2.0 * N * sizeof(float) + partial_floats * sizeof(float)};
+    launch<layernorm_backward_kernel>(cost, dim3(blocks), dim3(threads), 0, stream, dinp, scratch, dout, inp, weight,
+                                      mean, rstd, N, C);
+    // The partials summed (one add each) and added into dweight and dbias (read and written).
+    const KernelCost reduce_cost{partial_floats + 2.0 * C, partial_floats * sizeof(float) + 4.0 * C * X};
+    launch<layernorm_param_grads_kernel>(reduce_cost, dim3(ceil_div(2 * size_t(C), 32)), dim3(32, kLayernormReduceSlices),
+                                         0, stream, dweight, dbias, scratch, blocks, C);
 }

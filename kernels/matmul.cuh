@@ -80,7 +80,17 @@ inline uint32_t alignment_of(const void* p) {
     return address == 0 ? 256u : uint32_t(std::min<uintptr_t>(256, address & (~address + 1)));
 }
 
-inline void run(const Gemm& g, cudaStream_t stream) {
+// What one GEMM costs: 2mnk FLOPs (plus the beta * C accumulation and the bias add); bytes: A, B
+// and D once, C when beta != 0, the bias, and the GELU aux (written by GELU_AUX*, read by DGELU).
+inline KernelCost gemm_cost(const Gemm& g) {
+    const double m = g.m, n = g.n, k = g.k, X = sizeof(floatX);
+    double flops = 2 * m * n * k + (g.beta != 0.0f ? 2 * m * n : 0) + (g.bias ? m * n : 0);
+    double bytes = (m * k + k * n + m * n * (g.beta != 0.0f ? 2 : 1)) * X + (g.bias ? m * X : 0) + (g.aux ? m * n * X : 0);
+    return {flops, bytes, WorkKind::matmul};
+}
+
+// `name` labels the GEMM in launch records (launch_record.h).
+inline void run(const Gemm& g, cudaStream_t stream, const std::string& name) {
     cublasLtMatmulDesc_t desc;
     CUBLASLT_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const int32_t transa = g.transa, transb = g.transb;  // attribute types from cublasLt.h
@@ -125,8 +135,12 @@ inline void run(const Gemm& g, cudaStream_t stream) {
                               std::to_string(g.n) + ", k = " + std::to_string(g.k) + ", epilogue " +
                               std::to_string(epilogue));
     const float alpha = 1.0f;
-    CUBLASLT_CHECK(cublasLtMatmul(handle, desc, &alpha, g.a, a_layout, g.b, b_layout, &g.beta, g.d, d_layout, g.d,
-                                  d_layout, &heuristic.algo, workspace, kMatmulWorkspaceBytes, stream));
+    {
+        const KernelCost cost = gemm_cost(g);
+        launch_record::Scope recorded(name, cost.kind, cost.flops, cost.bytes, stream);
+        CUBLASLT_CHECK(cublasLtMatmul(handle, desc, &alpha, g.a, a_layout, g.b, b_layout, &g.beta, g.d, d_layout, g.d,
+                                      d_layout, &heuristic.algo, workspace, kMatmulWorkspaceBytes, stream));
+    }
     cublasLtMatmulPreferenceDestroy(preference);
     cublasLtMatrixLayoutDestroy(d_layout);
     cublasLtMatrixLayoutDestroy(b_layout);
@@ -183,6 +197,14 @@ __global__ void bias_grad_finish_kernel(floatX* dbias, const float* partials, in
     store128(dbias + column, bias);
 }
 
+// "matmul_forward(C=768, OC=2304, bias, gelu)": one row per layer shape in the roofline tables.
+inline std::string record_name(const char* what, int C, int OC, std::initializer_list<const char*> fused) {
+    std::string name = std::string(what) + "(C=" + std::to_string(C) + ", OC=" + std::to_string(OC);
+    for (const char* f : fused)
+        if (*f) name += std::string(", ") + f;
+    return name + ")";
+}
+
 // Launcher input checks (one line naming the launcher and the argument, then exit).
 struct NamedPointer {
     const char* name;
@@ -231,7 +253,7 @@ inline void matmul_forward(floatX* out, const floatX* inp, const floatX* weight,
     g.aux = pre_gelu;
     g.epilogue = pre_gelu ? (bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
                           : (bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
-    run(g, stream);
+    run(g, stream, record_name("matmul_forward", C, OC, {bias ? "bias" : "", pre_gelu ? "gelu" : ""}));
 }
 
 inline size_t matmul_backward_scratch_floats(int N, int OC) {
@@ -253,19 +275,24 @@ inline void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, float*
     Gemm input_grad{CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, weight, C, dout, OC, dinp, C};
     input_grad.aux = const_cast<floatX*>(pre_gelu_of_inp);  // DGELU reads it (cuBLASLt takes void*)
     input_grad.epilogue = pre_gelu_of_inp ? CUBLASLT_EPILOGUE_DGELU : CUBLASLT_EPILOGUE_DEFAULT;
-    run(input_grad, stream);
+    run(input_grad, stream, record_name("matmul_backward_dinp", C, OC, {pre_gelu_of_inp ? "dgelu" : ""}));
 
     Gemm weight_grad{CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, inp, C, dout, OC, dweight, C};
     weight_grad.beta = 1.0f;
-    run(weight_grad, stream);
+    run(weight_grad, stream, record_name("matmul_backward_dweight", C, OC, {}));
 
     if (dbias) {
         const int chunks = bias_grad_chunks(N), rows_per_chunk = int(ceil_div(N, chunks));
         const int used_chunks = int(ceil_div(N, rows_per_chunk));
-        launch<bias_grad_partial_kernel>(dim3(ceil_div(OC, kBiasColumnsPerBlock), used_chunks),
+        // Column sums: one add per dout element, read once; one partial row per chunk written. Then
+        // the partials read once and added into dbias (read and written).
+        const double X = sizeof(floatX), partial_floats = double(used_chunks) * OC;
+        const KernelCost partial_cost{double(N) * OC, double(N) * OC * X + partial_floats * sizeof(float)};
+        launch<bias_grad_partial_kernel>(partial_cost, dim3(ceil_div(OC, kBiasColumnsPerBlock), used_chunks),
                                          dim3(32, kBiasRowThreads), 0, stream, scratch, dout, N, OC, rows_per_chunk);
         const int threads = 128;
-        launch<bias_grad_finish_kernel>(dim3(ceil_div(OC / kPack, threads)), dim3(threads), 0, stream, dbias,
+        const KernelCost finish_cost{partial_floats + OC, partial_floats * sizeof(float) + 2.0 * OC * X};
+        launch<bias_grad_finish_kernel>(finish_cost, dim3(ceil_div(OC / kPack, threads)), dim3(threads), 0, stream, dbias,
                                         (const float*)scratch, used_chunks, OC);
     }
 }

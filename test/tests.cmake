@@ -108,3 +108,8 @@ add_test(dry_run_d48 ${train_binary} -e d48 -b 16 -t 1024 --world-size 8 -z 1 -r
 set_tests_properties(dry_run_d48 PROPERTIES PASS_REGULAR_EXPRESSION "\"parameters\": 1557686400")
 add_test(plan_does_not_fit ${CMAKE_CURRENT_LIST_DIR}/expect_failure.sh "more than the .* available"
          ${train_binary} -e tiny -b 4 -t 64 --max-memory 0.01)
+
+# Launch recording, the emulator's record-only mode (the executed and the record-only step record
+# the same launches) and the roofline arithmetic (dev/roofline.cu); then --profile-step's table.
+add_test(test_roofline ${TEST_BIN}/test_roofline)
+add_test(test_profile_step ${CMAKE_CURRENT_LIST_DIR}/test_profile_step.sh ${train_binary})

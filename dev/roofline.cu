@@ -1,0 +1,209 @@
+// The roofline of one training step at full size, from the real code path.
+//
+// Runs ONE real train_step (train_gpt.cu) of the target model -- d12..d48 at the given B, T, ZeRO
+// stage, world size and recompute mode -- in the emulator's record-only mode: the model is built
+// (its device memory only reserved as address space, so a 1.5B-parameter plan costs nothing),
+// and every kernel launch, cuBLASLt matmul, memset, copy and NCCL collective of the step is
+// recorded with its FLOPs and bytes, and none executed. The process plays rank 0 of W: its NCCL
+// communicator has W ranks and no peers. Weight initialization and trainer_start are skipped
+// (they touch host copies of every parameter; nothing executes, so values do not matter).
+//
+// It prints, per kernel name: launches, GFLOP, GB, arithmetic intensity, the estimated time on an
+// H100 SXM and what bounds it; then the step replayed on its streams (communication overlaps the
+// backward pass as the event dependencies allow), one micro-step's time, tokens/s and MFU by
+// llm.c's (6N + 6LCT) and PaLM's (6N + 12LCT) formulas, and llm.c's published 1.5B run beside it.
+// The hardware peaks and the efficiency factors assumed are in host/roofline.h (and printed).
+//
+//   make roofline && build/cpu/roofline -e d48 -b 16 -t 1024 -z 1 -w 8
+//   build/cpu/roofline -e d12 -b 4 -t 1024 --launches-json launches.json   (kernel_report.py's input)
+#define TRAIN_GPT_NO_MAIN
+#include "../train_gpt.cu"
+
+#include "host/roofline.h"
+
+namespace {
+
+struct Options {
+    std::string model = "d12", recompute = "none", launches_json;
+    std::string attention = kDefaultAttention == Attention::tc ? "tc" : "simt";  // as train_gpt's default
+    int B = 4, T = 1024, zero_stage = 1, world_size = 8;
+    int64_t total_batch_tokens = 1048576;  // llm.c's GPT-2 1.5B run: 8 ranks x 16 x 1024 x 8 micro-steps
+};
+
+const char* kUsage =
+    "usage: roofline [-e d12|d24|d36|d48|tiny|mini] [-b B] [-t T] [-z ZERO_STAGE] [-w WORLD_SIZE]\n"
+    "                [-r none|selective|full] [--attention simt|tc] [-d TOTAL_BATCH_TOKENS]\n"
+    "                [--launches-json FILE]\n"
+    "defaults: -e d12 -b 4 -t 1024 -z 1 -w 8 -r none --attention tc (simt in the FP32 build) -d 1048576\n";
+
+[[noreturn]] void usage_error(const std::string& message) {
+    std::fprintf(stderr, "roofline: %s\n%s", message.c_str(), kUsage);
+    std::exit(EXIT_FAILURE);
+}
+
+int64_t parse_int(const std::string& flag, const char* text) {
+    char* end = nullptr;
+    const long long v = std::strtoll(text, &end, 10);
+    if (end == text || *end != '\0') usage_error(flag + " expects an integer, got '" + text + "'");
+    return v;
+}
+
+Options parse(int argc, char** argv) {
+    Options o;
+    for (int i = 1; i < argc; ++i) {
+        const std::string flag = argv[i];
+        if (flag == "--help") {
+            std::printf("%s", kUsage);
+            std::exit(EXIT_SUCCESS);
+        }
+        if (i + 1 >= argc) usage_error(flag + " needs a value");
+        const char* value = argv[++i];
+        if (flag == "-e" || flag == "--model") o.model = value;
+        else if (flag == "-b" || flag == "--batch-size") o.B = int(parse_int(flag, value));
+        else if (flag == "-t" || flag == "--seq-len") o.T = int(parse_int(flag, value));
+        else if (flag == "-z" || flag == "--zero-stage") o.zero_stage = int(parse_int(flag, value));
+        else if (flag == "-w" || flag == "--world-size") o.world_size = int(parse_int(flag, value));
+        else if (flag == "-d" || flag == "--total-batch-tokens") o.total_batch_tokens = parse_int(flag, value);
+        else if (flag == "-r" || flag == "--recompute") o.recompute = value;
+        else if (flag == "--attention") o.attention = value;
+        else if (flag == "--launches-json") o.launches_json = value;
+        else usage_error("unknown flag " + flag);
+    }
+    if (o.world_size < 1) usage_error("-w: the world size must be at least 1");
+    if (o.B < 1 || o.T < 1) usage_error("-b, -t: B and T must be at least 1");
+    return o;
+}
+
+// A rank-0-of-W run with no peers: MPI only for this process (the step's host-side sums), and a
+// record-only NCCL communicator of W ranks.
+Distributed record_only_distributed(int world_size) {
+    Distributed d;
+    d.mpi = MPI_COMM_SELF;
+    d.world_size = world_size;
+    ncclUniqueId id{};
+    NCCL_CHECK(ncclCommInitRank(&d.nccl, world_size, id, 0));
+    CUDA_CHECK(cudaStreamCreate(&d.comm_stream));
+    CUDA_CHECK(cudaEventCreateWithFlags(&d.compute_done, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&d.comm_done, cudaEventDisableTiming));
+    return d;
+}
+
+// The records of one optimizer step over `micro_steps` micro-batches (token values are arbitrary:
+// only the encoder's backward grid depends on them, through the number of distinct tokens).
+std::vector<LaunchRecord> record_step(Trainer& tr, int micro_steps, int B, int T) {
+    const int V = tr.model.config.vocab_size;
+    std::vector<std::vector<int>> inputs(micro_steps, std::vector<int>(size_t(B) * T));
+    std::vector<const int*> in_ptrs, tg_ptrs;
+    for (int s = 0; s < micro_steps; ++s) {
+        for (size_t i = 0; i < inputs[s].size(); ++i) inputs[s][i] = int((i * 7919 + size_t(s) * 104729) % size_t(V));
+        in_ptrs.push_back(inputs[s].data());
+        tg_ptrs.push_back(inputs[s].data());  // every target valid
+    }
+    launch_record::start(/*timing=*/false);
+    train_step(tr, in_ptrs, tg_ptrs, B, T, 1e-4f);
+    return launch_record::stop();
+}
+
+// One entry per distinct (kernel, block, dynamic shared memory) of our own kernels: what
+// scripts/kernel_report.py needs for the occupancy of each kernel.
+void write_launches_json(const std::string& path, const std::vector<LaunchRecord>& records, const Options& o) {
+    std::map<std::tuple<std::string, unsigned, unsigned, unsigned, size_t>, nlohmann::json> launches;
+    for (const LaunchRecord& r : records) {
+        if (r.kind != WorkKind::cuda_cores && r.kind != WorkKind::tensor_cores) continue;
+        nlohmann::json& j = launches[{r.name, r.block.x, r.block.y, r.block.z, r.dynamic_smem}];
+        if (j.is_null())
+            j = {{"name", r.name},
+                 {"kind", work_kind_name(r.kind)},
+                 {"grid", {r.grid.x, r.grid.y, r.grid.z}},
+                 {"block", {r.block.x, r.block.y, r.block.z}},
+                 {"dynamic_smem", r.dynamic_smem},
+                 {"launches", 0}};
+        j["launches"] = j["launches"].get<long long>() + 1;
+    }
+    nlohmann::json out = {{"model", o.model}, {"B", o.B}, {"T", o.T}, {"attention", o.attention}, {"zero_stage", o.zero_stage},
+                          {"world_size", o.world_size}, {"precision", kPrecisionName}, {"launches", nlohmann::json::array()}};
+    for (auto& [key, j] : launches) out["launches"].push_back(j);
+    std::ofstream file(path);
+    file << out.dump(2) << "\n";
+    if (!file) usage_error("--launches-json: cannot write '" + path + "'");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const Options o = parse(argc, argv);
+    std::string checkpoint;
+    GPT2Config config;
+    ModelOptions options;
+    try {
+        config = model_config_of(o.model, o.T, &checkpoint);
+        options = {recompute_of(o.recompute), attention_of(o.attention)};
+    } catch (const std::exception& e) {
+        usage_error(e.what());
+    }
+    if (options.attention == Attention::tc)
+        if (const std::string problem = attention_tc_requirements(o.B, o.T, config.channels, config.num_heads);
+            !problem.empty())
+            usage_error(problem);
+    const int64_t rank_tokens = int64_t(o.B) * o.T, step_tokens_per_micro = rank_tokens * o.world_size;
+    if (o.total_batch_tokens < step_tokens_per_micro || o.total_batch_tokens % step_tokens_per_micro != 0)
+        usage_error("-d: " + std::to_string(o.total_batch_tokens) + " tokens per step is not a multiple of W x B x T = " +
+                    std::to_string(step_tokens_per_micro));
+    const int micro_steps = int(o.total_batch_tokens / step_tokens_per_micro);
+
+    MPI_Init(&argc, &argv);
+    cuemu::set_record_only(true);
+    Distributed dist = record_only_distributed(o.world_size);
+    Trainer tr;
+    trainer_build(tr, dist, config, o.B, o.T, o.zero_stage, OptimizerConfig{}, options);
+    const GPT2& m = tr.model;
+
+    const std::vector<LaunchRecord> one = record_step(tr, 1, o.B, o.T);
+    const std::vector<LaunchRecord> step = micro_steps == 1 ? one : record_step(tr, micro_steps, o.B, o.T);
+    if (!o.launches_json.empty()) write_launches_json(o.launches_json, step, o);
+
+    const StepTimeline one_timeline = replay_streams(one), timeline = replay_streams(step);
+    const int L = config.num_layers, C = config.channels;
+    std::printf("roofline: %s, %s parameters, B=%d T=%d, ZeRO-%d on %d rank(s) (recorded: rank 0), recompute %s, "
+                "attention %s, %s\n",
+                o.model.c_str(), with_thousands(int64_t(m.num_parameters)).c_str(), o.B, o.T, o.zero_stage,
+                o.world_size, recompute_name(options.recompute), o.attention.c_str(), kPrecisionName);
+    std::printf("step: %d micro-step(s) x %d x %d tokens x %d rank(s) = %s tokens; memory plan %.2f GiB per rank\n",
+                micro_steps, o.B, o.T, o.world_size, with_thousands(o.total_batch_tokens).c_str(),
+                double(m.plan.total()) / double(size_t(1) << 30));
+    std::printf("%s\n\n", H100Model::assumptions().c_str());
+    std::printf("per kernel, one optimizer step of rank 0 (estimated H100 SXM time):\n%s\n", kernel_table(step).c_str());
+
+    // One micro-step (forward + backward) without the step's reduction and update: the difference
+    // between the step and a one-micro-step step, per extra micro-step.
+    const double micro_s = micro_steps > 1 ? (timeline.step_s - one_timeline.step_s) / (micro_steps - 1)
+                                           : one_timeline.busiest_stream_s;
+    std::printf("one micro-step (forward + backward, %d x %d tokens): %.2f ms%s\n", o.B, o.T, micro_s * 1e3,
+                micro_steps > 1 ? "" : " (one micro-step: includes the reduction and the update)");
+    std::printf("step: compute stream %.2f ms, other streams %.2f ms of which %.2f ms not overlapped -> %.2f ms%s\n",
+                timeline.busiest_stream_s * 1e3, timeline.other_streams_s * 1e3, timeline.exposed_s * 1e3,
+                timeline.step_s * 1e3, timeline.has_dependencies ? "" : " (no stream dependencies recorded)");
+    std::printf("%s", throughput_line("estimate", step_throughput(timeline.step_s, double(o.total_batch_tokens),
+                                                                  o.world_size, int64_t(m.num_parameters), L, C, o.T))
+                          .c_str());
+    double recorded_flops = 0;
+    for (const LaunchRecord& r : step) recorded_flops += r.flops;
+    std::printf("recorded FLOPs per token: %.3g (6N + 6LCT = %.3g, 6N + 12LCT = %.3g)\n",
+                recorded_flops / double(rank_tokens * micro_steps),
+                flops_per_token(int64_t(m.num_parameters), L, C, o.T),
+                flops_per_token_palm(int64_t(m.num_parameters), L, C, o.T));
+    // llm.c's published GPT-2 (1.5B) reproduction, as issue 7 quotes it: 8x H100 SXM, B=16, T=1024,
+    // 1,048,576 tokens per step, 2.75 s per step, 47.3% MFU.
+    constexpr double kLlmcStepSeconds = 2.75, kLlmcMfu = 0.473;
+    std::printf("llm.c's published 1.5B run (8x H100 SXM, d48, B=16, T=1024, 1,048,576 tokens/step): %.2f s/step, "
+                "%.1f%% MFU; this estimate: %.3f s/step (%.2fx)%s\n",
+                kLlmcStepSeconds, 100 * kLlmcMfu, timeline.step_s, timeline.step_s / kLlmcStepSeconds,
+                o.model == "d48" && o.B == 16 && o.T == 1024 && o.world_size == 8 && o.total_batch_tokens == 1048576
+                    ? ""
+                    : " [a different configuration]");
+
+    trainer_free(tr);
+    distributed_release(dist);
+    MPI_Finalize();
+    return 0;
+}

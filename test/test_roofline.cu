@@ -1,0 +1,270 @@
+// Launch recording (kernels/launch_record.h), the emulator's record-only mode, and the roofline
+// arithmetic (host/roofline.h) that dev/roofline.cu and --profile-step print.
+//
+// The roofline tool's numbers are only as good as its list of launches, which it takes from one
+// training step run in record-only mode (nothing executes). So the central test runs the same
+// small step twice -- executed for real with recording on, then record-only -- and requires the
+// two lists to be identical: names, grids, blocks, shared memory, FLOPs, bytes, streams, events.
+#define TRAIN_GPT_NO_MAIN
+#include "../train_gpt.cu"
+
+#include <cstdlib>
+#include <map>
+
+#include "test_util.h"
+
+namespace {
+
+// MPI for the host-side sums of the step (MPI_COMM_SELF) and the emulated NCCL of an executed
+// step; a singleton MPI needs no mpirun.
+void ensure_mpi() {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (initialized) return;
+    MPI_Init(nullptr, nullptr);
+    std::atexit([] { MPI_Finalize(); });
+}
+
+void set_record_only(bool on) {
+#ifdef __CUDACC__
+    REQUIRE_FALSE(on);  // the emulator's mode; the nvcc build executes everything
+#else
+    cuemu::set_record_only(on);
+#endif
+}
+
+// Rank 0 of `world_size` on its own: MPI_COMM_SELF for the host-side sums, and an NCCL
+// communicator of world_size ranks (more than one only in record-only mode: no peers exist).
+Distributed lone_rank(int world_size) {
+    ensure_mpi();
+    Distributed d;
+    d.mpi = MPI_COMM_SELF;
+    d.world_size = world_size;
+    ncclUniqueId id;
+    NCCL_CHECK(ncclGetUniqueId(&id));
+    NCCL_CHECK(ncclCommInitRank(&d.nccl, world_size, id, 0));
+    CUDA_CHECK(cudaStreamCreate(&d.comm_stream));
+    CUDA_CHECK(cudaEventCreateWithFlags(&d.compute_done, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&d.comm_done, cudaEventDisableTiming));
+    return d;
+}
+
+// L=2, C=64, NH=4 (head size 16), V = Vp = 512, B=2, T=32: seconds in the emulator.
+const GPT2Config kConfig{64, 512, 512, 2, 4, 64};
+constexpr int kB = 2, kT = 32;
+
+struct StepSetup {
+    int zero_stage = 0, micro_steps = 1, world_size = 1;
+    bool record_only = false, timing = false;
+    Attention attention = Attention::simt;
+};
+
+std::vector<LaunchRecord> record_one_step(const StepSetup& s) {
+    set_record_only(s.record_only);
+    Distributed dist = lone_rank(s.world_size);
+    Trainer tr;
+    trainer_build(tr, dist, kConfig, kB, kT, s.zero_stage, OptimizerConfig{}, ModelOptions{Recompute::none, s.attention});
+    if (!s.record_only) {  // the roofline tool skips these too: nothing executes there
+        gpt2_init_weights(tr.model, 7);
+        trainer_start(tr);
+    }
+    std::vector<std::vector<int>> tokens(s.micro_steps, std::vector<int>(size_t(kB) * kT));
+    std::vector<const int*> inputs;
+    for (int m = 0; m < s.micro_steps; ++m) {
+        for (size_t i = 0; i < tokens[m].size(); ++i) tokens[m][i] = int((i * 37 + size_t(m) * 11) % 200);
+        inputs.push_back(tokens[m].data());
+    }
+    launch_record::start(s.timing);
+    train_step(tr, inputs, inputs, kB, kT, 1e-3f);
+    std::vector<LaunchRecord> records = launch_record::stop();
+    trainer_free(tr);
+    distributed_release(dist);
+    set_record_only(false);
+    return records;
+}
+
+// Pointers differ between runs; their order of first appearance does not.
+template <typename T> std::vector<int> first_appearance(const std::vector<LaunchRecord>& records, T LaunchRecord::*field) {
+    std::map<const void*, int> index;
+    std::vector<int> out;
+    for (const LaunchRecord& r : records) {
+        const void* p = static_cast<const void*>(r.*field);
+        auto it = index.emplace(p, int(index.size())).first;
+        out.push_back(p ? it->second : -1);
+    }
+    return out;
+}
+
+bool contains_name(const std::vector<LaunchRecord>& records, const std::string& name) {
+    for (const LaunchRecord& r : records)
+        if (r.name == name) return true;
+    return false;
+}
+
+}  // namespace
+
+TEST_CASE("recording an executed step: every launch of the model, timed") {
+    for (int zero_stage : {0, 2}) {
+        const std::vector<LaunchRecord> records = record_one_step({zero_stage, 2, 1, false, true});
+        INFO("ZeRO-" << zero_stage);
+        // The model's kernels, by the names the tables print (head size 16 -> the HS_MAX 32 kernels).
+        for (const char* name : {"encoder_forward_kernel", "layernorm_forward_kernel", "fused_residual_layernorm_forward_kernel",
+                                 "attention_forward_kernel<32>", "attention_backward_dkdv_kernel<32>",
+                                 "attention_backward_dq_kernel<32>", "fused_classifier_kernel", "layernorm_backward_kernel",
+                                 "encoder_backward_wte_kernel", "adamw_kernel", "global_norm_partials_kernel",
+                                 "matmul_forward(C=64, OC=192, bias)", "matmul_forward(C=64, OC=256, bias, gelu)",
+                                 "matmul_backward_dinp(C=256, OC=64, dgelu)", "matmul_backward_dweight(C=64, OC=512)"})
+            CHECK(contains_name(records, name));
+        size_t forward_launches = 0;
+        double matmul_flops = 0;
+        for (const LaunchRecord& r : records) {
+            forward_launches += r.name == "attention_forward_kernel<32>";
+            if (r.kind == WorkKind::matmul) matmul_flops += r.flops;
+            if (!is_sync_record(r)) CHECK(r.ms >= 0);  // timed (CUDA events; the emulator's wall clock)
+            if (r.kind == WorkKind::cuda_cores) CHECK(r.block.x * r.block.y * r.block.z > 0);
+        }
+        CHECK(forward_launches == 2 * 2);  // L layers x micro-steps
+        // The GEMMs: 2 x 3 passes x 2 FLOPs per multiply-add over every weight and token, plus
+        // the bias adds and beta accumulations: 6 N_weights x tokens within 1%.
+        const double weights = 2.0 * (3 * 64 * 64 + 64 * 64 + 2 * 4 * 64 * 64) + 512.0 * 64;
+        const double tokens = 2.0 * kB * kT;
+        CHECK(matmul_flops == Approx(6 * weights * tokens).epsilon(0.01));
+        if (zero_stage == 2) CHECK(contains_name(records, "accumulate_kernel"));
+    }
+    if constexpr (std::is_same_v<floatX, __nv_bfloat16>) {  // the tensor-core kernels are BF16 only
+        const std::vector<LaunchRecord> records = record_one_step({0, 1, 1, false, true, Attention::tc});
+        int tensor_launches = 0;
+        for (const LaunchRecord& r : records)
+            if (r.kind == WorkKind::tensor_cores) {
+                ++tensor_launches;
+                CHECK(r.name.find("attention_tc_") == 0);
+                CHECK(r.flops > 0);
+            }
+        CHECK(tensor_launches == 3 * 2);  // forward, dK/dV, dQ per layer
+        CHECK_FALSE(contains_name(records, "attention_forward_kernel<32>"));
+    }
+}
+
+#ifndef __CUDACC__
+TEST_CASE("record-only mode records exactly the launches of an executed step") {
+    for (StepSetup setup : {StepSetup{0, 1}, StepSetup{2, 2}, StepSetup{1, 3, 1, false, false, Attention::tc}}) {
+        INFO("ZeRO-" << setup.zero_stage << ", " << setup.micro_steps << " micro-steps, "
+                     << (setup.attention == Attention::tc ? "tc" : "simt"));
+        const std::vector<LaunchRecord> executed = record_one_step(setup);
+        setup.record_only = true;
+        const std::vector<LaunchRecord> recorded = record_one_step(setup);
+        REQUIRE(executed.size() == recorded.size());
+        REQUIRE(executed.size() > 100);
+        const std::vector<int> executed_streams = first_appearance(executed, &LaunchRecord::stream);
+        const std::vector<int> recorded_streams = first_appearance(recorded, &LaunchRecord::stream);
+        const std::vector<int> executed_events = first_appearance(executed, &LaunchRecord::event);
+        const std::vector<int> recorded_events = first_appearance(recorded, &LaunchRecord::event);
+        for (size_t i = 0; i < executed.size(); ++i) {
+            const LaunchRecord &a = executed[i], &b = recorded[i];
+            INFO("record " << i << ": " << a.name << " / " << b.name);
+            REQUIRE(a.name == b.name);
+            CHECK(a.kind == b.kind);
+            CHECK((a.grid.x == b.grid.x && a.grid.y == b.grid.y && a.grid.z == b.grid.z));
+            CHECK((a.block.x == b.block.x && a.block.y == b.block.y && a.block.z == b.block.z));
+            CHECK(a.dynamic_smem == b.dynamic_smem);
+            CHECK(a.flops == b.flops);  // same formulas of the same sizes: exact
+            CHECK(a.bytes == b.bytes);
+            CHECK(executed_streams[i] == recorded_streams[i]);
+            CHECK(executed_events[i] == recorded_events[i]);
+        }
+    }
+}
+
+TEST_CASE("record-only on 4 ranks: collectives carry NCCL's bus bytes per rank") {
+    const std::vector<LaunchRecord> records = record_one_step({1, 1, 4, true, false});
+    size_t sizes[kNumParameterTensors], parameters = 0;
+    parameter_sizes(kConfig, sizes);
+    for (size_t n : sizes) parameters += n;
+    const ShardLayout shard = shard_layout(parameters, 0, 4, 1);
+    const double X = sizeof(floatX);
+    double reduced = 0, gathered = 0, norm = 0;
+    for (const LaunchRecord& r : records) {
+        if (r.name == "ncclReduce") reduced += r.bytes;
+        if (r.name == "ncclAllGather") gathered += r.bytes;
+        if (r.name == "ncclAllReduce") norm += r.bytes;
+    }
+    // ZeRO-1: every gradient reduced to its shard's owner (bus factor 1, nccl-tests' convention),
+    // the updated shards gathered ((n-1)/n of the whole buffer), the squared norm all-reduced
+    // (2(n-1)/n of one float).
+    CHECK(reduced == double(parameters) * X);
+    CHECK(gathered == 0.75 * double(shard.padded_size) * X);
+    CHECK(norm == 2 * 0.75 * sizeof(float));
+}
+
+__global__ void set_flag_kernel(int* flag) { *flag = 1; }
+
+TEST_CASE("record-only mode: memory is only reserved and nothing executes") {
+    set_record_only(true);
+    const size_t huge = size_t(60) << 30;  // more than this machine's memory, within the emulated 80 GiB
+    const size_t before = cuemu::memory_stats().current_bytes;
+    void* device = nullptr;
+    REQUIRE(cudaMalloc(&device, huge) == cudaSuccess);
+    CHECK(cuemu::memory_stats().current_bytes == before + huge);
+    std::vector<int> host = {1, 2, 3};
+    CHECK(cudaMemcpy(host.data(), device, 3 * sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(host == std::vector<int>{1, 2, 3});  // left as it was
+    CHECK(cudaMemset(device, 0, huge) == cudaSuccess);
+    int flag = 0;  // a host variable the emulated kernel could write, if it ran
+    launch_record::start(false);
+    launch<set_flag_kernel>(KernelCost{1, 4}, dim3(1), dim3(1), 0, nullptr, &flag);
+    const std::vector<LaunchRecord> records = launch_record::stop();
+    CHECK(flag == 0);
+    REQUIRE(records.size() == 1);
+    CHECK(records[0].name == "set_flag_kernel");
+    CHECK(records[0].bytes == 4);
+    CHECK(cudaFree(device) == cudaSuccess);
+    CHECK(cuemu::memory_stats().current_bytes == before);
+    set_record_only(false);
+    launch<set_flag_kernel>(KernelCost{1, 4}, dim3(1), dim3(1), 0, nullptr, &flag);
+    CHECK(flag == 1);  // executed again
+}
+#endif
+
+TEST_CASE("roofline: per-launch estimates, the stream replay and MFU") {
+    const double ms = 1e-3;
+    LaunchRecord gemm{"gemm", WorkKind::matmul, dim3(0, 0, 0), dim3(0, 0, 0), 0, 0.75 * 989e12 * ms, 1e6};
+    LaunchRecord stream_kernel{"copy_kernel", WorkKind::cuda_cores, dim3(1), dim3(256), 0, 1e6, 0.8 * 3.35e12 * ms};
+    // One millisecond of each roof, plus the 3 us launch overhead (host/roofline.h's figures).
+    CHECK(roofline_time(gemm).seconds == Approx(ms + 3e-6).epsilon(1e-9));
+    CHECK(roofline_time(stream_kernel).seconds == Approx(ms + 3e-6).epsilon(1e-9));
+    const std::vector<KernelRow> rows = kernel_rows({gemm, stream_kernel, stream_kernel});
+    REQUIRE(rows.size() == 2);
+    CHECK(rows[0].name == "copy_kernel");  // longest estimate first
+    CHECK(rows[0].launches == 2);
+    CHECK(std::string(bound_of(rows[0])) == "memory");
+    CHECK(std::string(bound_of(rows[1])) == "compute");
+
+    // Two streams: the communication waits for the compute stream's first kernel (an event), then
+    // runs 1 ms while the second kernel runs: only its 10 us latency and the 7 us extra past the
+    // compute stream's end are exposed.
+    int stream_a = 0, stream_b = 0, event = 0;
+    auto on = [](LaunchRecord r, void* stream) {
+        r.stream = static_cast<cudaStream_t>(stream);
+        return r;
+    };
+    LaunchRecord comm{"ncclAllReduce", WorkKind::communication, dim3(0, 0, 0), dim3(0, 0, 0), 0, 0, 0.8 * 450e9 * ms};
+    LaunchRecord record{"cudaEventRecord", WorkKind::event_record}, wait{"cudaStreamWaitEvent", WorkKind::stream_wait};
+    record.event = wait.event = &event;
+    const StepTimeline t = replay_streams({on(gemm, &stream_a), on(record, &stream_a), on(wait, &stream_b),
+                                           on(comm, &stream_b), on(gemm, &stream_a)});
+    CHECK(t.has_dependencies);
+    CHECK(t.busiest_stream_s == Approx(2 * (ms + 3e-6)));
+    CHECK(t.step_s == Approx((ms + 3e-6) + (ms + 10e-6)));
+    CHECK(t.exposed_s == Approx(7e-6).margin(1e-12));
+    // Without the dependency the communication starts at once and hides entirely.
+    const StepTimeline independent = replay_streams({on(gemm, &stream_a), on(comm, &stream_b), on(gemm, &stream_a)});
+    CHECK(independent.step_s == Approx(2 * (ms + 3e-6)));
+
+    // MFU: 1e6 tokens/s on one GPU of a model with 6N + 6LCT = 6e9 + 6 * 12 * 768 * 1024 FLOPs/token.
+    const StepThroughput s = step_throughput(1.0, 1e6, 1, 1000000000, 12, 768, 1024);
+    CHECK(s.mfu_llmc == Approx((6e9 + 6.0 * 12 * 768 * 1024) * 1e6 / 989e12));
+    CHECK(s.mfu_palm == Approx((6e9 + 12.0 * 12 * 768 * 1024) * 1e6 / 989e12));
+    const std::string table = kernel_table({gemm, stream_kernel});
+    CHECK(table.find("copy_kernel") != std::string::npos);
+    CHECK(table.find("total (all streams)") != std::string::npos);
+}
