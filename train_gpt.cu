@@ -33,6 +33,7 @@
 #include "host/tokenizer.h"
 #include "kernels/adamw.cuh"
 #include "kernels/attention.cuh"
+#include "kernels/attention_tc.cuh"
 #include "kernels/classifier.cuh"
 #include "kernels/common.cuh"
 #include "kernels/elementwise.cuh"
@@ -206,6 +207,23 @@ inline Recompute recompute_of(const std::string& name) {
     throw std::runtime_error("-r/--recompute must be one of none|selective|full, got '" + name + "'");
 }
 
+// Which flash attention kernels run (--attention): tensor cores (kernels/attention_tc.cuh, BF16 only)
+// or CUDA cores (kernels/attention.cuh, both precisions; the FP32 build's default).
+enum class Attention { tc, simt };
+constexpr Attention kDefaultAttention = std::is_same_v<floatX, float> ? Attention::simt : Attention::tc;
+
+inline Attention attention_of(const std::string& name) {
+    if (name == "tc") return Attention::tc;
+    if (name == "simt") return Attention::simt;
+    throw std::runtime_error("--attention must be one of tc|simt, got '" + name + "'");
+}
+
+// How the model runs, beyond its shape: what backward recomputes, which attention kernels.
+struct ModelOptions {
+    Recompute recompute = Recompute::none;
+    Attention attention = kDefaultAttention;
+};
+
 // ---------------------------------------------------------------------------------------------
 // Activations: what the forward pass keeps for the backward pass, for B sequences of T tokens.
 // Per-layer tensors are stored layer-major for all L layers, or, when recomputed, for one layer
@@ -250,6 +268,7 @@ struct GPT2 {
     size_t num_parameters = 0;
     ShardLayout shard{};
     Recompute recompute = Recompute::none;
+    Attention attention = kDefaultAttention;
     MemoryPlan plan;
     PlannedMemory memory;
     ParameterTensors params{};
@@ -289,7 +308,8 @@ inline KeptLayers kept_layers(int L, Recompute r) {
 }
 
 inline MemoryPlan gpt2_memory_plan(const GPT2Config& c, int B, int T, const ShardLayout& shard,
-                                   Recompute recompute = Recompute::none) {
+                                   const ModelOptions& options = {}) {
+    const Recompute recompute = options.recompute;
     MemoryPlan plan;
     const size_t X = sizeof(floatX), F = sizeof(float), I = sizeof(int);
     const size_t L = c.num_layers, C = c.channels, NH = c.num_heads, BT = size_t(B) * T;
@@ -347,7 +367,9 @@ inline MemoryPlan gpt2_memory_plan(const GPT2Config& c, int B, int T, const Shar
     const size_t scratch = std::max({layernorm_backward_scratch_floats(n, ci), matmul_backward_scratch_floats(n, 3 * ci),
                                      matmul_backward_scratch_floats(n, 4 * ci), matmul_backward_scratch_floats(n, ci),
                                      matmul_backward_scratch_floats(n, vp),
-                                     attention_backward_scratch_floats(B, T, c.num_heads),
+                                     options.attention == Attention::tc
+                                         ? attention_tc_backward_scratch_floats(B, T, c.num_heads)
+                                         : attention_backward_scratch_floats(B, T, c.num_heads),
                                      global_norm_scratch_floats(shard.optimizer_size()), size_t(1)});
     plan.add("scratch", "workspace", scratch * F);
     plan.add("grad_norm", "workspace", F);
@@ -361,12 +383,14 @@ inline MemoryPlan gpt2_memory_plan(const GPT2Config& c, int B, int T, const Shar
 // Allocates the plan for batches of up to B x T tokens on `shard` (default: one rank, no sharding).
 // Exits with a message naming the constraint when the configuration is not supported.
 inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int rank = 0, int world_size = 1,
-                       int zero_stage = 0, Recompute recompute = Recompute::none) {
+                       int zero_stage = 0, const ModelOptions& options = {}) {
     std::string problem = gpt2_check_config(config);
     if (problem.empty() && (T < 1 || T > config.max_seq_len))
         problem = "model: sequence length T = " + std::to_string(T) + " must be in [1, max_seq_len = " +
                   std::to_string(config.max_seq_len) + "]";
     if (problem.empty() && B < 1) problem = "model: batch size B = " + std::to_string(B) + " must be at least 1";
+    if (problem.empty() && options.attention == Attention::tc)
+        problem = attention_tc_requirements(B, T, config.channels, config.num_heads);
     if (problem.empty() && (zero_stage < 0 || zero_stage > 2))
         problem = "model: ZeRO stage " + std::to_string(zero_stage) + " is not one of 0, 1, 2";
     if (!problem.empty()) {
@@ -381,8 +405,10 @@ inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int 
         model.num_parameters += model.param_sizes[i];
     }
     model.shard = shard_layout(model.num_parameters, rank, world_size, zero_stage);
+    const Recompute recompute = options.recompute;
     model.recompute = recompute;
-    model.plan = gpt2_memory_plan(config, B, T, model.shard, recompute);
+    model.attention = options.attention;
+    model.plan = gpt2_memory_plan(config, B, T, model.shard, options);
     model.memory.allocate(model.plan);
     const PlannedMemory& m = model.memory;
 
@@ -531,7 +557,8 @@ inline void block_forward_to_mlp(GPT2& model, int l, const LayerActivations& x) 
     cudaStream_t stream = model.stream;
     // Attention branch: x + attproj(attention(ln1(x)))
     matmul_forward(x.qkv, x.ln1, w.qkvw, w.qkvb, BT, C, 3 * C, stream);
-    attention_forward(x.atty, x.att_lse, x.qkv, B, T, C, NH, stream);
+    if (model.attention == Attention::tc) attention_tc_forward(x.atty, x.att_lse, x.qkv, B, T, C, NH, stream);
+    else attention_forward(x.atty, x.att_lse, x.qkv, B, T, C, NH, stream);
     matmul_forward(branch, x.atty, w.attprojw, w.attprojb, BT, C, C, stream);
     fused_residual_layernorm_forward(x.residual2, x.ln2, x.ln2_mean, x.ln2_rstd, x.input, branch, w.ln2w, w.ln2b, BT, C,
                                      stream);
@@ -698,7 +725,10 @@ inline void gpt2_backward(GPT2& model, const std::function<void(int)>& layer_don
                            x.ln2_rstd, BT, C, stream);
         // Attention branch. Recomputation rebuilds ln1 in the buffer ln2 took over (ln2 is no longer read).
         matmul_backward(b.dbuf_c, dw.attprojw, dw.attprojb, b.scratch, b.dresidual, x.atty, w.attprojw, BT, C, C, stream);
-        attention_backward(b.dbuf_4c, b.scratch, b.dbuf_c, x.qkv, x.atty, x.att_lse, B, T, C, NH, stream);
+        if (model.attention == Attention::tc)
+            attention_tc_backward(b.dbuf_4c, b.scratch, b.dbuf_c, x.qkv, x.atty, x.att_lse, B, T, C, NH, stream);
+        else
+            attention_backward(b.dbuf_4c, b.scratch, b.dbuf_c, x.qkv, x.atty, x.att_lse, B, T, C, NH, stream);
         if (model.recompute != Recompute::none)
             layernorm_forward(x.ln1, nullptr, nullptr, x.input, w.ln1w, w.ln1b, BT, C, stream);
         matmul_backward(b.dbuf_c, dw.qkvw, dw.qkvb, b.scratch, b.dbuf_4c, x.ln1, w.qkvw, BT, C, 3 * C, stream);
@@ -739,11 +769,11 @@ inline ncclDataType_t nccl_type_of_floatX() { return std::is_same_v<floatX, floa
 // Builds the model for micro-batches of B x T on `dist`'s ranks with the given ZeRO stage, and the
 // optimizer state. Parameters must be set (gpt2_init_weights or loaded) before trainer_start.
 inline void trainer_build(Trainer& tr, const Distributed& dist, const GPT2Config& config, int B, int T, int zero_stage,
-                          const OptimizerConfig& opt, Recompute recompute = Recompute::none) {
+                          const OptimizerConfig& opt, const ModelOptions& options = {}) {
     tr.dist = dist;
     tr.opt = opt;
     CUDA_CHECK(cudaStreamCreateWithFlags(&tr.model.stream, cudaStreamNonBlocking));
-    gpt2_build(tr.model, config, B, T, dist.rank, dist.world_size, zero_stage, recompute);
+    gpt2_build(tr.model, config, B, T, dist.rank, dist.world_size, zero_stage, options);
     tr.master = tr.model.memory.get<float>("master");
     tr.adam_m = tr.model.memory.get<float>("adam_m");
     tr.adam_v = tr.model.memory.get<float>("adam_v");
@@ -967,15 +997,15 @@ inline void load_model_parameters(GPT2& m, const std::string& path) {
 }
 
 // The largest micro-batch whose plan fits in `bytes` (0 if none).
-inline int largest_fitting_batch(const GPT2Config& c, int T, const ShardLayout& shard, Recompute recompute,
+inline int largest_fitting_batch(const GPT2Config& c, int T, const ShardLayout& shard, const ModelOptions& options,
                                  size_t bytes) {
     int best = 0;
     for (int b = 1; b <= 4096; b *= 2) {
-        if (gpt2_memory_plan(c, b, T, shard, recompute).total() > bytes) break;
+        if (gpt2_memory_plan(c, b, T, shard, options).total() > bytes) break;
         best = b;
     }
     for (int step = best / 2; step >= 1; step /= 2)  // refine between best and 2*best
-        if (gpt2_memory_plan(c, best + step, T, shard, recompute).total() <= bytes) best += step;
+        if (gpt2_memory_plan(c, best + step, T, shard, options).total() <= bytes) best += step;
     return best;
 }
 
@@ -1108,9 +1138,6 @@ inline int64_t resume_checkpoint(Trainer& tr, const RunConfig& rc, DataLoader& l
 
 inline int run(const RunConfig& rc, Distributed& dist) {
     const bool main_rank = dist.rank == 0;
-    // Accepted by the CLI, not built yet: refuse rather than silently ignore.
-    if (rc.attention != "simt")
-        throw std::runtime_error("--attention " + rc.attention + ": only the SIMT attention kernels exist so far (use simt)");
     const int world = planned_world_size(rc, dist.world_size);
     std::string checkpoint;
     const GPT2Config config = model_config_of(rc.model, rc.seq_len, &checkpoint);
@@ -1121,8 +1148,12 @@ inline int run(const RunConfig& rc, Distributed& dist) {
 
     // ---- the memory plan: --dry-run prints it; a run checks it against the device first ----
     const ShardLayout shard = shard_layout(num_parameters, dist.rank % world, world, rc.zero_stage);
-    const Recompute recompute = recompute_of(rc.recompute);
-    const MemoryPlan plan = gpt2_memory_plan(config, rc.batch_size, rc.seq_len, shard, recompute);
+    const ModelOptions options{recompute_of(rc.recompute), attention_of(rc.attention)};
+    if (options.attention == Attention::tc)
+        if (const std::string problem = attention_tc_requirements(rc.batch_size, rc.seq_len, config.channels,
+                                                                  config.num_heads); !problem.empty())
+            throw std::runtime_error(problem);
+    const MemoryPlan plan = gpt2_memory_plan(config, rc.batch_size, rc.seq_len, shard, options);
     size_t free_bytes = 0, total_bytes = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
     const size_t budget = rc.max_memory > 0 ? size_t(rc.max_memory * double(size_t(1) << 30)) : free_bytes;
@@ -1130,12 +1161,13 @@ inline int run(const RunConfig& rc, Distributed& dist) {
         if (!main_rank) return 0;
         nlohmann::json fits;  // per recompute mode
         for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full})
-            fits[recompute_name(r)] = largest_fitting_batch(config, rc.seq_len, shard, r, budget);
+            fits[recompute_name(r)] = largest_fitting_batch(config, rc.seq_len, shard, {r, options.attention}, budget);
         if (rc.json) {
             nlohmann::json j = {{"parameters", num_parameters},
                                 {"world_size", world},
                                 {"zero_stage", rc.zero_stage},
                                 {"recompute", rc.recompute},
+                                {"attention", rc.attention},
                                 {"micro_batch", rc.batch_size},
                                 {"seq_len", rc.seq_len},
                                 {"precision", kPrecisionName},
@@ -1184,7 +1216,7 @@ inline int run(const RunConfig& rc, Distributed& dist) {
     opt.weight_decay = float(rc.weight_decay);
     opt.grad_clip = float(rc.grad_clip);
     opt.seed = uint64_t(rc.seed);
-    trainer_build(tr, dist, config, B, T, rc.zero_stage, opt, recompute);
+    trainer_build(tr, dist, config, B, T, rc.zero_stage, opt, options);
     if (checkpoint.empty()) gpt2_init_weights(tr.model, uint64_t(rc.seed));
     else load_model_parameters(tr.model, checkpoint);
     trainer_start(tr);

@@ -26,7 +26,7 @@ GPT2Config preset(const char* name) {
 }
 
 MemoryPlan plan_of(const GPT2Config& c, int B, int T, int world, int zero, Recompute r) {
-    return gpt2_memory_plan(c, B, T, shard_layout(parameter_count(c), 0, world, zero), r);
+    return gpt2_memory_plan(c, B, T, shard_layout(parameter_count(c), 0, world, zero), ModelOptions{r});
 }
 
 }  // namespace
@@ -162,13 +162,13 @@ TEST_CASE("largest micro-batch per recompute mode: the largest B whose plan fits
     const size_t budget = size_t(80) << 30;
     int previous = 0;
     for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
-        const int best = largest_fitting_batch(c, 1024, sh, r, budget);
+        const int best = largest_fitting_batch(c, 1024, sh, ModelOptions{r}, budget);
         INFO("recompute " << recompute_name(r) << ": B = " << best);
         REQUIRE(best >= 1);
-        CHECK(gpt2_memory_plan(c, best, 1024, sh, r).total() <= budget);
-        CHECK(gpt2_memory_plan(c, best + 1, 1024, sh, r).total() > budget);
+        CHECK(gpt2_memory_plan(c, best, 1024, sh, ModelOptions{r}).total() <= budget);
+        CHECK(gpt2_memory_plan(c, best + 1, 1024, sh, ModelOptions{r}).total() > budget);
         CHECK(best > previous);  // each mode keeps less, so fits more
         previous = best;
     }
-    CHECK(largest_fitting_batch(c, 1024, sh, Recompute::full, 1 << 20) == 0);  // not even the parameters fit
+    CHECK(largest_fitting_batch(c, 1024, sh, ModelOptions{Recompute::full}, 1 << 20) == 0);  // not even the parameters fit
 }

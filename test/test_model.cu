@@ -40,9 +40,9 @@ Result run_model(GPT2& model, const Fixture& fx) {
 //   logits 2.7e-7. FP32 rounding (6e-8) compounded through two layers and the backward pass;
 //   tolerance 5e-6, 8x the worst measured.
 // - BF16: parameters, activations and gradients are rounded to 8-bit mantissas (2^-8 = 3.9e-3
-//   relative per rounding) at every kernel boundary. Measured worst: gradients 1.08e-2 (grad.ln2w,
-//   d2_c64), logits 4.9e-3, loss 1.7e-4 absolute. Tolerances about 3x those: gradients 3e-2,
-//   logits 1.5e-2, loss 2e-3 (inside the 1e-2 the model issue asks for).
+//   relative per rounding) at every kernel boundary. Measured worst: gradients 1.08e-2 with SIMT
+//   attention, 1.21e-2 with tensor cores (grad.ln2w, d2_c64), logits 4.9e-3, loss 1.7e-4 absolute.
+//   Tolerances 2.5-3x those: gradients 3e-2, logits 1.5e-2, loss 2e-3 (inside the model issue's 1e-2).
 constexpr double kFP32Tolerance = 5e-6;
 constexpr double kBF16LossTolerance = 2e-3;  // absolute, on losses of ~6
 constexpr double kBF16LogitsTolerance = 1.5e-2;
@@ -52,20 +52,25 @@ constexpr double kBF16GradTolerance = 3e-2;
 
 TEST_CASE("the model matches the PyTorch reference: logits, loss and every gradient") {
     const std::string root = repo_root();
+    // Both attention kernel families in BF16; the tensor-core ones take no FP32 operands.
+    const std::vector<Attention> kinds = kFP32 ? std::vector<Attention>{Attention::simt}
+                                               : std::vector<Attention>{Attention::simt, Attention::tc};
+    for (Attention kind : kinds)
     for (const char* name : {"d2_c64", "d2_c96_odd", "d2_c96_masked"}) {
         const Fixture fx = load_fixture(root + "/test/fixtures/" + name + ".bin");
         const FixtureConfig& c = fx.config;
         GPT2 model;
-        gpt2_build(model, config_of(c), c.B, c.T);
+        gpt2_build(model, config_of(c), c.B, c.T, 0, 1, 0, ModelOptions{Recompute::none, kind});
         load_parameters(model, fx);
         Result r = run_model(model, fx);
+        const char* kind_name = kind == Attention::tc ? "tc" : "simt";
 
         const double ref_loss = fx.at("loss").f32[0];
         const double loss_err = std::fabs(r.loss - ref_loss);
         const double logits_err = scaled_error(r.logits, fx.at("logits").f32);
-        std::printf("%s [%s]: loss %.6f (ref %.6f, |err| %.2e), logits err %.2e\n", name, kPrecisionName, r.loss,
-                    ref_loss, loss_err, logits_err);
-        INFO(name << " [" << kPrecisionName << "]");
+        std::printf("%s [%s, attention %s]: loss %.6f (ref %.6f, |err| %.2e), logits err %.2e\n", name, kPrecisionName,
+                    kind_name, r.loss, ref_loss, loss_err, logits_err);
+        INFO(name << " [" << kPrecisionName << ", attention " << kind_name << "]");
         CHECK(loss_err <= (kFP32 ? kFP32Tolerance * std::fabs(ref_loss) : kBF16LossTolerance));
         CHECK(logits_err <= (kFP32 ? kFP32Tolerance : kBF16LogitsTolerance));
 
@@ -117,7 +122,7 @@ TEST_CASE("recompute selective and full give bitwise the gradients of none") {
         for (Recompute mode : {Recompute::none, Recompute::selective, Recompute::full}) {
             GPT2 model;
             // Room for one more sequence than is run: layer slices follow the batch actually run.
-            gpt2_build(model, config_of(c), c.B + 1, c.T, 0, 1, 0, mode);
+            gpt2_build(model, config_of(c), c.B + 1, c.T, 0, 1, 0, ModelOptions{mode});
             load_parameters(model, fx);
             results[int(mode)] = run_model(model, fx);
             gpt2_free(model);

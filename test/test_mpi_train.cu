@@ -265,7 +265,7 @@ TEST_CASE("recompute modes: peak memory of real steps is the plan, and the param
         const size_t before = cuemu::memory_stats().current_bytes;
 #endif
         Trainer tr;
-        trainer_build(tr, world, config, B, T, zero_stage, OptimizerConfig{}, mode);
+        trainer_build(tr, world, config, B, T, zero_stage, OptimizerConfig{}, ModelOptions{mode});
         gpt2_init_weights(tr.model, 11);
         trainer_start(tr);
         for (int s = 0; s < 2; ++s) {

@@ -1,0 +1,102 @@
+// The attention tests' shared reference (test_kernel_attention.cu, test_kernel_attention_tc.cu): random
+// inputs, and causal attention forward and backward in double from the definitions, building the full
+// T x T softmax that the flash kernels never materialize.
+#pragma once
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "kernels/common.cuh"
+#include "test_util.h"  // Catch2
+
+inline double to_float(double x) { return x; }  // beside common.cuh's float and bf16 overloads
+
+namespace attention_reference {
+
+struct Sizes {
+    int B, T, C, NH;
+    float qk_range;  // q and k uniform in [-qk_range, qk_range]: larger means sharper softmax rows
+};
+
+inline std::vector<floatX> random_floatX(size_t n, float range, std::mt19937& rng) {
+    std::uniform_real_distribution<float> dist(-range, range);
+    std::vector<floatX> v(n);
+    for (auto& x : v) x = from_float<floatX>(dist(rng));
+    return v;
+}
+
+struct Reference {
+    std::vector<double> out, lse, dqkv;
+};
+
+// Straight from the definitions: S = q k^T / sqrt(hs) masked to key <= query, P = softmax(S),
+// out = P v, lse = log sum exp S; with dout = G: dv = P^T G, dP = G v^T, dS = P * (dP - rowsum(dP * P)),
+// dq = dS k / sqrt(hs), dk = dS^T q / sqrt(hs).
+inline Reference reference_attention(const std::vector<floatX>& qkv, const std::vector<floatX>& dout, const Sizes& s) {
+    const int B = s.B, T = s.T, C = s.C, NH = s.NH, hs = C / NH;
+    const double scale = 1.0 / std::sqrt(double(hs));
+    Reference ref{std::vector<double>(size_t(B) * T * C), std::vector<double>(size_t(B) * NH * T),
+                  std::vector<double>(size_t(B) * T * 3 * C, 0.0)};
+    auto q = [&](int b, int t, int h, int d) { return double(to_float(qkv[(size_t(b) * T + t) * 3 * C + h * hs + d])); };
+    auto k = [&](int b, int t, int h, int d) { return q(b, t, h, d + C); };
+    auto v = [&](int b, int t, int h, int d) { return q(b, t, h, d + 2 * C); };
+    auto g = [&](int b, int t, int h, int d) { return double(to_float(dout[(size_t(b) * T + t) * C + h * hs + d])); };
+    auto grad = [&](int b, int t, int part, int h, int d) -> double& {
+        return ref.dqkv[(size_t(b) * T + t) * 3 * C + part * C + h * hs + d];
+    };
+    std::vector<double> P(size_t(T) * T);
+    for (int b = 0; b < B; ++b) {
+        for (int h = 0; h < NH; ++h) {
+            for (int i = 0; i < T; ++i) {
+                double max_score = -INFINITY;
+                for (int j = 0; j <= i; ++j) {
+                    double dot = 0.0;
+                    for (int d = 0; d < hs; ++d) dot += q(b, i, h, d) * k(b, j, h, d);
+                    P[size_t(i) * T + j] = dot * scale;
+                    max_score = std::max(max_score, dot * scale);
+                }
+                double sum = 0.0;
+                for (int j = 0; j <= i; ++j) sum += std::exp(P[size_t(i) * T + j] - max_score);
+                for (int j = 0; j <= i; ++j) P[size_t(i) * T + j] = std::exp(P[size_t(i) * T + j] - max_score) / sum;
+                ref.lse[(size_t(b) * NH + h) * T + i] = max_score + std::log(sum);
+                for (int d = 0; d < hs; ++d) {
+                    double o = 0.0;
+                    for (int j = 0; j <= i; ++j) o += P[size_t(i) * T + j] * v(b, j, h, d);
+                    ref.out[(size_t(b) * T + i) * C + h * hs + d] = o;
+                }
+            }
+            for (int i = 0; i < T; ++i) {
+                double row_dot = 0.0;  // rowsum(dP * P) = G_i . out_i
+                for (int d = 0; d < hs; ++d) row_dot += g(b, i, h, d) * ref.out[(size_t(b) * T + i) * C + h * hs + d];
+                for (int j = 0; j <= i; ++j) {
+                    const double p = P[size_t(i) * T + j];
+                    double dp = 0.0;
+                    for (int d = 0; d < hs; ++d) dp += g(b, i, h, d) * v(b, j, h, d);
+                    const double ds = p * (dp - row_dot);
+                    for (int d = 0; d < hs; ++d) {
+                        grad(b, i, 0, h, d) += ds * k(b, j, h, d) * scale;
+                        grad(b, j, 1, h, d) += ds * q(b, i, h, d) * scale;
+                        grad(b, j, 2, h, d) += p * g(b, i, h, d);
+                    }
+                }
+            }
+        }
+    }
+    return ref;
+}
+
+// Largest |got - ref| relative to the tensor's max |ref| (1 where that is 0: dq, dk at T = 1); a
+// NaN (an element never written: outputs start NaN-filled) counts as infinitely wrong.
+template <typename T, typename R> double max_scaled_error(const std::vector<T>& got, const std::vector<R>& ref) {
+    REQUIRE(got.size() == ref.size());
+    double scale = 0.0, worst = 0.0;
+    for (const R& r : ref) scale = std::max(scale, std::abs(double(to_float(r))));
+    for (size_t i = 0; i < ref.size(); ++i) {
+        const double err = std::abs(double(to_float(got[i])) - double(to_float(ref[i])));
+        worst = std::isnan(err) ? INFINITY : std::max(worst, err);
+    }
+    return worst / (scale > 0.0 ? scale : 1.0);
+}
+
+}  // namespace attention_reference

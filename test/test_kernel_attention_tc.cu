@@ -1,0 +1,150 @@
+// Tensor-core causal flash attention (kernels/attention_tc.cuh) against a plain double-precision
+// reference that builds the full T x T softmax, and against the SIMT kernels (attention.cuh):
+// out and lse forward; dq, dk, dv as the analytic gradient of sum(out * G) for a random G.
+// The kernels need BF16 operands: the FP32 build only checks that the launchers' requirements
+// function says so.
+#include "test_util.h"
+
+#include "attention_reference.h"
+
+#include "kernels/attention_tc.cuh"
+
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <random>
+
+namespace {
+
+constexpr bool kBf16Build = std::is_same_v<floatX, __nv_bfloat16>;
+
+using namespace attention_reference;
+
+struct Results {
+    std::vector<floatX> out, dqkv;
+    std::vector<float> lse;
+};
+
+// Forward then backward on fresh NaN-filled outputs and scratch, so every element must be written.
+enum class Kernels { tensor_core, simt };
+Results run_attention(Kernels which, const std::vector<floatX>& qkv_host, const std::vector<floatX>& dout_host,
+                      const Sizes& s) {
+    const size_t BT = size_t(s.B) * s.T;
+    DeviceBuffer<floatX> qkv(qkv_host), dout(dout_host), out(BT * s.C), dqkv(BT * 3 * s.C);
+    DeviceBuffer<float> lse(BT * s.NH), scratch(attention_tc_backward_scratch_floats(s.B, s.T, s.NH));
+    out.fill_bytes(0xFF);
+    lse.fill_bytes(0xFF);
+    dqkv.fill_bytes(0xFF);
+    scratch.fill_bytes(0xFF);
+    if (which == Kernels::tensor_core) {
+        attention_tc_forward(out.ptr, lse.ptr, qkv.ptr, s.B, s.T, s.C, s.NH, 0);
+        attention_tc_backward(dqkv.ptr, scratch.ptr, dout.ptr, qkv.ptr, out.ptr, lse.ptr, s.B, s.T, s.C, s.NH, 0);
+    } else {
+        attention_forward(out.ptr, lse.ptr, qkv.ptr, s.B, s.T, s.C, s.NH, 0);
+        attention_backward(dqkv.ptr, scratch.ptr, dout.ptr, qkv.ptr, out.ptr, lse.ptr, s.B, s.T, s.C, s.NH, 0);
+    }
+    CUDA_CHECK(cudaDeviceSynchronize());
+    return {out.download(), dqkv.download(), lse.download()};
+}
+
+// dqkv split into its q, k and v parts.
+template <typename T> std::array<std::vector<T>, 3> split_qkv(const std::vector<T>& dqkv, int C) {
+    std::array<std::vector<T>, 3> parts;
+    for (size_t i = 0; i < dqkv.size(); ++i) parts[i % (3 * size_t(C)) / C].push_back(dqkv[i]);
+    return parts;
+}
+
+}  // namespace
+
+TEST_CASE("tensor-core attention matches a double reference and the SIMT kernels") {
+    if constexpr (!kBf16Build) {
+        CHECK(attention_tc_requirements(1, 64, 768, 12) ==
+              "attention tc: needs the BF16 build (floatX = bf16); use --attention simt");
+        WARN("FP32 build: the tensor-core kernels need BF16 operands; only the refusal is tested here");
+        return;
+    }
+    const Sizes cases[] = {
+        {2, 37, 32, 2, 3.0f},     // hs 16; T = 37: one partial query block, a partial key tile
+        {1, 100, 64, 2, 2.0f},    // hs 32; T = 100: two query blocks, the second partial
+        {2, 100, 128, 2, 2.0f},   // hs 64 (GPT-2), B * NH = 4
+        {1, 64, 128, 2, 4.0f},    // T a multiple of the tile; very sharp rows
+        {3, 1, 128, 2, 2.0f},     // T = 1: one key per row
+        {1, 19, 1600, 25, 2.0f},  // GPT-2 1.5B heads: NH 25, hs 64
+        {1, 200, 64, 1, 2.0f},    // hs 64, 4 query blocks: long online-softmax chains
+        {1, 70, 256, 2, 1.5f},    // hs 128: 32-row streamed tiles in backward, > 48 KB of shared memory
+        {1, 150, 128, 1, 2.0f},   // hs 128, 3 query blocks, 5 streamed 32-row tiles
+    };
+    for (const Sizes& s : cases) {
+        CAPTURE(s.B, s.T, s.C, s.NH);
+        std::mt19937 rng(4321 + s.T * 7 + s.C);
+        std::vector<floatX> qkv = random_floatX(size_t(s.B) * s.T * 3 * s.C, 1.0f, rng);
+        std::vector<floatX> qk = random_floatX(qkv.size(), s.qk_range, rng);
+        for (size_t i = 0; i < qkv.size(); ++i)
+            if (i % (3 * s.C) < size_t(2 * s.C)) qkv[i] = qk[i];
+        const std::vector<floatX> dout = random_floatX(size_t(s.B) * s.T * s.C, 1.0f, rng);
+
+        const Reference ref = reference_attention(qkv, dout, s);
+        const Results tc = run_attention(Kernels::tensor_core, qkv, dout, s);
+        const Results simt = run_attention(Kernels::simt, qkv, dout, s);
+        const auto grad = split_qkv(tc.dqkv, s.C), grad_simt = split_qkv(simt.dqkv, s.C);
+        const auto grad_ref = split_qkv(ref.dqkv, s.C);
+
+        // Errors relative to each tensor's max |ref|, measured over these cases (the same under every
+        // schedule order): out 2.8e-3, lse 1.4e-7, dq 4.8e-3, dk 5.6e-3, dv 3.6e-3 (SIMT kernels: out
+        // 2.0e-3, dq 3.6e-3, dk 4.6e-3, dv 2.9e-3). out and dqkv are rounded to bf16 (2^-8 = 3.9e-3 of
+        // an element at most); dq and dk also inherit the rounding of out through D = rowsum(dO * out);
+        // beyond that the tensor cores take P and dS rounded to bf16 (2^-9 relative, averaging out over
+        // a row). lse stays float: bf16 products are exact and accumulate in FP32.
+        const double out_tol = 0x1p-8 + 1e-3, lse_tol = 1e-6, grad_tol = 1e-2;
+        CHECK(max_scaled_error(tc.out, ref.out) <= out_tol);
+        CHECK(max_scaled_error(tc.lse, ref.lse) <= lse_tol);
+        CHECK(max_scaled_error(grad[0], grad_ref[0]) <= grad_tol);
+        CHECK(max_scaled_error(grad[1], grad_ref[1]) <= grad_tol);
+        CHECK(max_scaled_error(grad[2], grad_ref[2]) <= out_tol);
+        // Against the SIMT kernels, each within the tolerances above of the exact result; measured
+        // out 4.0e-3 (neighbouring bf16 values), lse 1.6e-7, dq 6.1e-3, dk 5.7e-3, dv 5.3e-3.
+        CHECK(max_scaled_error(tc.out, simt.out) <= 2 * out_tol);
+        CHECK(max_scaled_error(tc.lse, simt.lse) <= 2 * lse_tol);
+        for (int part = 0; part < 3; ++part) CHECK(max_scaled_error(grad[part], grad_simt[part]) <= 2 * grad_tol);
+    }
+}
+
+TEST_CASE("tensor-core attention is bitwise deterministic, also across more emulator threads") {
+    if constexpr (!kBf16Build) return;
+    const Sizes s{2, 70, 128, 2, 2.0f};
+    std::mt19937 rng(99);
+    const std::vector<floatX> qkv = random_floatX(size_t(s.B) * s.T * 3 * s.C, 2.0f, rng);
+    const std::vector<floatX> dout = random_floatX(size_t(s.B) * s.T * s.C, 1.0f, rng);
+    const Results first = run_attention(Kernels::tensor_core, qkv, dout, s);
+#ifndef __CUDACC__
+    const int threads = cuemu::threads();
+    cuemu::set_threads(threads == 1 ? 2 : 1);  // blocks now finish in a different order
+#endif
+    const Results second = run_attention(Kernels::tensor_core, qkv, dout, s);
+#ifndef __CUDACC__
+    cuemu::set_threads(threads);
+#endif
+    CHECK(bitwise_equal(first.out, second.out));
+    CHECK(bitwise_equal(first.lse, second.lse));
+    CHECK(bitwise_equal(first.dqkv, second.dqkv));
+}
+
+TEST_CASE("attention_tc_requirements accepts GPT-2 shapes and names what it cannot do") {
+    if constexpr (!kBf16Build) {
+        CHECK(attention_tc_requirements(4, 1024, 768, 12) ==
+              "attention tc: needs the BF16 build (floatX = bf16); use --attention simt");
+        return;
+    }
+    CHECK(attention_tc_requirements(4, 1024, 768, 12) == "");   // 124M: hs 64
+    CHECK(attention_tc_requirements(1, 1024, 1600, 25) == "");  // 1.5B: hs 64, 25 heads
+    CHECK(attention_tc_requirements(1, 100, 2048, 16) == "");   // hs 128
+    CHECK(attention_tc_requirements(2, 37, 32, 2) == "");       // hs 16
+    CHECK(attention_tc_requirements(1, 1, 96, 3) == "");        // hs 32
+    CHECK(attention_tc_requirements(1, 64, 80, 2) ==
+          "attention tc: head size C/NH = 40 is not supported (16, 32, 64 or 128)");
+    CHECK(attention_tc_requirements(1, 64, 512, 2) ==
+          "attention tc: head size C/NH = 256 is not supported (16, 32, 64 or 128)");
+    CHECK(attention_tc_requirements(1, 64, 100, 3) == "attention tc: C = 100 is not divisible by NH = 3");
+    CHECK(attention_tc_requirements(1, 0, 768, 12) ==
+          "attention tc: B = 1, T = 0, C = 768 and NH = 12 must be positive");
+}
