@@ -26,6 +26,16 @@ inline std::vector<floatX> random_floatX(size_t n, float range, std::mt19937& rn
     return v;
 }
 
+// qkv for the sizes: v uniform in [-1, 1], q and k in [-qk_range, qk_range] (only their scale sets
+// how sharp the softmax rows are, which is what the online max must handle).
+inline std::vector<floatX> random_qkv(const Sizes& s, std::mt19937& rng) {
+    std::vector<floatX> qkv = random_floatX(size_t(s.B) * s.T * 3 * s.C, 1.0f, rng);
+    const std::vector<floatX> qk = random_floatX(qkv.size(), s.qk_range, rng);
+    for (size_t i = 0; i < qkv.size(); ++i)
+        if (i % (3 * size_t(s.C)) < 2 * size_t(s.C)) qkv[i] = qk[i];
+    return qkv;
+}
+
 struct Reference {
     std::vector<double> out, lse, dqkv;
 };

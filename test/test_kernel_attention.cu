@@ -52,11 +52,7 @@ TEST_CASE("attention forward and backward match a double reference") {
     for (const Sizes& s : cases) {
         CAPTURE(s.B, s.T, s.C, s.NH);
         std::mt19937 rng(1234 + s.T * 7 + s.C);
-        std::vector<floatX> qkv = random_floatX(size_t(s.B) * s.T * 3 * s.C, 1.0f, rng);
-        // Scale q and k only: the softmax's sharpness is what the online max must handle.
-        std::vector<floatX> qk = random_floatX(qkv.size(), s.qk_range, rng);
-        for (size_t i = 0; i < qkv.size(); ++i)
-            if (i % (3 * s.C) < size_t(2 * s.C)) qkv[i] = qk[i];
+        const std::vector<floatX> qkv = random_qkv(s, rng);
         const std::vector<floatX> dout = random_floatX(size_t(s.B) * s.T * s.C, 1.0f, rng);
 
         const Reference ref = reference_attention(qkv, dout, s);
