@@ -132,6 +132,13 @@ inline void parameter_sizes(const GPT2Config& c, size_t sizes[kNumParameterTenso
     for (int i = 0; i < kNumParameterTensors; ++i) sizes[i] = s[i];
 }
 
+inline size_t gpt2_num_parameters(const GPT2Config& c) {
+    size_t sizes[kNumParameterTensors], n = 0;
+    parameter_sizes(c, sizes);
+    for (size_t s : sizes) n += s;
+    return n;
+}
+
 // Points the tensors into one buffer.
 inline void point_parameters(ParameterTensors* t, floatX* memory, const size_t sizes[kNumParameterTensors]) {
     floatX** ptrs = t->all();
@@ -174,6 +181,11 @@ struct ShardLayout {
     // The parameters this rank updates (and keeps master weights and moments for).
     size_t optimizer_begin() const { return zero_stage == 0 ? 0 : shard_begin(); }
     size_t optimizer_size() const { return zero_stage == 0 ? num_parameters : shard_size; }
+    // Of those, the real parameters (the last shard ends in padding; a shard may be all padding).
+    size_t optimizer_real_size() const {
+        const size_t begin = optimizer_begin();
+        return std::min(num_parameters, begin + optimizer_size()) - std::min(num_parameters, begin);
+    }
 };
 
 inline ShardLayout shard_layout(size_t num_parameters, int rank, int world_size, int zero_stage) {
@@ -267,8 +279,7 @@ struct GPT2 {
     size_t param_offsets[kNumParameterTensors]{};
     size_t num_parameters = 0;
     ShardLayout shard{};
-    Recompute recompute = Recompute::none;
-    Attention attention = kDefaultAttention;
+    ModelOptions options{};
     MemoryPlan plan;
     PlannedMemory memory;
     ParameterTensors params{};
@@ -300,11 +311,12 @@ struct GPT2 {
 
 // Layers whose copy of a per-layer activation is kept: all of them, or one when it is recomputed.
 struct KeptLayers {
-    size_t ln, mlp, attention;  // ln1/ln2; fch/fch_gelu; everything else but residual3 (always L)
+    size_t ln_mlp;     // ln1, ln2, fch, fch_gelu: rebuilt by selective and full
+    size_t attention;  // everything else but residual3 (always L): rebuilt by full
 };
 inline KeptLayers kept_layers(int L, Recompute r) {
     const size_t all = size_t(L);
-    return {r == Recompute::none ? all : 1, r == Recompute::none ? all : 1, r == Recompute::full ? 1 : all};
+    return {r == Recompute::none ? all : 1, r == Recompute::full ? 1 : all};
 }
 
 inline MemoryPlan gpt2_memory_plan(const GPT2Config& c, int B, int T, const ShardLayout& shard,
@@ -349,8 +361,8 @@ inline MemoryPlan gpt2_memory_plan(const GPT2Config& c, int B, int T, const Shar
     if (recompute == Recompute::none) plan.add("ln2", "activations", L * BT * C * X);
     plan.add("ln2_mean", "activations", kept.attention * BT * F);
     plan.add("ln2_rstd", "activations", kept.attention * BT * F);
-    plan.add("fch", "activations", kept.mlp * BT * 4 * C * X);
-    plan.add("fch_gelu", "activations", kept.mlp * BT * 4 * C * X);
+    plan.add("fch", "activations", kept.ln_mlp * BT * 4 * C * X);
+    plan.add("fch_gelu", "activations", kept.ln_mlp * BT * 4 * C * X);
     plan.add("residual3", "activations", L * BT * C * X);
     plan.add("lnf", "activations", BT * C * X);
     plan.add("lnf_mean", "activations", BT * F);
@@ -380,10 +392,9 @@ inline MemoryPlan gpt2_memory_plan(const GPT2Config& c, int B, int T, const Shar
     return plan;
 }
 
-// Allocates the plan for batches of up to B x T tokens on `shard` (default: one rank, no sharding).
-// Exits with a message naming the constraint when the configuration is not supported.
-inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int rank = 0, int world_size = 1,
-                       int zero_stage = 0, const ModelOptions& options = {}) {
+// "" when the model can be built for micro-batches of B x T with these options, else the first
+// constraint broken (the configuration's, then the batch's, the attention kernels', the ZeRO stage's).
+inline std::string gpt2_check_build(const GPT2Config& config, int B, int T, int zero_stage, const ModelOptions& options) {
     std::string problem = gpt2_check_config(config);
     if (problem.empty() && (T < 1 || T > config.max_seq_len))
         problem = "model: sequence length T = " + std::to_string(T) + " must be in [1, max_seq_len = " +
@@ -393,7 +404,14 @@ inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int 
         problem = attention_tc_requirements(B, T, config.channels, config.num_heads);
     if (problem.empty() && (zero_stage < 0 || zero_stage > 2))
         problem = "model: ZeRO stage " + std::to_string(zero_stage) + " is not one of 0, 1, 2";
-    if (!problem.empty()) {
+    return problem;
+}
+
+// Allocates the plan for batches of up to B x T tokens on `shard` (default: one rank, no sharding).
+// Exits with a message naming the constraint when the configuration is not supported.
+inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int rank = 0, int world_size = 1,
+                       int zero_stage = 0, const ModelOptions& options = {}) {
+    if (const std::string problem = gpt2_check_build(config, B, T, zero_stage, options); !problem.empty()) {
         std::fprintf(stderr, "%s\n", problem.c_str());
         std::exit(EXIT_FAILURE);
     }
@@ -406,8 +424,7 @@ inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int 
     }
     model.shard = shard_layout(model.num_parameters, rank, world_size, zero_stage);
     const Recompute recompute = options.recompute;
-    model.recompute = recompute;
-    model.attention = options.attention;
+    model.options = options;
     model.plan = gpt2_memory_plan(config, B, T, model.shard, options);
     model.memory.allocate(model.plan);
     const PlannedMemory& m = model.memory;
@@ -526,23 +543,23 @@ struct LayerActivations {
 inline LayerActivations layer_activations(const GPT2& model, int l) {
     const ActivationTensors& a = model.acts;
     const size_t BT = size_t(model.B) * model.T, btc = BT * model.config.channels, NH = model.config.num_heads;
-    const KeptLayers kept = kept_layers(model.config.num_layers, model.recompute);
+    const KeptLayers kept = kept_layers(model.config.num_layers, model.options.recompute);
     // The slice of layer l, or the single buffer when only one layer's copy is kept.
     auto at = [l](size_t kept_layers, size_t per_layer) { return kept_layers == 1 ? 0 : size_t(l) * per_layer; };
     LayerActivations r;
     r.input = l == 0 ? a.encoded : a.residual3 + size_t(l - 1) * btc;
-    r.ln1 = a.ln1 + at(kept.ln, btc);
+    r.ln1 = a.ln1 + at(kept.ln_mlp, btc);
     r.ln1_mean = a.ln1_mean + at(kept.attention, BT);
     r.ln1_rstd = a.ln1_rstd + at(kept.attention, BT);
     r.qkv = a.qkv + at(kept.attention, 3 * btc);
     r.atty = a.atty + at(kept.attention, btc);
     r.att_lse = a.att_lse + at(kept.attention, BT * NH);
     r.residual2 = a.residual2 + at(kept.attention, btc);
-    r.ln2 = a.ln2 + at(kept.ln, btc);
+    r.ln2 = a.ln2 + at(kept.ln_mlp, btc);
     r.ln2_mean = a.ln2_mean + at(kept.attention, BT);
     r.ln2_rstd = a.ln2_rstd + at(kept.attention, BT);
-    r.fch = a.fch + at(kept.mlp, 4 * btc);
-    r.fch_gelu = a.fch_gelu + at(kept.mlp, 4 * btc);
+    r.fch = a.fch + at(kept.ln_mlp, 4 * btc);
+    r.fch_gelu = a.fch_gelu + at(kept.ln_mlp, 4 * btc);
     r.residual3 = a.residual3 + size_t(l) * btc;
     return r;
 }
@@ -557,7 +574,7 @@ inline void block_forward_to_mlp(GPT2& model, int l, const LayerActivations& x) 
     cudaStream_t stream = model.stream;
     // Attention branch: x + attproj(attention(ln1(x)))
     matmul_forward(x.qkv, x.ln1, w.qkvw, w.qkvb, BT, C, 3 * C, stream);
-    if (model.attention == Attention::tc) attention_tc_forward(x.atty, x.att_lse, x.qkv, B, T, C, NH, stream);
+    if (model.options.attention == Attention::tc) attention_tc_forward(x.atty, x.att_lse, x.qkv, B, T, C, NH, stream);
     else attention_forward(x.atty, x.att_lse, x.qkv, B, T, C, NH, stream);
     matmul_forward(branch, x.atty, w.attprojw, w.attprojb, BT, C, C, stream);
     fused_residual_layernorm_forward(x.residual2, x.ln2, x.ln2_mean, x.ln2_rstd, x.input, branch, w.ln2w, w.ln2b, BT, C,
@@ -708,10 +725,10 @@ inline void gpt2_backward(GPT2& model, const std::function<void(int)>& layer_don
         const LayerActivations x = layer_activations(model, l);
         // Recompute what the forward pass did not keep, with the forward's kernels on the kept inputs.
         // The LayerNorm statistics come out equal to the kept ones; selective mode need not store them.
-        if (model.recompute == Recompute::full) {
+        if (model.options.recompute == Recompute::full) {
             layernorm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, x.input, w.ln1w, w.ln1b, BT, C, stream);
             block_forward_to_mlp(model, l, x);
-        } else if (model.recompute == Recompute::selective) {
+        } else if (model.options.recompute == Recompute::selective) {
             layernorm_forward(x.ln2, nullptr, nullptr, x.residual2, w.ln2w, w.ln2b, BT, C, stream);
             matmul_forward(x.fch_gelu, x.ln2, w.fcw, w.fcb, BT, C, 4 * C, stream, x.fch);
         }
@@ -725,11 +742,11 @@ inline void gpt2_backward(GPT2& model, const std::function<void(int)>& layer_don
                            x.ln2_rstd, BT, C, stream);
         // Attention branch. Recomputation rebuilds ln1 in the buffer ln2 took over (ln2 is no longer read).
         matmul_backward(b.dbuf_c, dw.attprojw, dw.attprojb, b.scratch, b.dresidual, x.atty, w.attprojw, BT, C, C, stream);
-        if (model.attention == Attention::tc)
+        if (model.options.attention == Attention::tc)
             attention_tc_backward(b.dbuf_4c, b.scratch, b.dbuf_c, x.qkv, x.atty, x.att_lse, B, T, C, NH, stream);
         else
             attention_backward(b.dbuf_4c, b.scratch, b.dbuf_c, x.qkv, x.atty, x.att_lse, B, T, C, NH, stream);
-        if (model.recompute != Recompute::none)
+        if (model.options.recompute != Recompute::none)
             layernorm_forward(x.ln1, nullptr, nullptr, x.input, w.ln1w, w.ln1b, BT, C, stream);
         matmul_backward(b.dbuf_c, dw.qkvw, dw.qkvb, b.scratch, b.dbuf_4c, x.ln1, w.qkvw, BT, C, 3 * C, stream);
         // ln1's gradient joins too: dresidual becomes the gradient of this layer's input.
@@ -1094,8 +1111,7 @@ inline void save_checkpoint(Trainer& tr, const RunConfig& rc, int64_t step, cons
     }
     MPI_CHECK(MPI_Barrier(tr.dist.mpi));
     // Stage 0: every rank holds the same state; rank 0 writes it. Otherwise each rank its shard.
-    const size_t begin = sh.optimizer_begin();
-    const size_t count = std::min(sh.num_parameters, begin + sh.optimizer_size()) - std::min(sh.num_parameters, begin);
+    const size_t begin = sh.optimizer_begin(), count = sh.optimizer_real_size();
     if ((sh.zero_stage > 0 || tr.dist.rank == 0) && count > 0) {
         std::vector<float> master(count), adam_m(count), adam_v(count);
         CUDA_CHECK(cudaMemcpy(master.data(), tr.master, count * sizeof(float), cudaMemcpyDeviceToHost));
@@ -1123,8 +1139,7 @@ inline int64_t resume_checkpoint(Trainer& tr, const RunConfig& rc, DataLoader& l
     if (st.num_parameters != m.num_parameters)
         throw std::runtime_error("state '" + state_path + "': num_parameters differs from the model");
     const ShardLayout& sh = m.shard;
-    const size_t begin = sh.optimizer_begin();
-    const size_t count = std::min(sh.num_parameters, begin + sh.optimizer_size()) - std::min(sh.num_parameters, begin);
+    const size_t begin = sh.optimizer_begin(), count = sh.optimizer_real_size();
     std::vector<float> master(sh.optimizer_size(), 0.0f), adam_m(sh.optimizer_size(), 0.0f), adam_v(sh.optimizer_size(), 0.0f);
     if (count > 0) read_state_range(state_path, st, begin, count, master.data(), adam_m.data(), adam_v.data());
     CUDA_CHECK(cudaMemcpy(tr.master, master.data(), master.size() * sizeof(float), cudaMemcpyHostToDevice));
@@ -1136,23 +1151,38 @@ inline int64_t resume_checkpoint(Trainer& tr, const RunConfig& rc, DataLoader& l
     return st.step;
 }
 
+// One optimizer step's micro-batches from the loader (B x T tokens each), and the pointers
+// train_step takes; the buffers are reused from step to step.
+struct StepBatches {
+    std::vector<std::vector<int>> inputs, targets;
+    std::vector<const int*> input_ptrs, target_ptrs;
+
+    void load(DataLoader& loader, int micro_steps, int B, int T) {
+        inputs.resize(micro_steps, std::vector<int>(size_t(B) * T));
+        targets.resize(micro_steps, std::vector<int>(size_t(B) * T));
+        input_ptrs.clear();
+        target_ptrs.clear();
+        for (int i = 0; i < micro_steps; ++i) {
+            loader.next_batch(inputs[i].data(), targets[i].data());
+            input_ptrs.push_back(inputs[i].data());
+            target_ptrs.push_back(targets[i].data());
+        }
+    }
+};
+
 inline int run(const RunConfig& rc, Distributed& dist) {
     const bool main_rank = dist.rank == 0;
     const int world = planned_world_size(rc, dist.world_size);
     std::string checkpoint;
     const GPT2Config config = model_config_of(rc.model, rc.seq_len, &checkpoint);
-    if (const std::string problem = gpt2_check_config(config); !problem.empty()) throw std::runtime_error(problem);
-    size_t sizes[kNumParameterTensors], num_parameters = 0;
-    parameter_sizes(config, sizes);
-    for (size_t n : sizes) num_parameters += n;
+    const ModelOptions options{recompute_of(rc.recompute), attention_of(rc.attention)};
+    if (const std::string problem = gpt2_check_build(config, rc.batch_size, rc.seq_len, rc.zero_stage, options);
+        !problem.empty())
+        throw std::runtime_error(problem);
+    const size_t num_parameters = gpt2_num_parameters(config);
 
     // ---- the memory plan: --dry-run prints it; a run checks it against the device first ----
     const ShardLayout shard = shard_layout(num_parameters, dist.rank % world, world, rc.zero_stage);
-    const ModelOptions options{recompute_of(rc.recompute), attention_of(rc.attention)};
-    if (options.attention == Attention::tc)
-        if (const std::string problem = attention_tc_requirements(rc.batch_size, rc.seq_len, config.channels,
-                                                                  config.num_heads); !problem.empty())
-            throw std::runtime_error(problem);
     const MemoryPlan plan = gpt2_memory_plan(config, rc.batch_size, rc.seq_len, shard, options);
     size_t free_bytes = 0, total_bytes = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
@@ -1242,22 +1272,16 @@ inline int run(const RunConfig& rc, Distributed& dist) {
     }
 
     // ---- --profile-step: a warm-up step, then one step with every launch recorded and timed ----
+    StepBatches batches;
+    auto micro_steps_of = [&](int64_t batch_tokens) { return int(batch_tokens / (int64_t(B) * T * dist.world_size)); };
     if (rc.profile_step) {
         const int64_t batch_tokens = total_batch_tokens_at(tokens_seen, ramp, cap);
-        std::vector<std::vector<int>> in(size_t(batch_tokens / (int64_t(B) * T * dist.world_size)),
-                                         std::vector<int>(size_t(B) * T));
-        std::vector<std::vector<int>> tg = in;
-        std::vector<const int*> in_ptrs, tg_ptrs;
-        for (size_t i = 0; i < in.size(); ++i) {
-            train_loader.next_batch(in[i].data(), tg[i].data());
-            in_ptrs.push_back(in[i].data());
-            tg_ptrs.push_back(tg[i].data());
-        }
+        batches.load(train_loader, micro_steps_of(batch_tokens), B, T);
         const float lr = learning_rate(schedule, step, total_steps);
-        train_step(tr, in_ptrs, tg_ptrs, B, T, lr);  // warm-up: cuBLASLt heuristics, caches, clocks
+        train_step(tr, batches.input_ptrs, batches.target_ptrs, B, T, lr);  // warm-up: cuBLASLt heuristics, caches, clocks
         launch_record::start(/*timing=*/true);
         const auto t0 = std::chrono::steady_clock::now();
-        train_step(tr, in_ptrs, tg_ptrs, B, T, lr);
+        train_step(tr, batches.input_ptrs, batches.target_ptrs, B, T, lr);
         CUDA_CHECK(cudaDeviceSynchronize());
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         const std::vector<LaunchRecord> records = launch_record::stop();
@@ -1270,23 +1294,14 @@ inline int run(const RunConfig& rc, Distributed& dist) {
 
     // ---- the training loop ----
     const double flops_token = flops_per_token(int64_t(num_parameters), config.num_layers, config.channels, T);
-    std::vector<std::vector<int>> inputs, targets;
     double elapsed = 0;
     int64_t steps_this_run = 0;
     for (; step < total_steps; ++step) {
         const int64_t batch_tokens = total_batch_tokens_at(tokens_seen, ramp, cap);
-        const int micro_steps = int(batch_tokens / (int64_t(B) * T * dist.world_size));
-        inputs.resize(micro_steps, std::vector<int>(size_t(B) * T));
-        targets.resize(micro_steps, std::vector<int>(size_t(B) * T));
-        std::vector<const int*> in_ptrs, tg_ptrs;
-        for (int i = 0; i < micro_steps; ++i) {
-            train_loader.next_batch(inputs[i].data(), targets[i].data());
-            in_ptrs.push_back(inputs[i].data());
-            tg_ptrs.push_back(targets[i].data());
-        }
+        batches.load(train_loader, micro_steps_of(batch_tokens), B, T);
         const float lr = learning_rate(schedule, step, total_steps);
         const auto t0 = std::chrono::steady_clock::now();
-        const StepResult r = train_step(tr, in_ptrs, tg_ptrs, B, T, lr);
+        const StepResult r = train_step(tr, batches.input_ptrs, batches.target_ptrs, B, T, lr);
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         tokens_seen += batch_tokens;
         elapsed += seconds;

@@ -12,13 +12,6 @@ namespace {
 
 constexpr bool kFP32 = std::is_same_v<floatX, float>;
 
-size_t parameter_count(const GPT2Config& c) {
-    size_t sizes[kNumParameterTensors], n = 0;
-    parameter_sizes(c, sizes);
-    for (size_t s : sizes) n += s;
-    return n;
-}
-
 GPT2Config preset(const char* name) {
     GPT2Config c{};
     REQUIRE(gpt2_preset(name, &c));
@@ -26,7 +19,7 @@ GPT2Config preset(const char* name) {
 }
 
 MemoryPlan plan_of(const GPT2Config& c, int B, int T, int world, int zero, Recompute r) {
-    return gpt2_memory_plan(c, B, T, shard_layout(parameter_count(c), 0, world, zero), ModelOptions{r});
+    return gpt2_memory_plan(c, B, T, shard_layout(gpt2_num_parameters(c), 0, world, zero), ModelOptions{r});
 }
 
 }  // namespace
@@ -35,16 +28,16 @@ TEST_CASE("parameter count: N = V*C + maxT*C + L*(12C^2 + 13C) + 2C, V padded to
     const GPT2Config odd{40, 301, pad_vocab(301), 3, 3, 96};
     for (const GPT2Config& c : {preset("d12"), preset("d24"), preset("d36"), preset("d48"), odd}) {
         const size_t V = c.padded_vocab_size, C = c.channels, L = c.num_layers, maxT = c.max_seq_len;
-        CHECK(parameter_count(c) == V * C + maxT * C + L * (12 * C * C + 13 * C) + 2 * C);
+        CHECK(gpt2_num_parameters(c) == V * C + maxT * C + L * (12 * C * C + 13 * C) + 2 * C);
     }
     // The published sizes (with the padded vocabulary 50304): 124M and 1.5B.
-    CHECK(parameter_count(preset("d12")) == 124475904);
-    CHECK(parameter_count(preset("d48")) == 1557686400);
+    CHECK(gpt2_num_parameters(preset("d12")) == 124475904);
+    CHECK(gpt2_num_parameters(preset("d48")) == 1557686400);
 }
 
 TEST_CASE("Adam state: 16 bytes per parameter in BF16 before sharding; ZeRO-1/2 divide the right parts") {
     const GPT2Config c = preset("d12");
-    const size_t N = parameter_count(c), X = sizeof(floatX);
+    const size_t N = gpt2_num_parameters(c), X = sizeof(floatX);
     const MemoryPlan single = plan_of(c, 4, 64, 1, 0, Recompute::none);
     const size_t state = single.group_bytes("params") + single.group_bytes("grads") + single.group_bytes("master") +
                          single.group_bytes("adam_m") + single.group_bytes("adam_v");
@@ -158,7 +151,7 @@ TEST_CASE("recompute selective and full keep what they say") {
 
 TEST_CASE("largest micro-batch per recompute mode: the largest B whose plan fits") {
     const GPT2Config c = preset("d48");
-    const ShardLayout sh = shard_layout(parameter_count(c), 0, 8, 1);
+    const ShardLayout sh = shard_layout(gpt2_num_parameters(c), 0, 8, 1);
     const size_t budget = size_t(80) << 30;
     int previous = 0;
     for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {

@@ -177,9 +177,7 @@ TEST_CASE("record-only mode records exactly the launches of an executed step") {
 
 TEST_CASE("record-only on 4 ranks: collectives carry NCCL's bus bytes per rank") {
     const std::vector<LaunchRecord> records = record_one_step({1, 1, 4, true, false});
-    size_t sizes[kNumParameterTensors], parameters = 0;
-    parameter_sizes(kConfig, sizes);
-    for (size_t n : sizes) parameters += n;
+    const size_t parameters = gpt2_num_parameters(kConfig);
     const ShardLayout shard = shard_layout(parameters, 0, 4, 1);
     const double X = sizeof(floatX);
     double reduced = 0, gathered = 0, norm = 0;
