@@ -3,10 +3,12 @@
 // T x T softmax that the flash kernels never materialize.
 #pragma once
 
+#include <array>
 #include <cmath>
 #include <random>
 #include <vector>
 
+#include "kernels/attention_tc.cuh"
 #include "kernels/common.cuh"
 #include "test_util.h"  // Catch2
 
@@ -107,6 +109,43 @@ template <typename T, typename R> double max_scaled_error(const std::vector<T>& 
         worst = std::isnan(err) ? INFINITY : std::max(worst, err);
     }
     return worst / (scale > 0.0 ? scale : 1.0);
+}
+
+// dqkv split into its q, k and v parts.
+template <typename T> std::array<std::vector<T>, 3> split_qkv(const std::vector<T>& dqkv, int C) {
+    std::array<std::vector<T>, 3> parts;
+    for (size_t i = 0; i < dqkv.size(); ++i) parts[i % (3 * size_t(C)) / C].push_back(dqkv[i]);
+    return parts;
+}
+
+struct Results {
+    std::vector<floatX> out, dqkv;
+    std::vector<float> lse;
+};
+
+// Forward then backward with the chosen kernels, on fresh NaN-filled outputs and scratch, so every
+// element must be written.
+enum class Kernels { tensor_core, simt };
+inline Results run_attention(Kernels which, const std::vector<floatX>& qkv_host, const std::vector<floatX>& dout_host,
+                             const Sizes& s) {
+    const size_t BT = size_t(s.B) * s.T;
+    const size_t scratch_floats = which == Kernels::tensor_core ? attention_tc_backward_scratch_floats(s.B, s.T, s.NH)
+                                                                : attention_backward_scratch_floats(s.B, s.T, s.NH);
+    DeviceBuffer<floatX> qkv(qkv_host), dout(dout_host), out(BT * s.C), dqkv(BT * 3 * s.C);
+    DeviceBuffer<float> lse(BT * s.NH), scratch(scratch_floats);
+    out.fill_bytes(0xFF);
+    lse.fill_bytes(0xFF);
+    dqkv.fill_bytes(0xFF);
+    scratch.fill_bytes(0xFF);
+    if (which == Kernels::tensor_core) {
+        attention_tc_forward(out.ptr, lse.ptr, qkv.ptr, s.B, s.T, s.C, s.NH, 0);
+        attention_tc_backward(dqkv.ptr, scratch.ptr, dout.ptr, qkv.ptr, out.ptr, lse.ptr, s.B, s.T, s.C, s.NH, 0);
+    } else {
+        attention_forward(out.ptr, lse.ptr, qkv.ptr, s.B, s.T, s.C, s.NH, 0);
+        attention_backward(dqkv.ptr, scratch.ptr, dout.ptr, qkv.ptr, out.ptr, lse.ptr, s.B, s.T, s.C, s.NH, 0);
+    }
+    CUDA_CHECK(cudaDeviceSynchronize());
+    return {out.download(), dqkv.download(), lse.download()};
 }
 
 }  // namespace attention_reference

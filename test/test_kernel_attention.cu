@@ -11,31 +11,7 @@
 #include <cstring>
 #include <random>
 
-namespace {
-
 using namespace attention_reference;
-
-struct Results {
-    std::vector<floatX> out, dqkv;
-    std::vector<float> lse;
-};
-
-// Forward then backward on fresh NaN-filled outputs and scratch, so every element must be written.
-Results run_attention(const std::vector<floatX>& qkv_host, const std::vector<floatX>& dout_host, const Sizes& s) {
-    const size_t BT = size_t(s.B) * s.T;
-    DeviceBuffer<floatX> qkv(qkv_host), dout(dout_host), out(BT * s.C), dqkv(BT * 3 * s.C);
-    DeviceBuffer<float> lse(BT * s.NH), scratch(attention_backward_scratch_floats(s.B, s.T, s.NH));
-    out.fill_bytes(0xFF);
-    lse.fill_bytes(0xFF);
-    dqkv.fill_bytes(0xFF);
-    scratch.fill_bytes(0xFF);
-    attention_forward(out.ptr, lse.ptr, qkv.ptr, s.B, s.T, s.C, s.NH, 0);
-    attention_backward(dqkv.ptr, scratch.ptr, dout.ptr, qkv.ptr, out.ptr, lse.ptr, s.B, s.T, s.C, s.NH, 0);
-    CUDA_CHECK(cudaDeviceSynchronize());
-    return {out.download(), dqkv.download(), lse.download()};
-}
-
-}  // namespace
 
 TEST_CASE("attention forward and backward match a double reference") {
     const Sizes cases[] = {
@@ -56,15 +32,10 @@ TEST_CASE("attention forward and backward match a double reference") {
         const std::vector<floatX> dout = random_floatX(size_t(s.B) * s.T * s.C, 1.0f, rng);
 
         const Reference ref = reference_attention(qkv, dout, s);
-        const Results got = run_attention(qkv, dout, s);
+        const Results got = run_attention(Kernels::simt, qkv, dout, s);
 
-        std::vector<floatX> dq, dk, dv;
-        std::vector<double> dq_ref, dk_ref, dv_ref;
-        for (size_t i = 0; i < got.dqkv.size(); ++i) {
-            const size_t part = i % (3 * s.C) / s.C;
-            (part == 0 ? dq : part == 1 ? dk : dv).push_back(got.dqkv[i]);
-            (part == 0 ? dq_ref : part == 1 ? dk_ref : dv_ref).push_back(ref.dqkv[i]);
-        }
+        const auto [dq, dk, dv] = split_qkv(got.dqkv, s.C);
+        const auto [dq_ref, dk_ref, dv_ref] = split_qkv(ref.dqkv, s.C);
         // Errors relative to each tensor's max |ref|, measured over these cases under every schedule.
         // FP32: float accumulation over <= T keys and hs dims; measured max 1.3e-6 (out, the sharpest
         // rows), gradients <= 8e-7, lse <= 1.9e-7. BF16: out and dqkv are rounded to bf16 (at most
@@ -90,12 +61,12 @@ TEST_CASE("attention is bitwise deterministic, also across more emulator threads
     std::mt19937 rng(99);
     const std::vector<floatX> qkv = random_floatX(size_t(s.B) * s.T * 3 * s.C, 2.0f, rng);
     const std::vector<floatX> dout = random_floatX(size_t(s.B) * s.T * s.C, 1.0f, rng);
-    const Results first = run_attention(qkv, dout, s);
+    const Results first = run_attention(Kernels::simt, qkv, dout, s);
 #ifndef __CUDACC__
     const int threads = cuemu::threads();
     cuemu::set_threads(2);  // blocks now finish in a different order
 #endif
-    const Results second = run_attention(qkv, dout, s);
+    const Results second = run_attention(Kernels::simt, qkv, dout, s);
 #ifndef __CUDACC__
     cuemu::set_threads(threads);
 #endif
