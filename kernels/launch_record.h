@@ -67,16 +67,6 @@ inline State& state() {
 
 inline bool recording() { return state().on; }
 
-// The CPU build's record-only mode (cuemu::set_record_only): launches, matmuls, copies and
-// collectives are recorded but not executed. Always false under nvcc.
-inline bool skip_execution() {
-#ifdef __CUDACC__
-    return false;
-#else
-    return cuemu::record_only();
-#endif
-}
-
 inline size_t append(LaunchRecord record) {
     State& s = state();
     s.records.push_back(std::move(record));
