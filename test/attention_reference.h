@@ -98,19 +98,6 @@ inline Reference reference_attention(const std::vector<floatX>& qkv, const std::
     return ref;
 }
 
-// Largest |got - ref| relative to the tensor's max |ref| (1 where that is 0: dq, dk at T = 1); a
-// NaN (an element never written: outputs start NaN-filled) counts as infinitely wrong.
-template <typename T, typename R> double max_scaled_error(const std::vector<T>& got, const std::vector<R>& ref) {
-    REQUIRE(got.size() == ref.size());
-    double scale = 0.0, worst = 0.0;
-    for (const R& r : ref) scale = std::max(scale, std::abs(double(to_float(r))));
-    for (size_t i = 0; i < ref.size(); ++i) {
-        const double err = std::abs(double(to_float(got[i])) - double(to_float(ref[i])));
-        worst = std::isnan(err) ? INFINITY : std::max(worst, err);
-    }
-    return worst / (scale > 0.0 ? scale : 1.0);
-}
-
 // dqkv split into its q, k and v parts.
 template <typename T> std::array<std::vector<T>, 3> split_qkv(const std::vector<T>& dqkv, int C) {
     std::array<std::vector<T>, 3> parts;

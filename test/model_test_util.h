@@ -33,18 +33,3 @@ inline void load_parameters(GPT2& model, const Fixture& fx, const std::string& p
     }
     CUDA_CHECK(cudaMemcpy(model.params_memory, host.data(), host.size() * sizeof(floatX), cudaMemcpyHostToDevice));
 }
-
-// Error relative to the tensor's scale: max |got - ref| / max |ref|. Gradients of different tensors
-// differ by orders of magnitude, and elementwise relative error is meaningless near zero.
-inline double scaled_error(const float* got, const float* ref, size_t n) {
-    double max_err = 0, max_ref = 0;
-    for (size_t i = 0; i < n; ++i) {
-        max_err = std::max(max_err, std::fabs(double(got[i]) - ref[i]));
-        max_ref = std::max(max_ref, std::fabs(double(ref[i])));
-    }
-    return max_ref > 0 ? max_err / max_ref : max_err;
-}
-inline double scaled_error(const std::vector<float>& got, const std::vector<float>& ref) {
-    REQUIRE(got.size() == ref.size());
-    return scaled_error(got.data(), ref.data(), ref.size());
-}

@@ -67,9 +67,9 @@ TEST_CASE("the model matches the PyTorch reference: logits, loss and every gradi
 
         const double ref_loss = fx.at("loss").f32[0];
         const double loss_err = std::fabs(r.loss - ref_loss);
-        const double logits_err = scaled_error(r.logits, fx.at("logits").f32);
+        const TensorError logits_err = tensor_error(r.logits, fx.at("logits").f32);
         std::printf("%s [%s, attention %s]: loss %.6f (ref %.6f, |err| %.2e), logits err %.2e\n", name, kPrecisionName,
-                    kind_name, r.loss, ref_loss, loss_err, logits_err);
+                    kind_name, r.loss, ref_loss, loss_err, logits_err.value);
         INFO(name << " [" << kPrecisionName << ", attention " << kind_name << "]");
         CHECK(loss_err <= (kFP32 ? kFP32Tolerance * std::fabs(ref_loss) : kBF16LossTolerance));
         CHECK(logits_err <= (kFP32 ? kFP32Tolerance : kBF16LogitsTolerance));
@@ -79,8 +79,8 @@ TEST_CASE("the model matches the PyTorch reference: logits, loss and every gradi
             const size_t n = model.param_sizes[i];
             std::vector<float> got(r.grads.begin() + offset, r.grads.begin() + offset + n);
             const std::vector<float>& ref = fx.at(std::string("grad.") + kParameterNames[i]).f32;
-            const double err = scaled_error(got, ref);
-            std::printf("  grad.%-9s err %.2e\n", kParameterNames[i], err);
+            const TensorError err = tensor_error(got, ref);
+            std::printf("  grad.%-9s err %.2e\n", kParameterNames[i], err.value);
             INFO("grad." << kParameterNames[i]);
             CHECK(err <= (kFP32 ? kFP32Tolerance : kBF16GradTolerance));
             offset += n;

@@ -5,15 +5,21 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <filesystem>
 #include <fstream>
+#include <ostream>
 #include <string>
 #include <vector>
 
 #include "kernels/cuda_common.h"
+
+// The exit code of a test executable that cannot run in this configuration: test/tests.cmake gives
+// such tests SKIP_RETURN_CODE 77, so CTest reports them skipped, never passed.
+constexpr int kSkipReturnCode = 77;
 
 // A device buffer that frees itself.
 template <typename T> struct DeviceBuffer {
@@ -88,3 +94,55 @@ template <typename F> std::string error_of(F&& call) {
     FAIL("expected a std::runtime_error");
     return "";
 }
+
+// ---------------------------------------------------------------------------------------------
+// How far a result is from its reference: the one error measure of every test that compares
+// tensors. A NaN or infinity in the result or the reference is an error of +inf, never a small one
+// (std::max(err, NaN) keeps err, which once let an all-NaN tensor score 0), and the element that
+// decided the error is kept, so a failed CHECK(error <= bound) prints where and what.
+
+struct TensorError {
+    double value = 0;  // the error; +inf when an element is not finite
+    size_t index = 0;  // the element that decided it
+    double got = 0, ref = 0;
+};
+inline std::ostream& operator<<(std::ostream& os, const TensorError& e) {
+    return os << e.value << " (element " << e.index << ": got " << e.got << ", ref " << e.ref << ")";
+}
+inline bool operator<=(const TensorError& e, double bound) { return e.value <= bound; }
+inline bool operator<(const TensorError& e, double bound) { return e.value < bound; }
+
+inline double as_double(double x) { return x; }
+inline double as_double(float x) { return x; }
+inline double as_double(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+enum class ErrorScale {
+    tensor,   // |got - ref| / max |ref| (absolute where the reference is all zero): gradients of
+              // different tensors differ by orders of magnitude, and elementwise relative error is
+              // meaningless near zero
+    element,  // |got - ref| / |ref| per element (losses, norms: values far from zero)
+    absolute  // |got - ref|
+};
+
+template <typename G, typename R>
+TensorError tensor_error(const G* got, const R* ref, size_t n, ErrorScale scale = ErrorScale::tensor) {
+    TensorError worst;
+    double max_ref = 0;
+    for (size_t i = 0; i < n; ++i) {
+        const double g = as_double(got[i]), r = as_double(ref[i]);
+        if (!std::isfinite(g) || !std::isfinite(r)) return {INFINITY, i, g, r};
+        double err = std::fabs(g - r);
+        if (scale == ErrorScale::element) err = r != 0 ? err / std::fabs(r) : (err == 0 ? 0 : INFINITY);
+        if (err > worst.value || i == 0) worst = {err, i, g, r};
+        max_ref = std::max(max_ref, std::fabs(r));
+    }
+    if (scale == ErrorScale::tensor && max_ref > 0) worst.value /= max_ref;
+    return worst;
+}
+template <typename G, typename R>
+TensorError tensor_error(const std::vector<G>& got, const std::vector<R>& ref, ErrorScale scale = ErrorScale::tensor) {
+    REQUIRE(got.size() == ref.size());
+    return tensor_error(got.data(), ref.data(), ref.size(), scale);
+}
+// The worse of two errors (for the worst over several tensors), keeping where it was.
+inline TensorError worse(const TensorError& a, const TensorError& b) { return b.value > a.value ? b : a; }
