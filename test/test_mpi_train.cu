@@ -10,6 +10,9 @@
 #define CATCH_CONFIG_RUNNER
 #include "model_test_util.h"
 
+#include <fstream>
+#include <set>
+
 namespace {
 
 Distributed world;
@@ -60,70 +63,116 @@ size_t cuemu_or_device_bytes() {
 
 // ---------------------------------------------------------------------------------------------
 
-TEST_CASE("10 AdamW steps match PyTorch: per-step loss and norm, final parameters") {
-    if (world.world_size != 1 || zero_stage != 0 || accumulation != 1) return;  // one configuration suffices
+// The FP32 master weights of this rank's optimizer range (all parameters at ZeRO-0).
+std::vector<float> download_master(const Trainer& tr) {
+    std::vector<float> master(tr.model.shard.optimizer_size());
+    CUDA_CHECK(cudaMemcpy(master.data(), tr.master, master.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    return master;
+}
+
+// Runs on 1 rank, ZeRO-0, 1 micro-step only (main() selects it): the fixture's batch is one micro-batch.
+TEST_CASE("10 AdamW steps match PyTorch: per-step loss and norm, displacement, final parameters", "[pytorch]") {
+    REQUIRE(world.world_size == 1);
+    REQUIRE(zero_stage == 0);
     const std::string root = repo_root();
     for (const char* name : {"d2_c64", "d2_c96_odd", "d2_c96_masked"}) {
         const Fixture fx = load_fixture(root + "/test/fixtures/" + name + ".bin");
         const FixtureConfig& c = fx.config;
+        INFO(name << " [" << kPrecisionName << "]");
         Distributed single = distributed_single(world);
         Trainer tr;
         trainer_build(tr, single, config_of(c), c.B, c.T, 0, optimizer_of(fx));
         load_parameters(tr.model, fx);
         trainer_start(tr);
+        const std::vector<float> master_before = download_master(tr);
         const float lr = fx.meta.at("adamw").at("lr");
         const int steps = fx.meta.at("adamw").at("steps");
         const std::vector<int32_t>& inputs = fx.at("adamw.inputs").i32;
         const std::vector<int32_t>& targets = fx.at("adamw.targets").i32;
         const size_t bt = size_t(c.B) * c.T;
-        double worst_loss = 0, worst_norm = 0;
+        std::vector<double> losses, norms;
         for (int s = 0; s < steps; ++s) {
             const size_t batch = size_t(s % 2) * bt;
             StepResult r = train_step(tr, {inputs.data() + batch}, {targets.data() + batch}, c.B, c.T, lr);
             REQUIRE(r.updated);
-            worst_loss = std::max(worst_loss, std::fabs(r.loss - fx.at("adamw.loss").f32[s]));
-            worst_norm = std::max(worst_norm, std::fabs(r.grad_norm / fx.at("adamw.grad_norm").f32[s] - 1.0));
+            losses.push_back(r.loss);
+            norms.push_back(r.grad_norm);
         }
-        std::vector<float> params = download_as_float(tr.model.params_memory, tr.model.num_parameters);
-        std::printf("%s [%s] %d AdamW steps: loss err %.2e, norm rel err %.2e\n", name, kPrecisionName, steps, worst_loss,
-                    worst_norm);
-        INFO(name << " [" << kPrecisionName << "]");
+        const TensorError loss_err = tensor_error(losses, fx.at("adamw.loss").f32, ErrorScale::absolute);
+        const TensorError norm_err = tensor_error(norms, fx.at("adamw.grad_norm").f32, ErrorScale::element);
+        std::printf("%s [%s] %d AdamW steps: loss err %.2e, norm rel err %.2e\n", name, kPrecisionName, steps,
+                    loss_err.value, norm_err.value);
         // Losses and norms follow the reference to within the forward/backward error (test_model.cu).
         // Measured worst over the three fixtures: FP32 loss 3.1e-7, norm 1.6e-6 relative; BF16 loss
         // 9.2e-4, norm 5.9e-3 relative. Bounds ~4x.
-        CHECK(worst_loss < (kFP32 ? 1.5e-6 : 4e-3));
-        CHECK(worst_norm < (kFP32 ? 6e-6 : 2.5e-2));
-        // Parameters: Adam's update m / sqrt(v) does not scale with the gradient, so on elements whose
-        // gradient is near zero a tiny gradient error can change the update by up to lr per step
-        // (2 lr if its sign flips). The error of any parameter after K steps is therefore bounded by
-        // 2 lr K, plus one rounding of the stored parameter (2^-8 of its magnitude in BF16). Measured
-        // worst: FP32 2.7e-5 absolute (fcprojw, 6.1e-4 of its scale; bound used 1e-4); BF16 1.0e-2
-        // absolute (lnfw, whose values are ~1), inside 2 lr K + 2^-8 max|p| = 2.4e-2.
-        const double bound_abs = 2.0 * lr * steps;
+        CHECK(loss_err <= (kFP32 ? 1.5e-6 : 4e-3));
+        CHECK(norm_err <= (kFP32 ? 6e-6 : 2.5e-2));
+
+        // Displacement: how far the optimizer moved each tensor, (p_K - p_0) on our FP32 master weights
+        // against PyTorch's (final - initial), as ||d - d_ref|| / ||d_ref|| per tensor. Unlike the final
+        // parameters (within 2 lr K + a BF16 rounding of the reference whatever the optimizer did),
+        // this fails an optimizer that does nothing (error 1), skips bias correction (the first steps
+        // move up to 1/sqrt(1 - beta2) = 4.5x as far) or decays the LayerNorm weights (10 steps of
+        // lr * wd * |w| = 1e-3 against a per-element move of ~4e-3 rms: ~25%). Measured worst over the
+        // three fixtures and every tensor: FP32 3.1e-5 (fcprojw), BF16 4.2e-2 (ln2b; 8-bit gradients).
+        // Bounds: FP32 2e-4 (~6x), BF16 0.1 (~2.4x, still under a quarter of the smallest fault above).
+        const std::vector<float> master_after = download_master(tr);
+        const std::vector<float> params = download_as_float(tr.model.params_memory, tr.model.num_parameters);
+        double worst_displacement = 0, worst_final = 0;
         size_t offset = 0;
         for (int i = 0; i < kNumParameterTensors; ++i) {
             const size_t n = tr.model.param_sizes[i];
-            const std::vector<float>& ref = fx.at(std::string("final.") + kParameterNames[i]).f32;
-            double max_abs = 0, max_ref = 0;
+            const std::vector<float>& initial = fx.at(kParameterNames[i]).f32;
+            const std::vector<float>& final_ref = fx.at(std::string("final.") + kParameterNames[i]).f32;
+            // The key bias's true gradient is zero (it adds q . b_k to every score of a softmax row, a
+            // shift softmax ignores); rounding noise in its gradient is all Adam sees there, and it
+            // turns noise into lr-sized moves that differ between any two implementations (BF16:
+            // qkvb's displacement error 0.54-0.68 with it, measured). It is left out of the norm.
+            const bool qkvb = std::string(kParameterNames[i]) == "qkvb";
+            const size_t C = tr.model.config.channels;
+            double diff2 = 0, ref2 = 0;
             for (size_t j = 0; j < n; ++j) {
-                max_abs = std::max(max_abs, std::fabs(double(params[offset + j]) - ref[j]));
-                max_ref = std::max(max_ref, std::fabs(double(ref[j])));
+                if (qkvb && j % (3 * C) >= C && j % (3 * C) < 2 * C) continue;
+                const double d = double(master_after[offset + j]) - master_before[offset + j];
+                const double d_ref = double(final_ref[j]) - initial[j];
+                diff2 += (d - d_ref) * (d - d_ref);
+                ref2 += d_ref * d_ref;
             }
-            std::printf("  final.%-9s abs err %.2e (%.2e of scale)\n", kParameterNames[i], max_abs, max_abs / max_ref);
-            INFO("final." << kParameterNames[i]);
-            CHECK(max_abs <= (kFP32 ? 1e-4 : bound_abs + std::ldexp(max_ref, -8)));
+            const double displacement_err = std::sqrt(diff2 / ref2);  // NaN if anything is NaN: fails below
+            // Final parameters: Adam's update m / sqrt(v) does not scale with the gradient, so on
+            // elements whose gradient is near zero a tiny gradient error can change the update by up
+            // to lr per step (2 lr if its sign flips): the error of any parameter after K steps is
+            // bounded by 2 lr K, plus one rounding of the stored parameter (2^-8 of its magnitude in
+            // BF16). Measured worst: FP32 2.7e-5 absolute (fcprojw; bound used 1e-4); BF16 1.0e-2
+            // absolute (lnfw, whose values are ~1), inside 2 lr K + 2^-8 max|p| = 2.4e-2.
+            const TensorError final_err = tensor_error(params.data() + offset, final_ref.data(), n, ErrorScale::absolute);
+            double max_ref = 0;
+            for (float v : final_ref) max_ref = std::max(max_ref, std::fabs(double(v)));
+            std::printf("  %-9s displacement err %.2e of |d_ref| %.2e; final abs err %.2e\n", kParameterNames[i],
+                        displacement_err, std::sqrt(ref2), final_err.value);
+            INFO(kParameterNames[i]);
+            CHECK(ref2 > 0);
+            CHECK(displacement_err <= (kFP32 ? 2e-4 : 0.1));
+            CHECK(final_err <= (kFP32 ? 1e-4 : 2.0 * lr * steps + std::ldexp(max_ref, -8)));
+            if (!(displacement_err <= worst_displacement)) worst_displacement = displacement_err;
+            if (!(final_err.value <= worst_final)) worst_final = final_err.value;
             offset += n;
         }
+        std::printf("%s [%s]: worst displacement err %.2e, worst final abs err %.2e\n", name, kPrecisionName,
+                    worst_displacement, worst_final);
         trainer_free(tr);
         distributed_release(single);
     }
 }
 
-TEST_CASE("masked targets spread unevenly over ranks and micro-steps: PyTorch's loss and gradients") {
+// Runs at ZeRO-0 (full gradients to compare) where the fixture's B divides over ranks x micro-steps
+// (main() selects it).
+TEST_CASE("masked targets spread unevenly over ranks and micro-steps: PyTorch's loss and gradients", "[masked]") {
     const Fixture fx = load_fixture(repo_root() + "/test/fixtures/d2_c96_masked.bin");
     const FixtureConfig& c = fx.config;
     const int W = world.world_size;
-    if (c.B % (W * accumulation) != 0 || zero_stage != 0) return;  // needs B divisible; stage 0 keeps full gradients
+    REQUIRE(zero_stage == 0);
+    REQUIRE(c.B % (W * accumulation) == 0);
     std::vector<int> inputs(fx.at("inputs").i32.begin(), fx.at("inputs").i32.end());
     std::vector<int> targets(fx.at("targets").i32.begin(), fx.at("targets").i32.end());
     Split sp = split_batch(inputs, targets, c.B, c.T, world.rank, W, accumulation);
@@ -135,20 +184,22 @@ TEST_CASE("masked targets spread unevenly over ranks and micro-steps: PyTorch's 
     StepResult r = train_step(tr, sp.inputs, sp.targets, sp.micro_batch, c.T, 0.0f);  // lr 0: gradients only
     const double loss_err = std::fabs(r.loss - fx.at("loss").f32[0]);
     std::vector<float> grads = download_as_float(tr.model.grads_memory, tr.model.num_parameters);
-    double worst = 0;
+    TensorError worst;
     size_t offset = 0;
     for (int i = 0; i < kNumParameterTensors; ++i) {
-        worst = std::max(worst, scaled_error(grads.data() + offset, fx.at(std::string("grad.") + kParameterNames[i]).f32.data(),
-                                             tr.model.param_sizes[i]));
+        const TensorError err = tensor_error(grads.data() + offset,
+                                             fx.at(std::string("grad.") + kParameterNames[i]).f32.data(), tr.model.param_sizes[i]);
+        INFO("grad." << kParameterNames[i]);
+        CHECK(err <= (kFP32 ? 5e-6 : 3e-2));
+        worst = worse(worst, err);
         offset += tr.model.param_sizes[i];
     }
     if (world.rank == 0)
         std::printf("masked, %d rank(s) x %d micro-steps [%s]: loss err %.2e, worst gradient err %.2e\n", W, accumulation,
-                    kPrecisionName, loss_err, worst);
+                    kPrecisionName, loss_err, worst.value);
     // The same bounds as the single-batch model test (test_model.cu): the split changes only the
     // order of the final sums.
     CHECK(loss_err < (kFP32 ? 1e-5 : 2e-3));
-    CHECK(worst < (kFP32 ? 5e-6 : 3e-2));
     trainer_free(tr);
 }
 
@@ -194,12 +245,11 @@ TEST_CASE("ZeRO stages and gradient accumulation follow a single-process run on 
     distributed_release(single);
     std::vector<float> params = run(world, sequences / (W * accumulation), zero_stage, accumulation, &losses);
 
-    double loss_err = 0;
-    for (int s = 0; s < steps; ++s) loss_err = std::max(loss_err, std::fabs(losses[s] - base_losses[s]));
-    const double param_err = scaled_error(params.data(), base.data(), params.size());
+    const TensorError loss_err = tensor_error(losses, base_losses, ErrorScale::absolute);
+    const TensorError param_err = tensor_error(params, base);
     if (world.rank == 0)
         std::printf("%d rank(s), ZeRO-%d, %d micro-steps [%s] vs 1 rank: loss err %.2e, parameter err %.2e%s\n", W,
-                    zero_stage, accumulation, kPrecisionName, loss_err, param_err,
+                    zero_stage, accumulation, kPrecisionName, loss_err.value, param_err.value,
                     params == base ? " (bitwise equal)" : "");
     // Bitwise only when the arithmetic order is the same (1 rank, 1 micro-step). Otherwise the sums
     // over the batch split differently across ranks and micro-steps. Measured worst over the seven
@@ -288,15 +338,89 @@ TEST_CASE("recompute modes: peak memory of real steps is the plan, and the param
     CHECK(plan_totals[2] < plan_totals[1]);
 }
 
+// The rule the README states: decoupled weight decay on the 2-D tensors (the weight matrices and the
+// embeddings), never on biases or LayerNorm parameters. The PyTorch reference's DECAYED tuple is the
+// independent statement of it; the effect is checked on every rank's shard of the master weights.
+TEST_CASE("weight decay: exactly the reference's tensors, by name and by effect on the master weights") {
+    std::ifstream script(repo_root() + "/dev/gpt2_reference.py");
+    std::set<std::string> decayed;
+    for (std::string line; std::getline(script, line);) {
+        if (line.rfind("DECAYED = (", 0) != 0) continue;
+        const std::string list = line.substr(0, line.find(')'));
+        for (size_t open = list.find('"'); open != std::string::npos; open = list.find('"', list.find('"', open + 1) + 1))
+            decayed.insert(list.substr(open + 1, list.find('"', open + 1) - open - 1));
+    }
+    REQUIRE(decayed.size() == 6);
+    for (int i = 0; i < kNumParameterTensors; ++i) {
+        INFO(kParameterNames[i]);
+        CHECK(decays(i) == (decayed.count(kParameterNames[i]) == 1));
+    }
+
+    // With zero gradients Adam's step is 0 / (0 + eps) = 0, so one update multiplies each decayed master
+    // weight by 1 - lr * wd (0.95 here, one FP32 rounding) and leaves every other one bitwise unchanged.
+    const GPT2Config config{40, 301, pad_vocab(301), 2, 3, 96};
+    OptimizerConfig opt;
+    opt.weight_decay = 0.5f;
+    const float lr = 0.1f;
+    Trainer tr;
+    trainer_build(tr, world, config, 2, 16, zero_stage, opt);
+    gpt2_init_weights(tr.model, 3);
+    trainer_start(tr);
+    gpt2_zero_grad(tr.model);
+    CUDA_CHECK(cudaStreamSynchronize(tr.model.stream));
+    const std::vector<float> before = download_master(tr);
+    optimizer_update(tr, lr, 1.0f);
+    CUDA_CHECK(cudaStreamSynchronize(tr.model.stream));
+    const std::vector<float> after = download_master(tr);
+    const ShardLayout& sh = tr.model.shard;
+    const size_t lo = sh.optimizer_begin(), hi = lo + sh.optimizer_real_size();
+    size_t checked = 0;
+    for (int i = 0; i < kNumParameterTensors; ++i) {
+        const size_t begin = std::max(lo, tr.model.param_offsets[i]);
+        const size_t end = std::min(hi, tr.model.param_offsets[i] + tr.model.param_sizes[i]);
+        size_t wrong = 0, first_wrong = 0;
+        for (size_t j = begin; j < end; ++j) {
+            const double p = before[j - lo], got = after[j - lo];
+            const bool ok = decays(i) ? std::fabs(got - p * (1.0 - double(lr) * opt.weight_decay)) <= std::ldexp(std::fabs(p), -22)
+                                      : got == p;
+            if (!ok && wrong++ == 0) first_wrong = j;
+            ++checked;
+        }
+        INFO(kParameterNames[i] << " (decays: " << decays(i) << "): first wrong element " << first_wrong);
+        CHECK(wrong == 0);
+    }
+    CHECK(checked == sh.optimizer_real_size());
+    trainer_free(tr);
+}
+
 int main(int argc, char** argv) {
     world = distributed_init(&argc, &argv);
     if (const char* z = std::getenv("TRAIN_ZERO")) zero_stage = std::atoi(z);
     if (const char* a = std::getenv("TRAIN_ACCUM")) accumulation = std::atoi(a);
+    // Test cases that need a particular configuration run only in it; elsewhere they are left out and
+    // named, never run as an empty pass (Catch2 also fails any test case that asserts nothing).
+    const char* root = std::getenv("TRAIN_GPT_ROOT");
+    const int masked_B = load_fixture(std::string(root ? root : ".") + "/test/fixtures/d2_c96_masked.bin").config.B;
+    std::string excluded;
+    auto exclude = [&](bool applies, const char* tag, const char* why) {
+        if (applies) return;
+        excluded += std::string("~") + tag;
+        if (world.rank == 0) std::printf("test_mpi_train: not in this configuration: %s (%s)\n", tag, why);
+    };
+    exclude(world.world_size == 1 && zero_stage == 0 && accumulation == 1, "[pytorch]",
+            "the fixture's batch is one micro-batch on one rank");
+    exclude(zero_stage == 0 && masked_B % (world.world_size * accumulation) == 0, "[masked]",
+            "needs ZeRO-0's full gradients and the fixture's B divisible by ranks x micro-steps");
+    std::vector<char*> args(argv, argv + argc);
+    const bool spec_given = std::any_of(args.begin() + 1, args.end(), [](const char* a) { return a[0] != '-'; });
+    if (!excluded.empty() && !spec_given) args.push_back(excluded.data());
+
     Catch::Session session;
-    int failed = session.applyCommandLine(argc, argv);
+    int failed = session.applyCommandLine(int(args.size()), args.data());
     if (failed == 0) {
         Catch::ConfigData config = session.configData();
         config.name = "test_mpi_train rank " + std::to_string(world.rank) + " of " + std::to_string(world.world_size);
+        config.warnings = Catch::WarnAbout::What(config.warnings | Catch::WarnAbout::NoAssertions);
         session.useConfigData(config);
         failed = session.run();
     }
