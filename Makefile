@@ -65,8 +65,11 @@ ALL_HDR := $(EMU_HDR) $(KERNEL_HDR) $(HOST_HDR)
 # GPU build; test_mpi_* bring their own main (MPI_Init).
 TEST_SRC := $(wildcard test/test_*.cu)
 TEST_NAMES := $(patsubst test/%.cu,%,$(TEST_SRC))
-# Kernel and model tests are built in both precisions: test_X (PRECISION) and test_X_fp32.
-BOTH_PRECISION_TESTS := $(filter test_kernel_% test_model% test_mpi_train,$(TEST_NAMES))
+# Kernel and model tests are built in both precisions: test_X (PRECISION) and test_X_fp32, except
+# those whose source has the line "// precision: BF16 only" (test/tests.cmake reads the same line):
+# they are built in BF16 whatever PRECISION says, and have no twin.
+BF16_ONLY_TESTS := $(patsubst test/%.cu,%,$(shell grep -l '^// precision: BF16 only' $(TEST_SRC)))
+BOTH_PRECISION_TESTS := $(filter-out $(BF16_ONLY_TESTS),$(filter test_kernel_% test_model% test_mpi_train,$(TEST_NAMES)))
 FP32_TEST_NAMES := $(addsuffix _fp32,$(BOTH_PRECISION_TESTS))
 ALL_TEST_NAMES := $(TEST_NAMES) $(FP32_TEST_NAMES)
 GPU_TEST_NAMES := $(filter-out test_emu_%,$(ALL_TEST_NAMES))
@@ -111,6 +114,7 @@ $(CPU_DIR)/test_%.o: test/test_%.cu $(TEST_HDR) $(ALL_HDR) | deps-if-missing
 	@mkdir -p $(@D)
 	$(CXX) $(CPU_CXXFLAGS) -x c++ -c $< -o $@
 
+$(addprefix $(CPU_DIR)/,$(addsuffix .o,$(BF16_ONLY_TESTS))): PRECISION_DEFINE = -DPRECISION_BF16
 $(CPU_DIR)/test_%_fp32.o: PRECISION_DEFINE = -DPRECISION_FP32
 $(CPU_DIR)/test_%_fp32.o: test/test_%.cu $(TEST_HDR) $(ALL_HDR) | deps-if-missing
 	@mkdir -p $(@D)
@@ -158,6 +162,7 @@ $(GPU_DIR)/test_%.o: test/test_%.cu $(TEST_HDR) $(ALL_HDR) | deps-if-missing
 	$(NVCC) $(NVCCFLAGS) -x cu -c $< -o $@ 2> $@.ptxas.log || { cat $@.ptxas.log; exit 1; }
 	@scripts/check_spills.sh $@.ptxas.log
 
+$(addprefix $(GPU_DIR)/,$(addsuffix .o,$(BF16_ONLY_TESTS))): PRECISION_DEFINE = -DPRECISION_BF16
 $(GPU_DIR)/test_%_fp32.o: PRECISION_DEFINE = -DPRECISION_FP32
 $(GPU_DIR)/test_%_fp32.o: test/test_%.cu $(TEST_HDR) $(ALL_HDR) | deps-if-missing
 	@mkdir -p $(@D)
@@ -182,6 +187,7 @@ $(ASAN_DIR)/catch_main.o: test/catch_main.cpp | deps-if-missing
 	@mkdir -p $(@D)
 	$(CXX) $(ASAN_CXXFLAGS) -c $< -o $@
 
+$(addprefix $(ASAN_DIR)/,$(addsuffix .o,$(BF16_ONLY_TESTS))): PRECISION_DEFINE = -DPRECISION_BF16
 $(ASAN_DIR)/test_%_fp32.o: PRECISION_DEFINE = -DPRECISION_FP32
 $(ASAN_DIR)/test_%_fp32.o: test/test_%.cu $(TEST_HDR) $(ALL_HDR) | deps-if-missing
 	@mkdir -p $(@D)

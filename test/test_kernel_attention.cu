@@ -89,3 +89,13 @@ TEST_CASE("attention_requirements accepts GPT-2 shapes and names the broken cons
     CHECK(attention_requirements(512, 2) == "attention: head size C/NH = 256 exceeds the supported maximum 128");
     CHECK(attention_requirements(768, 0) == "attention: C = 768 and NH = 0 must be positive");
 }
+
+// The tensor-core kernels take BF16 operands (their tests, test_kernel_attention_tc.cu, build in BF16
+// only); in the FP32 build their requirements function must refuse, naming the alternative.
+TEST_CASE("attention_tc_requirements: accepted in the BF16 build, refused with the reason in the FP32 build") {
+    const std::string verdict = attention_tc_requirements(1, 64, 768, 12);
+    if (std::is_same_v<floatX, float>)
+        CHECK(verdict == "attention tc: needs the BF16 build (floatX = bf16); use --attention simt");
+    else
+        CHECK(verdict == "");
+}

@@ -1,8 +1,8 @@
 // Tensor-core causal flash attention (kernels/attention_tc.cuh) against a plain double-precision
 // reference that builds the full T x T softmax, and against the SIMT kernels (attention.cuh):
 // out and lse forward; dq, dk, dv as the analytic gradient of sum(out * G) for a random G.
-// The kernels need BF16 operands: the FP32 build only checks that the launchers' requirements
-// function says so.
+// precision: BF16 only (the kernels take BF16 operands; the Makefile and test/tests.cmake read this
+// line and build no FP32 twin; the FP32 build's refusal is tested in test_kernel_attention.cu).
 #include "test_util.h"
 
 #include "attention_reference.h"
@@ -16,19 +16,13 @@
 
 namespace {
 
-constexpr bool kBf16Build = std::is_same_v<floatX, __nv_bfloat16>;
+static_assert(std::is_same_v<floatX, __nv_bfloat16>, "the tensor-core kernels take BF16 operands: build in BF16");
 
 using namespace attention_reference;
 
 }  // namespace
 
 TEST_CASE("tensor-core attention matches a double reference and the SIMT kernels") {
-    if constexpr (!kBf16Build) {
-        CHECK(attention_tc_requirements(1, 64, 768, 12) ==
-              "attention tc: needs the BF16 build (floatX = bf16); use --attention simt");
-        WARN("FP32 build: the tensor-core kernels need BF16 operands; only the refusal is tested here");
-        return;
-    }
     const Sizes cases[] = {
         {2, 37, 32, 2, 3.0f},     // hs 16; T = 37: one partial query block, a partial key tile
         {1, 100, 64, 2, 2.0f},    // hs 32; T = 100: two query blocks, the second partial
@@ -92,11 +86,6 @@ TEST_CASE("tensor-core attention is bitwise deterministic, also across more emul
 }
 
 TEST_CASE("attention_tc_requirements accepts GPT-2 shapes and names what it cannot do") {
-    if constexpr (!kBf16Build) {
-        CHECK(attention_tc_requirements(4, 1024, 768, 12) ==
-              "attention tc: needs the BF16 build (floatX = bf16); use --attention simt");
-        return;
-    }
     CHECK(attention_tc_requirements(4, 1024, 768, 12) == "");   // 124M: hs 64
     CHECK(attention_tc_requirements(1, 1024, 1600, 25) == "");  // 1.5B: hs 64, 25 heads
     CHECK(attention_tc_requirements(1, 100, 2048, 16) == "");   // hs 128

@@ -4,6 +4,7 @@
 // mapped wrongly is reported as the element it got. The expected layouts are written out here
 // from the PTX ISA ("Matrix Fragments for mma.m16n8k16 with floating point type", "Warp-level
 // matrix load instruction: ldmatrix"), independently of the emulator's code.
+// precision: BF16 only (nothing here uses floatX: an FP32 twin would repeat the same test).
 #include "test_util.h"
 
 #include "kernels/tensor_core.cuh"
