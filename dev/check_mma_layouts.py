@@ -3,18 +3,59 @@
 
 Our maps (kernels/tensor_core.cuh, emu/tensor_core.cpp, test/test_kernel_mma.cu) are written from
 the PTX ISA's formulas. CuTe (CUTLASS) describes the same instructions as layouts from (thread,
-value) to an element, independently; this script evaluates CuTe's layouts with pycute and
-compares every lane and value. The shapes and strides below are CuTe's published atom layouts
-(cute/atom/mma_traits_sm80.hpp: SM80_16x8x16_F32BF16BF16F32_TN; cute/atom/copy_traits_sm75.hpp:
-SM75_U32x{1,2,4}_LDSM_N, SM75_U16x8_LDSM_T). CuTe's MMA layouts index the (M, K), (N, K) and
-(M, N) matrices column-major; its ldmatrix layouts map to bits of the 8 x 128-bit rows that the
+value) to an element, independently. This script reads those layouts from CuTe's own headers as
+the nvidia-cutlass package ships them (cute/atom/mma_traits_sm80.hpp: SM80_16x8x16_F32BF16BF16F32_TN;
+cute/atom/copy_traits_sm75.hpp: SM75_U32x{1,2,4}_LDSM_N, SM75_U16x8_LDSM_T), evaluates them with
+pycute and compares every lane and value. CuTe's MMA layouts index the (M, K), (N, K) and (M, N)
+matrices column-major; its ldmatrix layouts map to bits of the 8 x 128-bit rows that the
 address-giving threads name (row 8 i + r of the reference = row r of matrix i).
 
-Needs pycute: pip install nvidia-cutlass (pure Python; no GPU). Prints mismatches, exits 1 on any.
+Needs nvidia-cutlass (pure Python, no GPU; dev/requirements.txt, scripts/install_python_deps.sh).
+Run by `make test` (CTest: check_mma_layouts). Prints mismatches, exits 1 on any.
 """
+import ast
+import os
+import re
 import sys
 
-from pycute import Layout
+try:
+    import cutlass_library
+    from pycute import Layout
+except ImportError:
+    sys.exit("check_mma_layouts: needs nvidia-cutlass: run scripts/install_python_deps.sh (pins in dev/requirements.txt)")
+
+ATOMS = os.path.join(os.path.dirname(cutlass_library.__file__), "source", "include", "cute", "atom")
+
+
+def layout_expression(text):
+    """pycute Layout from CuTe's C++ spelling, e.g. Layout<Shape<_32,_32>,Stride<_32,_1>>."""
+    s = re.sub(r"\s+", "", text)
+    if not (s.startswith("Layout<") and s.endswith(">")):
+        raise ValueError(f"not a CuTe Layout: {text!r}")
+    s = re.sub(r"\b_(\d+)\b", r"\1", s[len("Layout<"):-1])
+    s = s.replace("Shape<", "(").replace("Stride<", "(").replace(">", ",)")
+    shape, stride = ast.literal_eval("(" + s + ")")
+    unwrap = lambda t: t[0] if isinstance(t, tuple) and len(t) == 1 else (tuple(map(unwrap, t)) if isinstance(t, tuple) else t)
+    return Layout(unwrap(shape), unwrap(stride))
+
+
+def cute_layout(header, traits, atom, member):
+    """The layout `member` (ALayout, DstLayout, ...) of traits<atom> in a CuTe header: followed through
+    the traits' base class and through a named alias (using SM80_16x8_Row = Layout<...>;)."""
+    text = open(os.path.join(ATOMS, header)).read()
+    match = re.search(rf"struct {traits}<{atom}>\s*(:\s*{traits}<(\w+)>\s*)?\{{(.*?)\n\}};", text, re.S)
+    if not match:
+        raise ValueError(f"{header}: no {traits}<{atom}>")
+    found = re.search(rf"using {member}\s*=\s*(.*?);", match.group(3), re.S)
+    if not found:
+        if not match.group(2):
+            raise ValueError(f"{header}: {traits}<{atom}> has no {member}")
+        return cute_layout(header, traits, match.group(2), member)
+    value = found.group(1).strip()
+    if re.fullmatch(r"\w+", value):
+        value = re.search(rf"using {value}\s*=\s*(Layout<.*?>);", text, re.S).group(1)
+    return layout_expression(value)
+
 
 mismatches = 0
 
@@ -45,9 +86,10 @@ def ours_c(lane, i):  # c_i -> (row m, col n) of C (16 x 8)
     return g + (8 if i >= 2 else 0), t * 2 + (i & 1)
 
 
-cute_a = Layout(((4, 8), (2, 2, 2)), ((32, 1), (16, 8, 128)))  # (thr, val) -> m + 16 k
-cute_b = Layout(((4, 8), (2, 2)), ((16, 1), (8, 64)))          # (thr, val) -> n + 8 k
-cute_c = Layout(((4, 8), (2, 2)), ((32, 1), (16, 8)))          # (thr, val) -> m + 16 n
+MMA = ("mma_traits_sm80.hpp", "MMA_Traits", "SM80_16x8x16_F32BF16BF16F32_TN")
+cute_a = cute_layout(*MMA, "ALayout")  # (thr, val) -> m + 16 k
+cute_b = cute_layout(*MMA, "BLayout")  # (thr, val) -> n + 8 k
+cute_c = cute_layout(*MMA, "CLayout")  # (thr, val) -> m + 16 n
 
 for lane in range(32):
     for i in range(8):
@@ -71,12 +113,11 @@ def ours_ldmatrix_bit(lane, reg, half, bit, trans):
     return 128 * (8 * reg + row) + 16 * col + bit
 
 
+COPY = ("copy_traits_sm75.hpp", "Copy_Traits")
 ldsm_n = {  # dst (thr, val) -> bit; val = bit of the 32-bit register + 32 register-index
-    1: Layout((32, 32), (32, 1)),
-    2: Layout((32, (32, 2)), (32, (1, 1024))),
-    4: Layout((32, (32, 4)), (32, (1, 1024))),
+    n: cute_layout(*COPY, f"SM75_U32x{n}_LDSM_N", "DstLayout") for n in (1, 2, 4)
 }
-ldsm_t4 = Layout(((4, 8), (16, 2, 4)), ((256, 16), (1, 128, 1024)))  # val = (bit, half, register)
+ldsm_t4 = cute_layout(*COPY, "SM75_U16x8_LDSM_T", "DstLayout")  # val = (bit, half, register)
 
 for count, layout in ldsm_n.items():
     for lane in range(32):

@@ -22,10 +22,10 @@ done
 here=$(cd "$(dirname "$0")" && pwd)
 if [ ${#missing[@]} -eq 0 ]; then
   if [ "${1:-}" = "--check" ]; then
-    exec "$here/install_data_deps.sh" --check
+    exec "$here/install_python_deps.sh" --check
   fi
   echo "deps: all present"
-  exec "$here/install_data_deps.sh"
+  exec "$here/install_python_deps.sh"
 fi
 if [ "${1:-}" = "--check" ]; then
   echo "deps: missing: ${missing[*]}"
@@ -37,4 +37,4 @@ sudo=""
 export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
-"$here/install_data_deps.sh"
+"$here/install_python_deps.sh"

@@ -58,7 +58,7 @@ add_test(test_fixtures ${TEST_BIN}/test_fixtures)
 set_tests_properties(test_fixtures PROPERTIES ENVIRONMENT "TRAIN_GPT_ROOT=${CMAKE_CURRENT_LIST_DIR}/..")
 
 # Data preparation (data/prepare.py): GPT-2 token ids, shard and tokenizer file formats.
-# Needs scripts/install_data_deps.sh (about 5 MB from PyPI).
+# Needs scripts/install_python_deps.sh (about 5 MB from PyPI).
 add_test(data_prepare python3 ${CMAKE_CURRENT_LIST_DIR}/../data/test_prepare.py)
 # HellaSwag conversion (data/hellaswag.py): llm.c's eval file format, against the committed fixture.
 add_test(data_hellaswag python3 ${CMAKE_CURRENT_LIST_DIR}/../data/test_hellaswag.py)
@@ -126,3 +126,6 @@ add_test(plan_does_not_fit ${CMAKE_CURRENT_LIST_DIR}/expect_failure.sh "more tha
 add_test(test_roofline ${TEST_BIN}/test_roofline)
 add_test(test_profile_step ${CMAKE_CURRENT_LIST_DIR}/test_profile_step.sh ${train_binary})
 
+# The tensor-core fragment layouts (kernels/tensor_core.cuh, emu/tensor_core.cpp) against CuTe's, read
+# from the headers the nvidia-cutlass package ships (dev/check_mma_layouts.py; dev/requirements.txt).
+add_test(check_mma_layouts python3 ${CMAKE_CURRENT_LIST_DIR}/../dev/check_mma_layouts.py)

