@@ -47,7 +47,9 @@ CPU_CXXFLAGS = $(COMMON_FLAGS) -O2 -g -march=native $(WARN) $(MPI_INC) -pthread
 ASAN_CXXFLAGS = $(COMMON_FLAGS) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined \
                 -fno-sanitize-recover=undefined $(WARN) $(MPI_INC) -pthread \
                 -Wno-maybe-uninitialized  # false positives in Catch2's std::regex at -O1
-CPU_LDLIBS = $(MPI_LIB) -ldl -pthread
+# The emulated cuBLASLt: oneDNN's BF16 matmul, glibc's SIMD math (libmvec), OpenMP for its epilogue.
+EMU_LDLIBS = -ldnnl -lmvec -lgomp
+CPU_LDLIBS = $(MPI_LIB) $(EMU_LDLIBS) -ldl -pthread
 
 # sm_80 and sm_90 machine code, plus PTX for newer GPUs.
 GPU_ARCH := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=[sm_90,compute_90]
@@ -95,6 +97,8 @@ endif
 $(CPU_DIR)/emu/%.o: emu/%.cpp $(EMU_HDR) | deps-if-missing
 	@mkdir -p $(@D)
 	$(CXX) $(CPU_CXXFLAGS) -c $< -o $@
+
+$(CPU_DIR)/emu/cublaslt.o $(ASAN_DIR)/emu/cublaslt.o: COMMON_FLAGS += -fopenmp
 
 $(CPU_DIR)/libcuemu.a: $(patsubst emu/%.cpp,$(CPU_DIR)/emu/%.o,$(EMU_SRC))
 	ar rcs $@ $^

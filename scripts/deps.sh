@@ -8,7 +8,7 @@ set -euo pipefail
 packages=(
   g++ make cmake pkg-config         # compilers, CTest
   libopenmpi-dev openmpi-bin        # MPI: process launch, and the emulated NCCL's transport
-  libopenblas-dev                   # the emulated cuBLASLt's GEMM
+  libopenblas-dev libdnnl-dev       # the emulated cuBLASLt's GEMMs: FP32 (OpenBLAS), BF16 (oneDNN)
   libcxxopts-dev nlohmann-json3-dev # CLI and JSON config
   catch2                            # tests
 )

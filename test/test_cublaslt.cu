@@ -424,6 +424,51 @@ TEST_CASE("cublasLt matmul: epilogues, with their aux and bias-gradient outputs"
     }
 }
 
+// A BF16 output rounds as cvt.rn.bf16.f32 and the host's __float2bfloat16 do: to nearest, ties to
+// even, overflow to infinity, NaN to the canonical 0x7FFF. Each element of D is the exact FP32 sum
+// of two BF16 inputs (op(B) = [1, 1]) chosen to land on or near a rounding boundary.
+TEST_CASE("cublasLt matmul: BF16 output rounds to nearest even, like __float2bfloat16") {
+    const float largest = std::ldexp(255.0f, 120);  // the largest finite BF16, (2 - 2^-7) 2^127
+    const std::vector<std::pair<float, float>> sums = {
+        {1.0f, 0x1p-8f},                   // half an ulp above 1: a tie, to 1 (even)
+        {1.0f + 0x1p-7f, 0x1p-8f},         // a tie above an odd significand: up to 1 + 2^-6
+        {1.0f, 0x1p-9f},                   // under half an ulp: down
+        {1.0f, 0x1p-8f + 0x1p-10f},        // over half an ulp: up
+        {-1.0f - 0x1p-7f, -0x1p-8f},       // negative tie: away from the odd significand
+        {largest, std::ldexp(1.0f, 119)},  // a tie above the largest finite: to infinity
+        {largest, std::ldexp(1.0f, 118)},  // under half an ulp there: stays finite
+        {INFINITY, 1.0f},
+        {INFINITY, -INFINITY},  // NaN
+        {3.0f, 0.0f},           // exact
+    };
+    const int m = int(sums.size());
+    const int64_t ld = round_up(m, 8);
+    Matrix A(CUDA_R_16BF, m, 2, ld, 1, 0, Fill::nan), B(CUDA_R_16BF, 2, 1, 8, 1, 0, Fill::nan),
+        C(CUDA_R_16BF, m, 1, ld, 1, 0, Fill::nan), D(CUDA_R_16BF, m, 1, ld, 1, 0, Fill::nan);
+    for (int i = 0; i < m; ++i) {
+        A.host[A.at(i, 0)] = sums[i].first;
+        A.host[A.at(i, 1)] = sums[i].second;
+        REQUIRE(round_to(CUDA_R_16BF, sums[i].first) == sums[i].first);  // both inputs exactly BF16
+        REQUIRE(round_to(CUDA_R_16BF, sums[i].second) == sums[i].second);
+    }
+    B.host = {1.0f, 1.0f};
+    A.upload();
+    B.upload();
+    Handle handle;
+    MatmulDesc desc;
+    LT_CHECK(matmul(handle, desc, 1.0f, A, B, 0.0f, C, D));
+    const std::vector<unsigned char> bytes = D.device.download();
+    for (int i = 0; i < m; ++i) {
+        uint16_t got, want;
+        std::memcpy(&got, &bytes[2 * D.at(i, 0)], 2);
+        const __nv_bfloat16 expected = __float2bfloat16(sums[i].first + sums[i].second);
+        std::memcpy(&want, &expected, 2);
+        INFO("row " << i << ": " << sums[i].first << " + " << sums[i].second << " -> 0x" << std::hex << got
+                    << ", __float2bfloat16 gives 0x" << want);
+        CHECK(got == want);
+    }
+}
+
 TEST_CASE("cublasLt: descriptor attributes round-trip and reject bad sizes") {
     MatmulDesc desc;
     desc.set(CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
