@@ -19,6 +19,8 @@ NVCC     ?= nvcc
 CUDA_HOME ?= /usr/local/cuda
 PRECISION ?= BF16
 BUILD    ?= build
+# make train's and make cpu-bench's data (data/prepare.py)
+DATA_DIR := data/shakespeare
 
 ifneq ($(PRECISION),BF16)
 ifneq ($(PRECISION),FP32)
@@ -222,6 +224,17 @@ $(CPU_DIR)/emu_bench: dev/emu_bench.cu $(ALL_HDR) $(CPU_DIR)/libcuemu.a
 emu-bench: $(CPU_DIR)/emu_bench
 	CUEMU_THREADS=1 $<
 
+# The CPU build as a trainer (scripts/cpu_bench.sh): GPT-2 124M, B=4, T=64, median s/step of the BF16
+# and FP32 builds, against the step's matmuls alone (dev/gemm_limit.cu) measured in the same run.
+.PHONY: cpu-bench
+$(CPU_DIR)/gemm_limit: dev/gemm_limit.cu $(ALL_HDR) $(CPU_DIR)/libcuemu.a
+	$(CXX) $(CPU_CXXFLAGS) -x c++ $< -x none $(CPU_DIR)/libcuemu.a $(CPU_LDLIBS) -o $@
+
+cpu-bench: deps-if-missing $(DATA_DIR)/tokenizer.bin
+	$(MAKE) --no-print-directory PRECISION=BF16 $(BUILD)/cpu/train_gpt_cpu $(BUILD)/cpu/gemm_limit
+	$(MAKE) --no-print-directory PRECISION=FP32 $(BUILD)/cpu-fp32/train_gpt_cpu $(BUILD)/cpu-fp32/gemm_limit
+	scripts/cpu_bench.sh $(BUILD)/cpu $(BUILD)/cpu-fp32
+
 # The roofline of one training step at full size (dev/roofline.cu; dev/README.md has examples).
 .PHONY: roofline kernel-report
 $(CPU_DIR)/roofline: dev/roofline.cu train_gpt.cu $(ALL_HDR) $(CPU_DIR)/libcuemu.a | deps-if-missing
@@ -248,7 +261,6 @@ kernel-report: $(GPU_DIR)/train_gpt $(GPU_DIR)/launches_tc.json $(GPU_DIR)/launc
 # make train: a small GPT-2 ("mini": 4 layers, 128 channels, GPT-2's vocabulary) on Shakespeare, in
 # about 10 minutes on 2 CPU cores (the GPU build when a GPU is present). Prints falling train and val
 # loss and a text sample; writes out/mini_shakespeare/ (config.json, metrics.jsonl, checkpoints).
-DATA_DIR := data/shakespeare
 HAVE_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 TRAIN_BIN := $(if $(HAVE_GPU),./train_gpt,./train_gpt_cpu)
 TRAIN_FLAGS ?= -e mini -b 8 -t 64 -x 300 -l 1e-3 -u 20 -q 0.1 -c 0.1 -v 100 -m 8 -s 300 -g 48 --top-k 40 \
