@@ -7,6 +7,7 @@
 #   make test-asan       the CPU tests under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make deps            install missing Debian packages
 #   make train           set up, prepare the Shakespeare data and train a small GPT-2 (~10 min on 2 cores)
+#   make cpu-bench       GPT-2 124M s/step of both CPU builds against the step's GEMM limit
 # PRECISION=FP32 builds FP32 parameters/activations instead of BF16.
 
 # Build with every core unless the caller chose (-j / MAKEFLAGS): the test suite is ~30 binaries.
