@@ -304,6 +304,15 @@ struct GPT2 {
     cudaStream_t stream = nullptr;
 };
 
+// Copies between the host and the model's device buffers on the model's stream, then waits for it.
+// The model's kernels run on model.stream, a non-blocking stream (trainer_build): a plain cudaMemcpy
+// or cudaMemset runs on the legacy default stream, which neither waits for a non-blocking stream
+// nor is waited for by one, so only the model's own stream orders host copies against its kernels.
+inline void copy_and_wait(GPT2& model, void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, model.stream));
+    CUDA_CHECK(cudaStreamSynchronize(model.stream));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Memory plan: every device allocation of a rank, from the model configuration, the micro-batch
 // B x T, the sharding, the recompute mode and the precision. gpt2_build allocates exactly this;
@@ -407,6 +416,26 @@ inline std::string gpt2_check_build(const GPT2Config& config, int B, int T, int 
     return problem;
 }
 
+// Names each layer's slice of each per-layer gradient tensor (and each global tensor's gradient) in the
+// full gradient buffer. Stages 0-1 reduce layer l's slices on the communication stream while the
+// backward pass writes layer l-1's on the compute stream: one buffer, disjoint ranges. The labels let
+// the emulator's race detector tell them apart (and name them in its reports); nothing under nvcc.
+inline void label_gradient_slices(const GPT2& model) {
+    ParameterTensors g = model.grads;
+    const size_t L = size_t(model.config.num_layers);
+    for (int i = 0; i < kNumParameterTensors; ++i) {
+        const std::string name = std::string("grads.") + kParameterNames[i];
+        if (!is_layer_tensor(i)) {
+            label_device_memory(g.all()[i], model.param_sizes[i] * sizeof(floatX), name.c_str());
+            continue;
+        }
+        const size_t per_layer = model.param_sizes[i] / L;
+        for (size_t l = 0; l < L; ++l)
+            label_device_memory(g.all()[i] + l * per_layer, per_layer * sizeof(floatX),
+                                (name + "[layer " + std::to_string(l) + "]").c_str());
+    }
+}
+
 // Allocates the plan for batches of up to B x T tokens on `shard` (default: one rank, no sharding).
 // Exits with a message naming the constraint when the configuration is not supported.
 inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int rank = 0, int world_size = 1,
@@ -431,8 +460,9 @@ inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int 
 
     model.params_memory = m.get<floatX>("params");
     model.grads_memory = m.get<floatX>("grads");
-    CUDA_CHECK(cudaMemset(model.params_memory, 0, model.plan.bytes_of("params")));  // padding stays zero
-    CUDA_CHECK(cudaMemset(model.grads_memory, 0, model.plan.bytes_of("grads")));
+    // On the model's stream (see copy_and_wait): its kernels must see the zeros.
+    CUDA_CHECK(cudaMemsetAsync(model.params_memory, 0, model.plan.bytes_of("params"), model.stream));  // padding stays zero
+    CUDA_CHECK(cudaMemsetAsync(model.grads_memory, 0, model.plan.bytes_of("grads"), model.stream));
     point_parameters(&model.params, model.params_memory, model.param_sizes);
     if (zero_stage == 2) {
         model.layer_grad_buffers[0] = m.get<floatX>("grad_layer_buffer_0");
@@ -450,6 +480,7 @@ inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int 
         }
     } else {
         point_parameters(&model.grads, model.grads_memory, model.param_sizes);
+        label_gradient_slices(model);
     }
 
     ActivationTensors& a = model.acts;
@@ -518,7 +549,7 @@ inline void gpt2_init_weights(GPT2& model, uint64_t seed) {
         }
         offset += model.param_sizes[i];
     }
-    CUDA_CHECK(cudaMemcpy(model.params_memory, host.data(), host.size() * sizeof(floatX), cudaMemcpyHostToDevice));
+    copy_and_wait(model, model.params_memory, host.data(), host.size() * sizeof(floatX), cudaMemcpyHostToDevice);
 }
 
 // Layer l's activations for the current B x T: slices of the layer-major buffers, or the one-layer
@@ -802,14 +833,16 @@ inline void trainer_build(Trainer& tr, const Distributed& dist, const GPT2Config
 // On several ranks the parameters must already agree (same seed, or the same checkpoint).
 inline void trainer_start(Trainer& tr) {
     const ShardLayout& sh = tr.model.shard;
+    const cudaStream_t stream = tr.model.stream;  // the optimizer's stream (see copy_and_wait)
     std::vector<floatX> params(sh.optimizer_size());
-    CUDA_CHECK(cudaMemcpy(params.data(), tr.model.params_memory + sh.optimizer_begin(), params.size() * sizeof(floatX),
-                          cudaMemcpyDeviceToHost));
+    copy_and_wait(tr.model, params.data(), tr.model.params_memory + sh.optimizer_begin(), params.size() * sizeof(floatX),
+                  cudaMemcpyDeviceToHost);
     std::vector<float> master(params.size());
     for (size_t i = 0; i < params.size(); ++i) master[i] = to_float(params[i]);
-    CUDA_CHECK(cudaMemcpy(tr.master, master.data(), master.size() * sizeof(float), cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemset(tr.adam_m, 0, master.size() * sizeof(float)));
-    CUDA_CHECK(cudaMemset(tr.adam_v, 0, master.size() * sizeof(float)));
+    CUDA_CHECK(cudaMemcpyAsync(tr.master, master.data(), master.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
+    CUDA_CHECK(cudaMemsetAsync(tr.adam_m, 0, master.size() * sizeof(float), stream));
+    CUDA_CHECK(cudaMemsetAsync(tr.adam_v, 0, master.size() * sizeof(float), stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));  // `master` is host memory freed on return
     tr.step = 0;
 }
 
@@ -1010,7 +1043,7 @@ inline void load_model_parameters(GPT2& m, const std::string& path) {
         read_model_parameters(path, h, b.data(), b.size());
         for (size_t i = 0; i < b.size(); ++i) params[i] = from_float<floatX>(__bfloat162float(b[i]));
     }
-    CUDA_CHECK(cudaMemcpy(m.params_memory, params.data(), params.size() * sizeof(floatX), cudaMemcpyHostToDevice));
+    copy_and_wait(m, m.params_memory, params.data(), params.size() * sizeof(floatX), cudaMemcpyHostToDevice);
 }
 
 // The largest micro-batch whose plan fits in `bytes` (0 if none).
@@ -1069,8 +1102,8 @@ inline std::vector<int> sample_tokens(GPT2& m, int eot, int count, float tempera
         const int window = std::min<int>(int(tokens.size()), m.max_tokens);
         const int* context = tokens.data() + tokens.size() - window;
         gpt2_forward(m, context, nullptr, 1, window, 0.0f);
-        CUDA_CHECK(cudaMemcpy(row.data(), m.acts.logits + size_t(window - 1) * Vp, Vp * sizeof(floatX),
-                              cudaMemcpyDeviceToHost));
+        // gpt2_forward without targets returns with the logits still being computed on m.stream.
+        copy_and_wait(m, row.data(), m.acts.logits + size_t(window - 1) * Vp, Vp * sizeof(floatX), cudaMemcpyDeviceToHost);
         std::vector<std::pair<float, int>> scored(V);
         for (int v = 0; v < V; ++v) scored[v] = {to_float(row[v]) / std::max(temperature, 1e-6f), v};
         if (top_k > 0 && top_k < V) {
@@ -1104,7 +1137,7 @@ inline void save_checkpoint(Trainer& tr, const RunConfig& rc, int64_t step, cons
     const std::string state_path = state_checkpoint_path(rc.output_dir, step);
     if (tr.dist.rank == 0) {
         std::vector<floatX> params(m.num_parameters);
-        CUDA_CHECK(cudaMemcpy(params.data(), m.params_memory, params.size() * sizeof(floatX), cudaMemcpyDeviceToHost));
+        copy_and_wait(m, params.data(), m.params_memory, params.size() * sizeof(floatX), cudaMemcpyDeviceToHost);
         write_model_checkpoint(model_path, header_of(m.config), params.data(), params.size());
         begin_state_file(state_path, TrainingState{step, m.num_parameters, {uint64_t(rc.seed), sample_rng, 0, 0},
                                                    loader.epoch, loader.shard, loader.sample, to_json(rc).dump()});
@@ -1114,9 +1147,10 @@ inline void save_checkpoint(Trainer& tr, const RunConfig& rc, int64_t step, cons
     const size_t begin = sh.optimizer_begin(), count = sh.optimizer_real_size();
     if ((sh.zero_stage > 0 || tr.dist.rank == 0) && count > 0) {
         std::vector<float> master(count), adam_m(count), adam_v(count);
-        CUDA_CHECK(cudaMemcpy(master.data(), tr.master, count * sizeof(float), cudaMemcpyDeviceToHost));
-        CUDA_CHECK(cudaMemcpy(adam_m.data(), tr.adam_m, count * sizeof(float), cudaMemcpyDeviceToHost));
-        CUDA_CHECK(cudaMemcpy(adam_v.data(), tr.adam_v, count * sizeof(float), cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpyAsync(master.data(), tr.master, count * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
+        CUDA_CHECK(cudaMemcpyAsync(adam_m.data(), tr.adam_m, count * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
+        CUDA_CHECK(cudaMemcpyAsync(adam_v.data(), tr.adam_v, count * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
+        CUDA_CHECK(cudaStreamSynchronize(m.stream));
         write_state_range(state_path, m.num_parameters, begin, master.data(), adam_m.data(), adam_v.data(), count);
     }
     MPI_CHECK(MPI_Barrier(tr.dist.mpi));
@@ -1142,9 +1176,11 @@ inline int64_t resume_checkpoint(Trainer& tr, const RunConfig& rc, DataLoader& l
     const size_t begin = sh.optimizer_begin(), count = sh.optimizer_real_size();
     std::vector<float> master(sh.optimizer_size(), 0.0f), adam_m(sh.optimizer_size(), 0.0f), adam_v(sh.optimizer_size(), 0.0f);
     if (count > 0) read_state_range(state_path, st, begin, count, master.data(), adam_m.data(), adam_v.data());
-    CUDA_CHECK(cudaMemcpy(tr.master, master.data(), master.size() * sizeof(float), cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(tr.adam_m, adam_m.data(), adam_m.size() * sizeof(float), cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(tr.adam_v, adam_v.data(), adam_v.size() * sizeof(float), cudaMemcpyHostToDevice));
+    // On the optimizer's stream (see copy_and_wait), and done before the host buffers go.
+    CUDA_CHECK(cudaMemcpyAsync(tr.master, master.data(), master.size() * sizeof(float), cudaMemcpyHostToDevice, m.stream));
+    CUDA_CHECK(cudaMemcpyAsync(tr.adam_m, adam_m.data(), adam_m.size() * sizeof(float), cudaMemcpyHostToDevice, m.stream));
+    CUDA_CHECK(cudaMemcpyAsync(tr.adam_v, adam_v.data(), adam_v.size() * sizeof(float), cudaMemcpyHostToDevice, m.stream));
+    CUDA_CHECK(cudaStreamSynchronize(m.stream));
     tr.step = int(st.step);
     loader.seek({st.loader_epoch, st.loader_shard, st.loader_sample});
     sample_rng.state = st.rng[1];

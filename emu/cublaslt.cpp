@@ -9,6 +9,7 @@
 // and the epilogues, each written from the cuBLASLt documentation (cublasLtEpilogue_t and
 // cublasLtMatmulDescAttributes_t, quoted in cublasLt.h) with the rule cited where it is used.
 #include "cuda_emu.h"
+#include "emu_internal.h"
 
 #include <cblas.h>  // only for the type of cblas_sgemm: OpenBLAS is loaded with dlopen
 #include <cublasLt.h>
@@ -810,6 +811,39 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
 }
 
 // ---------------------------------------------------------------------------------------------
+// What a matmul touches, for the race detector (cuda_emu.h, "Race detection"): the bytes each
+// column-major operand spans over all batches.
+
+namespace {
+size_t span_bytes(uint64_t rows, uint64_t cols, int64_t ld, int batches, int64_t batch_stride, int64_t type) {
+    if (rows == 0 || cols == 0) return 0;
+    return element_size(type) * size_t(ld * int64_t(cols - 1) + int64_t(rows) + batch_stride * (batches - 1));
+}
+size_t span_bytes(const Layout& l) { return span_bytes(l.rows, l.cols, l.ld, l.batch_count, l.batch_stride, l.type); }
+
+void report_matmul_accesses(const MatmulDesc& desc, const Problem& p, const void* A, const void* B, float beta,
+                            const void* C, void* D, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+    const Epilogue& e = p.epilogue;
+    std::vector<cuemu::MemoryAccess> accesses = {{A, span_bytes(*p.a), false, false}, {B, span_bytes(*p.b), false, false}};
+    if (beta != 0.0f) accesses.push_back({C, span_bytes(*p.c), false, false});
+    if (e.needs_bias()) {
+        // The bias is a vector along D's rows, except for BGRADB (along its columns).
+        const uint64_t length = e.bgrad_b ? uint64_t(p.n) : uint64_t(p.m);
+        const bool written = e.bgrad_d || e.bgrad_a || e.bgrad_b;
+        accesses.push_back({desc.bias, span_bytes(length, 1, int64_t(length), p.batches, desc.bias_batch_stride, p.bias_type),
+                            written, false});
+    }
+    if (e.needs_aux())  // GELU_AUX writes the GELU input there; DGELU reads it
+        accesses.push_back({desc.aux, span_bytes(uint64_t(p.m), uint64_t(p.n), desc.aux_ld, p.batches,
+                                                 desc.aux_batch_stride, p.aux_type),
+                            e.store_aux, false});
+    accesses.push_back({D, span_bytes(*p.d), true, false});
+    if (workspace != nullptr && workspace_bytes > 0) accesses.push_back({workspace, workspace_bytes, true, false});
+    cuemu::race::operation("cublasLtMatmul", stream, accesses.data(), int(accesses.size()));
+}
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
 // The matmul. Streams run synchronously here, so it returns with D written; algo and workspace
 // are accepted and unused.
 
@@ -843,5 +877,6 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t comp
         return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: epilogue %u needs CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER", caller,
                     desc->epilogue);
     if (cuemu::record_only()) return CUBLAS_STATUS_SUCCESS;  // checked, not executed (cuda_emu.h)
+    if (cuemu::race::enabled()) report_matmul_accesses(*desc, p, A, B, beta_value, C, D, workspace, workspace_bytes, stream);
     return run_matmul(*desc, p, alpha_value, A, B, beta_value, C, D);
 }

@@ -22,9 +22,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 // ---------------------------------------------------------------------------------------------
 // Qualifiers. The CUDA headers already define __global__/__device__/__host__ as nothing under
@@ -55,6 +57,14 @@ namespace cuemu {
 
 // ---- executor ----
 
+// A range of memory an operation reads or writes, for the race detector (see "Race detection").
+struct MemoryAccess {
+    const void* address;
+    size_t bytes;       // ignored when to_label_end
+    bool writes;        // false: only read
+    bool to_label_end;  // a kernel's pointer argument: from address to the end of its labeled range
+};
+
 struct KernelLaunch {
     const char* name;                         // for error messages
     const void* func;                         // identifies the kernel (cudaFuncSetAttribute)
@@ -63,7 +73,35 @@ struct KernelLaunch {
     cudaStream_t stream;
     void (*thread_main)(const void* params);  // runs one thread of the kernel
     const void* params;                       // the kernel's argument tuple
+    const MemoryAccess* pointers = nullptr;   // its pointer arguments (race detection only)
+    int pointer_count = 0;
 };
+
+bool racecheck_enabled();  // race detection on and record-only mode off
+
+// The memory a kernel argument may reach: a pointer to const is read, any other pointer read and
+// written. A struct passed by value is scanned for pointer-sized words that hold device
+// addresses (read and written): the emulator cannot see its field types.
+template <typename T> constexpr int pointer_slots() {
+    if constexpr (std::is_pointer_v<T>) return 1;
+    else if constexpr (std::is_class_v<T> && std::is_trivially_copyable_v<T>) return int(sizeof(T) / sizeof(void*));
+    else return 0;
+}
+template <typename Tuple> struct tuple_pointer_slots;
+template <typename... P> struct tuple_pointer_slots<std::tuple<P...>> {
+    static constexpr int value = (0 + ... + pointer_slots<P>());
+};
+template <typename T> void add_kernel_pointers(const T& value, MemoryAccess*& out) {
+    if constexpr (std::is_pointer_v<T>) {
+        *out++ = {static_cast<const void*>(value), 0, !std::is_const_v<std::remove_pointer_t<T>>, true};
+    } else if constexpr (pointer_slots<T>() > 0) {
+        for (int i = 0; i < pointer_slots<T>(); ++i) {
+            const void* word;
+            std::memcpy(&word, reinterpret_cast<const char*>(&value) + i * sizeof(void*), sizeof word);
+            *out++ = {word, 0, true, true};
+        }
+    }
+}
 
 // Runs a whole launch synchronously. Returns cudaSuccess or the error also recorded for
 // cudaGetLastError (invalid configuration, deadlock, ...).
@@ -81,8 +119,16 @@ cudaError_t launch(const char* name, dim3 grid, dim3 block, size_t dynamic_smem,
     static_assert(std::tuple_size_v<Params> == sizeof...(Args), "wrong number of kernel arguments");
     const Params params(std::forward<Args>(args)...);
     auto thread_main = [](const void* p) { std::apply(Kernel, *static_cast<const Params*>(p)); };
-    return launch_kernel({name, reinterpret_cast<const void*>(Kernel), grid, block, dynamic_smem, stream,
-                          thread_main, &params});
+    KernelLaunch l{name, reinterpret_cast<const void*>(Kernel), grid, block, dynamic_smem, stream, thread_main, &params};
+    constexpr int slots = tuple_pointer_slots<Params>::value;
+    MemoryAccess pointers[slots > 0 ? slots : 1];
+    if (slots > 0 && racecheck_enabled()) {
+        MemoryAccess* out = pointers;
+        std::apply([&](const auto&... p) { (add_kernel_pointers(p, out), ...); }, params);
+        l.pointers = pointers;
+        l.pointer_count = int(out - pointers);
+    }
+    return launch_kernel(l);
 }
 
 void* dynamic_shared_memory();
@@ -347,5 +393,54 @@ struct WorkReport {
 using WorkObserver = void (*)(const WorkReport&);
 void set_work_observer(WorkObserver observer);
 void report_work(const WorkReport& report);  // to the observer, if any
+
+}  // namespace cuemu
+
+namespace cuemu {
+
+// ---------------------------------------------------------------------------------------------
+// Race detection (emu/racecheck.cpp). Work runs synchronously here, so a GPU-only ordering bug
+// (work on one stream reading what another stream writes with nothing ordering the two) gives
+// right results on the CPU. With detection on, the emulator tracks what the GPU guarantees:
+// happens-before between streams, with vector clocks, through
+//  - stream order;
+//  - events: cudaEventRecord captures the stream's clock, cudaStreamWaitEvent joins it;
+//  - the host: cudaStreamSynchronize, cudaEventSynchronize, cudaDeviceSynchronize and synchronous
+//    device-to-host cudaMemcpy join into the host's clock, and everything the host enqueues
+//    afterwards joins the host's clock;
+//  - the legacy default stream (0 or cudaStreamLegacy, where plain cudaMemcpy/cudaMemset run): an
+//    operation on it waits for prior work of every blocking stream, and an operation on a blocking
+//    stream waits for the legacy stream's prior work; cudaStreamNonBlocking streams do neither.
+//    A synchronous host-to-device or device-to-device cudaMemcpy does not make the host wait (the
+//    CUDA runtime may return before the data has landed), nor does cudaMemset.
+// Per device allocation it keeps the last write and the reads since, with the byte ranges they
+// covered: kernel launches (pointer arguments: pointer to const read, other pointers read and
+// written, from the pointer to the end of its labeled range, see label_device_memory), copies,
+// memsets, cuBLASLt matmuls (A, B, C when beta != 0 and bias read; D, workspace written; the GELU
+// aux written by *_AUX epilogues and read by DGELU ones; the bias written by BGRAD ones) and NCCL
+// collectives (send buffer read, receive buffer written). An access that no happens-before edge
+// orders after a conflicting one on another stream (write after write or read, read after write)
+// is a race: the report names both operations, their streams and the allocation.
+// Not tracked: host memory, pointers the kernel reads from device memory (arrays of pointers),
+// and the exact extent a kernel reaches from a pointer argument.
+//
+// CUEMU_RACECHECK=1 turns it on with Racecheck::abort: the first race is printed to stderr and the
+// process exits with status 1. Record-only mode tracks nothing.
+
+enum class Racecheck : int {
+    off,
+    abort,    // print the report to stderr and end the process (exit status 1)
+    collect,  // keep the reports for take_race_reports() and go on (the emulator's own tests)
+};
+void set_racecheck(Racecheck mode);  // changing the mode also forgets all history
+Racecheck racecheck();
+std::vector<std::string> take_race_reports();  // the reports collected so far, then none
+
+// Names a device allocation (the whole of it) or a range inside it, for race reports. A labeled
+// range also bounds what a kernel's pointer argument is taken to reach: from the pointer to the
+// next label boundary (else to the end of the allocation). Programs label the sub-ranges that
+// different streams use at the same time (e.g. per-layer gradient slices reduced while the next
+// layer's are computed), so that they are not mistaken for one buffer.
+void label_device_memory(const void* p, size_t bytes, const char* label);
 
 }  // namespace cuemu

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "cuda_emu.h"
+
 namespace cuemu {
 
 // H100 launch limits, enforced by the executor so a launch that would fail there fails here.
@@ -25,5 +27,26 @@ bool is_device_allocation(const void* p);
 // and recording an error of the running block (its launch then fails with that message).
 uint64_t block_serial();
 void kernel_error(const std::string& what);
+
+// Hooks of the race detector (emu/racecheck.cpp; cuda_emu.h, "Race detection"). The runtime,
+// executor, cuBLASLt and NCCL call them; each does nothing unless race detection is on (and
+// record-only mode is off), except the bookkeeping of allocations, streams and events, which is
+// kept always so that detection can be switched on at any time.
+namespace race {
+bool enabled();
+void allocated(const void* p, size_t size);
+void freed(const void* p);
+void stream_created(cudaStream_t stream, unsigned flags);
+void stream_destroyed(cudaStream_t stream);
+void event_destroyed(cudaEvent_t event);
+// One operation enqueued on `stream` that touches `accesses` (addresses outside device
+// allocations are ignored): checked against earlier operations, then remembered.
+void operation(const char* name, cudaStream_t stream, const MemoryAccess* accesses, int count);
+void host_waits_for_stream(cudaStream_t stream);  // cudaStreamSynchronize, synchronous copies to the host
+void host_waits_for_device();                     // cudaDeviceSynchronize
+void host_waits_for_event(cudaEvent_t event);     // cudaEventSynchronize
+void event_recorded(cudaEvent_t event, cudaStream_t stream);
+void stream_waits_for_event(cudaStream_t stream, cudaEvent_t event);
+}  // namespace race
 
 }  // namespace cuemu

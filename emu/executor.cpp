@@ -833,6 +833,9 @@ cudaError_t launch_kernel(const KernelLaunch& L) {
         return record_error(cudaErrorInvalidValue);
     }
 
+    // The launch is valid: it is enqueued (race detection sees its pointer arguments), then runs.
+    race::operation(L.name, L.stream, L.pointers, L.pointer_count);
+
     std::lock_guard<std::mutex> serialize(launch_mutex);
     ++total_launches;
     Pool& p = pool();

@@ -24,6 +24,7 @@
 #include <nccl.h>
 
 #include "cuda_emu.h"
+#include "emu_internal.h"
 
 #include <algorithm>
 #include <array>
@@ -291,6 +292,14 @@ ncclResult_t run_reported(ncclComm& comm, const char* call, double bus_bytes, cu
     cuemu::report_work({call, cuemu::WorkReport::communication, bus_bytes, stream, ms});
     return r;
 }
+// A collective is an operation on its stream that reads the send buffer and writes the receive
+// buffer (the race detector's view; cuda_emu.h, "Race detection"). Null or zero-byte sides are skipped.
+void enqueue_for_racecheck(const ncclComm& comm, const char* call, cudaStream_t stream, const void* send,
+                           size_t send_bytes, const void* recv, size_t recv_bytes) {
+    if (comm.mpi == MPI_COMM_NULL || !cuemu::race::enabled()) return;  // record-only communicators move nothing
+    const cuemu::MemoryAccess accesses[] = {{send, send_bytes, false, false}, {recv, recv_bytes, true, false}};
+    cuemu::race::operation(call, stream, accesses, 2);
+}
 double ring_share(const ncclComm& comm) { return double(comm.nranks - 1) / double(comm.nranks); }
 
 }  // namespace
@@ -430,6 +439,7 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, n
                                                           {"datatype", datatype}, {"op", op}, {"nothing", 0}}});
     if (agreed != ncclSuccess) return agreed;
     // Block j of the result is reduced on rank j, then gathered everywhere.
+    enqueue_for_racecheck(*comm, call, stream, sendbuff, count * elem, recvbuff, count * elem);
     const Blocks blocks{(count + comm->nranks - 1) / comm->nranks, count};
     return run_reported(*comm, call, 2 * ring_share(*comm) * double(count * elem), stream, [&] {
         return in_rounds(blocks, elem, comm->nranks, [&](size_t begin, size_t len) {
@@ -460,6 +470,7 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
                                                           {"recvcount", int64_t(recvcount)}, {"datatype", datatype},
                                                           {"op", op}, {"nothing", 0}}});
     if (agreed != ncclSuccess) return agreed;
+    enqueue_for_racecheck(*comm, call, stream, sendbuff, comm->nranks * recvcount * elem, recvbuff, recvcount * elem);
     const Blocks blocks{recvcount, comm->nranks * recvcount};
     return run_reported(*comm, call, ring_share(*comm) * double(comm->nranks * recvcount * elem), stream, [&] {
         return in_rounds(blocks, elem, comm->nranks, [&](size_t begin, size_t len) {
@@ -487,6 +498,7 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
                                                           {"sendcount", int64_t(sendcount)}, {"datatype", datatype},
                                                           {"nothing", 0}, {"nothing", 0}}});
     if (agreed != ncclSuccess) return agreed;
+    enqueue_for_racecheck(*comm, call, stream, sendbuff, sendcount * elem, recvbuff, comm->nranks * sendcount * elem);
     const Blocks blocks{sendcount, comm->nranks * sendcount};
     return run_reported(*comm, call, ring_share(*comm) * double(comm->nranks * sendcount * elem), stream, [&] {
         return in_rounds(blocks, elem, comm->nranks, [&](size_t begin, size_t len) {
@@ -515,6 +527,7 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, n
                                                           {"datatype", datatype}, {"root", root}, {"nothing", 0}}});
     if (agreed != ncclSuccess) return agreed;
     const size_t bytes = count * elem;
+    enqueue_for_racecheck(*comm, call, stream, is_root ? sendbuff : nullptr, bytes, recvbuff, bytes);
     return run_reported(*comm, call, comm->nranks > 1 ? double(bytes) : 0.0, stream, [&] {
         if (is_root && sendbuff != recvbuff && bytes) std::memcpy(recvbuff, sendbuff, bytes);
         constexpr size_t kMaxMessage = size_t(1) << 30;  // MPI counts are int
@@ -544,6 +557,7 @@ ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, nccl
     ncclResult_t agreed = agree(comm->mpi, call, local, {{{"the collective", kReduce}, {"count", int64_t(count)},
                                                           {"datatype", datatype}, {"op", op}, {"root", root}}});
     if (agreed != ncclSuccess) return agreed;
+    enqueue_for_racecheck(*comm, call, stream, sendbuff, count * elem, is_root ? recvbuff : nullptr, count * elem);
     return run_reported(*comm, call, comm->nranks > 1 ? double(count * elem) : 0.0, stream, [&] {
         std::vector<unsigned char> result(count * elem);
         const Blocks blocks{(count + comm->nranks - 1) / comm->nranks, count};

@@ -128,6 +128,7 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
     a.current += size;
     if (a.current > a.peak) a.peak = a.current;
     *ptr = p;
+    if (!reserve_only) cuemu::race::allocated(p, size);
     return cudaSuccess;
 }
 
@@ -145,6 +146,7 @@ cudaError_t cudaFree(void* ptr) {
         a.sizes.erase(it);
         reserved = a.reserved.erase(ptr) != 0;
     }
+    cuemu::race::freed(ptr);
     if (reserved) munmap(ptr, size == 0 ? 1 : size);
     else std::free(ptr);
     return cudaSuccess;
@@ -170,9 +172,29 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
 }
 
 namespace {
-// Streams execute in order, synchronously, so the Async forms are the same as the others.
-cudaError_t copy_bytes(const char* name, void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t stream) {
+const char* copy_name(bool synchronous, cudaMemcpyKind kind) {
+    switch (kind) {
+        case cudaMemcpyHostToDevice: return synchronous ? "cudaMemcpy (host to device)" : "cudaMemcpyAsync (host to device)";
+        case cudaMemcpyDeviceToHost: return synchronous ? "cudaMemcpy (device to host)" : "cudaMemcpyAsync (device to host)";
+        case cudaMemcpyDeviceToDevice:
+            return synchronous ? "cudaMemcpy (device to device)" : "cudaMemcpyAsync (device to device)";
+        default: return synchronous ? "cudaMemcpy" : "cudaMemcpyAsync";
+    }
+}
+
+// Streams execute in order, synchronously, so the Async forms are the same as the others, except
+// to the race detector: a synchronous copy runs on the legacy default stream, and one into host
+// memory returns only when it is done (the host then waits for that stream).
+cudaError_t copy_bytes(const char* name, void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t stream,
+                       bool synchronous) {
     if (count && (dst == nullptr || src == nullptr)) return record_error(cudaErrorInvalidValue);
+    if (count && cuemu::race::enabled()) {
+        const cuemu::MemoryAccess accesses[] = {{src, count, false, false}, {dst, count, true, false}};
+        cuemu::race::operation(copy_name(synchronous, kind), stream, accesses, 2);
+        const bool to_host = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyHostToHost ||
+                             (kind == cudaMemcpyDefault && !cuemu::is_device_allocation(dst));
+        if (synchronous && to_host) cuemu::race::host_waits_for_stream(stream);
+    }
     // Bytes to device memory and back: read and written for a device-to-device copy.
     const bool on_device = kind == cudaMemcpyDeviceToDevice ||
                            (kind == cudaMemcpyDefault && cuemu::is_device_allocation(dst) && cuemu::is_device_allocation(src));
@@ -184,6 +206,10 @@ cudaError_t copy_bytes(const char* name, void* dst, const void* src, size_t coun
 }
 cudaError_t fill_bytes(const char* name, void* dst, int value, size_t count, cudaStream_t stream) {
     if (count && dst == nullptr) return record_error(cudaErrorInvalidValue);
+    if (count && cuemu::race::enabled()) {
+        const cuemu::MemoryAccess written{dst, count, true, false};
+        cuemu::race::operation(name, stream, &written, 1);
+    }
     cuemu::run_reported(name, cuemu::WorkReport::memset, double(count), stream, [&] {
         if (count) std::memset(dst, value, count);
     });
@@ -192,11 +218,11 @@ cudaError_t fill_bytes(const char* name, void* dst, int value, size_t count, cud
 }  // namespace
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
-    return copy_bytes("cudaMemcpy", dst, src, count, kind, nullptr);
+    return copy_bytes("cudaMemcpy", dst, src, count, kind, nullptr, true);
 }
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t stream) {
-    return copy_bytes("cudaMemcpyAsync", dst, src, count, kind, stream);
+    return copy_bytes("cudaMemcpyAsync", dst, src, count, kind, stream, false);
 }
 
 cudaError_t cudaMemset(void* dst, int value, size_t count) { return fill_bytes("cudaMemset", dst, value, count, nullptr); }
@@ -222,20 +248,29 @@ cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWith
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
     if (stream == nullptr) return record_error(cudaErrorInvalidValue);
     *stream = reinterpret_cast<cudaStream_t>(new EmuStream{flags});
+    cuemu::race::stream_created(*stream, flags);
     return cudaSuccess;
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+    cuemu::race::stream_destroyed(stream);
     delete reinterpret_cast<EmuStream*>(stream);
     return cudaSuccess;
 }
 
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+    cuemu::race::host_waits_for_stream(stream);
+    return cudaSuccess;
+}
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
+    cuemu::race::stream_waits_for_event(stream, event);
     cuemu::report_work({"cudaStreamWaitEvent", cuemu::WorkReport::stream_wait, 0, stream, 0, event});
     return cudaSuccess;
 }
-cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize() {
+    cuemu::race::host_waits_for_device();
+    return cudaSuccess;
+}
 
 cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, 0); }
 
@@ -246,6 +281,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
 }
 
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
+    cuemu::race::event_destroyed(event);
     delete reinterpret_cast<EmuEvent*>(event);
     return cudaSuccess;
 }
@@ -255,11 +291,15 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
     auto* e = reinterpret_cast<EmuEvent*>(event);
     e->when = std::chrono::steady_clock::now();
     e->recorded = true;
+    cuemu::race::event_recorded(event, stream);
     cuemu::report_work({"cudaEventRecord", cuemu::WorkReport::event_record, 0, stream, 0, event});
     return cudaSuccess;
 }
 
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+    cuemu::race::host_waits_for_event(event);
+    return cudaSuccess;
+}
 cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
 
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {

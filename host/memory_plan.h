@@ -85,7 +85,10 @@ public:
     void allocate(const MemoryPlan& plan) {
         for (const MemoryItem& i : plan.items) {
             void* p = nullptr;
-            if (i.bytes > 0) CUDA_CHECK(cudaMalloc(&p, i.bytes));
+            if (i.bytes > 0) {
+                CUDA_CHECK(cudaMalloc(&p, i.bytes));
+                label_device_memory(p, i.bytes, i.name.c_str());
+            }
             pointers_[i.name] = p;
         }
     }

@@ -31,6 +31,17 @@
         if (cuda_check_err_ != cudaSuccess) cuda_fail(cuda_check_err_, #call, __FILE__, __LINE__); \
     } while (0)
 
+// Names device memory (a whole allocation, or a range inside one) in the emulator's race reports;
+// a range also bounds what the race detector takes a kernel's pointer into it to reach (emu/cuda_emu.h,
+// "Race detection"). Nothing under nvcc.
+inline void label_device_memory(const void* p, size_t bytes, const char* label) {
+#ifdef __CUDACC__
+    (void)p, (void)bytes, (void)label;
+#else
+    cuemu::label_device_memory(p, bytes, label);
+#endif
+}
+
 // ---------------------------------------------------------------------------------------------
 // The kernel's name, from the compiler's spelling of the template argument (for messages).
 

@@ -31,5 +31,5 @@ inline void load_parameters(GPT2& model, const Fixture& fx, const std::string& p
         REQUIRE(t.numel() == model.param_sizes[i]);
         for (float v : t.f32) host.push_back(from_float<floatX>(v));
     }
-    CUDA_CHECK(cudaMemcpy(model.params_memory, host.data(), host.size() * sizeof(floatX), cudaMemcpyHostToDevice));
+    copy_and_wait(model, model.params_memory, host.data(), host.size() * sizeof(floatX), cudaMemcpyHostToDevice);
 }

@@ -12,10 +12,11 @@ foreach(order forward reverse random)
     continue()  # schedule orders mean nothing on a GPU: run once
   endif()
   add_test(test_executor_${order} ${TEST_BIN}/test_executor)
-  set_tests_properties(test_executor_${order} PROPERTIES ENVIRONMENT "CUEMU_SCHEDULE=${order};CUEMU_SEED=12345;CUEMU_CHECK=1")
+  set_tests_properties(test_executor_${order} PROPERTIES ENVIRONMENT "CUEMU_SCHEDULE=${order};CUEMU_SEED=12345;CUEMU_CHECK=1;CUEMU_RACECHECK=1")
 endforeach()
 # The emulated cuBLASLt launches no kernels: the schedule order cannot change it, so it runs once.
 add_test(test_cublaslt ${TEST_BIN}/test_cublaslt)
+set_tests_properties(test_cublaslt PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
 
 # Kernel and model tests: built in both precisions (test_X and test_X_fp32), each run under every
 # schedule order: every test/test_kernel_*.cu and test/test_model*.cu, except that a source with the
@@ -35,7 +36,7 @@ foreach(source ${precision_test_sources})
       endif()
       add_test(${t}${suffix}_${order} ${TEST_BIN}/${t}${suffix})
       set_tests_properties(${t}${suffix}_${order} PROPERTIES
-        ENVIRONMENT "CUEMU_SCHEDULE=${order};CUEMU_SEED=12345;CUEMU_CHECK=1;TRAIN_GPT_ROOT=${CMAKE_CURRENT_LIST_DIR}/..")
+        ENVIRONMENT "CUEMU_SCHEDULE=${order};CUEMU_SEED=12345;CUEMU_CHECK=1;CUEMU_RACECHECK=1;TRAIN_GPT_ROOT=${CMAKE_CURRENT_LIST_DIR}/..")
     endforeach()
   endforeach()
 endforeach()
@@ -45,12 +46,14 @@ if(NOT GPU)
   add_test(test_emu_executor ${TEST_BIN}/test_emu_executor)
   add_test(test_emu_executor_2threads ${TEST_BIN}/test_emu_executor)
   set_tests_properties(test_emu_executor_2threads PROPERTIES ENVIRONMENT "CUEMU_THREADS=2")
+  # The cross-stream race detector: planted stream-ordering bugs are caught, their fixed twins are not.
+  add_test(test_emu_racecheck ${TEST_BIN}/test_emu_racecheck)
 endif()
 
 # NCCL collectives across ranks (skipped, exit 77, on a GPU node with fewer GPUs than ranks).
 foreach(np 2 3)
   add_test(test_mpi_nccl_np${np} ${MPIRUN} -np ${np} ${TEST_BIN}/test_mpi_nccl)
-  set_tests_properties(test_mpi_nccl_np${np} PROPERTIES SKIP_RETURN_CODE 77)
+  set_tests_properties(test_mpi_nccl_np${np} PROPERTIES SKIP_RETURN_CODE 77 ENVIRONMENT "CUEMU_RACECHECK=1")
 endforeach()
 
 # Reference fixtures (dev/gpt2_reference.py): the test finds them from the repository root.
@@ -97,7 +100,7 @@ foreach(config IN LISTS train_configs)
     set(name test_mpi_train${suffix}_np${np}_zero${zero}_accum${accum})
     add_test(${name} ${MPIRUN} -np ${np} ${TEST_BIN}/test_mpi_train${suffix})
     set_tests_properties(${name} PROPERTIES
-      ENVIRONMENT "TRAIN_ZERO=${zero};TRAIN_ACCUM=${accum};TRAIN_GPT_ROOT=${CMAKE_CURRENT_LIST_DIR}/..")
+      ENVIRONMENT "CUEMU_RACECHECK=1;TRAIN_ZERO=${zero};TRAIN_ACCUM=${accum};TRAIN_GPT_ROOT=${CMAKE_CURRENT_LIST_DIR}/..")
   endforeach()
 endforeach()
 
@@ -129,3 +132,9 @@ add_test(test_profile_step ${CMAKE_CURRENT_LIST_DIR}/test_profile_step.sh ${trai
 # The tensor-core fragment layouts (kernels/tensor_core.cuh, emu/tensor_core.cpp) against CuTe's, read
 # from the headers the nvidia-cutlass package ships (dev/check_mma_layouts.py; dev/requirements.txt).
 add_test(check_mma_layouts python3 ${CMAKE_CURRENT_LIST_DIR}/../dev/check_mma_layouts.py)
+
+# Every training, resume and profile run of the program runs with the race detector on.
+set_tests_properties(test_train_smoke test_profile_step test_roofline PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
+if(NOT ASAN)
+  set_tests_properties(test_resume PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
+endif()
