@@ -65,6 +65,15 @@ KERNEL_HDR := $(wildcard kernels/*.h kernels/*.cuh)
 HOST_HDR := $(wildcard host/*.h)
 TEST_HDR := $(wildcard test/*.h)
 ALL_HDR := $(EMU_HDR) $(KERNEL_HDR) $(HOST_HDR)
+# Header dependencies come from the compilers (-MMD: each object's .d lists the project headers it
+# includes, train_gpt.cu included), so touching one header rebuilds only what includes it.
+DEPFLAGS = -MMD -MP -MF $@.d
+# Every compiled output also depends on this stamp, made once per build folder: outputs built
+# before dependency lists existed (so without one) are rebuilt once, then never for it again.
+DEPS_TRACKED := $(BUILD)/dependency-lists.stamp
+$(DEPS_TRACKED):
+	@mkdir -p $(@D)
+	@touch $@
 
 # Tests: test_<name>.cu -> one executable each. test_emu_* test the emulator itself and have no
 # GPU build; test_mpi_* bring their own main (MPI_Init).
@@ -97,9 +106,9 @@ endif
 # ---------------------------------------------------------------------------------------------
 # CPU build
 
-$(CPU_DIR)/emu/%.o: emu/%.cpp $(EMU_HDR) | deps-if-missing
+$(CPU_DIR)/emu/%.o: emu/%.cpp $(DEPS_TRACKED) | deps-if-missing
 	@mkdir -p $(@D)
-	$(CXX) $(CPU_CXXFLAGS) -c $< -o $@
+	$(CXX) $(CPU_CXXFLAGS) $(DEPFLAGS) -c $< -o $@
 
 $(CPU_DIR)/emu/cublaslt.o $(ASAN_DIR)/emu/cublaslt.o: COMMON_FLAGS += -fopenmp
 
@@ -109,23 +118,23 @@ $(CPU_DIR)/libcuemu.a: $(patsubst emu/%.cpp,$(CPU_DIR)/emu/%.o,$(EMU_SRC))
 train_gpt_cpu: $(CPU_DIR)/train_gpt_cpu
 	cp $< $@
 
-$(CPU_DIR)/train_gpt_cpu: train_gpt.cu $(ALL_HDR) $(CPU_DIR)/libcuemu.a | deps-if-missing
+$(CPU_DIR)/train_gpt_cpu: train_gpt.cu $(DEPS_TRACKED) $(CPU_DIR)/libcuemu.a | deps-if-missing
 	@mkdir -p $(@D)
-	$(CXX) $(CPU_CXXFLAGS) -x c++ $< -x none $(CPU_DIR)/libcuemu.a $(CPU_LDLIBS) -o $@
+	$(CXX) $(CPU_CXXFLAGS) $(DEPFLAGS) -x c++ $< -x none $(CPU_DIR)/libcuemu.a $(CPU_LDLIBS) -o $@
 
-$(CPU_DIR)/catch_main.o: test/catch_main.cpp | deps-if-missing
+$(CPU_DIR)/catch_main.o: test/catch_main.cpp $(DEPS_TRACKED) | deps-if-missing
 	@mkdir -p $(@D)
-	$(CXX) $(CPU_CXXFLAGS) -c $< -o $@
+	$(CXX) $(CPU_CXXFLAGS) $(DEPFLAGS) -c $< -o $@
 
-$(CPU_DIR)/test_%.o: test/test_%.cu $(TEST_HDR) $(ALL_HDR) | deps-if-missing
+$(CPU_DIR)/test_%.o: test/test_%.cu $(DEPS_TRACKED) | deps-if-missing
 	@mkdir -p $(@D)
-	$(CXX) $(CPU_CXXFLAGS) -x c++ -c $< -o $@
+	$(CXX) $(CPU_CXXFLAGS) $(DEPFLAGS) -x c++ -c $< -o $@
 
 $(addprefix $(CPU_DIR)/,$(addsuffix .o,$(BF16_ONLY_TESTS))): PRECISION_DEFINE = -DPRECISION_BF16
 $(CPU_DIR)/test_%_fp32.o: PRECISION_DEFINE = -DPRECISION_FP32
-$(CPU_DIR)/test_%_fp32.o: test/test_%.cu $(TEST_HDR) $(ALL_HDR) | deps-if-missing
+$(CPU_DIR)/test_%_fp32.o: test/test_%.cu $(DEPS_TRACKED) | deps-if-missing
 	@mkdir -p $(@D)
-	$(CXX) $(CPU_CXXFLAGS) -x c++ -c $< -o $@
+	$(CXX) $(CPU_CXXFLAGS) $(DEPFLAGS) -x c++ -c $< -o $@
 
 $(addprefix $(CPU_DIR)/,$(CATCH_MAIN_TESTS)): $(CPU_DIR)/%: $(CPU_DIR)/%.o $(CPU_DIR)/catch_main.o $(CPU_DIR)/libcuemu.a
 	$(CXX) $^ $(CPU_LDLIBS) -o $@
@@ -155,25 +164,25 @@ endif
 train_gpt: $(GPU_DIR)/train_gpt
 	cp $< $@
 
-$(GPU_DIR)/train_gpt: train_gpt.cu $(ALL_HDR) | deps-if-missing
+$(GPU_DIR)/train_gpt: train_gpt.cu $(DEPS_TRACKED) | deps-if-missing
 	@mkdir -p $(@D)
-	$(NVCC) $(NVCCFLAGS) -x cu $< $(GPU_LDLIBS) -o $@ 2> $(GPU_DIR)/train_gpt.ptxas.log || { cat $(GPU_DIR)/train_gpt.ptxas.log; exit 1; }
+	$(NVCC) $(NVCCFLAGS) $(DEPFLAGS) -x cu $< $(GPU_LDLIBS) -o $@ 2> $(GPU_DIR)/train_gpt.ptxas.log || { cat $(GPU_DIR)/train_gpt.ptxas.log; exit 1; }
 	@scripts/check_spills.sh $(GPU_DIR)/train_gpt.ptxas.log
 
 $(GPU_DIR)/catch_main.o: test/catch_main.cpp | deps-if-missing
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -x cu -c $< -o $@ 2>/dev/null
 
-$(GPU_DIR)/test_%.o: test/test_%.cu $(TEST_HDR) $(ALL_HDR) | deps-if-missing
+$(GPU_DIR)/test_%.o: test/test_%.cu $(DEPS_TRACKED) | deps-if-missing
 	@mkdir -p $(@D)
-	$(NVCC) $(NVCCFLAGS) -x cu -c $< -o $@ 2> $@.ptxas.log || { cat $@.ptxas.log; exit 1; }
+	$(NVCC) $(NVCCFLAGS) $(DEPFLAGS) -x cu -c $< -o $@ 2> $@.ptxas.log || { cat $@.ptxas.log; exit 1; }
 	@scripts/check_spills.sh $@.ptxas.log
 
 $(addprefix $(GPU_DIR)/,$(addsuffix .o,$(BF16_ONLY_TESTS))): PRECISION_DEFINE = -DPRECISION_BF16
 $(GPU_DIR)/test_%_fp32.o: PRECISION_DEFINE = -DPRECISION_FP32
-$(GPU_DIR)/test_%_fp32.o: test/test_%.cu $(TEST_HDR) $(ALL_HDR) | deps-if-missing
+$(GPU_DIR)/test_%_fp32.o: test/test_%.cu $(DEPS_TRACKED) | deps-if-missing
 	@mkdir -p $(@D)
-	$(NVCC) $(NVCCFLAGS) -x cu -c $< -o $@ 2> $@.ptxas.log || { cat $@.ptxas.log; exit 1; }
+	$(NVCC) $(NVCCFLAGS) $(DEPFLAGS) -x cu -c $< -o $@ 2> $@.ptxas.log || { cat $@.ptxas.log; exit 1; }
 	@scripts/check_spills.sh $@.ptxas.log
 
 $(GPU_DIR)/test_%: $(GPU_DIR)/test_%.o $(GPU_DIR)/catch_main.o
@@ -186,30 +195,30 @@ test-gpu: deps-if-missing $(addprefix $(GPU_DIR)/,$(GPU_TEST_NAMES)) $(GPU_DIR)/
 # ---------------------------------------------------------------------------------------------
 # Sanitizers: the CPU tests under ASan + UBSan (the executor tells ASan about fiber switches).
 
-$(ASAN_DIR)/emu/%.o: emu/%.cpp $(EMU_HDR) | deps-if-missing
+$(ASAN_DIR)/emu/%.o: emu/%.cpp $(DEPS_TRACKED) | deps-if-missing
 	@mkdir -p $(@D)
-	$(CXX) $(ASAN_CXXFLAGS) -c $< -o $@
+	$(CXX) $(ASAN_CXXFLAGS) $(DEPFLAGS) -c $< -o $@
 
-$(ASAN_DIR)/catch_main.o: test/catch_main.cpp | deps-if-missing
+$(ASAN_DIR)/catch_main.o: test/catch_main.cpp $(DEPS_TRACKED) | deps-if-missing
 	@mkdir -p $(@D)
-	$(CXX) $(ASAN_CXXFLAGS) -c $< -o $@
+	$(CXX) $(ASAN_CXXFLAGS) $(DEPFLAGS) -c $< -o $@
 
 $(addprefix $(ASAN_DIR)/,$(addsuffix .o,$(BF16_ONLY_TESTS))): PRECISION_DEFINE = -DPRECISION_BF16
 $(ASAN_DIR)/test_%_fp32.o: PRECISION_DEFINE = -DPRECISION_FP32
-$(ASAN_DIR)/test_%_fp32.o: test/test_%.cu $(TEST_HDR) $(ALL_HDR) | deps-if-missing
+$(ASAN_DIR)/test_%_fp32.o: test/test_%.cu $(DEPS_TRACKED) | deps-if-missing
 	@mkdir -p $(@D)
-	$(CXX) $(ASAN_CXXFLAGS) -x c++ -c $< -o $@
+	$(CXX) $(ASAN_CXXFLAGS) $(DEPFLAGS) -x c++ -c $< -o $@
 
-$(ASAN_DIR)/test_%.o: test/test_%.cu $(TEST_HDR) $(ALL_HDR) | deps-if-missing
+$(ASAN_DIR)/test_%.o: test/test_%.cu $(DEPS_TRACKED) | deps-if-missing
 	@mkdir -p $(@D)
-	$(CXX) $(ASAN_CXXFLAGS) -x c++ -c $< -o $@
+	$(CXX) $(ASAN_CXXFLAGS) $(DEPFLAGS) -x c++ -c $< -o $@
 
 $(ASAN_DIR)/test_%: $(ASAN_DIR)/test_%.o $(patsubst emu/%.cpp,$(ASAN_DIR)/emu/%.o,$(EMU_SRC)) $(ASAN_DIR)/catch_main.o
 	$(CXX) $(ASAN_CXXFLAGS) $< $(patsubst emu/%.cpp,$(ASAN_DIR)/emu/%.o,$(EMU_SRC)) \
 	  $(if $(filter mpi_%,$*),,$(ASAN_DIR)/catch_main.o) $(CPU_LDLIBS) -o $@
 
-$(ASAN_DIR)/train_gpt_cpu: train_gpt.cu $(ALL_HDR) $(patsubst emu/%.cpp,$(ASAN_DIR)/emu/%.o,$(EMU_SRC))
-	$(CXX) $(ASAN_CXXFLAGS) -x c++ $< -x none $(patsubst emu/%.cpp,$(ASAN_DIR)/emu/%.o,$(EMU_SRC)) $(CPU_LDLIBS) -o $@
+$(ASAN_DIR)/train_gpt_cpu: train_gpt.cu $(DEPS_TRACKED) $(patsubst emu/%.cpp,$(ASAN_DIR)/emu/%.o,$(EMU_SRC))
+	$(CXX) $(ASAN_CXXFLAGS) $(DEPFLAGS) -x c++ $< -x none $(patsubst emu/%.cpp,$(ASAN_DIR)/emu/%.o,$(EMU_SRC)) $(CPU_LDLIBS) -o $@
 
 # ASan checks memory use, which the precision does not change: BF16 binaries only (the _fp32 twins
 # would add ~3 min of build and ~1.5 min of tests to CI).
@@ -219,8 +228,8 @@ test-asan: deps-if-missing $(addprefix $(ASAN_DIR)/,$(TEST_NAMES)) $(ASAN_DIR)/t
 
 # ---------------------------------------------------------------------------------------------
 
-$(CPU_DIR)/emu_bench: dev/emu_bench.cu $(ALL_HDR) $(CPU_DIR)/libcuemu.a
-	$(CXX) $(CPU_CXXFLAGS) -x c++ $< -x none $(CPU_DIR)/libcuemu.a $(CPU_LDLIBS) -o $@
+$(CPU_DIR)/emu_bench: dev/emu_bench.cu $(DEPS_TRACKED) $(CPU_DIR)/libcuemu.a
+	$(CXX) $(CPU_CXXFLAGS) $(DEPFLAGS) -x c++ $< -x none $(CPU_DIR)/libcuemu.a $(CPU_LDLIBS) -o $@
 
 emu-bench: $(CPU_DIR)/emu_bench
 	CUEMU_THREADS=1 $<
@@ -228,8 +237,8 @@ emu-bench: $(CPU_DIR)/emu_bench
 # The CPU build as a trainer (scripts/cpu_bench.sh): GPT-2 124M, B=4, T=64, median s/step of the BF16
 # and FP32 builds, against the step's matmuls alone (dev/gemm_limit.cu) measured in the same run.
 .PHONY: cpu-bench
-$(CPU_DIR)/gemm_limit: dev/gemm_limit.cu $(ALL_HDR) $(CPU_DIR)/libcuemu.a
-	$(CXX) $(CPU_CXXFLAGS) -x c++ $< -x none $(CPU_DIR)/libcuemu.a $(CPU_LDLIBS) -o $@
+$(CPU_DIR)/gemm_limit: dev/gemm_limit.cu $(DEPS_TRACKED) $(CPU_DIR)/libcuemu.a
+	$(CXX) $(CPU_CXXFLAGS) $(DEPFLAGS) -x c++ $< -x none $(CPU_DIR)/libcuemu.a $(CPU_LDLIBS) -o $@
 
 cpu-bench: deps-if-missing $(DATA_DIR)/tokenizer.bin
 	$(MAKE) --no-print-directory PRECISION=BF16 $(BUILD)/cpu/train_gpt_cpu $(BUILD)/cpu/gemm_limit
@@ -238,8 +247,8 @@ cpu-bench: deps-if-missing $(DATA_DIR)/tokenizer.bin
 
 # The roofline of one training step at full size (dev/roofline.cu; dev/README.md has examples).
 .PHONY: roofline kernel-report
-$(CPU_DIR)/roofline: dev/roofline.cu train_gpt.cu $(ALL_HDR) $(CPU_DIR)/libcuemu.a | deps-if-missing
-	$(CXX) $(CPU_CXXFLAGS) -x c++ $< -x none $(CPU_DIR)/libcuemu.a $(CPU_LDLIBS) -o $@
+$(CPU_DIR)/roofline: dev/roofline.cu $(DEPS_TRACKED) $(CPU_DIR)/libcuemu.a | deps-if-missing
+	$(CXX) $(CPU_CXXFLAGS) $(DEPFLAGS) -x c++ $< -x none $(CPU_DIR)/libcuemu.a $(CPU_LDLIBS) -o $@
 
 roofline: $(CPU_DIR)/roofline
 
@@ -250,9 +259,9 @@ $(GPU_DIR)/launches_%.json: $(CPU_DIR)/roofline
 	@mkdir -p $(@D)
 	$(CPU_DIR)/roofline -e d12 -b 4 -t 1024 -z 1 -w 8 -d 32768 --attention $* --launches-json $@ > /dev/null
 
-$(GPU_DIR)/train_gpt_sm90.ptx: train_gpt.cu $(ALL_HDR) | deps-if-missing
+$(GPU_DIR)/train_gpt_sm90.ptx: train_gpt.cu $(DEPS_TRACKED) | deps-if-missing
 	@mkdir -p $(@D)
-	$(NVCC) $(COMMON_FLAGS) -O3 -arch=compute_90 -ptx $(MPI_INC) -x cu $< -o $@
+	$(NVCC) $(COMMON_FLAGS) $(DEPFLAGS) -O3 -arch=compute_90 -ptx $(MPI_INC) -x cu $< -o $@
 
 kernel-report: $(GPU_DIR)/train_gpt $(GPU_DIR)/launches_tc.json $(GPU_DIR)/launches_simt.json \
                $(GPU_DIR)/train_gpt_sm90.ptx
@@ -275,3 +284,6 @@ train: deps-if-missing $(if $(HAVE_GPU),train_gpt,train_gpt_cpu) $(DATA_DIR)/tok
 
 clean:
 	rm -rf $(BUILD) train_gpt train_gpt_cpu
+
+# The compilers' dependency lists (DEPFLAGS) of every build folder.
+-include $(wildcard $(BUILD)/*/*.d $(BUILD)/*/emu/*.d)
