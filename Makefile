@@ -60,11 +60,6 @@ NVCCFLAGS = $(COMMON_FLAGS) -O3 $(GPU_ARCH) -Xptxas -v -Xcompiler -pthread $(MPI
 GPU_LDLIBS = -L$(CUDA_HOME)/lib64 -lcublasLt -lnccl $(MPI_LIB)
 
 EMU_SRC := $(wildcard emu/*.cpp)
-EMU_HDR := $(wildcard emu/*.h)
-KERNEL_HDR := $(wildcard kernels/*.h kernels/*.cuh)
-HOST_HDR := $(wildcard host/*.h)
-TEST_HDR := $(wildcard test/*.h)
-ALL_HDR := $(EMU_HDR) $(KERNEL_HDR) $(HOST_HDR)
 # Header dependencies come from the compilers (-MMD: each object's .d lists the project headers it
 # includes, train_gpt.cu included), so touching one header rebuilds only what includes it.
 DEPFLAGS = -MMD -MP -MF $@.d
