@@ -9,6 +9,14 @@
 // Whenever a fiber must wait, the next one to run is, in this order: a fiber whose barrier has
 // completed (released in schedule order), a thread not yet started (in schedule order), or the
 // block's scheduler, which then finds the block either finished or deadlocked.
+//
+// Between two block barriers the schedules also differ in how far one warp may run ahead of the
+// others. forward is round robin: lanes released by a warp collective queue behind every fiber
+// already released, so the warps move in near lockstep. reverse and random run the released warp
+// next (its lanes go to the front of the queue), so one warp reaches the next barrier before the
+// others take another step. A race between warps that only a missing barrier would have ordered
+// then shows: a reduction scratch rewritten while other warps still read it, a cp.async prefetch
+// into a buffer that other warps still read.
 #include "cuda_emu.h"
 #include "emu_internal.h"
 
@@ -18,6 +26,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <mutex>
 #include <random>
 #include <string>
@@ -284,8 +293,7 @@ struct Worker {
     std::vector<Fiber> fibers;
     std::vector<unsigned> order;  // start order of threads (the schedule)
     unsigned next_unstarted = 0;
-    std::vector<unsigned> ready;  // FIFO of released fibers
-    size_t ready_head = 0;
+    std::deque<unsigned> ready;  // released fibers, next to run first
     unsigned block_arrived = 0, done = 0;
     uint64_t block_serial = 0;  // counts the blocks this worker has run (emu_internal.h)
     std::vector<Warp> warps;
@@ -318,13 +326,10 @@ struct Worker {
             release_pending = nullptr;
         }
     }
-    bool has_ready() const { return ready_head < ready.size(); }
+    bool has_ready() const { return !ready.empty(); }
     unsigned pop_ready() {
-        unsigned t = ready[ready_head++];
-        if (ready_head == ready.size()) {
-            ready.clear();
-            ready_head = 0;
-        }
+        unsigned t = ready.front();
+        ready.pop_front();
         return t;
     }
 };
@@ -453,7 +458,7 @@ void suspend_current(Worker& w) {
     Fiber& f = *w.current;
     if (f.state == FiberState::ready) {
         // Released by its own arrival. If it is also next in line, just carry on.
-        if (w.has_ready() && w.ready[w.ready_head] == f.linear) {
+        if (w.has_ready() && w.ready.front() == f.linear) {
             w.pop_ready();
             f.state = FiberState::running;
             return;
@@ -464,16 +469,17 @@ void suspend_current(Worker& w) {
     set_builtins(f);
 }
 
-void release_in_schedule_order(Worker& w, std::vector<unsigned>& ids) {
+// Queues released fibers in schedule order: behind the fibers already released, or (run_first)
+// ahead of them, to run next.
+void release_in_schedule_order(Worker& w, std::vector<unsigned>& ids, bool run_first = false) {
     switch (settings().schedule) {
         case Schedule::forward: break;
         case Schedule::reverse: std::reverse(ids.begin(), ids.end()); break;
         case Schedule::random: std::shuffle(ids.begin(), ids.end(), w.rng); break;
     }
-    for (unsigned t : ids) {
-        w.fibers[t].state = FiberState::ready;
-        w.ready.push_back(t);
-    }
+    for (unsigned t : ids) w.fibers[t].state = FiberState::ready;
+    if (run_first) w.ready.insert(w.ready.begin(), ids.begin(), ids.end());
+    else w.ready.insert(w.ready.end(), ids.begin(), ids.end());
 }
 
 // ---- warp collectives: the semantics of PTX shfl.sync / vote.sync (PTX ISA, "Parallel
@@ -537,7 +543,8 @@ void complete_warp_group(Worker& w, unsigned warp, const WarpGroup& g) {
     std::vector<unsigned> ids;
     for (unsigned l = 0; l < 32; ++l)
         if ((members >> l) & 1u) ids.push_back(warp * 32 + l);
-    release_in_schedule_order(w, ids);
+    // reverse and random let this warp run ahead of the others (see the top of this file)
+    release_in_schedule_order(w, ids, settings().schedule != Schedule::forward);
 }
 
 const char* op_name(WarpOp op) {
@@ -730,7 +737,6 @@ void run_block(Worker& w, const KernelLaunch& L, unsigned block_linear) {
     }
     w.next_unstarted = 0;
     w.ready.clear();
-    w.ready_head = 0;
     w.block_arrived = 0;
     w.done = 0;
 
