@@ -84,7 +84,7 @@ ALL_TEST_NAMES := $(TEST_NAMES) $(FP32_TEST_NAMES)
 GPU_TEST_NAMES := $(filter-out test_emu_%,$(ALL_TEST_NAMES))
 CATCH_MAIN_TESTS := $(filter-out test_mpi_%,$(ALL_TEST_NAMES))
 
-.SECONDARY:  # keep intermediate objects (test_*.o) between builds
+.PRECIOUS: %.o  # keep intermediate objects (test_*.o) between builds
 .PHONY: all train_gpt train_gpt_cpu test test-gpu test-asan deps deps-if-missing train clean emu-bench
 
 all: train_gpt_cpu
