@@ -15,6 +15,11 @@
 // bad argument on any rank, or ranks that disagree on the call, make it fail on every rank with
 // a message instead of hanging.
 //
+// A communicator of one rank does no MPI work: its arguments are checked, and a collective is a
+// copy of the send buffer into the receive buffer (or nothing, in place). That is exactly what the
+// MPI path computes for one rank: a single FP32 term rounds back to the value it came from, and
+// ncclAvg divides it by 1.
+//
 // Recording (cuda_emu.h): every collective reports itself, with its stream and the bytes this rank
 // moves, to the emulator's work observer. In record-only mode ncclCommInitRank makes a
 // communicator of nranks with no MPI peers (MPI need not be initialized): its collectives check
@@ -123,6 +128,10 @@ ncclResult_t agree(MPI_Comm mpi, const char* call, ncclResult_t local, const Sig
                     fields[i].name, (long long)min, (long long)max);
     }
     return ncclSuccess;
+}
+// A collective's agreement: a single rank has no other rank to agree with.
+ncclResult_t agree(const ncclComm& comm, const char* call, ncclResult_t local, const Signature& fields) {
+    return agree(comm.nranks == 1 ? MPI_COMM_NULL : comm.mpi, call, local, fields);
 }
 
 // ---- argument checks ----
@@ -283,10 +292,24 @@ thread_local int group_depth = 0;  // NCCL groups are per thread
 // emulator's work observer with the bytes each rank moves over the links: the buffer size times
 // NCCL's bus-bandwidth factor (nccl-tests, doc/PERFORMANCE.md: 2(n-1)/n for all-reduce, (n-1)/n of
 // the whole buffer for reduce-scatter and all-gather, 1 for broadcast and reduce).
+// A single rank's result is its own data: `alone` is what it copies (send, recv, bytes).
+struct SingleRankCopy {
+    const void* send;
+    void* recv;
+    size_t bytes;
+};
 template <typename Move>
-ncclResult_t run_reported(ncclComm& comm, const char* call, double bus_bytes, cudaStream_t stream, Move move) {
+ncclResult_t run_reported(ncclComm& comm, const char* call, double bus_bytes, cudaStream_t stream, SingleRankCopy alone,
+                          Move move) {
     const auto begin = std::chrono::steady_clock::now();
-    const ncclResult_t r = comm.mpi == MPI_COMM_NULL ? ncclSuccess : move();
+    ncclResult_t r = ncclSuccess;
+    if (comm.mpi == MPI_COMM_NULL) {
+        // record-only: nothing moves
+    } else if (comm.nranks == 1) {
+        if (alone.bytes && alone.send != alone.recv) std::memmove(alone.recv, alone.send, alone.bytes);
+    } else {
+        r = move();
+    }
     if (r != ncclSuccess) return r;
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin).count();
     cuemu::report_work({call, cuemu::WorkReport::communication, bus_bytes, stream, ms});
@@ -435,13 +458,14 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, n
     if (local == ncclSuccess) local = check_pointer(call, "recvbuff", recvbuff, count);
     if (local == ncclSuccess)
         local = check_overlap(call, sendbuff, count * elem, recvbuff, count * elem, 0, "sendbuff == recvbuff");
-    ncclResult_t agreed = agree(comm->mpi, call, local, {{{"the collective", kAllReduce}, {"count", int64_t(count)},
+    ncclResult_t agreed = agree(*comm, call, local, {{{"the collective", kAllReduce}, {"count", int64_t(count)},
                                                           {"datatype", datatype}, {"op", op}, {"nothing", 0}}});
     if (agreed != ncclSuccess) return agreed;
     // Block j of the result is reduced on rank j, then gathered everywhere.
     enqueue_for_racecheck(*comm, call, stream, sendbuff, count * elem, recvbuff, count * elem);
     const Blocks blocks{(count + comm->nranks - 1) / comm->nranks, count};
-    return run_reported(*comm, call, 2 * ring_share(*comm) * double(count * elem), stream, [&] {
+    return run_reported(*comm, call, 2 * ring_share(*comm) * double(count * elem), stream,
+                        {sendbuff, recvbuff, count * elem}, [&] {
         return in_rounds(blocks, elem, comm->nranks, [&](size_t begin, size_t len) {
             comm->reduced.resize(len * elem);
             ncclResult_t r = reduce_round(*comm, call, datatype, bytes_of(sendbuff), blocks, begin, len, op,
@@ -466,13 +490,14 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
         local = check_overlap(call, sendbuff, comm->nranks * block_bytes, recvbuff, block_bytes,
                               -intptr_t(comm->rank * block_bytes), "recvbuff == sendbuff + rank * recvcount");
     }
-    ncclResult_t agreed = agree(comm->mpi, call, local, {{{"the collective", kReduceScatter},
+    ncclResult_t agreed = agree(*comm, call, local, {{{"the collective", kReduceScatter},
                                                           {"recvcount", int64_t(recvcount)}, {"datatype", datatype},
                                                           {"op", op}, {"nothing", 0}}});
     if (agreed != ncclSuccess) return agreed;
     enqueue_for_racecheck(*comm, call, stream, sendbuff, comm->nranks * recvcount * elem, recvbuff, recvcount * elem);
     const Blocks blocks{recvcount, comm->nranks * recvcount};
-    return run_reported(*comm, call, ring_share(*comm) * double(comm->nranks * recvcount * elem), stream, [&] {
+    return run_reported(*comm, call, ring_share(*comm) * double(comm->nranks * recvcount * elem), stream,
+                        {sendbuff, recvbuff, recvcount * elem}, [&] {
         return in_rounds(blocks, elem, comm->nranks, [&](size_t begin, size_t len) {
             return reduce_round(*comm, call, datatype, bytes_of(sendbuff), blocks, begin, len, op,
                                 bytes_of(recvbuff) + begin * elem);
@@ -494,13 +519,14 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
         local = check_overlap(call, sendbuff, block_bytes, recvbuff, comm->nranks * block_bytes,
                               intptr_t(comm->rank * block_bytes), "sendbuff == recvbuff + rank * sendcount");
     }
-    ncclResult_t agreed = agree(comm->mpi, call, local, {{{"the collective", kAllGather},
+    ncclResult_t agreed = agree(*comm, call, local, {{{"the collective", kAllGather},
                                                           {"sendcount", int64_t(sendcount)}, {"datatype", datatype},
                                                           {"nothing", 0}, {"nothing", 0}}});
     if (agreed != ncclSuccess) return agreed;
     enqueue_for_racecheck(*comm, call, stream, sendbuff, sendcount * elem, recvbuff, comm->nranks * sendcount * elem);
     const Blocks blocks{sendcount, comm->nranks * sendcount};
-    return run_reported(*comm, call, ring_share(*comm) * double(comm->nranks * sendcount * elem), stream, [&] {
+    return run_reported(*comm, call, ring_share(*comm) * double(comm->nranks * sendcount * elem), stream,
+                        {sendbuff, recvbuff, sendcount * elem}, [&] {
         return in_rounds(blocks, elem, comm->nranks, [&](size_t begin, size_t len) {
             return gather_round(*comm, call, bytes_of(sendbuff) + begin * elem, elem, bytes_of(recvbuff), blocks,
                                 begin, len);
@@ -523,12 +549,12 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, n
     if (local == ncclSuccess) local = check_pointer(call, "recvbuff", recvbuff, count);
     if (local == ncclSuccess && is_root)
         local = check_overlap(call, sendbuff, count * elem, recvbuff, count * elem, 0, "sendbuff == recvbuff");
-    ncclResult_t agreed = agree(comm->mpi, call, local, {{{"the collective", kBroadcast}, {"count", int64_t(count)},
+    ncclResult_t agreed = agree(*comm, call, local, {{{"the collective", kBroadcast}, {"count", int64_t(count)},
                                                           {"datatype", datatype}, {"root", root}, {"nothing", 0}}});
     if (agreed != ncclSuccess) return agreed;
     const size_t bytes = count * elem;
     enqueue_for_racecheck(*comm, call, stream, is_root ? sendbuff : nullptr, bytes, recvbuff, bytes);
-    return run_reported(*comm, call, comm->nranks > 1 ? double(bytes) : 0.0, stream, [&] {
+    return run_reported(*comm, call, comm->nranks > 1 ? double(bytes) : 0.0, stream, {sendbuff, recvbuff, bytes}, [&] {
         if (is_root && sendbuff != recvbuff && bytes) std::memcpy(recvbuff, sendbuff, bytes);
         constexpr size_t kMaxMessage = size_t(1) << 30;  // MPI counts are int
         for (size_t offset = 0; offset < bytes; offset += kMaxMessage)
@@ -554,11 +580,12 @@ ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, nccl
     if (local == ncclSuccess && is_root) local = check_pointer(call, "recvbuff", recvbuff, count);
     if (local == ncclSuccess && is_root)
         local = check_overlap(call, sendbuff, count * elem, recvbuff, count * elem, 0, "sendbuff == recvbuff");
-    ncclResult_t agreed = agree(comm->mpi, call, local, {{{"the collective", kReduce}, {"count", int64_t(count)},
+    ncclResult_t agreed = agree(*comm, call, local, {{{"the collective", kReduce}, {"count", int64_t(count)},
                                                           {"datatype", datatype}, {"op", op}, {"root", root}}});
     if (agreed != ncclSuccess) return agreed;
     enqueue_for_racecheck(*comm, call, stream, sendbuff, count * elem, is_root ? recvbuff : nullptr, count * elem);
-    return run_reported(*comm, call, comm->nranks > 1 ? double(count * elem) : 0.0, stream, [&] {
+    return run_reported(*comm, call, comm->nranks > 1 ? double(count * elem) : 0.0, stream,
+                        {sendbuff, recvbuff, count * elem}, [&] {
         std::vector<unsigned char> result(count * elem);
         const Blocks blocks{(count + comm->nranks - 1) / comm->nranks, count};
         ncclResult_t r = in_rounds(blocks, elem, comm->nranks, [&](size_t begin, size_t len) {

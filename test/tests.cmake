@@ -50,8 +50,8 @@ if(NOT GPU)
   add_test(test_emu_racecheck ${TEST_BIN}/test_emu_racecheck)
 endif()
 
-# NCCL collectives across ranks (skipped, exit 77, on a GPU node with fewer GPUs than ranks).
-foreach(np 2 3)
+# NCCL collectives across ranks (skipped, exit 77, on a GPU node with fewer GPUs than ranks), and on one.
+foreach(np 1 2 3)  # 1: the single-rank path (no MPI work, a copy)
   add_test(test_mpi_nccl_np${np} ${MPIRUN} -np ${np} ${TEST_BIN}/test_mpi_nccl)
   set_tests_properties(test_mpi_nccl_np${np} PROPERTIES SKIP_RETURN_CODE 77 ENVIRONMENT "CUEMU_RACECHECK=1")
 endforeach()
