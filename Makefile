@@ -8,6 +8,7 @@
 #   make deps            install missing Debian packages
 #   make train           set up, prepare the Shakespeare data and train a small GPT-2 (~10 min on 2 cores)
 #   make cpu-bench       GPT-2 124M s/step of both CPU builds against the step's GEMM limit
+#   make mutation-test   plant each fault of dev/mutations/ and check that the suite catches it
 # PRECISION=FP32 builds FP32 parameters/activations instead of BF16.
 
 # Build with every core unless the caller chose (-j / MAKEFLAGS): the test suite is ~30 binaries.
@@ -85,7 +86,7 @@ GPU_TEST_NAMES := $(filter-out test_emu_%,$(ALL_TEST_NAMES))
 CATCH_MAIN_TESTS := $(filter-out test_mpi_%,$(ALL_TEST_NAMES))
 
 .PRECIOUS: %.o  # keep intermediate objects (test_*.o) between builds
-.PHONY: all train_gpt train_gpt_cpu test test-gpu test-asan deps deps-if-missing train clean emu-bench
+.PHONY: FORCE all train_gpt train_gpt_cpu test test-gpu test-asan deps deps-if-missing train clean emu-bench
 
 all: train_gpt_cpu
 
@@ -144,8 +145,10 @@ define ctest_file
 	  "$(abspath $(1))" "$(2)" "$(3)" "$(CURDIR)" > $(1)/CTestTestfile.cmake
 endef
 
-test: deps-if-missing $(addprefix $(CPU_DIR)/,$(ALL_TEST_NAMES)) $(CPU_DIR)/train_gpt_cpu
+$(CPU_DIR)/CTestTestfile.cmake: FORCE
 	$(call ctest_file,$(CPU_DIR),OFF,OFF)
+
+test: deps-if-missing $(addprefix $(CPU_DIR)/,$(ALL_TEST_NAMES)) $(CPU_DIR)/train_gpt_cpu $(CPU_DIR)/CTestTestfile.cmake
 	ctest --test-dir $(CPU_DIR) --output-on-failure -j2
 ifeq ($(HAVE_NVCC),yes)
 	$(MAKE) --no-print-directory train_gpt
@@ -276,6 +279,13 @@ $(DATA_DIR)/tokenizer.bin: | deps-if-missing
 
 train: deps-if-missing $(if $(HAVE_GPU),train_gpt,train_gpt_cpu) $(DATA_DIR)/tokenizer.bin
 	$(TRAIN_BIN) $(TRAIN_FLAGS)
+
+# The suite's mutation score (dev/mutation_test.py): each planted fault in dev/mutations/ is built in a
+# scratch copy of the tree (build/mutation/) and must make one of its tests fail. Not run by CI
+# (it rebuilds test binaries once per fault); its last score is in the README.
+.PHONY: mutation-test
+mutation-test: deps-if-missing
+	python3 dev/mutation_test.py
 
 clean:
 	rm -rf $(BUILD) train_gpt train_gpt_cpu

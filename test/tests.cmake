@@ -138,3 +138,8 @@ set_tests_properties(test_train_smoke test_profile_step test_roofline PROPERTIES
 if(NOT ASAN)
   set_tests_properties(test_resume PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
 endif()
+
+# Every planted fault of make mutation-test (dev/mutations/*.mut) still applies to today's code: a
+# rule that no longer matches would plant nothing. (The score itself rebuilds once per fault: not
+# run here; the README has the last one.)
+add_test(mutations_apply python3 ${CMAKE_CURRENT_LIST_DIR}/../dev/mutation_test.py --check)
