@@ -24,6 +24,7 @@
 #include "host/config.h"
 #include "host/dataloader.h"
 #include "host/distributed.h"
+#include "host/divergence.h"
 #include "host/hellaswag.h"
 #include "host/memory_plan.h"
 #include "host/metrics.h"
@@ -911,21 +912,32 @@ inline void reduce_layer_gradients(Trainer& tr, int l) {
     }
 }
 
-// The global gradient norm over all ranks (each rank's part: everything under stage 0, since all
-// ranks then hold the same averaged gradients; its shard otherwise).
-inline float global_gradient_norm(Trainer& tr) {
+// The L2 norm of a flat-buffer-sized tensor over all ranks, from this rank's part at `local`:
+// everything under stage 0 (all ranks hold the same values), its shard otherwise.
+inline float all_ranks_norm(Trainer& tr, const floatX* local) {
     GPT2& m = tr.model;
     const ShardLayout& sh = m.shard;
     float* norm = m.memory.get<float>("grad_norm");
-    const floatX* grads = sh.zero_stage == 0 ? m.grads_memory : sh.zero_stage == 1 ? m.grads_memory + sh.shard_begin()
-                                                                                    : m.grads_memory;
     const size_t count = sh.zero_stage == 0 ? sh.num_parameters : sh.shard_size;
-    global_norm_squared(norm, grads, count, m.bwd.scratch, m.stream);
+    global_norm_squared(norm, local, count, m.bwd.scratch, m.stream);
     if (sh.zero_stage > 0) NCCL_CHECK(ncclAllReduce(norm, norm, 1, ncclFloat32, ncclSum, tr.dist.nccl, m.stream));
     float norm_squared = 0;
     CUDA_CHECK(cudaMemcpyAsync(&norm_squared, norm, sizeof(float), cudaMemcpyDeviceToHost, m.stream));
     CUDA_CHECK(cudaStreamSynchronize(m.stream));
     return std::sqrt(norm_squared);
+}
+
+inline float global_gradient_norm(Trainer& tr) {
+    const ShardLayout& sh = tr.model.shard;
+    // stage 1 keeps all gradients and owns a shard of them; stage 2 keeps only its shard
+    return all_ranks_norm(tr, sh.zero_stage == 1 ? tr.model.grads_memory + sh.shard_begin() : tr.model.grads_memory);
+}
+
+// The parameters' norm: not finite when any parameter is NaN or infinite (checked at start and before
+// every checkpoint, so that no checkpoint of a diverged model is ever written).
+inline float parameter_norm(Trainer& tr) {
+    const ShardLayout& sh = tr.model.shard;
+    return all_ranks_norm(tr, tr.model.params_memory + (sh.zero_stage == 0 ? 0 : sh.shard_begin()));
 }
 
 // AdamW on this rank's range of each tensor (weight decay only where decays()), then, under ZeRO,
@@ -953,14 +965,17 @@ struct StepResult {
     double loss = 0;            // mean over the step's valid targets, all micro-steps and ranks
     float grad_norm = 0;        // before clipping
     long long valid_targets = 0;
-    bool updated = false;       // false: the step was skipped (no valid target, or a non-finite norm)
+    bool updated = false;       // false: the step was skipped (no valid target, or skipped_because)
+    std::string skipped_because;  // why a step with valid targets did not update: host/divergence.h
 };
 
 // One optimizer step over this rank's micro-batches (host arrays of B*T tokens each; every rank passes
 // the same number). The loss is the mean over all valid targets of the step: their count is summed
 // over micro-steps and ranks before any backward pass, so no mean of means is ever taken.
+// `guard` decides which steps must not update (host/divergence.h); without one, those whose loss or
+// gradient norm is not finite.
 inline StepResult train_step(Trainer& tr, const std::vector<const int*>& inputs, const std::vector<const int*>& targets,
-                             int B, int T, float learning_rate) {
+                             int B, int T, float learning_rate, const DivergenceGuard* guard = nullptr) {
     GPT2& m = tr.model;
     const ShardLayout& sh = m.shard;
     long long local_valid = 0;
@@ -991,10 +1006,9 @@ inline StepResult train_step(Trainer& tr, const std::vector<const int*>& inputs,
     }
     result.loss = all_ranks_sum(tr.dist, loss_sum) / double(result.valid_targets);
     result.grad_norm = global_gradient_norm(tr);
-    if (!std::isfinite(result.grad_norm)) {
-        std::fprintf(stderr, "train_step: gradient norm is %f; step skipped\n", result.grad_norm);
-        return result;
-    }
+    static const DivergenceGuard finite_only(DivergenceSettings{});
+    result.skipped_because = (guard ? *guard : finite_only).skip_reason(result.loss, result.grad_norm);
+    if (!result.skipped_because.empty()) return result;
     const float clip = tr.opt.grad_clip > 0 && result.grad_norm > tr.opt.grad_clip ? tr.opt.grad_clip / result.grad_norm : 1.0f;
     optimizer_update(tr, learning_rate, clip);
     CUDA_CHECK(cudaStreamSynchronize(m.stream));
@@ -1135,6 +1149,9 @@ inline void save_checkpoint(Trainer& tr, const RunConfig& rc, int64_t step, cons
     const ShardLayout& sh = m.shard;
     const std::string model_path = model_checkpoint_path(rc.output_dir, step);
     const std::string state_path = state_checkpoint_path(rc.output_dir, step);
+    if (!std::isfinite(parameter_norm(tr)))
+        throw std::runtime_error("step " + std::to_string(step) + ": parameters are not finite (NaN or Inf); no checkpoint "
+                                 "written");
     if (tr.dist.rank == 0) {
         std::vector<floatX> params(m.num_parameters);
         copy_and_wait(m, params.data(), m.params_memory, params.size() * sizeof(floatX), cudaMemcpyDeviceToHost);
@@ -1289,6 +1306,11 @@ inline int run(const RunConfig& rc, Distributed& dist) {
     Rng sample_rng(uint64_t(rc.seed) ^ 0x5A4D504C45ull);
     int64_t step = 0;
     if (rc.resume) step = resume_checkpoint(tr, rc, train_loader, sample_rng);
+    if (!std::isfinite(parameter_norm(tr))) {
+        const std::string source = rc.resume ? model_checkpoint_path(rc.output_dir, step) : checkpoint;
+        throw std::runtime_error("model '" + source + "': parameters are not finite (NaN or Inf)");
+    }
+    DivergenceGuard divergence({rc.skip_loss_z, rc.skip_norm_z, rc.max_skipped_steps});
     int64_t tokens_seen = 0;  // replayed, so a resumed run continues the batch ramp where it was
     for (int64_t s = 0; s < step; ++s) tokens_seen += total_batch_tokens_at(tokens_seen, ramp, cap);
 
@@ -1337,7 +1359,7 @@ inline int run(const RunConfig& rc, Distributed& dist) {
         batches.load(train_loader, micro_steps_of(batch_tokens), B, T);
         const float lr = learning_rate(schedule, step, total_steps);
         const auto t0 = std::chrono::steady_clock::now();
-        const StepResult r = train_step(tr, batches.input_ptrs, batches.target_ptrs, B, T, lr);
+        const StepResult r = train_step(tr, batches.input_ptrs, batches.target_ptrs, B, T, lr, &divergence);
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         tokens_seen += batch_tokens;
         elapsed += seconds;
@@ -1358,6 +1380,11 @@ inline int run(const RunConfig& rc, Distributed& dist) {
             std::fflush(stdout);
             if (metrics) metrics->log_step(report);
         }
+        if (main_rank && !r.skipped_because.empty()) {
+            std::fprintf(stderr, "train_gpt: step %lld skipped: %s\n", (long long)done, r.skipped_because.c_str());
+            std::fflush(stderr);
+        }
+        if (r.valid_targets > 0) divergence.record(done, r.loss, r.grad_norm, r.skipped_because);  // throws: diverged
         if (val_loader && (done % rc.val_every == 0 || done == total_steps)) {
             const double val = validation_loss(tr, *val_loader, rc.val_batches, B, T);
             if (main_rank) {

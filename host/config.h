@@ -21,6 +21,7 @@
 #include <variant>
 #include <vector>
 
+#include "host/divergence.h"
 #include "host/schedule.h"
 
 // Bad or contradictory settings: one line naming the flag(s).
@@ -50,6 +51,10 @@ struct RunConfig {
     double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
     double grad_clip = 1.0;  // global-norm clip; 0 = off
     int64_t seed = 1337;
+    // divergence (host/divergence.h)
+    double skip_loss_z = DivergenceSettings{}.skip_loss_z;
+    double skip_norm_z = DivergenceSettings{}.skip_norm_z;
+    int64_t max_skipped_steps = DivergenceSettings{}.max_skipped_steps;
     // parallelism and memory
     int zero_stage = 0;
     std::string recompute = "none";
@@ -126,6 +131,12 @@ inline const std::vector<Option>& options() {
         {"AdamW optimizer", 0, "eps", &R::eps, "denominator epsilon"},
         {"AdamW optimizer", 0, "grad-clip", &R::grad_clip, "clip the global gradient norm to this; 0 = off"},
         {"AdamW optimizer", 0, "seed", &R::seed, "random seed (initialization, sampling)"},
+        {"Divergence", 0, "skip-loss-z", &R::skip_loss_z,
+         "skip the update of a step whose loss has a z-score above this over the last 128 steps; 0 = off"},
+        {"Divergence", 0, "skip-norm-z", &R::skip_norm_z,
+         "skip the update of a step whose gradient norm has a z-score above this over the last 128 steps; 0 = off"},
+        {"Divergence", 0, "max-skipped-steps", &R::max_skipped_steps,
+         "stop with an error after this many skipped steps in a row (non-finite loss or norm, outliers); 0 = never"},
         {"Parallelism and memory", 'z', "zero-stage", &R::zero_stage, "ZeRO stage: 0, 1 or 2"},
         {"Parallelism and memory", 'r', "recompute", &R::recompute, "activation recomputation", nullptr,
          {"none", "selective", "full"}},
@@ -291,6 +302,9 @@ inline void validate(const RunConfig& c) {
     check(c.eps > 0, "eps", c.eps, "must be > 0");
     check(c.grad_clip >= 0, "grad-clip", c.grad_clip, "must be >= 0");
     check(c.seed >= 0, "seed", c.seed, "must be >= 0");
+    check(c.skip_loss_z >= 0, "skip-loss-z", c.skip_loss_z, "must be >= 0");
+    check(c.skip_norm_z >= 0, "skip-norm-z", c.skip_norm_z, "must be >= 0");
+    check(c.max_skipped_steps >= 0, "max-skipped-steps", c.max_skipped_steps, "must be >= 0");
     check(c.zero_stage >= 0 && c.zero_stage <= 2, "zero-stage", c.zero_stage, "must be 0, 1 or 2");
     check(c.world_size >= 0, "world-size", c.world_size, "must be >= 0");
     check(c.max_memory >= 0, "max-memory", c.max_memory, "must be >= 0");

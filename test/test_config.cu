@@ -73,6 +73,9 @@ TEST_CASE("no flags give the documented defaults", "[config]") {
     CHECK(c.eps == 1e-8);
     CHECK(c.grad_clip == 1.0);
     CHECK(c.seed == 1337);
+    CHECK(c.skip_loss_z == 0.0);  // off, as llm.c's -sl
+    CHECK(c.skip_norm_z == 0.0);  // off, as llm.c's -sg
+    CHECK(c.max_skipped_steps == 5);
     CHECK(c.batch_ramp.empty());
     CHECK_FALSE(c.dry_run);
     CHECK_FALSE(c.json);
@@ -120,6 +123,9 @@ const std::vector<FlagCase> flag_cases = {
     {"eps", 0, "1e-6", 1e-6},
     {"grad-clip", 0, "0", 0.0},
     {"seed", 0, "42", 42},
+    {"skip-loss-z", 0, "5", 5.0},
+    {"skip-norm-z", 0, "6.5", 6.5},
+    {"max-skipped-steps", 0, "0", 0},
     {"zero-stage", 'z', "2", 2},
     {"recompute", 'r', "selective", "selective"},
     {"world-size", 0, "8", 8},
@@ -301,6 +307,9 @@ TEST_CASE("bad values name the flag", "[config]") {
         {{"--eps", "0"}, "--eps must be > 0"},
         {{"--grad-clip", "-1"}, "--grad-clip must be >= 0"},
         {{"--seed", "-3"}, "--seed must be >= 0"},
+        {{"--skip-loss-z", "-1"}, "--skip-loss-z must be >= 0"},
+        {{"--skip-norm-z", "-0.5"}, "--skip-norm-z must be >= 0"},
+        {{"--max-skipped-steps", "-1"}, "--max-skipped-steps must be >= 0"},
         {{"-z", "3"}, "-z/--zero-stage must be 0, 1 or 2, got 3"},
         {{"-k", "step"}, "-k/--lr-schedule must be one of cosine|linear|constant|wsd, got 'step'"},
         {{"-r", "partial"}, "-r/--recompute must be one of none|selective|full"},

@@ -115,6 +115,13 @@ if(NOT ASAN)  # 2 min under ASan; its file code runs there in test_checkpoint, t
   add_test(test_resume ${CMAKE_CURRENT_LIST_DIR}/test_resume.sh ${train_binary} "${mpirun_line}")
 endif()
 add_test(test_train_smoke ${CMAKE_CURRENT_LIST_DIR}/test_train_smoke.sh ${train_binary})
+# Divergence (host/divergence.h): the guard's rules; through the program, a blown-up run stops with a
+# non-zero exit and no checkpoint of non-finite parameters, and a NaN model file is refused.
+add_test(test_divergence ${TEST_BIN}/test_divergence)
+if(NOT ASAN)  # five short runs of the program: ~10 s here, minutes under ASan (test_train_smoke covers its code there)
+  add_test(divergence_program ${CMAKE_CURRENT_LIST_DIR}/test_divergence.sh ${train_binary})
+  set_tests_properties(divergence_program PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
+endif()
 
 # The memory plan against the seeds' accounting (test_memory_plan.cu); --dry-run plans GPT-2 1.5B
 # without allocating it; a run whose plan does not fit stops with the plan before allocating.

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Divergence, through the real program (host/divergence.h): (1) a learning rate of 1e6 blows a tiny
+# model up; the run stops with a non-zero exit after --max-skipped-steps skipped steps in a row,
+# naming the step, and every checkpoint it wrote holds finite parameters; with
+# --max-skipped-steps 0 the same run goes on to its end. (2) A learning rate that overflows BF16
+# parameters in one update: the checkpoint of that step is refused, with a non-zero exit. (3) A model
+# file with NaN parameters given to -e is an error at start.
+# Usage: test_divergence.sh TRAIN_BINARY
+set -euo pipefail
+bin=$1
+here=$(dirname "$0")
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+
+python3 - "$dir" <<'PY'
+import random, struct, sys
+random.seed(3)
+tokens = [random.randrange(50257) for _ in range(20000)]
+for name in ("train_000000.bin", "val_000000.bin"):
+    with open(f"{sys.argv[1]}/{name}", "wb") as f:
+        f.write(struct.pack("<256i", 20240520, 1, len(tokens), *([0] * 253)))
+        f.write(struct.pack(f"<{len(tokens)}H", *tokens))
+PY
+common=(-e tiny -b 2 -t 32 -k constant -v 0 -s 0 -i "$dir/train_*.bin" -j "$dir/val_*.bin")
+
+# A model file's parameters (llm.c's format: 256 int32 header, version 3 FP32 or 5 BF16): finite?
+finite_model() {
+    python3 - "$1" <<'PY'
+import array, struct, sys
+data = open(sys.argv[1], "rb").read()
+header = struct.unpack_from("<256i", data)
+assert header[0] == 20240326, f"{sys.argv[1]}: not a model file"
+code, mask = ("I", 0x7F800000) if header[1] == 3 else ("H", 0x7F80)
+values = array.array(code, data[1024:])
+bad = sum(1 for v in values if v & mask == mask)
+assert bad == 0, f"{sys.argv[1]}: {bad} of {len(values)} parameters are not finite"
+print(f"{sys.argv[1].split('/')[-1]}: {len(values)} finite parameters")
+PY
+}
+
+# (1) Blow-up: step 1's update is huge; from step 2 on the gradient norm is NaN and steps are skipped.
+"$here/expect_failure.sh" "step 6: 5 steps in a row skipped .*diverged" \
+    "$bin" "${common[@]}" -x 12 -l 1e6 -n 2 -o "$dir/blowup"
+for model in "$dir"/blowup/model_*.bin; do finite_model "$model"; done
+test ! -e "$dir/blowup/model_00000006.bin" || { echo "a checkpoint of the diverged step 6 was written"; exit 1; }
+"$bin" "${common[@]}" -x 8 -l 1e6 --max-skipped-steps 0 -o "$dir/never" > "$dir/never.log" 2> "$dir/never.err"
+grep -c "skipped: gradient norm is nan" "$dir/never.err" | grep -qx 7 ||
+    { echo "--max-skipped-steps 0: expected steps 2-8 skipped"; cat "$dir/never.err"; exit 1; }
+echo "divergence: a blown-up run stops at step 6 (5 skips in a row), goes on with --max-skipped-steps 0"
+
+# (2) An update that overflows the BF16 parameters (|w| past 3.39e38 rounds to inf): no checkpoint.
+if head -1 "$dir/never.log" | grep -q BF16; then
+    "$here/expect_failure.sh" "step 1: parameters are not finite .*no checkpoint written" \
+        "$bin" "${common[@]}" -x 3 -l 3.4e38 -n 1 -o "$dir/overflow"
+    test ! -e "$dir/overflow/model_00000001.bin" || { echo "a checkpoint of non-finite parameters was written"; exit 1; }
+else
+    echo "divergence: FP32 build: (2) needs BF16 parameters, which a 3.4e38 update overflows; not run"
+fi
+
+# (3) A model file whose parameters are NaN.
+python3 - "$dir/blowup/model_00000002.bin" "$dir/nan_model.bin" <<'PY'
+import sys
+data = bytearray(open(sys.argv[1], "rb").read())
+data[1024:] = b"\xff" * (len(data) - 1024)  # all ones: NaN in BF16 and in FP32
+open(sys.argv[2], "wb").write(data)
+PY
+"$here/expect_failure.sh" "model '.*nan_model.bin': parameters are not finite" \
+    "$bin" -e "$dir/nan_model.bin" -b 2 -t 32 -x 2 -v 0 -s 0 -i "$dir/train_*.bin" -j "$dir/val_*.bin"
