@@ -1282,6 +1282,9 @@ inline int run(const RunConfig& rc, Distributed& dist) {
     DataLoader train_loader(rc.train_data, B, T, dist.rank, dist.world_size, uint64_t(rc.seed), true);
     std::optional<DataLoader> val_loader;
     if (rc.val_every > 0) val_loader.emplace(rc.val_data, B, T, dist.rank, dist.world_size, uint64_t(rc.seed), false);
+    // Every token below the vocabulary, checked before the first step (each rank scans its share).
+    train_loader.check_tokens(config.vocab_size);
+    if (val_loader) val_loader->check_tokens(config.vocab_size);
     std::optional<HellaSwagSet> hellaswag;  // evaluated with validation, and after the last step
     if (!rc.hellaswag.empty()) hellaswag = read_hellaswag(rc.hellaswag, config.vocab_size);
     const int64_t total_steps = rc.max_steps > 0 ? rc.max_steps : steps_for_tokens(int64_t(train_loader.total_tokens()), ramp, cap);

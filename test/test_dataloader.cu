@@ -343,3 +343,32 @@ TEST_CASE("a shard damaged after validation fails at read time with a clear erro
     CHECK_THAT(error_of([&] { loader.next_batch(inputs.data(), targets.data()); }),
                Catch::Contains("train_000.bin") && Catch::Contains("tokens of sample"));
 }
+
+TEST_CASE("check_tokens finds the first token outside the vocabulary, by shard and index, before any read") {
+    Shards shards;  // tokens up to 2000 + 15 * T + 3 = 2063
+    DataLoader loader(shards.pattern, 2, T, 0, 1, 0, false);
+    CHECK(loader.check_tokens(2064) == loader.total_tokens());  // every token is checked
+    CHECK(loader.check_tokens(2064, 1) == loader.total_tokens());
+    // 2063 sits at the end of train_002.bin (index 63): a vocabulary of 2063 excludes it.
+    std::string message = error_of([&] { loader.check_tokens(2063); });
+    CHECK_THAT(message, Catch::Contains("train_002.bin") && Catch::Contains("token 2063 at index 63 (byte 1150)") &&
+                            Catch::Contains("vocabulary size 2063"));
+    // Two bad shards: the error names the first in file order, on any number of threads.
+    for (unsigned threads : {1u, 2u, 3u}) {
+        message = error_of([&] { loader.check_tokens(1000, threads); });
+        CHECK_THAT(message, Catch::Contains("train_001.bin") && Catch::Contains("token 1000 at index 0 "));
+    }
+    // A bad token deep in a long shard (past the first 64K-token chunk).
+    std::vector<uint16_t> tokens(200000, 17);
+    tokens[150001] = 50257;
+    write_bytes(shards.dir.file("train_003.bin"), shard_bytes(tokens));
+    DataLoader with_long(shards.pattern, 2, T, 0, 1, 0, false);
+    message = error_of([&] { with_long.check_tokens(50257); });
+    CHECK_THAT(message, Catch::Contains("train_003.bin") && Catch::Contains("token 50257 at index 150001"));
+    CHECK(with_long.check_tokens(50258) == with_long.total_tokens());
+    // Ranks share the shards: rank 1 of 2 scans train_001 and train_003 only, rank 0 the others.
+    DataLoader rank0(shards.pattern, 2, T, 0, 2, 0, false), rank1(shards.pattern, 2, T, 1, 2, 0, false);
+    CHECK(rank0.check_tokens(2064) == size_t(10 * T + 1) + size_t(15 * T + 4));
+    CHECK_THAT(error_of([&] { rank1.check_tokens(2064); }), Catch::Contains("train_003.bin"));
+    CHECK_THAT(error_of([&] { loader.check_tokens(0); }), Catch::Contains("vocab_size 0"));
+}

@@ -115,6 +115,9 @@ if(NOT ASAN)  # 2 min under ASan; its file code runs there in test_checkpoint, t
   add_test(test_resume ${CMAKE_CURRENT_LIST_DIR}/test_resume.sh ${train_binary} "${mpirun_line}")
 endif()
 add_test(test_train_smoke ${CMAKE_CURRENT_LIST_DIR}/test_train_smoke.sh ${train_binary})
+# Every token of the data below the vocabulary, checked before the first step (DataLoader::check_tokens).
+add_test(data_check ${CMAKE_CURRENT_LIST_DIR}/test_data_check.sh ${train_binary})
+set_tests_properties(data_check PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
 # Divergence (host/divergence.h): the guard's rules; through the program, a blown-up run stops with a
 # non-zero exit and no checkpoint of non-finite parameters, and a NaN model file is refused.
 add_test(test_divergence ${TEST_BIN}/test_divergence)
