@@ -1,11 +1,13 @@
 // Measures what the emulator costs: ns per fiber switch, per thread of an elementwise kernel,
-// per lane-shuffle of a warp reduction, against plain C++ loops doing the same arithmetic.
+// per lane-shuffle of a warp reduction, against plain C++ loops doing the same arithmetic, and per
+// emulated mma.sync (m16n8k16 BF16, 4096 FLOPs).
 //   make emu-bench        (runs with CUEMU_THREADS=1 so the numbers are per core)
 #include <chrono>
 #include <cstdio>
 #include <vector>
 
 #include "kernels/cuda_common.h"
+#include "kernels/tensor_core.cuh"
 
 namespace {
 
@@ -42,6 +44,15 @@ __global__ void warp_sum_kernel(const float* x, float* out, int rows) {
     float v = x[size_t(warp) * 32 + lane];
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     if (lane == 0) out[warp] = v;
+}
+
+// `count` dependent mma.sync per warp: the accumulator feeds the next one.
+__global__ void mma_kernel(float* out, int count) {
+    const uint32_t one = pack_bf16x2(1.0f, 1.0f);
+    const uint32_t a[4] = {one, one, one, one}, b[2] = {one, one};
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int i = 0; i < count; ++i) mma_m16n8k16_bf16(d, a, b, d);
+    out[blockIdx.x * blockDim.x + threadIdx.x] = d[0] + d[1] + d[2] + d[3];
 }
 
 int main() {
@@ -81,6 +92,12 @@ int main() {
     double t_shfl = best_of(3, [&] { launch<warp_sum_kernel>(dim3(rows * 32 / 256), dim3(256), 0, nullptr, in, out, rows); });
     std::printf("shuffle: %.1f ns per lane-shuffle (%d rows x 32 lanes x 5 shuffles)\n", 1e9 * t_shfl / (double(rows) * 32 * 5),
                 rows);
+
+    // 4. Tensor-core instructions: per emulated mma.sync of a warp (a collective plus the product).
+    const int mma_warps = 64, mma_count = 200;
+    double t_mma = best_of(3, [&] { launch<mma_kernel>(dim3(mma_warps / 4), dim3(128), 0, nullptr, out, mma_count); });
+    std::printf("mma.sync: %.0f ns per warp-wide m16n8k16 (%d warps x %d)\n", 1e9 * t_mma / (double(mma_warps) * mma_count),
+                mma_warps, mma_count);
     cudaFree(x);
     cudaFree(in);
     cudaFree(out);
