@@ -30,6 +30,7 @@
 #include "host/metrics.h"
 #include "host/rng.h"
 #include "host/roofline.h"
+#include "host/run_identity.h"
 #include "host/schedule.h"
 #include "host/tokenizer.h"
 #include "kernels/adamw.cuh"
@@ -1143,8 +1144,14 @@ inline std::vector<int> sample_tokens(GPT2& m, int eot, int count, float tempera
 }
 
 // Writes the model (llm.c format, rank 0) and the training state (every rank its optimizer range).
-inline void save_checkpoint(Trainer& tr, const RunConfig& rc, int64_t step, const DataLoaderPosition& loader,
-                            uint64_t sample_rng) {
+// The run a checkpoint belongs to (host/run_identity.h).
+struct RunInfo {
+    std::string id;
+    int64_t tokens_per_step = 0;
+};
+
+inline void save_checkpoint(Trainer& tr, const RunConfig& rc, const RunInfo& run, int64_t step,
+                            const DataLoaderPosition& loader, uint64_t sample_rng) {
     GPT2& m = tr.model;
     const ShardLayout& sh = m.shard;
     const std::string model_path = model_checkpoint_path(rc.output_dir, step);
@@ -1157,7 +1164,8 @@ inline void save_checkpoint(Trainer& tr, const RunConfig& rc, int64_t step, cons
         copy_and_wait(m, params.data(), m.params_memory, params.size() * sizeof(floatX), cudaMemcpyDeviceToHost);
         write_model_checkpoint(model_path, header_of(m.config), params.data(), params.size());
         begin_state_file(state_path, TrainingState{step, m.num_parameters, {uint64_t(rc.seed), sample_rng, 0, 0},
-                                                   loader.epoch, loader.shard, loader.sample, to_json(rc).dump()});
+                                                   loader.epoch, loader.shard, loader.sample,
+                                                   run_metadata(rc, run.id, run.tokens_per_step)});
     }
     MPI_CHECK(MPI_Barrier(tr.dist.mpi));
     // Stage 0: every rank holds the same state; rank 0 writes it. Otherwise each rank its shard.
@@ -1180,13 +1188,19 @@ inline void save_checkpoint(Trainer& tr, const RunConfig& rc, int64_t step, cons
 
 // Restores parameters, master weights, moments, step, data position and sampling RNG from the latest
 // complete checkpoint in the output directory (written by any number of ranks at any ZeRO stage).
-inline int64_t resume_checkpoint(Trainer& tr, const RunConfig& rc, DataLoader& loader, Rng& sample_rng) {
+// Loads the latest complete checkpoint of the run in rc.output_dir, after checking that this is the same
+// run (run->tokens_per_step in, run->id out); returns its step.
+inline int64_t resume_checkpoint(Trainer& tr, const RunConfig& rc, DataLoader& loader, Rng& sample_rng, RunInfo* run) {
     const std::optional<int64_t> latest = latest_complete_checkpoint(rc.output_dir);
     if (!latest) throw std::runtime_error("--resume: no complete checkpoint in '" + rc.output_dir + "'");
     GPT2& m = tr.model;
     load_model_parameters(m, model_checkpoint_path(rc.output_dir, *latest));
     const std::string state_path = state_checkpoint_path(rc.output_dir, *latest);
     const TrainingState st = read_state_header(state_path);
+    const ResumedRun resumed = check_resume(state_path, st.meta_json, rc, run->tokens_per_step);
+    run->id = resumed.run_id;
+    if (tr.dist.rank == 0)
+        for (const std::string& change : resumed.changed) std::printf("resume: changed since step %lld: %s\n", (long long)*latest, change.c_str());
     if (st.num_parameters != m.num_parameters)
         throw std::runtime_error("state '" + state_path + "': num_parameters differs from the model");
     const ShardLayout& sh = m.shard;
@@ -1275,6 +1289,18 @@ inline int run(const RunConfig& rc, Distributed& dist) {
                                  std::to_string(budget) + " available (lower -b, raise -z, or add ranks)");
     }
 
+    // ---- a fresh run must not mix with another run's checkpoints (a later -y would resume those) ----
+    // (Incomplete ones cannot be resumed: a fresh run may write over them, as scripts/run_gpt2.sh
+    // restarts without -y until a first checkpoint is complete.)
+    if (!rc.resume && !rc.output_dir.empty()) {
+        if (rc.overwrite) {
+            if (main_rank) remove_all_checkpoints(rc.output_dir);
+        } else if (const std::optional<int64_t> latest = latest_complete_checkpoint(rc.output_dir)) {
+            throw std::runtime_error("output dir '" + rc.output_dir + "' holds checkpoints (newest: step " +
+                                     std::to_string(*latest) + "): resume them with -y, or delete them with --overwrite");
+        }
+    }
+
     // ---- data, schedules ----
     const int B = rc.batch_size, T = rc.seq_len;
     const int64_t cap = total_batch_tokens_for(rc, world);
@@ -1308,7 +1334,8 @@ inline int run(const RunConfig& rc, Distributed& dist) {
     trainer_start(tr);
     Rng sample_rng(uint64_t(rc.seed) ^ 0x5A4D504C45ull);
     int64_t step = 0;
-    if (rc.resume) step = resume_checkpoint(tr, rc, train_loader, sample_rng);
+    RunInfo run{new_run_id(), cap};
+    if (rc.resume) step = resume_checkpoint(tr, rc, train_loader, sample_rng, &run);
     if (!std::isfinite(parameter_norm(tr))) {
         const std::string source = rc.resume ? model_checkpoint_path(rc.output_dir, step) : checkpoint;
         throw std::runtime_error("model '" + source + "': parameters are not finite (NaN or Inf)");
@@ -1322,9 +1349,10 @@ inline int run(const RunConfig& rc, Distributed& dist) {
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     const double peak = peak_bf16_flops(prop.name);
     if (main_rank) {
-        std::printf("train_gpt: %s on %s x %d, %s, %zu parameters, B=%d T=%d, %lld tokens/step, %lld steps%s\n",
+        std::printf("train_gpt: %s on %s x %d, %s, %zu parameters, B=%d T=%d, %lld tokens/step, %lld steps, run %s%s\n",
                     rc.model.c_str(), prop.name, dist.world_size, kPrecisionName, num_parameters, B, T, (long long)cap,
-                    (long long)total_steps, rc.resume ? (", resumed at step " + std::to_string(step)).c_str() : "");
+                    (long long)total_steps, run.id.c_str(),
+                    rc.resume ? (", resumed at step " + std::to_string(step)).c_str() : "");
         if (!rc.output_dir.empty()) {
             std::filesystem::create_directories(rc.output_dir);
             std::ofstream(std::filesystem::path(rc.output_dir) / "config.json") << to_json(rc).dump(2) << "\n";
@@ -1415,7 +1443,7 @@ inline int run(const RunConfig& rc, Distributed& dist) {
             if (metrics) metrics->log_sample(done, text);
         }
         if (!rc.output_dir.empty() && rc.checkpoint_every > 0 && (done % rc.checkpoint_every == 0 || done == total_steps))
-            save_checkpoint(tr, rc, done, train_loader.position(), sample_rng.state);
+            save_checkpoint(tr, rc, run, done, train_loader.position(), sample_rng.state);
     }
     trainer_free(tr);
     return 0;

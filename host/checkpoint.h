@@ -546,6 +546,20 @@ inline std::optional<int64_t> latest_complete_checkpoint(const std::string& out_
     return std::nullopt;
 }
 
+namespace checkpoint_internal {
+// Every file of one step's checkpoint. The marker goes first: interrupted here, the step reads as
+// incomplete, never as complete.
+inline void remove_checkpoint_files(const std::string& fn, const std::string& out_dir, int64_t step) {
+    const std::string state = state_checkpoint_path(out_dir, step), model = model_checkpoint_path(out_dir, step);
+    for (const std::string& file : {state_marker_path(state), state_marker_path(state) + ".tmp", state,
+                                    state_tmp_path(state), model, model + ".tmp"}) {
+        std::error_code ec;
+        std::filesystem::remove(file, ec);
+        if (ec) fail(fn + ": cannot delete " + quote_path(file) + ": " + ec.message());
+    }
+}
+}  // namespace checkpoint_internal
+
 // Keeps the newest `keep_last` complete checkpoints and deletes every checkpoint file of older steps
 // (complete or not); never touches steps newer than the oldest kept one, so the newest complete
 // checkpoint and any write in progress survive. keep_last <= 0 keeps everything.
@@ -561,15 +575,13 @@ inline void remove_old_checkpoints(const std::string& out_dir, int keep_last) {
         if (checkpoint_problem(out_dir, step).empty()) complete++, oldest_kept = step;
     }
     if (!oldest_kept) return;  // no complete checkpoint: delete nothing
-    for (int64_t step : steps) {
-        if (step >= *oldest_kept) continue;
-        const std::string state = state_checkpoint_path(out_dir, step), model = model_checkpoint_path(out_dir, step);
-        // The marker goes first: interrupted here, the step reads as incomplete, never as complete.
-        for (const std::string& file : {state_marker_path(state), state_marker_path(state) + ".tmp", state,
-                                        state_tmp_path(state), model, model + ".tmp"}) {
-            std::error_code ec;
-            std::filesystem::remove(file, ec);
-            if (ec) fail(fn + ": cannot delete " + quote_path(file) + ": " + ec.message());
-        }
-    }
+    for (int64_t step : steps)
+        if (step < *oldest_kept) remove_checkpoint_files(fn, out_dir, step);
+}
+
+// Deletes every checkpoint file in out_dir (a fresh run started with --overwrite).
+inline void remove_all_checkpoints(const std::string& out_dir) {
+    using namespace checkpoint_internal;
+    for (int64_t step : checkpoint_steps("remove_all_checkpoints", out_dir))
+        remove_checkpoint_files("remove_all_checkpoints", out_dir, step);
 }

@@ -69,6 +69,8 @@ struct RunConfig {
     int64_t checkpoint_every = 0;  // 0 = never
     int keep_last = 0;             // 0 = keep all
     bool resume = false;
+    bool overwrite = false;       // a fresh run may delete the checkpoints already in the output dir
+    std::string resume_override;  // comma-separated run-identity settings a resume may change
     // evaluation and sampling
     int64_t val_every = 20;  // 0 = never
     int val_batches = 20;
@@ -85,6 +87,21 @@ struct RunConfig {
 
     bool help = false;  // --help was given: print help_text() and exit (not a setting)
 };
+
+// The settings that make a run the run it is: a resume (-y) must keep them, unless --resume-override
+// names them (host/run_identity.h). tokens-per-step is -d resolved for the world size.
+inline constexpr const char* kRunIdentityKeys[] = {"model", "seq-len", "seed", "train-data", "batch-ramp",
+                                                   "tokens-per-step"};
+
+// "a,b,,c" -> {"a", "b", "c"}
+inline std::vector<std::string> split_list(const std::string& text) {
+    std::vector<std::string> items;
+    std::string item;
+    std::istringstream in(text);
+    while (std::getline(in, item, ','))
+        if (!item.empty()) items.push_back(item);
+    return items;
+}
 
 namespace config_detail {
 
@@ -148,6 +165,12 @@ inline const std::vector<Option>& options() {
         {"Checkpoint", 'n', "checkpoint-every", &R::checkpoint_every, "write a checkpoint every N steps; 0 = never"},
         {"Checkpoint", 0, "keep-last", &R::keep_last, "checkpoints to keep; 0 = all"},
         {"Checkpoint", 'y', "resume", &R::resume, "resume from the latest checkpoint in -o"},
+        {"Checkpoint", 0, "overwrite", &R::overwrite,
+         "start a fresh run in an -o that holds checkpoints, deleting them first"},
+        {"Checkpoint", 0, "resume-override", &R::resume_override,
+         "with -y: run-identity settings the resume may change (comma-separated: model, seq-len, seed, train-data, "
+         "batch-ramp, tokens-per-step)",
+         "KEYS"},
         {"Evaluation and sampling", 'v', "val-every", &R::val_every, "validation loss every N steps; 0 = never"},
         {"Evaluation and sampling", 'm', "val-batches", &R::val_batches, "batches per validation"},
         {"Evaluation and sampling", 's', "sample-every", &R::sample_every, "generate a sample every N steps; 0 = never"},
@@ -325,6 +348,18 @@ inline void validate(const RunConfig& c) {
                 flag("batch-size") + " * " + flag("seq-len") + " = " + std::to_string(bt));
     require(!c.json || c.dry_run, flag("json") + " needs " + flag("dry-run"));
     require(!c.resume || !c.output_dir.empty(), flag("resume") + " needs " + flag("output-dir") + " (where checkpoints are)");
+    require(!c.overwrite || !c.resume, flag("overwrite") + " starts a fresh run: it cannot go with " + flag("resume"));
+    require(!c.overwrite || !c.output_dir.empty(), flag("overwrite") + " needs " + flag("output-dir"));
+    require(c.resume_override.empty() || c.resume, flag("resume-override") + " needs " + flag("resume"));
+    for (const std::string& key : split_list(c.resume_override)) {
+        bool known = false;
+        std::string list;
+        for (const char* k : kRunIdentityKeys) {
+            known |= key == k;
+            list += (list.empty() ? "" : ", ") + std::string(k);
+        }
+        require(known, flag("resume-override") + ": '" + key + "' is not a run-identity setting (" + list + ")");
+    }
     require(c.checkpoint_every == 0 || !c.output_dir.empty(),
             flag("checkpoint-every") + " needs " + flag("output-dir") + " (where checkpoints go)");
     require(c.keep_last == 0 || c.checkpoint_every > 0, flag("keep-last") + " needs " + flag("checkpoint-every") + " > 0");

@@ -61,6 +61,8 @@ TEST_CASE("no flags give the documented defaults", "[config]") {
     CHECK(c.checkpoint_every == 0);
     CHECK(c.keep_last == 0);
     CHECK_FALSE(c.resume);
+    CHECK_FALSE(c.overwrite);
+    CHECK(c.resume_override.empty());
     CHECK(c.val_every == 20);
     CHECK(c.val_batches == 20);
     CHECK(c.sample_every == 20);
@@ -134,6 +136,8 @@ const std::vector<FlagCase> flag_cases = {
     {"checkpoint-every", 'n', "1000", 1000, {"-o", "out"}},
     {"keep-last", 0, "3", 3, {"-o", "out", "-n", "100"}},
     {"resume", 'y', nullptr, true, {"-o", "out"}},
+    {"overwrite", 0, nullptr, true, {"-o", "out"}},
+    {"resume-override", 0, "seed,seq-len", "seed,seq-len", {"-o", "out", "-y"}},
     {"val-every", 'v', "250", 250},
     {"val-batches", 'm', "5", 5},
     {"sample-every", 's', "0", 0},
@@ -344,6 +348,12 @@ TEST_CASE("contradictory flags are errors naming every flag involved", "[config]
     e = error_of({"-d", "5000"});  // B*T = 4096
     CHECK(contains(e, "-d/--total-batch-tokens 5000 must be a multiple of -b/--batch-size * -t/--seq-len = 4096"));
     CHECK(contains(error_of({"-n", "100"}), "-n/--checkpoint-every needs -o/--output-dir"));
+    CHECK(contains(error_of({"-o", "out", "-y", "--overwrite"}), "--overwrite starts a fresh run: it cannot go with -y/--resume"));
+    CHECK(contains(error_of({"--overwrite"}), "--overwrite needs -o/--output-dir"));
+    CHECK(contains(error_of({"-o", "out", "--resume-override", "seed"}), "--resume-override needs -y/--resume"));
+    CHECK(contains(error_of({"-o", "out", "-y", "--resume-override", "seed,lr"}),
+                   "--resume-override: 'lr' is not a run-identity setting (model, seq-len, seed, train-data, batch-ramp, "
+                   "tokens-per-step)"));
     CHECK(contains(error_of({"--keep-last", "2", "-o", "out"}), "--keep-last needs -n/--checkpoint-every > 0"));
     CHECK(contains(error_of({"-t", "32"}), "-g/--gen-tokens 64 must be <= -t/--seq-len 32 when sampling (-s/--sample-every > 0)"));
     CHECK(parse({"-t", "32", "-s", "0"}).seq_len == 32);  // no sampling: no limit

@@ -115,6 +115,12 @@ if(NOT ASAN)  # 2 min under ASan; its file code runs there in test_checkpoint, t
   add_test(test_resume ${CMAKE_CURRENT_LIST_DIR}/test_resume.sh ${train_binary} "${mpirun_line}")
 endif()
 add_test(test_train_smoke ${CMAKE_CURRENT_LIST_DIR}/test_train_smoke.sh ${train_binary})
+# Run identity across resumes (host/run_identity.h): a fresh run over checkpoints, changed identity
+# settings, --resume-override, --overwrite.
+if(NOT ASAN)  # six short runs of the program
+  add_test(run_identity ${CMAKE_CURRENT_LIST_DIR}/test_run_identity.sh ${train_binary})
+  set_tests_properties(run_identity PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
+endif()
 # Every token of the data below the vocabulary, checked before the first step (DataLoader::check_tokens).
 add_test(data_check ${CMAKE_CURRENT_LIST_DIR}/test_data_check.sh ${train_binary})
 set_tests_properties(data_check PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
