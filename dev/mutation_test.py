@@ -93,11 +93,16 @@ def sync_tree():
         os.utime(dst)  # newer than anything built from the old copy
 
 
+PRISTINE = {}  # file -> its bytes when the run began: edits to the working tree meanwhile do not leak in
+
+
 def restore(rel):
     """The pristine file, with a fresh time stamp if it had been mutated."""
-    src, dst = ROOT / rel, TREE / rel
-    if dst.read_bytes() != src.read_bytes():
-        shutil.copyfile(src, dst)
+    dst = TREE / rel
+    if rel not in PRISTINE:
+        PRISTINE[rel] = dst.read_bytes()  # first use: the tree was just synced from the working tree
+    if dst.read_bytes() != PRISTINE[rel]:
+        dst.write_bytes(PRISTINE[rel])
         os.utime(dst)
 
 
@@ -179,6 +184,8 @@ def main():
     log.write_text("")
     print(f"mutation_test: {len(mutants)} faults; build and test output in {log.relative_to(ROOT)}", flush=True)
     sync_tree()
+    for m in mutants:
+        restore(m.file)  # records each file's pristine bytes
     # CTest's test list, as make test writes it (the suite's one description, test/tests.cmake).
     if run(["make", "--no-print-directory", "-C", str(TREE), "BUILD=build", "PRECISION=BF16",
             f"{BUILD_DIR}/CTestTestfile.cmake"], log) != 0:
