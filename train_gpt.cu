@@ -28,6 +28,7 @@
 #include "host/hellaswag.h"
 #include "host/memory_plan.h"
 #include "host/metrics.h"
+#include "host/preemption.h"
 #include "host/rng.h"
 #include "host/roofline.h"
 #include "host/run_identity.h"
@@ -1382,6 +1383,7 @@ inline int run(const RunConfig& rc, Distributed& dist) {
     }
 
     // ---- the training loop ----
+    install_preemption_handlers();
     const double flops_token = flops_per_token(int64_t(num_parameters), config.num_layers, config.channels, T);
     double elapsed = 0;
     int64_t steps_this_run = 0;
@@ -1442,8 +1444,23 @@ inline int run(const RunConfig& rc, Distributed& dist) {
             std::printf("sample: %s\n", text.c_str());
             if (metrics) metrics->log_sample(done, text);
         }
-        if (!rc.output_dir.empty() && rc.checkpoint_every > 0 && (done % rc.checkpoint_every == 0 || done == total_steps))
-            save_checkpoint(tr, rc, run, done, train_loader.position(), sample_rng.state);
+        const bool checkpoint_due =
+            !rc.output_dir.empty() && rc.checkpoint_every > 0 && (done % rc.checkpoint_every == 0 || done == total_steps);
+        if (checkpoint_due) save_checkpoint(tr, rc, run, done, train_loader.position(), sample_rng.state);
+        // Preemption (host/preemption.h): the ranks agree after every step, since a signal may reach
+        // them at different moments, and all stop after the same one.
+        if (done < total_steps && all_ranks_sum(dist, (long long)(stop_signal_received() != 0)) > 0) {
+            const bool write = !rc.output_dir.empty() && !checkpoint_due;
+            if (write) save_checkpoint(tr, rc, run, done, train_loader.position(), sample_rng.state);
+            if (main_rank) {
+                const int signal = stop_signal_received();
+                std::fprintf(stderr, "train_gpt: %s: stopped after step %lld, %s; exit status %d (resume with -y)\n",
+                             signal ? signal_name(signal) : "a stop signal on another rank", (long long)done,
+                             rc.output_dir.empty() ? "no checkpoint (no -o)" : "its checkpoint is written", kPreemptedExitCode);
+            }
+            trainer_free(tr);
+            return kPreemptedExitCode;
+        }
     }
     trainer_free(tr);
     return 0;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Launches train_gpt for a GPT-2 reproduction and restarts it with --resume until it completes, so a
-# crashed or preempted run continues from its latest complete checkpoint.
+# crashed run continues from its latest complete checkpoint. A preempted run (exit status 75: it got
+# SIGTERM or SIGUSR1 and wrote a checkpoint) ends this script with 75 too; run it again to resume.
 #   scripts/run_gpt2.sh OUT_DIR [train_gpt flags...]
 # Environment:
 #   NGPU        ranks on this node (default: all GPUs nvidia-smi lists)
@@ -28,9 +29,17 @@ resume=()
 for try in $(seq 1 "${MAX_TRIES:-100}"); do
   # Resume whenever a complete checkpoint exists (train_gpt picks the latest one with its marker).
   if ls "$out"/state_*.bin.done >/dev/null 2>&1; then resume=(-y); fi
-  if "${launch[@]}" "$binary" -i "$train" -j "$val" -o "$out" "${resume[@]}" "$@"; then
+  status=0
+  "${launch[@]}" "$binary" -i "$train" -j "$val" -o "$out" "${resume[@]}" "$@" || status=$?
+  if [ "$status" -eq 0 ]; then
     echo "run_gpt2.sh: finished ($out)"
     exit 0
+  fi
+  # 75: preempted (SIGTERM, or SIGUSR1 as Slurm's --signal and mpirun forward it): the step's checkpoint
+  # is written. Stop here; running this script again (or requeueing the job) resumes.
+  if [ "$status" -eq 75 ]; then
+    echo "run_gpt2.sh: preempted; checkpoint written in $out; exiting with 75 (run again to resume)" >&2
+    exit 75
   fi
   echo "run_gpt2.sh: attempt $try failed; restarting from the latest checkpoint in 30 s" >&2
   sleep 30

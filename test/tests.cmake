@@ -121,6 +121,12 @@ if(NOT ASAN)  # six short runs of the program
   add_test(run_identity ${CMAKE_CURRENT_LIST_DIR}/test_run_identity.sh ${train_binary})
   set_tests_properties(run_identity PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
 endif()
+# Preemption (host/preemption.h): SIGTERM, or SIGUSR1 through mpirun and scripts/run_gpt2.sh, stops
+# after the step with a checkpoint and exit status 75; -y resumes there.
+if(NOT ASAN)  # program runs stopped by signals; ~7 s
+  add_test(preemption ${CMAKE_CURRENT_LIST_DIR}/test_preemption.sh ${train_binary} "${mpirun_line}")
+  set_tests_properties(preemption PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
+endif()
 # Every token of the data below the vocabulary, checked before the first step (DataLoader::check_tokens).
 add_test(data_check ${CMAKE_CURRENT_LIST_DIR}/test_data_check.sh ${train_binary})
 set_tests_properties(data_check PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
