@@ -1151,40 +1151,82 @@ struct RunInfo {
     int64_t tokens_per_step = 0;
 };
 
-inline void save_checkpoint(Trainer& tr, const RunConfig& rc, const RunInfo& run, int64_t step,
+// Writes step `step`'s checkpoint; returns false when it was skipped: too little free space for its
+// known size, or a write that failed on any rank (disk full, quota, I/O error). A skipped checkpoint
+// leaves no file behind and training goes on (warned on stderr); the previous ones stay.
+inline bool save_checkpoint(Trainer& tr, const RunConfig& rc, const RunInfo& run, int64_t step,
                             const DataLoaderPosition& loader, uint64_t sample_rng) {
     GPT2& m = tr.model;
     const ShardLayout& sh = m.shard;
+    const Distributed& d = tr.dist;
     const std::string model_path = model_checkpoint_path(rc.output_dir, step);
     const std::string state_path = state_checkpoint_path(rc.output_dir, step);
     if (!std::isfinite(parameter_norm(tr)))
         throw std::runtime_error("step " + std::to_string(step) + ": parameters are not finite (NaN or Inf); no checkpoint "
                                  "written");
-    if (tr.dist.rank == 0) {
+    const std::string meta = run_metadata(rc, run.id, run.tokens_per_step);
+    if (d.rank == 0) std::filesystem::create_directories(rc.output_dir);
+    // Free space, judged on rank 0 (ranks on other nodes write into the same shared directory).
+    long long no_space = 0;
+    if (d.rank == 0) {
+        const uint64_t need = checkpoint_bytes(m.num_parameters, sizeof(floatX), meta.size());
+        std::error_code ec;
+        const std::filesystem::space_info space = std::filesystem::space(rc.output_dir, ec);
+        if (!ec && space.available < need) {
+            no_space = 1;
+            std::fprintf(stderr, "warning: step %lld: checkpoint skipped: it needs %llu bytes, '%s' has %llu free\n",
+                         (long long)step, (unsigned long long)need, rc.output_dir.c_str(),
+                         (unsigned long long)space.available);
+        }
+    }
+    if (all_ranks_sum(d, no_space) > 0) return false;
+    // Each phase on every rank, then an agreement (an all-reduce, also the barrier between phases).
+    std::string error;
+    auto attempt = [&](bool mine, auto&& write) {
+        if (mine && error.empty()) try {
+                write();
+            } catch (const std::exception& e) {
+                error = e.what();
+            }
+        return all_ranks_sum(d, (long long)!error.empty()) == 0;
+    };
+    bool ok = attempt(d.rank == 0, [&] {
         std::vector<floatX> params(m.num_parameters);
         copy_and_wait(m, params.data(), m.params_memory, params.size() * sizeof(floatX), cudaMemcpyDeviceToHost);
         write_model_checkpoint(model_path, header_of(m.config), params.data(), params.size());
         begin_state_file(state_path, TrainingState{step, m.num_parameters, {uint64_t(rc.seed), sample_rng, 0, 0},
-                                                   loader.epoch, loader.shard, loader.sample,
-                                                   run_metadata(rc, run.id, run.tokens_per_step)});
-    }
-    MPI_CHECK(MPI_Barrier(tr.dist.mpi));
+                                                   loader.epoch, loader.shard, loader.sample, meta});
+    });
     // Stage 0: every rank holds the same state; rank 0 writes it. Otherwise each rank its shard.
     const size_t begin = sh.optimizer_begin(), count = sh.optimizer_real_size();
-    if ((sh.zero_stage > 0 || tr.dist.rank == 0) && count > 0) {
+    ok = ok && attempt((sh.zero_stage > 0 || d.rank == 0) && count > 0, [&] {
         std::vector<float> master(count), adam_m(count), adam_v(count);
         CUDA_CHECK(cudaMemcpyAsync(master.data(), tr.master, count * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
         CUDA_CHECK(cudaMemcpyAsync(adam_m.data(), tr.adam_m, count * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
         CUDA_CHECK(cudaMemcpyAsync(adam_v.data(), tr.adam_v, count * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
         CUDA_CHECK(cudaStreamSynchronize(m.stream));
         write_state_range(state_path, m.num_parameters, begin, master.data(), adam_m.data(), adam_v.data(), count);
+    });
+    ok = ok && attempt(d.rank == 0, [&] { finish_state_file(state_path); });
+    if (!ok) {
+        if (!error.empty())
+            std::fprintf(stderr, "warning: rank %d: step %lld: checkpoint not written: %s\n", d.rank, (long long)step,
+                         error.c_str());
+        if (d.rank == 0) {
+            try {
+                remove_checkpoint(rc.output_dir, step);
+            } catch (const std::exception& e) {
+                std::fprintf(stderr, "warning: step %lld: %s\n", (long long)step, e.what());
+            }
+            std::fprintf(stderr, "warning: step %lld: checkpoint skipped, its files removed; training goes on\n",
+                         (long long)step);
+        }
+        MPI_CHECK(MPI_Barrier(d.mpi));
+        return false;
     }
-    MPI_CHECK(MPI_Barrier(tr.dist.mpi));
-    if (tr.dist.rank == 0) {
-        finish_state_file(state_path);
-        remove_old_checkpoints(rc.output_dir, rc.keep_last);
-    }
-    MPI_CHECK(MPI_Barrier(tr.dist.mpi));
+    if (d.rank == 0) remove_old_checkpoints(rc.output_dir, rc.keep_last);
+    MPI_CHECK(MPI_Barrier(d.mpi));
+    return true;
 }
 
 // Restores parameters, master weights, moments, step, data position and sampling RNG from the latest
@@ -1446,17 +1488,20 @@ inline int run(const RunConfig& rc, Distributed& dist) {
         }
         const bool checkpoint_due =
             !rc.output_dir.empty() && rc.checkpoint_every > 0 && (done % rc.checkpoint_every == 0 || done == total_steps);
-        if (checkpoint_due) save_checkpoint(tr, rc, run, done, train_loader.position(), sample_rng.state);
+        bool saved = checkpoint_due && save_checkpoint(tr, rc, run, done, train_loader.position(), sample_rng.state);
         // Preemption (host/preemption.h): the ranks agree after every step, since a signal may reach
         // them at different moments, and all stop after the same one.
         if (done < total_steps && all_ranks_sum(dist, (long long)(stop_signal_received() != 0)) > 0) {
-            const bool write = !rc.output_dir.empty() && !checkpoint_due;
-            if (write) save_checkpoint(tr, rc, run, done, train_loader.position(), sample_rng.state);
+            if (!rc.output_dir.empty() && !checkpoint_due)
+                saved = save_checkpoint(tr, rc, run, done, train_loader.position(), sample_rng.state);
             if (main_rank) {
                 const int signal = stop_signal_received();
                 std::fprintf(stderr, "train_gpt: %s: stopped after step %lld, %s; exit status %d (resume with -y)\n",
                              signal ? signal_name(signal) : "a stop signal on another rank", (long long)done,
-                             rc.output_dir.empty() ? "no checkpoint (no -o)" : "its checkpoint is written", kPreemptedExitCode);
+                             rc.output_dir.empty() ? "no checkpoint (no -o)"
+                             : saved              ? "its checkpoint is written"
+                                                  : "its checkpoint could not be written (see above)",
+                             kPreemptedExitCode);
             }
             trainer_free(tr);
             return kPreemptedExitCode;

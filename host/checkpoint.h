@@ -560,6 +560,19 @@ inline void remove_checkpoint_files(const std::string& fn, const std::string& ou
 }
 }  // namespace checkpoint_internal
 
+// The bytes one checkpoint takes on disk: the model file (parameter_bytes each) and the state file
+// (FP32 master weights and both moments, its header and metadata), for the free-space check.
+inline uint64_t checkpoint_bytes(uint64_t num_parameters, uint64_t parameter_bytes, uint64_t meta_bytes) {
+    using namespace checkpoint_internal;
+    return kModelHeaderBytes + num_parameters * parameter_bytes +
+           state_layout("checkpoint_bytes", num_parameters, meta_bytes).file_bytes;
+}
+
+// Deletes every file of one step's checkpoint (complete or not): a write that failed leaves none.
+inline void remove_checkpoint(const std::string& out_dir, int64_t step) {
+    checkpoint_internal::remove_checkpoint_files("remove_checkpoint", out_dir, step);
+}
+
 // Keeps the newest `keep_last` complete checkpoints and deletes every checkpoint file of older steps
 // (complete or not); never touches steps newer than the oldest kept one, so the newest complete
 // checkpoint and any write in progress survive. keep_last <= 0 keeps everything.

@@ -127,6 +127,13 @@ if(NOT ASAN)  # program runs stopped by signals; ~7 s
   add_test(preemption ${CMAKE_CURRENT_LIST_DIR}/test_preemption.sh ${train_binary} "${mpirun_line}")
   set_tests_properties(preemption PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
 endif()
+# A checkpoint that cannot be written (a failed write; too little free space) leaves no file and
+# training goes on. no-space mounts a tmpfs: skipped (77) where that is not allowed.
+if(NOT ASAN)  # program runs writing ~47 MB checkpoints
+  add_test(disk_write_error ${CMAKE_CURRENT_LIST_DIR}/test_disk_full.sh write-error ${train_binary})
+  add_test(disk_no_space ${CMAKE_CURRENT_LIST_DIR}/test_disk_full.sh no-space ${train_binary})
+  set_tests_properties(disk_write_error disk_no_space PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1" SKIP_RETURN_CODE 77)
+endif()
 # Every token of the data below the vocabulary, checked before the first step (DataLoader::check_tokens).
 add_test(data_check ${CMAKE_CURRENT_LIST_DIR}/test_data_check.sh ${train_binary})
 set_tests_properties(data_check PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# A checkpoint that cannot be written never stops training and leaves no file behind, through the
+# real program: `write-error` (a file-size limit, ulimit -f, makes the state write fail mid-checkpoint:
+# the step's files are removed, a warning names the error, training goes on and exits 0);
+# `no-space` (a 60 MiB tmpfs holds one checkpoint of `tiny`, ~47 MB, not two: the second is skipped
+# before writing, with its size and the free space; -y then resumes from the first). `no-space` needs
+# to mount a tmpfs (root): without that it exits 77, which CTest reports as skipped.
+# Usage: test_disk_full.sh write-error|no-space TRAIN_BINARY
+set -euo pipefail
+mode=$1
+bin=$2
+dir=$(mktemp -d)
+cleanup() { mountpoint -q "$dir/out" 2>/dev/null && umount "$dir/out"; rm -rf "$dir"; }
+trap cleanup EXIT
+python3 - "$dir" <<'PY'
+import random, struct, sys
+random.seed(6)
+tokens = [random.randrange(50257) for _ in range(20000)]
+for name in ("train_000000.bin", "val_000000.bin"):
+    with open(f"{sys.argv[1]}/{name}", "wb") as f:
+        f.write(struct.pack("<256i", 20240520, 1, len(tokens), *([0] * 253)))
+        f.write(struct.pack(f"<{len(tokens)}H", *tokens))
+PY
+common=(-e tiny -b 2 -t 32 -v 0 -s 0 -n 2 -i "$dir/train_*.bin" -j "$dir/val_*.bin" -o "$dir/out")
+mkdir -p "$dir/out"
+
+case $mode in
+write-error)
+    # 20 MB per file: the model file (6.6 MB) fits, the state (40 MB) does not; SIGXFSZ ignored, so
+    # the write fails with EFBIG instead of killing the process.
+    status=0
+    (trap '' XFSZ; ulimit -f 20000; exec "$bin" "${common[@]}" -x 4) > "$dir/log" 2> "$dir/err" || status=$?
+    cat "$dir/err"
+    test "$status" -eq 0 || { echo "disk: exit status $status, expected 0 (training goes on)"; exit 1; }
+    test "$(grep -c '^step ' "$dir/log")" -eq 4 || { echo "disk: expected 4 steps"; cat "$dir/log"; exit 1; }
+    grep -q "step 2: checkpoint not written: .*File too large" "$dir/err" || { echo "disk: no warning naming the error"; exit 1; }
+    grep -q "step 4: checkpoint skipped, its files removed" "$dir/err" || { echo "disk: no warning for step 4"; exit 1; }
+    leftovers=$(cd "$dir/out" && ls model_* state_* 2>/dev/null || true)
+    test -z "$leftovers" || { echo "disk: failed checkpoints left files: $leftovers"; exit 1; }
+    echo "disk: failed checkpoint writes left no file and training went on to step 4"
+    ;;
+no-space)
+    if ! mount -t tmpfs -o size=60m tmpfs "$dir/out" 2>/dev/null; then
+        echo "disk: SKIPPED: cannot mount a tmpfs here (needs root)"
+        exit 77
+    fi
+    "$bin" "${common[@]}" -x 4 > "$dir/log" 2> "$dir/err"
+    cat "$dir/err"
+    grep -q "step 4: checkpoint skipped: it needs [0-9]* bytes, '$dir/out' has [0-9]* free" "$dir/err" ||
+        { echo "disk: no warning naming the size and the free space"; exit 1; }
+    test -e "$dir/out/state_00000002.bin.done" || { echo "disk: the step-2 checkpoint is missing"; exit 1; }
+    leftovers=$(cd "$dir/out" && ls *00000004* 2>/dev/null || true)
+    test -z "$leftovers" || { echo "disk: the skipped checkpoint left files: $leftovers"; exit 1; }
+    "$bin" "${common[@]}" -x 3 -y > "$dir/resumed.log" 2>&1
+    grep -q "resumed at step 2" "$dir/resumed.log" || { echo "disk: -y did not resume at step 2"; cat "$dir/resumed.log"; exit 1; }
+    echo "disk: a checkpoint that does not fit was skipped before writing; -y resumed from the previous one"
+    ;;
+*) echo "usage: test_disk_full.sh write-error|no-space TRAIN_BINARY"; exit 2 ;;
+esac
