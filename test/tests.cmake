@@ -134,6 +134,12 @@ if(NOT ASAN)  # program runs writing ~47 MB checkpoints
   add_test(disk_no_space ${CMAKE_CURRENT_LIST_DIR}/test_disk_full.sh no-space ${train_binary})
   set_tests_properties(disk_write_error disk_no_space PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1" SKIP_RETURN_CODE 77)
 endif()
+# kill -9 at random moments (seeded), resumed with -y until done: the final model and state equal an
+# uninterrupted run's byte for byte, on 1 rank and on 2 ranks at ZeRO-1 with one rank killed.
+if(NOT ASAN)  # ~20 interrupted program runs: ~35 s here
+  add_test(kill_resume ${CMAKE_CURRENT_LIST_DIR}/test_kill_resume.sh ${train_binary} "${mpirun_line}")
+  set_tests_properties(kill_resume PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
+endif()
 # Every token of the data below the vocabulary, checked before the first step (DataLoader::check_tokens).
 add_test(data_check ${CMAKE_CURRENT_LIST_DIR}/test_data_check.sh ${train_binary})
 set_tests_properties(data_check PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
