@@ -34,6 +34,7 @@
 #include "host/run_identity.h"
 #include "host/schedule.h"
 #include "host/tokenizer.h"
+#include "host/watchdog.h"
 #include "kernels/adamw.cuh"
 #include "kernels/attention.cuh"
 #include "kernels/attention_tc.cuh"
@@ -813,7 +814,13 @@ struct Trainer {
     floatX* reduce_receive = nullptr;  // ZeRO-2: where a reduced slice of this rank's shard arrives
     int step = 0;                      // optimizer steps taken
     cudaEvent_t layer_buffer_free[2] = {nullptr, nullptr};
+    Watchdog* watchdog = nullptr;      // told of progress (host/watchdog.h); null: none
 };
+
+// Progress for the watchdog: `what` (a string literal) at optimizer step `step`.
+inline void progress(Trainer& tr, const char* what, int64_t step) {
+    if (tr.watchdog) tr.watchdog->beat(what, step);
+}
 
 inline ncclDataType_t nccl_type_of_floatX() { return std::is_same_v<floatX, float> ? ncclFloat32 : ncclBfloat16; }
 
@@ -992,6 +999,7 @@ inline StepResult train_step(Trainer& tr, const std::vector<const int*>& inputs,
     double loss_sum = 0;
     const size_t micro_steps = inputs.size();
     for (size_t s = 0; s < micro_steps; ++s) {
+        progress(tr, "a training step", tr.step + 1);
         loss_sum += gpt2_forward(m, inputs[s], targets[s], B, T, grad_scale);
         // Stages 0-1 accumulate full gradients over the micro-steps and reduce after the last one;
         // stage 2 keeps no full gradients, so it reduces after every micro-step.
@@ -1082,6 +1090,7 @@ inline double validation_loss(Trainer& tr, DataLoader& val, int batches, int B, 
     double sum = 0;
     long long valid = 0;
     for (int i = 0; i < batches; ++i) {
+        progress(tr, "validation", tr.step);
         val.next_batch(inputs.data(), targets.data());
         sum += gpt2_forward(tr.model, inputs.data(), targets.data(), B, T, 0.0f);
         valid += tr.model.valid_targets;
@@ -1101,6 +1110,7 @@ inline void forward_token_losses(GPT2& m, const int* inputs, const int* targets,
 inline HellaSwagResult hellaswag_accuracy(Trainer& tr, const HellaSwagSet& set, int B, int T) {
     HellaSwagResult r = hellaswag_evaluate(set, B, T, tr.dist.rank, tr.dist.world_size,
                                            [&](const int* inputs, const int* targets, int b, int t, float* losses) {
+                                               progress(tr, "HellaSwag", tr.step);
                                                forward_token_losses(tr.model, inputs, targets, b, t, losses);
                                            });
     r.correct = all_ranks_sum(tr.dist, r.correct);
@@ -1183,6 +1193,7 @@ inline bool save_checkpoint(Trainer& tr, const RunConfig& rc, const RunInfo& run
     // Each phase on every rank, then an agreement (an all-reduce, also the barrier between phases).
     std::string error;
     auto attempt = [&](bool mine, auto&& write) {
+        progress(tr, "a checkpoint", step);
         if (mine && error.empty()) try {
                 write();
             } catch (const std::exception& e) {
@@ -1426,6 +1437,8 @@ inline int run(const RunConfig& rc, Distributed& dist) {
 
     // ---- the training loop ----
     install_preemption_handlers();
+    Watchdog watchdog(rc.collective_timeout, dist.rank, dist.nccl);
+    tr.watchdog = &watchdog;
     const double flops_token = flops_per_token(int64_t(num_parameters), config.num_layers, config.channels, T);
     double elapsed = 0;
     int64_t steps_this_run = 0;

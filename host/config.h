@@ -84,6 +84,7 @@ struct RunConfig {
     bool json = false;  // --dry-run output as JSON
     bool profile_step = false;
     int64_t log_every = 1;
+    double collective_timeout = 300;  // seconds without progress before the watchdog ends the job; 0 = off
 
     bool help = false;  // --help was given: print help_text() and exit (not a setting)
 };
@@ -182,6 +183,8 @@ inline const std::vector<Option>& options() {
         {"Run control", 0, "json", &R::json, "with --dry-run: print it as JSON"},
         {"Run control", 0, "profile-step", &R::profile_step, "time one step in detail, then exit"},
         {"Run control", 0, "log-every", &R::log_every, "print a step line every N steps"},
+        {"Run control", 0, "collective-timeout", &R::collective_timeout,
+         "seconds without progress (a stuck rank, a hung collective) before the watchdog ends the job; 0 = off"},
     };
     return table;
 }
@@ -340,6 +343,7 @@ inline void validate(const RunConfig& c) {
     check(c.temperature > 0, "temperature", c.temperature, "must be > 0");
     check(c.top_k >= 0, "top-k", c.top_k, "must be >= 0");
     check(c.log_every > 0, "log-every", c.log_every, "must be > 0");
+    check(c.collective_timeout >= 0, "collective-timeout", c.collective_timeout, "must be >= 0");
 
     // Contradictions: name every flag involved.
     const int64_t bt = int64_t(c.batch_size) * c.seq_len;

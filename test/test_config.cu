@@ -90,6 +90,7 @@ TEST_CASE("no flags give the documented defaults", "[config]") {
 #endif
     CHECK_FALSE(c.profile_step);
     CHECK(c.log_every == 1);
+    CHECK(c.collective_timeout == 300.0);
     CHECK_FALSE(c.help);
     CHECK(to_json(c) == to_json(RunConfig{}));
 }
@@ -149,6 +150,7 @@ const std::vector<FlagCase> flag_cases = {
     {"json", 0, nullptr, true, {"--dry-run"}},
     {"profile-step", 0, nullptr, true},
     {"log-every", 0, "10", 10},
+    {"collective-timeout", 0, "60", 60.0},
 };
 
 TEST_CASE("every flag sets its setting in long and short form", "[config]") {
@@ -311,6 +313,7 @@ TEST_CASE("bad values name the flag", "[config]") {
         {{"--eps", "0"}, "--eps must be > 0"},
         {{"--grad-clip", "-1"}, "--grad-clip must be >= 0"},
         {{"--seed", "-3"}, "--seed must be >= 0"},
+        {{"--collective-timeout", "-1"}, "--collective-timeout must be >= 0"},
         {{"--skip-loss-z", "-1"}, "--skip-loss-z must be >= 0"},
         {{"--skip-norm-z", "-0.5"}, "--skip-norm-z must be >= 0"},
         {{"--max-skipped-steps", "-1"}, "--max-skipped-steps must be >= 0"},

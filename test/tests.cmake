@@ -140,6 +140,12 @@ if(NOT ASAN)  # ~20 interrupted program runs: ~35 s here
   add_test(kill_resume ${CMAKE_CURRENT_LIST_DIR}/test_kill_resume.sh ${train_binary} "${mpirun_line}")
   set_tests_properties(kill_resume PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
 endif()
+# The watchdog (host/watchdog.h): one of 2 ranks stopped with SIGSTOP ends the whole job, non-zero,
+# within --collective-timeout 3 s + 10 s, naming the rank and the operation.
+if(NOT ASAN)
+  add_test(watchdog ${CMAKE_CURRENT_LIST_DIR}/test_watchdog.sh ${train_binary} "${mpirun_line}")
+  set_tests_properties(watchdog PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
+endif()
 # Every token of the data below the vocabulary, checked before the first step (DataLoader::check_tokens).
 add_test(data_check ${CMAKE_CURRENT_LIST_DIR}/test_data_check.sh ${train_binary})
 set_tests_properties(data_check PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
