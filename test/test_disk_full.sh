@@ -12,15 +12,7 @@ bin=$2
 dir=$(mktemp -d)
 cleanup() { mountpoint -q "$dir/out" 2>/dev/null && umount "$dir/out"; rm -rf "$dir"; }
 trap cleanup EXIT
-python3 - "$dir" <<'PY'
-import random, struct, sys
-random.seed(6)
-tokens = [random.randrange(50257) for _ in range(20000)]
-for name in ("train_000000.bin", "val_000000.bin"):
-    with open(f"{sys.argv[1]}/{name}", "wb") as f:
-        f.write(struct.pack("<256i", 20240520, 1, len(tokens), *([0] * 253)))
-        f.write(struct.pack(f"<{len(tokens)}H", *tokens))
-PY
+python3 "$(dirname "$0")/make_shards.py" "$dir" 6 20000
 common=(-e tiny -b 2 -t 32 -v 0 -s 0 -n 2 -i "$dir/train_*.bin" -j "$dir/val_*.bin" -o "$dir/out")
 mkdir -p "$dir/out"
 

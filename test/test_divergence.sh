@@ -12,15 +12,7 @@ here=$(dirname "$0")
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 
-python3 - "$dir" <<'PY'
-import random, struct, sys
-random.seed(3)
-tokens = [random.randrange(50257) for _ in range(20000)]
-for name in ("train_000000.bin", "val_000000.bin"):
-    with open(f"{sys.argv[1]}/{name}", "wb") as f:
-        f.write(struct.pack("<256i", 20240520, 1, len(tokens), *([0] * 253)))
-        f.write(struct.pack(f"<{len(tokens)}H", *tokens))
-PY
+python3 "$here/make_shards.py" "$dir" 3 20000
 common=(-e tiny -b 2 -t 32 -k constant -v 0 -s 0 -i "$dir/train_*.bin" -j "$dir/val_*.bin")
 
 # A model file's parameters (llm.c's format: 256 int32 header, version 3 FP32 or 5 BF16): finite?

@@ -9,15 +9,7 @@ bin=$(realpath "$1")
 mpirun=${2:-mpirun --allow-run-as-root --oversubscribe}
 dir=$(mktemp -d)
 trap 'kill -9 $(jobs -p) 2>/dev/null || true; rm -rf "$dir"' EXIT
-python3 - "$dir" <<'PY'
-import random, struct, sys
-random.seed(8)
-tokens = [random.randrange(50257) for _ in range(20000)]
-for name in ("train_000000.bin", "val_000000.bin"):
-    with open(f"{sys.argv[1]}/{name}", "wb") as f:
-        f.write(struct.pack("<256i", 20240520, 1, len(tokens), *([0] * 253)))
-        f.write(struct.pack(f"<{len(tokens)}H", *tokens))
-PY
+python3 "$(dirname "$0")/make_shards.py" "$dir" 8 20000
 common=(-e tiny -b 2 -t 32 -d 128 -x 8 -n 1 --keep-last 2 -k constant -v 0 -s 0 -i "$dir/train_*.bin" -j "$dir/val_*.bin")
 RANDOM=42
 
@@ -38,7 +30,7 @@ PY
 run_until_done() {
     local out=$1 kill_rank=$2; shift 2
     local kills=0 in_write=0
-    for attempt in $(seq 1 40); do
+    for attempt in $(seq 1 100); do
         local resume=()
         ls "$out"/state_*.bin.done > /dev/null 2>&1 && resume=(-y)
         "$@" -o "$out" "${resume[@]}" > "$out.log" 2>&1 &
@@ -63,7 +55,7 @@ run_until_done() {
         kills=$((kills + 1))
         ls "$out"/*.tmp > /dev/null 2>&1 && in_write=$((in_write + 1))
     done
-    echo "kill-resume: no attempt completed in 40"; exit 1
+    echo "kill-resume: no attempt completed in 100"; exit 1
 }
 
 "$bin" "${common[@]}" -o "$dir/straight" > "$dir/straight.log"

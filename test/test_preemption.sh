@@ -11,15 +11,7 @@ mpirun=${2:-mpirun --allow-run-as-root --oversubscribe}
 here=$(dirname "$0")
 dir=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$dir"' EXIT
-python3 - "$dir" <<'PY'
-import random, struct, sys
-random.seed(4)
-tokens = [random.randrange(50257) for _ in range(20000)]
-for name in ("train_000000.bin", "val_000000.bin"):
-    with open(f"{sys.argv[1]}/{name}", "wb") as f:
-        f.write(struct.pack("<256i", 20240520, 1, len(tokens), *([0] * 253)))
-        f.write(struct.pack(f"<{len(tokens)}H", *tokens))
-PY
+python3 "$here/make_shards.py" "$dir" 4 20000
 common=(-e tiny -b 2 -t 32 -k constant -v 0 -s 0 -i "$dir/train_*.bin" -j "$dir/val_*.bin")
 
 # Sets $status to the exit status of background job $1, which must end within 60 s of the signal (else

@@ -10,15 +10,7 @@ bin=$1
 here=$(dirname "$0")
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-python3 - "$dir" <<'PY'
-import random, struct, sys
-random.seed(9)
-tokens = [random.randrange(50257) for _ in range(8000)]
-for name in ("train_000000.bin", "val_000000.bin"):
-    with open(f"{sys.argv[1]}/{name}", "wb") as f:
-        f.write(struct.pack("<256i", 20240520, 1, len(tokens), *([0] * 253)))
-        f.write(struct.pack(f"<{len(tokens)}H", *tokens))
-PY
+python3 "$here/make_shards.py" "$dir" 9 8000
 common=(-e tiny -b 2 -t 32 -l 1e-3 -v 0 -s 0 -n 2 -i "$dir/train_*.bin" -j "$dir/val_*.bin" -o "$dir/run")
 run_id() { sed -n 's/.*, run \([0-9a-f]\{16\}\).*/\1/p' "$1" | head -1; }
 

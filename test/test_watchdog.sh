@@ -14,15 +14,7 @@ cleanup() {
     rm -rf "$dir"
 }
 trap cleanup EXIT
-python3 - "$dir" <<'PY'
-import random, struct, sys
-random.seed(2)
-tokens = [random.randrange(50257) for _ in range(20000)]
-for name in ("train_000000.bin", "val_000000.bin"):
-    with open(f"{sys.argv[1]}/{name}", "wb") as f:
-        f.write(struct.pack("<256i", 20240520, 1, len(tokens), *([0] * 253)))
-        f.write(struct.pack(f"<{len(tokens)}H", *tokens))
-PY
+python3 "$(dirname "$0")/make_shards.py" "$dir" 2 20000
 $mpirun -np 2 "$bin" -e tiny -b 2 -t 32 -x 100000 -v 0 -s 0 --collective-timeout 3 -i "$dir/train_*.bin" \
     -j "$dir/val_*.bin" -o "$dir/run" > "$dir/log" 2> "$dir/err" &
 job=$!
