@@ -11,6 +11,7 @@ packages=(
   libopenblas-dev libdnnl-dev       # the emulated cuBLASLt's GEMMs: FP32 (OpenBLAS), BF16 (oneDNN)
   libcxxopts-dev nlohmann-json3-dev # CLI and JSON config
   catch2                            # tests
+  procps                            # pgrep/pkill: the tests that signal the program (not in minimal images)
 )
 # Python for the data preparation (data/prepare.py): any python3 with pip will do.
 command -v python3 >/dev/null 2>&1 || packages+=(python3)
