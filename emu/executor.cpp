@@ -26,7 +26,6 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
-#include <deque>
 #include <mutex>
 #include <random>
 #include <string>
@@ -293,7 +292,8 @@ struct Worker {
     std::vector<Fiber> fibers;
     std::vector<unsigned> order;  // start order of threads (the schedule)
     unsigned next_unstarted = 0;
-    std::deque<unsigned> ready;  // released fibers, next to run first
+    std::vector<unsigned> ready;  // released fibers: ready[ready_head..] runs in order
+    size_t ready_head = 0;
     unsigned block_arrived = 0, done = 0;
     uint64_t block_serial = 0;  // counts the blocks this worker has run (emu_internal.h)
     std::vector<Warp> warps;
@@ -326,10 +326,13 @@ struct Worker {
             release_pending = nullptr;
         }
     }
-    bool has_ready() const { return !ready.empty(); }
+    bool has_ready() const { return ready_head < ready.size(); }
     unsigned pop_ready() {
-        unsigned t = ready.front();
-        ready.pop_front();
+        unsigned t = ready[ready_head++];
+        if (ready_head == ready.size()) {
+            ready.clear();
+            ready_head = 0;
+        }
         return t;
     }
 };
@@ -458,7 +461,7 @@ void suspend_current(Worker& w) {
     Fiber& f = *w.current;
     if (f.state == FiberState::ready) {
         // Released by its own arrival. If it is also next in line, just carry on.
-        if (w.has_ready() && w.ready.front() == f.linear) {
+        if (w.has_ready() && w.ready[w.ready_head] == f.linear) {
             w.pop_ready();
             f.state = FiberState::running;
             return;
@@ -478,8 +481,14 @@ void release_in_schedule_order(Worker& w, std::vector<unsigned>& ids, bool run_f
         case Schedule::random: std::shuffle(ids.begin(), ids.end(), w.rng); break;
     }
     for (unsigned t : ids) w.fibers[t].state = FiberState::ready;
-    if (run_first) w.ready.insert(w.ready.begin(), ids.begin(), ids.end());
-    else w.ready.insert(w.ready.end(), ids.begin(), ids.end());
+    if (!run_first) {
+        w.ready.insert(w.ready.end(), ids.begin(), ids.end());
+    } else if (w.ready_head >= ids.size()) {  // into the slots already run: no element moves
+        w.ready_head -= ids.size();
+        std::copy(ids.begin(), ids.end(), w.ready.begin() + std::ptrdiff_t(w.ready_head));
+    } else {
+        w.ready.insert(w.ready.begin() + std::ptrdiff_t(w.ready_head), ids.begin(), ids.end());
+    }
 }
 
 // ---- warp collectives: the semantics of PTX shfl.sync / vote.sync (PTX ISA, "Parallel
@@ -737,6 +746,7 @@ void run_block(Worker& w, const KernelLaunch& L, unsigned block_linear) {
     }
     w.next_unstarted = 0;
     w.ready.clear();
+    w.ready_head = 0;
     w.block_arrived = 0;
     w.done = 0;
 
