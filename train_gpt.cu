@@ -1175,7 +1175,6 @@ inline bool save_checkpoint(Trainer& tr, const RunConfig& rc, const RunInfo& run
         throw std::runtime_error("step " + std::to_string(step) + ": parameters are not finite (NaN or Inf); no checkpoint "
                                  "written");
     const std::string meta = run_metadata(rc, run.id, run.tokens_per_step);
-    if (d.rank == 0) std::filesystem::create_directories(rc.output_dir);
     // Free space, judged on rank 0 (ranks on other nodes write into the same shared directory).
     long long no_space = 0;
     if (d.rank == 0) {

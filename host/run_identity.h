@@ -36,7 +36,7 @@ inline std::string run_metadata(const RunConfig& rc, const std::string& run_id, 
 
 struct ResumedRun {
     std::string run_id;                // the checkpoint's (a new one for states that have none)
-    std::vector<std::string> changed;  // allowed differences, "flag: old -> new", for the log
+    std::vector<std::string> changed;  // allowed differences, "flag: X in the checkpoint, Y now", for the log
 };
 
 // Compares the metadata of the checkpoint at `state_path` with this run's settings. Throws, with one
@@ -51,11 +51,9 @@ inline ResumedRun check_resume(const std::string& state_path, const std::string&
     }
     if (!meta.is_object()) throw std::runtime_error("state '" + state_path + "': its run metadata is not a JSON object");
     const bool has_identity = meta.contains("config");
-    const nlohmann::json then = has_identity ? meta["config"] : meta;
-    nlohmann::json now = to_json(rc);
-    nlohmann::json then_full = then;
+    nlohmann::json then = has_identity ? meta["config"] : meta, now = to_json(rc);
     if (has_identity) {
-        then_full["tokens-per-step"] = meta.value("tokens-per-step", int64_t(-1));
+        then["tokens-per-step"] = meta.value("tokens-per-step", int64_t(-1));
         now["tokens-per-step"] = tokens_per_step;
     }
     const std::vector<std::string> overrides = split_list(rc.resume_override);
@@ -79,8 +77,8 @@ inline ResumedRun check_resume(const std::string& state_path, const std::string&
         const std::string& key = item.key();
         bool skip = false;
         for (const std::string& k : not_compared) skip |= key == k;
-        if (skip || !then_full.contains(key) || then_full[key] == item.value()) continue;
-        const std::string line = name_of(key) + ": " + then_full[key].dump() + " in the checkpoint, " + item.value().dump() + " now";
+        if (skip || !then.contains(key) || then[key] == item.value()) continue;
+        const std::string line = name_of(key) + ": " + then[key].dump() + " in the checkpoint, " + item.value().dump() + " now";
         bool identity = false;
         for (const char* k : kRunIdentityKeys) identity |= key == k;
         if (identity && !overridden(key)) refused.push_back(line);
