@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# kill -9 at random moments, then -y, until the run completes: the final model and training state are
-# byte for byte those of an uninterrupted run. A checkpoint every step makes many kills land inside a
-# checkpoint write (counted from the temp files they leave). (1) one rank; (2) 2 ranks at ZeRO-1 under
-# mpirun, one rank killed (mpirun then ends the job). Kill times come from a fixed seed.
+# kill -9 at random moments (random points in the run's progress), then -y, until the run completes: the
+# final model and training state are byte for byte those of an uninterrupted run. A checkpoint every step
+# makes some kills land inside a checkpoint write (counted from the temp files they leave). (1) one rank;
+# (2) 2 ranks at ZeRO-1 under mpirun, one rank killed (mpirun then ends the job). Kill times come from a
+# fixed seed.
 # Usage: test_kill_resume.sh TRAIN_BINARY "MPIRUN..."
 set -euo pipefail
 bin=$(realpath "$1")
@@ -25,19 +26,36 @@ assert content(sys.argv[1]) == content(sys.argv[2]), "the state differs from the
 PY
 }
 
-# Runs "$@" with -o $1 again and again, killed with -9 after a random 0.2-2.2 s, until one attempt
-# completes; -y whenever a complete checkpoint exists. Prints kills and kills during a checkpoint write.
+# The newest step with a complete checkpoint in $1 (0 if none).
+newest_done() {
+    local newest=0 marker step
+    for marker in "$1"/state_*.bin.done; do
+        [ -e "$marker" ] || continue
+        step=${marker##*/state_}; step=$((10#${step%%.*}))
+        [ "$step" -gt "$newest" ] && newest=$step
+    done
+    echo "$newest"
+}
+
+# Runs "$@" with -o $1 again and again until one attempt completes; -y whenever a complete checkpoint
+# exists. While fewer than $kill_before steps are checkpointed, an attempt is killed with -9 a random
+# 0-0.3 s (about one step and its checkpoint write) after it checkpoints its first new step. Kills follow
+# progress, not the clock, so a slow or loaded machine gets the same number of kills: each attempt moves
+# at most 2 steps, so steps 0..6 take at least 3 kills. Prints kills and kills during a checkpoint write.
 run_until_done() {
-    local out=$1 kill_rank=$2; shift 2
+    local out=$1 kill_rank=$2 kill_before=6; shift 2
     local kills=0 in_write=0
     for attempt in $(seq 1 100); do
-        local resume=()
-        ls "$out"/state_*.bin.done > /dev/null 2>&1 && resume=(-y)
+        local resume=() start
+        start=$(newest_done "$out")
+        [ "$start" -gt 0 ] && resume=(-y)
         "$@" -o "$out" "${resume[@]}" > "$out.log" 2>&1 &
         local job=$!
-        local delay_cs=$((20 + RANDOM % 200)) waited_cs=0  # centiseconds
-        while kill -0 "$job" 2>/dev/null && [ "$waited_cs" -lt "$delay_cs" ]; do sleep 0.05; waited_cs=$((waited_cs + 5)); done
-        if ! kill -0 "$job" 2>/dev/null; then
+        if [ "$start" -lt "$kill_before" ]; then
+            while kill -0 "$job" 2>/dev/null && [ "$(newest_done "$out")" -le "$start" ]; do sleep 0.02; done
+            kill -0 "$job" 2>/dev/null && sleep "0.$(printf %03d $((RANDOM % 300)))"
+        fi
+        if [ "$start" -ge "$kill_before" ] || ! kill -0 "$job" 2>/dev/null; then
             local status=0
             wait "$job" || status=$?
             test "$status" -eq 0 || { echo "kill-resume: attempt $attempt failed ($status)"; cat "$out.log"; exit 1; }
