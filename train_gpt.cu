@@ -23,14 +23,13 @@
 #include "host/checkpoint.h"
 #include "host/config.h"
 #include "host/dataloader.h"
-#include "host/distributed.h"
 #include "host/divergence.h"
 #include "host/hellaswag.h"
 #include "host/memory_plan.h"
 #include "host/metrics.h"
 #include "host/preemption.h"
 #include "host/rng.h"
-#include "host/roofline.h"
+#include "dev/roofline.h"
 #include "host/run_identity.h"
 #include "host/schedule.h"
 #include "host/tokenizer.h"
@@ -46,6 +45,8 @@
 #include "kernels/global_norm.cuh"
 #include "kernels/layernorm.cuh"
 #include "kernels/matmul.cuh"
+#include "parallel/process_groups.h"
+#include "parallel/zero.h"
 
 // ---------------------------------------------------------------------------------------------
 // Configuration
@@ -172,31 +173,6 @@ inline bool decays(int tensor) {
 }
 // The per-layer tensors (1..13 except wte, wpe, lnfw, lnfb) and the global ones.
 inline bool is_layer_tensor(int tensor) { return tensor >= 2 && tensor <= 13; }
-
-// ---------------------------------------------------------------------------------------------
-// ZeRO: each rank owns one contiguous, equal-size range (shard) of the flat parameter buffer; the
-// buffer is padded at the end so the shards are equal, and each shard starts 16-byte aligned.
-// Stage 0 keeps everything everywhere; 1 shards the optimizer state; 2 also the gradients.
-
-struct ShardLayout {
-    int rank = 0, world_size = 1, zero_stage = 0;
-    size_t num_parameters = 0, shard_size = 0, padded_size = 0;
-    size_t shard_begin() const { return size_t(rank) * shard_size; }
-    // The parameters this rank updates (and keeps master weights and moments for).
-    size_t optimizer_begin() const { return zero_stage == 0 ? 0 : shard_begin(); }
-    size_t optimizer_size() const { return zero_stage == 0 ? num_parameters : shard_size; }
-    // Of those, the real parameters (the last shard ends in padding; a shard may be all padding).
-    size_t optimizer_real_size() const {
-        const size_t begin = optimizer_begin();
-        return std::min(num_parameters, begin + optimizer_size()) - std::min(num_parameters, begin);
-    }
-};
-
-inline ShardLayout shard_layout(size_t num_parameters, int rank, int world_size, int zero_stage) {
-    size_t shard = (num_parameters + world_size - 1) / world_size;
-    shard = (shard + 7) / 8 * 8;
-    return {rank, world_size, zero_stage, num_parameters, shard, shard * size_t(world_size)};
-}
 
 // ---------------------------------------------------------------------------------------------
 // Activation recomputation (-r): what the forward pass keeps for backward, and what backward rebuilds.
@@ -822,8 +798,6 @@ inline void progress(Trainer& tr, const char* what, int64_t step) {
     if (tr.watchdog) tr.watchdog->beat(what, step);
 }
 
-inline ncclDataType_t nccl_type_of_floatX() { return std::is_same_v<floatX, float> ? ncclFloat32 : ncclBfloat16; }
-
 // Builds the model for micro-batches of B x T on `dist`'s ranks with the given ZeRO stage, and the
 // optimizer state. Parameters must be set (gpt2_init_weights or loaded) before trainer_start.
 inline void trainer_build(Trainer& tr, const Distributed& dist, const GPT2Config& config, int B, int T, int zero_stage,
@@ -862,42 +836,6 @@ inline void trainer_free(Trainer& tr) {
     CUDA_CHECK(cudaStreamDestroy(tr.model.stream));
 }
 
-// Reduces the gradients of the flat-buffer range [offset, offset + count), held on this rank at `local`,
-// on the communication stream. Averaging: every rank scaled its gradients by world_size / (valid
-// targets of the whole step), so the average is the gradient of the step's mean token loss.
-//  stage 0: all-reduce in place;
-//  stage 1: reduce each part to the rank whose shard holds it, in place (the owner's full buffer);
-//  stage 2: reduce each part into the owner's receive buffer, then add it to the owner's shard.
-inline void reduce_gradients(Trainer& tr, floatX* local, size_t offset, size_t count) {
-    const ShardLayout& sh = tr.model.shard;
-    const Distributed& d = tr.dist;
-    if (sh.zero_stage == 0) {
-        NCCL_CHECK(ncclAllReduce(local, local, count, nccl_type_of_floatX(), ncclAvg, d.nccl, d.comm_stream));
-        return;
-    }
-    struct Part {
-        size_t begin, end;  // in the flat buffer
-    };
-    std::vector<Part> mine;
-    NCCL_CHECK(ncclGroupStart());
-    for (int r = 0; r < sh.world_size; ++r) {
-        const size_t begin = std::max(offset, size_t(r) * sh.shard_size);
-        const size_t end = std::min(offset + count, size_t(r + 1) * sh.shard_size);
-        if (begin >= end) continue;
-        floatX* send = local + (begin - offset);
-        floatX* receive = sh.zero_stage == 1 ? send : tr.reduce_receive + (begin - size_t(r) * sh.shard_size);
-        NCCL_CHECK(ncclReduce(send, receive, end - begin, nccl_type_of_floatX(), ncclAvg, r, d.nccl, d.comm_stream));
-        if (r == sh.rank) mine.push_back({begin, end});
-    }
-    NCCL_CHECK(ncclGroupEnd());
-    if (sh.zero_stage == 2) {
-        for (const Part& p : mine) {
-            const size_t at = p.begin - sh.shard_begin();
-            accumulate(tr.model.grads_memory + at, tr.reduce_receive + at, p.end - p.begin, d.comm_stream);
-        }
-    }
-}
-
 // The gradients of layer l (or, for l = -1, of wte, wpe, lnfw, lnfb) are complete on the compute
 // stream: reduce them on the communication stream, after the compute stream's work so far.
 inline void reduce_layer_gradients(Trainer& tr, int l) {
@@ -912,12 +850,15 @@ inline void reduce_layer_gradients(Trainer& tr, int l) {
         for (int i = 0; i < kNumParameterTensors; ++i) {
             if (!is_layer_tensor(i)) continue;
             const size_t per_layer = m.param_sizes[i] / L;
-            reduce_gradients(tr, local[k++], m.param_offsets[i] + size_t(l) * per_layer, per_layer);
+            reduce_gradients(m.shard, tr.dist, local[k++], m.param_offsets[i] + size_t(l) * per_layer, per_layer,
+                             tr.reduce_receive, m.grads_memory);
         }
         if (m.shard.zero_stage == 2) CUDA_CHECK(cudaEventRecord(tr.layer_buffer_free[l % 2], tr.dist.comm_stream));
     } else {
         for (int i = 0; i < kNumParameterTensors; ++i)
-            if (!is_layer_tensor(i)) reduce_gradients(tr, m.grads.all()[i], m.param_offsets[i], m.param_sizes[i]);
+            if (!is_layer_tensor(i))
+                reduce_gradients(m.shard, tr.dist, m.grads.all()[i], m.param_offsets[i], m.param_sizes[i], tr.reduce_receive,
+                                 m.grads_memory);
     }
 }
 
@@ -927,8 +868,7 @@ inline float all_ranks_norm(Trainer& tr, const floatX* local) {
     GPT2& m = tr.model;
     const ShardLayout& sh = m.shard;
     float* norm = m.memory.get<float>("grad_norm");
-    const size_t count = sh.zero_stage == 0 ? sh.num_parameters : sh.shard_size;
-    global_norm_squared(norm, local, count, m.bwd.scratch, m.stream);
+    global_norm_squared(norm, local, sh.norm_count(), m.bwd.scratch, m.stream);
     if (sh.zero_stage > 0) NCCL_CHECK(ncclAllReduce(norm, norm, 1, ncclFloat32, ncclSum, tr.dist.nccl, m.stream));
     float norm_squared = 0;
     CUDA_CHECK(cudaMemcpyAsync(&norm_squared, norm, sizeof(float), cudaMemcpyDeviceToHost, m.stream));
@@ -946,7 +886,7 @@ inline float global_gradient_norm(Trainer& tr) {
 // every checkpoint, so that no checkpoint of a diverged model is ever written).
 inline float parameter_norm(Trainer& tr) {
     const ShardLayout& sh = tr.model.shard;
-    return all_ranks_norm(tr, tr.model.params_memory + (sh.zero_stage == 0 ? 0 : sh.shard_begin()));
+    return all_ranks_norm(tr, tr.model.params_memory + sh.norm_begin());
 }
 
 // AdamW on this rank's range of each tensor (weight decay only where decays()), then, under ZeRO,
@@ -964,10 +904,7 @@ inline void optimizer_update(Trainer& tr, float learning_rate, float grad_scale)
         adamw_update(m.params_memory + begin, tr.master + (begin - lo), tr.adam_m + (begin - lo), tr.adam_v + (begin - lo),
                      grads, end - begin, hyper, tr.step, grad_scale, tr.opt.seed, begin, m.stream);
     }
-    if (sh.zero_stage > 0) {
-        NCCL_CHECK(ncclAllGather(m.params_memory + sh.shard_begin(), m.params_memory, sh.shard_size, nccl_type_of_floatX(),
-                                 tr.dist.nccl, m.stream));
-    }
+    gather_parameters(sh, tr.dist, m.params_memory, m.stream);
 }
 
 struct StepResult {

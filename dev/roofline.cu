@@ -12,14 +12,14 @@
 // H100 SXM and what bounds it; then the step replayed on its streams (communication overlaps the
 // backward pass as the event dependencies allow), one micro-step's time, tokens/s and MFU by
 // llm.c's (6N + 6LCT) and PaLM's (6N + 12LCT) formulas, and llm.c's published 1.5B run beside it.
-// The hardware peaks and the efficiency factors assumed are in host/roofline.h (and printed).
+// The hardware peaks and the efficiency factors assumed are in dev/roofline.h (and printed).
 //
 //   make roofline && build/cpu/roofline -e d48 -b 16 -t 1024 -z 1 -w 8
 //   build/cpu/roofline -e d12 -b 4 -t 1024 --launches-json launches.json   (kernel_report.py's input)
 #define TRAIN_GPT_NO_MAIN
 #include "../train_gpt.cu"
 
-#include "host/roofline.h"
+#include "dev/roofline.h"
 
 namespace {
 

@@ -362,7 +362,7 @@ inline double min(double a, double b) { return std::fmin(a, b); }
 inline double max(double a, double b) { return std::fmax(a, b); }
 
 // ---------------------------------------------------------------------------------------------
-// Recording for the roofline tool (kernels/launch_record.h, dev/roofline.cu).
+// Recording for the roofline tool (dev/launch_record.h, dev/roofline.cu).
 //
 // Record-only mode: device allocations only reserve address space (no memory is touched, so the
 // plan of a 1.5B-parameter model costs nothing), and kernel launches (the launch wrapper skips

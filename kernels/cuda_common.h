@@ -93,7 +93,7 @@ void launch(dim3 grid, dim3 block, size_t dynamic_smem, cudaStream_t stream, Arg
 // their kernel reads more). Every launcher states it, so that the launch recorder
 // (launch_record.h: the roofline tool, --profile-step) accounts for every launch.
 
-#include "launch_record.h"
+#include "dev/launch_record.h"
 
 struct KernelCost {
     double flops = 0;

@@ -1,5 +1,5 @@
-// Launch recording (kernels/launch_record.h), the emulator's record-only mode, and the roofline
-// arithmetic (host/roofline.h) that dev/roofline.cu and --profile-step print.
+// Launch recording (dev/launch_record.h), the emulator's record-only mode, and the roofline
+// arithmetic (dev/roofline.h) that dev/roofline.cu and --profile-step print.
 //
 // The roofline tool's numbers are only as good as its list of launches, which it takes from one
 // training step run in record-only mode (nothing executes). So the central test runs the same
@@ -227,7 +227,7 @@ TEST_CASE("roofline: per-launch estimates, the stream replay and MFU") {
     const double ms = 1e-3;
     LaunchRecord gemm{"gemm", WorkKind::matmul, dim3(0, 0, 0), dim3(0, 0, 0), 0, 0.75 * 989e12 * ms, 1e6};
     LaunchRecord stream_kernel{"copy_kernel", WorkKind::cuda_cores, dim3(1), dim3(256), 0, 1e6, 0.8 * 3.35e12 * ms};
-    // One millisecond of each roof, plus the 3 us launch overhead (host/roofline.h's figures).
+    // One millisecond of each roof, plus the 3 us launch overhead (dev/roofline.h's figures).
     CHECK(roofline_time(gemm).seconds == Approx(ms + 3e-6).epsilon(1e-9));
     CHECK(roofline_time(stream_kernel).seconds == Approx(ms + 3e-6).epsilon(1e-9));
     const std::vector<KernelRow> rows = kernel_rows({gemm, stream_kernel, stream_kernel});

@@ -3,7 +3,7 @@
 // NCCL collectives append one record each (name, grid, block, FLOPs, bytes, stream). With timing,
 // each record also gets its device time: CUDA events around it on its stream under nvcc; under g++
 // the emulator runs work synchronously, so the same events measure the CPU's wall time.
-// Readers: the roofline tool (dev/roofline.cu), `train_gpt --profile-step`, host/roofline.h.
+// Readers: the roofline tool (dev/roofline.cu), `train_gpt --profile-step`, dev/roofline.h.
 #pragma once
 
 #include <string>
@@ -11,9 +11,9 @@
 #include <utility>
 #include <vector>
 
-#include "cuda_common.h"  // which includes this file after CUDA_CHECK, before the launch wrapper
+#include "kernels/cuda_common.h"  // which includes this file after CUDA_CHECK, before the launch wrapper
 
-// What executes the work, which decides the roofline it is held against (host/roofline.h).
+// What executes the work, which decides the roofline it is held against (dev/roofline.h).
 enum class WorkKind {
     cuda_cores,    // our SIMT kernels (FP32 arithmetic on CUDA cores)
     tensor_cores,  // our kernels that use mma.sync (tensor-core attention)

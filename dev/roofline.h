@@ -1,4 +1,4 @@
-// Roofline estimates of recorded launches (kernels/launch_record.h) on one H100 SXM, and the
+// Roofline estimates of recorded launches (dev/launch_record.h) on one H100 SXM, and the
 // tables that the roofline tool (dev/roofline.cu) and `train_gpt --profile-step` print.
 //
 // Per launch: time = max(FLOPs / (e_c * P_c), bytes / (e_m * P_m)) + overhead, with the peak P and
@@ -66,7 +66,7 @@ struct H100Model {
     static std::string assumptions() {
         return "H100 SXM roofline: cublasLt 989 TFLOP/s x 0.75; tensor-core kernels 989 x 0.35; SIMT attention 67 TFLOP/s "
                "FP32 x 0.25, other SIMT 67 x 0.50; HBM 3.35 TB/s x 0.80; NVLink 450 GB/s/direction x 0.80 (NCCL bus "
-               "bytes); PCIe 64 GB/s x 0.40; +3 us per launch, +10 us per collective or host copy (host/roofline.h)";
+               "bytes); PCIe 64 GB/s x 0.40; +3 us per launch, +10 us per collective or host copy (dev/roofline.h)";
     }
 };
 

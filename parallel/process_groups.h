@@ -1,5 +1,6 @@
-// Distributed setup: MPI starts the processes (one per GPU) and hands out the NCCL unique id; NCCL
-// moves the tensors on a communication stream of its own. Works without mpirun too (one rank).
+// Process groups: the ranks of the run and their communicators. MPI starts the processes (one per
+// GPU) and hands out the NCCL unique id; NCCL moves the tensors on a communication stream of its own.
+// Works without mpirun too (one rank). Today every rank is a data-parallel rank (parallel/zero.h).
 #pragma once
 
 #define OMPI_SKIP_MPICXX 1  // the deprecated MPI C++ bindings: unused, and noisy under -Wextra
