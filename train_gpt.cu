@@ -217,32 +217,67 @@ struct ModelOptions {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Activations: what the forward pass keeps for the backward pass, for B sequences of T tokens.
-// Per-layer tensors are stored layer-major for all L layers, or, when recomputed, for one layer
-// (see layer_activations()).
+// Activations: what the forward pass keeps for the backward pass, for B sequences of T tokens,
+// described once. Each row: name, element type, elements of one copy (BT = B*T, C, NH, Vp), and which
+// copies are kept. The structs, the memory plan and the bindings to memory all come from these rows.
+// Per-layer tensors are stored layer-major: L copies, or one when it is recomputed (see Recompute).
 
-struct ActivationTensors {
-    floatX* encoded;    // (B, T, C) token + position embedding: the residual stream entering layer 0
-    floatX* ln1;        // (L, B, T, C); selective/full: one layer's (B, T, C), shared with ln2
-    float* ln1_mean;    // (L, B, T)
-    float* ln1_rstd;    // (L, B, T)
-    floatX* qkv;        // (L, B, T, 3C)
-    floatX* atty;       // (L, B, T, C) attention output, heads concatenated, before the projection
-    float* att_lse;     // (L, B, NH, T) softmax logsumexp per query row (flash attention keeps only this)
-    floatX* residual2;  // (L, B, T, C) residual stream after the attention branch
-    floatX* ln2;        // (L, B, T, C); selective/full: the ln1 buffer
-    float* ln2_mean;    // (L, B, T)
-    float* ln2_rstd;    // (L, B, T)
-    floatX* fch;        // (L, B, T, 4C) MLP hidden layer before GELU; selective/full: one layer's
-    floatX* fch_gelu;   // (L, B, T, 4C) after GELU; selective/full: one layer's
-    floatX* residual3;  // (L, B, T, C) residual stream after the MLP branch (the next layer's input); always L
-    floatX* lnf;        // (B, T, C) final LayerNorm
-    float* lnf_mean;    // (B, T)
-    float* lnf_rstd;    // (B, T)
-    float* losses;      // (B, T) per-token loss (0 for ignored targets)
-    floatX* logits;     // (B, T, Vp); the classifier turns them into dlogits in place
-    floatX* branch;     // (B, T, C) output of a projection, before it joins the residual stream
+enum class Keep {
+    once,         // one copy: not per layer
+    every_layer,  // L copies in every mode (the residual stream between blocks)
+    unless_full,  // L copies; full recompute rebuilds them, keeping one layer's
+    only_none,    // L copies without recompute; selective and full keep one layer's
+    shares_ln1,   // L copies without recompute; otherwise it lives in ln1's buffer (ln1 is rebuilt after)
 };
+
+// Activations of the whole step (not per layer).
+#define GPT2_STEP_ACTIVATIONS(X)                                                                 \
+    X(encoded, floatX, BT * C, Keep::once)  /* token + position embedding: enters layer 0 */      \
+    X(lnf, floatX, BT * C, Keep::once)      /* final LayerNorm */                                \
+    X(lnf_mean, float, BT, Keep::once)                                                           \
+    X(lnf_rstd, float, BT, Keep::once)                                                           \
+    X(losses, float, BT, Keep::once)        /* per-token loss (0 for ignored targets) */         \
+    X(logits, floatX, BT * Vp, Keep::once)  /* the classifier turns them into dlogits in place */ \
+    X(branch, floatX, BT * C, Keep::once)   /* a projection's output, before the residual add */
+
+// Activations of one transformer block.
+#define GPT2_LAYER_ACTIVATIONS(X)                                                                \
+    X(ln1, floatX, BT * C, Keep::only_none)                                                      \
+    X(ln1_mean, float, BT, Keep::unless_full)                                                    \
+    X(ln1_rstd, float, BT, Keep::unless_full)                                                    \
+    X(qkv, floatX, BT * 3 * C, Keep::unless_full)                                                \
+    X(atty, floatX, BT * C, Keep::unless_full)       /* attention output, heads concatenated */  \
+    X(att_lse, float, BT * NH, Keep::unless_full)    /* softmax logsumexp per query row */       \
+    X(residual2, floatX, BT * C, Keep::unless_full)  /* the stream after the attention branch */ \
+    X(ln2, floatX, BT * C, Keep::shares_ln1)                                                     \
+    X(ln2_mean, float, BT, Keep::unless_full)                                                    \
+    X(ln2_rstd, float, BT, Keep::unless_full)                                                    \
+    X(fch, floatX, BT * 4 * C, Keep::only_none)      /* MLP hidden layer before GELU */          \
+    X(fch_gelu, floatX, BT * 4 * C, Keep::only_none)                                             \
+    X(residual3, floatX, BT * C, Keep::every_layer)  /* after the MLP branch: next layer's input */
+
+#define GPT2_DECLARE_ACTIVATION(name, type, elements, keep) type* name;
+struct ActivationTensors {
+    GPT2_STEP_ACTIVATIONS(GPT2_DECLARE_ACTIVATION)
+    GPT2_LAYER_ACTIVATIONS(GPT2_DECLARE_ACTIVATION)
+};
+struct LayerActivations {  // one layer's: see layer_activations()
+    const floatX* input;   // the residual stream entering the layer: encoded, or layer l-1's residual3
+    GPT2_LAYER_ACTIVATIONS(GPT2_DECLARE_ACTIVATION)
+};
+#undef GPT2_DECLARE_ACTIVATION
+
+// How many copies of an activation a recompute mode keeps (0: none of its own, it shares ln1's).
+inline size_t kept_copies(Keep keep, int L, Recompute r) {
+    switch (keep) {
+        case Keep::once: return 1;
+        case Keep::every_layer: return size_t(L);
+        case Keep::unless_full: return r == Recompute::full ? 1 : size_t(L);
+        case Keep::only_none: return r == Recompute::none ? size_t(L) : 1;
+        case Keep::shares_ln1: return r == Recompute::none ? size_t(L) : 0;
+    }
+    return 0;
+}
 
 // Gradient buffers of the backward pass (besides the parameter gradients).
 struct BackwardBuffers {
@@ -298,16 +333,6 @@ inline void copy_and_wait(GPT2& model, void* dst, const void* src, size_t bytes,
 // B x T, the sharding, the recompute mode and the precision. gpt2_build allocates exactly this;
 // --dry-run prints it.
 
-// Layers whose copy of a per-layer activation is kept: all of them, or one when it is recomputed.
-struct KeptLayers {
-    size_t ln_mlp;     // ln1, ln2, fch, fch_gelu: rebuilt by selective and full
-    size_t attention;  // everything else but residual3 (always L): rebuilt by full
-};
-inline KeptLayers kept_layers(int L, Recompute r) {
-    const size_t all = size_t(L);
-    return {r == Recompute::none ? all : 1, r == Recompute::full ? 1 : all};
-}
-
 inline MemoryPlan gpt2_memory_plan(const GPT2Config& c, int B, int T, const ShardLayout& shard,
                                    const ModelOptions& options = {}) {
     const Recompute recompute = options.recompute;
@@ -333,32 +358,14 @@ inline MemoryPlan gpt2_memory_plan(const GPT2Config& c, int B, int T, const Shar
     plan.add("adam_m", "adam_m", shard.optimizer_size() * F);
     plan.add("adam_v", "adam_v", shard.optimizer_size() * F);
 
-    // Forward activations kept for the backward pass (see ActivationTensors), for the kept layers.
-    const KeptLayers kept = kept_layers(c.num_layers, recompute);
-    plan.add("encoded", "activations", BT * C * X);
-    if (recompute == Recompute::none) {
-        plan.add("ln1", "activations", L * BT * C * X);
-    } else {
-        plan.add("ln1_ln2", "activations", BT * C * X);  // one layer's, rebuilt in backward
-    }
-    plan.add("ln1_mean", "activations", kept.attention * BT * F);
-    plan.add("ln1_rstd", "activations", kept.attention * BT * F);
-    plan.add("qkv", "activations", kept.attention * BT * 3 * C * X);
-    plan.add("atty", "activations", kept.attention * BT * C * X);
-    plan.add("att_lse", "activations", kept.attention * BT * NH * F);
-    plan.add("residual2", "activations", kept.attention * BT * C * X);
-    if (recompute == Recompute::none) plan.add("ln2", "activations", L * BT * C * X);
-    plan.add("ln2_mean", "activations", kept.attention * BT * F);
-    plan.add("ln2_rstd", "activations", kept.attention * BT * F);
-    plan.add("fch", "activations", kept.ln_mlp * BT * 4 * C * X);
-    plan.add("fch_gelu", "activations", kept.ln_mlp * BT * 4 * C * X);
-    plan.add("residual3", "activations", L * BT * C * X);
-    plan.add("lnf", "activations", BT * C * X);
-    plan.add("lnf_mean", "activations", BT * F);
-    plan.add("lnf_rstd", "activations", BT * F);
-    plan.add("losses", "activations", BT * F);
-    plan.add("logits", "activations", BT * size_t(c.padded_vocab_size) * X);
-    plan.add("branch", "activations", BT * C * X);
+    // Forward activations kept for the backward pass: the table's rows, each for its kept copies.
+    const size_t Vp = c.padded_vocab_size;
+#define GPT2_PLAN_ACTIVATION(name, type, elements, keep)                             \
+    if (const size_t copies = kept_copies(keep, c.num_layers, recompute); copies > 0) \
+        plan.add(#name, "activations", copies * (elements) * sizeof(type));
+    GPT2_STEP_ACTIVATIONS(GPT2_PLAN_ACTIVATION)
+    GPT2_LAYER_ACTIVATIONS(GPT2_PLAN_ACTIVATION)
+#undef GPT2_PLAN_ACTIVATION
 
     // Backward buffers, scratch of the deterministic reductions, inputs, the cuBLASLt workspace.
     plan.add("dresidual", "workspace", BT * C * X);
@@ -464,26 +471,11 @@ inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int 
     }
 
     ActivationTensors& a = model.acts;
-    a.encoded = m.get<floatX>("encoded");
-    a.ln1 = m.get<floatX>(recompute == Recompute::none ? "ln1" : "ln1_ln2");
-    a.ln1_mean = m.get<float>("ln1_mean");
-    a.ln1_rstd = m.get<float>("ln1_rstd");
-    a.qkv = m.get<floatX>("qkv");
-    a.atty = m.get<floatX>("atty");
-    a.att_lse = m.get<float>("att_lse");
-    a.residual2 = m.get<floatX>("residual2");
-    a.ln2 = recompute == Recompute::none ? m.get<floatX>("ln2") : a.ln1;
-    a.ln2_mean = m.get<float>("ln2_mean");
-    a.ln2_rstd = m.get<float>("ln2_rstd");
-    a.fch = m.get<floatX>("fch");
-    a.fch_gelu = m.get<floatX>("fch_gelu");
-    a.residual3 = m.get<floatX>("residual3");
-    a.lnf = m.get<floatX>("lnf");
-    a.lnf_mean = m.get<float>("lnf_mean");
-    a.lnf_rstd = m.get<float>("lnf_rstd");
-    a.losses = m.get<float>("losses");
-    a.logits = m.get<floatX>("logits");
-    a.branch = m.get<floatX>("branch");
+#define GPT2_BIND_ACTIVATION(name, type, elements, keep) a.name = m.has(#name) ? m.get<type>(#name) : nullptr;
+    GPT2_STEP_ACTIVATIONS(GPT2_BIND_ACTIVATION)
+    GPT2_LAYER_ACTIVATIONS(GPT2_BIND_ACTIVATION)
+#undef GPT2_BIND_ACTIVATION
+    if (recompute != Recompute::none) a.ln2 = a.ln1;  // Keep::shares_ln1
 
     BackwardBuffers& b = model.bwd;
     b.dresidual = m.get<floatX>("dresidual");
@@ -532,46 +524,19 @@ inline void gpt2_init_weights(GPT2& model, uint64_t seed) {
     copy_and_wait(model, model.params_memory, host.data(), host.size() * sizeof(floatX), cudaMemcpyHostToDevice);
 }
 
-// Layer l's activations for the current B x T: slices of the layer-major buffers, or the one-layer
-// buffers of what recomputation rebuilds.
-struct LayerActivations {
-    const floatX* input;  // the residual stream entering the layer: encoded, or layer l-1's residual3
-    floatX* ln1;
-    float* ln1_mean;
-    float* ln1_rstd;
-    floatX* qkv;
-    floatX* atty;
-    float* att_lse;
-    floatX* residual2;
-    floatX* ln2;
-    float* ln2_mean;
-    float* ln2_rstd;
-    floatX* fch;
-    floatX* fch_gelu;
-    floatX* residual3;
-};
-
+// Layer l's activations for the current B x T: slices of the layer-major buffers (laid out for this
+// B x T), or the one-layer buffers of what recomputation rebuilds.
 inline LayerActivations layer_activations(const GPT2& model, int l) {
     const ActivationTensors& a = model.acts;
-    const size_t BT = size_t(model.B) * model.T, btc = BT * model.config.channels, NH = model.config.num_heads;
-    const KeptLayers kept = kept_layers(model.config.num_layers, model.options.recompute);
-    // The slice of layer l, or the single buffer when only one layer's copy is kept.
-    auto at = [l](size_t kept_layers, size_t per_layer) { return kept_layers == 1 ? 0 : size_t(l) * per_layer; };
+    const size_t BT = size_t(model.B) * model.T, C = model.config.channels, NH = model.config.num_heads;
+    const int L = model.config.num_layers;
     LayerActivations r;
-    r.input = l == 0 ? a.encoded : a.residual3 + size_t(l - 1) * btc;
-    r.ln1 = a.ln1 + at(kept.ln_mlp, btc);
-    r.ln1_mean = a.ln1_mean + at(kept.attention, BT);
-    r.ln1_rstd = a.ln1_rstd + at(kept.attention, BT);
-    r.qkv = a.qkv + at(kept.attention, 3 * btc);
-    r.atty = a.atty + at(kept.attention, btc);
-    r.att_lse = a.att_lse + at(kept.attention, BT * NH);
-    r.residual2 = a.residual2 + at(kept.attention, btc);
-    r.ln2 = a.ln2 + at(kept.ln_mlp, btc);
-    r.ln2_mean = a.ln2_mean + at(kept.attention, BT);
-    r.ln2_rstd = a.ln2_rstd + at(kept.attention, BT);
-    r.fch = a.fch + at(kept.ln_mlp, 4 * btc);
-    r.fch_gelu = a.fch_gelu + at(kept.ln_mlp, 4 * btc);
-    r.residual3 = a.residual3 + size_t(l) * btc;
+    r.input = l == 0 ? a.encoded : a.residual3 + size_t(l - 1) * BT * C;
+    // The slice of layer l, or the single buffer when one layer's copy is kept (or ln1's, shared).
+#define GPT2_LAYER_SLICE(name, type, elements, keep) \
+    r.name = a.name + (kept_copies(keep, L, model.options.recompute) > 1 ? size_t(l) * (elements) : 0);
+    GPT2_LAYER_ACTIVATIONS(GPT2_LAYER_SLICE)
+#undef GPT2_LAYER_SLICE
     return r;
 }
 

@@ -128,7 +128,8 @@ TEST_CASE("recompute selective and full keep what they say") {
     const MemoryPlan selective = plan_of(c, int(b), int(s), 1, 0, Recompute::selective);
     const MemoryPlan full = plan_of(c, int(b), int(s), 1, 0, Recompute::full);
     // Selective: ln1 + ln2 (one shared layer buffer) and fch, fch_gelu (one layer's) instead of L layers'.
-    CHECK(selective.bytes_of("ln1_ln2") == sbh * X);
+    CHECK(selective.bytes_of("ln1") == sbh * X);  // ln2 lives in its buffer: no item of its own
+    CHECK_THROWS(selective.bytes_of("ln2"));
     CHECK(selective.bytes_of("fch") == 4 * sbh * X);
     CHECK(selective.bytes_of("fch_gelu") == 4 * sbh * X);
     CHECK(none.group_bytes("activations") - selective.group_bytes("activations") == (L - 1) * 10 * sbh * X + sbh * X);
