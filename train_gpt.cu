@@ -21,9 +21,11 @@
 #include <vector>
 
 #include "host/checkpoint.h"
+#include "host/checkpointing.h"
 #include "host/config.h"
 #include "host/dataloader.h"
 #include "host/divergence.h"
+#include "host/evaluation.h"
 #include "host/hellaswag.h"
 #include "host/memory_plan.h"
 #include "host/metrics.h"
@@ -985,20 +987,13 @@ inline int largest_fitting_batch(const GPT2Config& c, int T, const ShardLayout& 
     return best;
 }
 
-// Mean loss over `batches` validation batches of every rank.
+// Evaluation (host/evaluation.h) bound to the model: the validation loss over every rank's batches.
 inline double validation_loss(Trainer& tr, DataLoader& val, int batches, int B, int T) {
-    std::vector<int> inputs(size_t(B) * T), targets(size_t(B) * T);
-    val.reset();
-    double sum = 0;
-    long long valid = 0;
-    for (int i = 0; i < batches; ++i) {
+    return mean_validation_loss(val, batches, B, T, tr.dist, [&](const int* inputs, const int* targets) {
         progress(tr, "validation", tr.step);
-        val.next_batch(inputs.data(), targets.data());
-        sum += gpt2_forward(tr.model, inputs.data(), targets.data(), B, T, 0.0f);
-        valid += tr.model.valid_targets;
-    }
-    const long long total = all_ranks_sum(tr.dist, valid);
-    return total > 0 ? all_ranks_sum(tr.dist, sum) / double(total) : 0.0;
+        const double sum = gpt2_forward(tr.model, inputs, targets, B, T, 0.0f);
+        return std::pair<double, long long>(sum, tr.model.valid_targets);
+    });
 }
 
 // Per-token losses (0 where a target is -1) of one forward pass, copied to the host.
@@ -1010,48 +1005,25 @@ inline void forward_token_losses(GPT2& m, const int* inputs, const int* targets,
 
 // HellaSwag accuracy over every rank (each scores its share of the examples, B rows per forward pass).
 inline HellaSwagResult hellaswag_accuracy(Trainer& tr, const HellaSwagSet& set, int B, int T) {
-    HellaSwagResult r = hellaswag_evaluate(set, B, T, tr.dist.rank, tr.dist.world_size,
-                                           [&](const int* inputs, const int* targets, int b, int t, float* losses) {
-                                               progress(tr, "HellaSwag", tr.step);
-                                               forward_token_losses(tr.model, inputs, targets, b, t, losses);
-                                           });
-    r.correct = all_ranks_sum(tr.dist, r.correct);
-    r.total = all_ranks_sum(tr.dist, r.total);
-    r.skipped = all_ranks_sum(tr.dist, r.skipped);
-    return r;
+    return hellaswag_all_ranks(set, B, T, tr.dist, [&](const int* inputs, const int* targets, int b, int t, float* losses) {
+        progress(tr, "HellaSwag", tr.step);
+        forward_token_losses(tr.model, inputs, targets, b, t, losses);
+    });
 }
 
-// Generates `count` tokens after an end-of-text token: temperature, then top-k, then a seeded draw.
+// Generates `count` tokens after an end-of-text token (host/evaluation.h's sample_from_logits).
 inline std::vector<int> sample_tokens(GPT2& m, int eot, int count, float temperature, int top_k, Rng& rng) {
     std::vector<int> tokens = {eot};
-    const int V = m.config.vocab_size, Vp = m.config.padded_vocab_size;
+    const int Vp = m.config.padded_vocab_size;
     std::vector<floatX> row(Vp);
+    std::vector<float> logits(m.config.vocab_size);
     for (int i = 0; i < count; ++i) {
         const int window = std::min<int>(int(tokens.size()), m.max_tokens);
-        const int* context = tokens.data() + tokens.size() - window;
-        gpt2_forward(m, context, nullptr, 1, window, 0.0f);
+        gpt2_forward(m, tokens.data() + tokens.size() - window, nullptr, 1, window, 0.0f);
         // gpt2_forward without targets returns with the logits still being computed on m.stream.
         copy_and_wait(m, row.data(), m.acts.logits + size_t(window - 1) * Vp, Vp * sizeof(floatX), cudaMemcpyDeviceToHost);
-        std::vector<std::pair<float, int>> scored(V);
-        for (int v = 0; v < V; ++v) scored[v] = {to_float(row[v]) / std::max(temperature, 1e-6f), v};
-        if (top_k > 0 && top_k < V) {
-            std::partial_sort(scored.begin(), scored.begin() + top_k, scored.end(), std::greater<>());
-            scored.resize(top_k);
-        }
-        float max_logit = -INFINITY;
-        for (auto& [logit, v] : scored) max_logit = std::max(max_logit, logit);
-        double total = 0;
-        for (auto& [logit, v] : scored) total += std::exp(double(logit - max_logit));
-        double draw = rng.uniform() * total;
-        int next = scored.back().second;
-        for (auto& [logit, v] : scored) {
-            draw -= std::exp(double(logit - max_logit));
-            if (draw <= 0) {
-                next = v;
-                break;
-            }
-        }
-        tokens.push_back(next);
+        for (size_t v = 0; v < logits.size(); ++v) logits[v] = to_float(row[v]);
+        tokens.push_back(sample_from_logits(logits, temperature, top_k, rng));
     }
     return std::vector<int>(tokens.begin() + 1, tokens.end());
 }
@@ -1063,82 +1035,40 @@ struct RunInfo {
     int64_t tokens_per_step = 0;
 };
 
-// Writes step `step`'s checkpoint; returns false when it was skipped: too little free space for its
-// known size, or a write that failed on any rank (disk full, quota, I/O error). A skipped checkpoint
-// leaves no file behind and training goes on (warned on stderr); the previous ones stay.
+// Writes step `step`'s checkpoint (host/checkpointing.h: free space, phases agreed by all ranks, cleanup
+// on failure); returns false when it was skipped. Never from non-finite parameters: that throws.
 inline bool save_checkpoint(Trainer& tr, const RunConfig& rc, const RunInfo& run, int64_t step,
                             const DataLoaderPosition& loader, uint64_t sample_rng) {
     GPT2& m = tr.model;
     const ShardLayout& sh = m.shard;
-    const Distributed& d = tr.dist;
-    const std::string model_path = model_checkpoint_path(rc.output_dir, step);
+    const int rank = tr.dist.rank;
     const std::string state_path = state_checkpoint_path(rc.output_dir, step);
     if (!std::isfinite(parameter_norm(tr)))
         throw std::runtime_error("step " + std::to_string(step) + ": parameters are not finite (NaN or Inf); no checkpoint "
                                  "written");
     const std::string meta = run_metadata(rc, run.id, run.tokens_per_step);
-    // Free space, judged on rank 0 (ranks on other nodes write into the same shared directory).
-    long long no_space = 0;
-    if (d.rank == 0) {
-        const uint64_t need = checkpoint_bytes(m.num_parameters, sizeof(floatX), meta.size());
-        std::error_code ec;
-        const std::filesystem::space_info space = std::filesystem::space(rc.output_dir, ec);
-        if (!ec && space.available < need) {
-            no_space = 1;
-            std::fprintf(stderr, "warning: step %lld: checkpoint skipped: it needs %llu bytes, '%s' has %llu free\n",
-                         (long long)step, (unsigned long long)need, rc.output_dir.c_str(),
-                         (unsigned long long)space.available);
-        }
-    }
-    if (all_ranks_sum(d, no_space) > 0) return false;
-    // Each phase on every rank, then an agreement (an all-reduce, also the barrier between phases).
-    std::string error;
-    auto attempt = [&](bool mine, auto&& write) {
-        progress(tr, "a checkpoint", step);
-        if (mine && error.empty()) try {
-                write();
-            } catch (const std::exception& e) {
-                error = e.what();
-            }
-        return all_ranks_sum(d, (long long)!error.empty()) == 0;
-    };
-    bool ok = attempt(d.rank == 0, [&] {
+    const size_t begin = sh.optimizer_begin(), count = sh.optimizer_real_size();
+    auto write_model = [&] {  // and the state file's header
         std::vector<floatX> params(m.num_parameters);
         copy_and_wait(m, params.data(), m.params_memory, params.size() * sizeof(floatX), cudaMemcpyDeviceToHost);
-        write_model_checkpoint(model_path, header_of(m.config), params.data(), params.size());
+        write_model_checkpoint(model_checkpoint_path(rc.output_dir, step), header_of(m.config), params.data(), params.size());
         begin_state_file(state_path, TrainingState{step, m.num_parameters, {uint64_t(rc.seed), sample_rng, 0, 0},
                                                    loader.epoch, loader.shard, loader.sample, meta});
-    });
-    // Stage 0: every rank holds the same state; rank 0 writes it. Otherwise each rank its shard.
-    const size_t begin = sh.optimizer_begin(), count = sh.optimizer_real_size();
-    ok = ok && attempt((sh.zero_stage > 0 || d.rank == 0) && count > 0, [&] {
+    };
+    auto write_optimizer_range = [&] {
         std::vector<float> master(count), adam_m(count), adam_v(count);
         CUDA_CHECK(cudaMemcpyAsync(master.data(), tr.master, count * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
         CUDA_CHECK(cudaMemcpyAsync(adam_m.data(), tr.adam_m, count * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
         CUDA_CHECK(cudaMemcpyAsync(adam_v.data(), tr.adam_v, count * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
         CUDA_CHECK(cudaStreamSynchronize(m.stream));
         write_state_range(state_path, m.num_parameters, begin, master.data(), adam_m.data(), adam_v.data(), count);
-    });
-    ok = ok && attempt(d.rank == 0, [&] { finish_state_file(state_path); });
-    if (!ok) {
-        if (!error.empty())
-            std::fprintf(stderr, "warning: rank %d: step %lld: checkpoint not written: %s\n", d.rank, (long long)step,
-                         error.c_str());
-        if (d.rank == 0) {
-            try {
-                remove_checkpoint(rc.output_dir, step);
-            } catch (const std::exception& e) {
-                std::fprintf(stderr, "warning: step %lld: %s\n", (long long)step, e.what());
-            }
-            std::fprintf(stderr, "warning: step %lld: checkpoint skipped, its files removed; training goes on\n",
-                         (long long)step);
-        }
-        MPI_CHECK(MPI_Barrier(d.mpi));
-        return false;
-    }
-    if (d.rank == 0) remove_old_checkpoints(rc.output_dir, rc.keep_last);
-    MPI_CHECK(MPI_Barrier(d.mpi));
-    return true;
+    };
+    // Stage 0: every rank holds the same state; rank 0 writes it. Otherwise each rank its shard.
+    const std::vector<CheckpointPhase> phases = {{rank == 0, write_model},
+                                                 {(sh.zero_stage > 0 || rank == 0) && count > 0, write_optimizer_range},
+                                                 {rank == 0, [&] { finish_state_file(state_path); }}};
+    return write_checkpoint_agreed(tr.dist, rc.output_dir, step, checkpoint_bytes(m.num_parameters, sizeof(floatX), meta.size()),
+                                   rc.keep_last, phases, [&] { progress(tr, "a checkpoint", step); });
 }
 
 // Restores parameters, master weights, moments, step, data position and sampling RNG from the latest
@@ -1173,178 +1103,200 @@ inline int64_t resume_checkpoint(Trainer& tr, const RunConfig& rc, DataLoader& l
     return st.step;
 }
 
-// One optimizer step's micro-batches from the loader (B x T tokens each), and the pointers
-// train_step takes; the buffers are reused from step to step.
-struct StepBatches {
-    std::vector<std::vector<int>> inputs, targets;
-    std::vector<const int*> input_ptrs, target_ptrs;
-
-    void load(DataLoader& loader, int micro_steps, int B, int T) {
-        inputs.resize(micro_steps, std::vector<int>(size_t(B) * T));
-        targets.resize(micro_steps, std::vector<int>(size_t(B) * T));
-        input_ptrs.clear();
-        target_ptrs.clear();
-        for (int i = 0; i < micro_steps; ++i) {
-            loader.next_batch(inputs[i].data(), targets[i].data());
-            input_ptrs.push_back(inputs[i].data());
-            target_ptrs.push_back(targets[i].data());
-        }
-    }
+// The run's fixed facts, decided before anything is allocated: the model, how it runs, its shard.
+struct RunPlan {
+    GPT2Config config;
+    std::string checkpoint;  // the llm.c checkpoint the parameters come from ("" for a preset)
+    ModelOptions options;
+    int world = 1;  // the planned world size (--dry-run may plan for more ranks than run it)
+    size_t num_parameters = 0;
+    ShardLayout shard;
+    MemoryPlan memory;
+    size_t budget = 0;  // device bytes a rank may use
 };
 
-inline int run(const RunConfig& rc, Distributed& dist) {
-    const bool main_rank = dist.rank == 0;
-    const int world = planned_world_size(rc, dist.world_size);
-    std::string checkpoint;
-    const GPT2Config config = model_config_of(rc.model, rc.seq_len, &checkpoint);
-    const ModelOptions options{recompute_of(rc.recompute), attention_of(rc.attention)};
-    if (const std::string problem = gpt2_check_build(config, rc.batch_size, rc.seq_len, rc.zero_stage, options);
+inline RunPlan plan_run(const RunConfig& rc, const Distributed& dist) {
+    RunPlan p;
+    p.world = planned_world_size(rc, dist.world_size);
+    p.config = model_config_of(rc.model, rc.seq_len, &p.checkpoint);
+    p.options = {recompute_of(rc.recompute), attention_of(rc.attention)};
+    if (const std::string problem = gpt2_check_build(p.config, rc.batch_size, rc.seq_len, rc.zero_stage, p.options);
         !problem.empty())
         throw std::runtime_error(problem);
-    const size_t num_parameters = gpt2_num_parameters(config);
-
-    // ---- the memory plan: --dry-run prints it; a run checks it against the device first ----
-    const ShardLayout shard = shard_layout(num_parameters, dist.rank % world, world, rc.zero_stage);
-    const MemoryPlan plan = gpt2_memory_plan(config, rc.batch_size, rc.seq_len, shard, options);
+    p.num_parameters = gpt2_num_parameters(p.config);
+    p.shard = shard_layout(p.num_parameters, dist.rank % p.world, p.world, rc.zero_stage);
+    p.memory = gpt2_memory_plan(p.config, rc.batch_size, rc.seq_len, p.shard, p.options);
     size_t free_bytes = 0, total_bytes = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-    const size_t budget = rc.max_memory > 0 ? size_t(rc.max_memory * double(size_t(1) << 30)) : free_bytes;
+    p.budget = rc.max_memory > 0 ? size_t(rc.max_memory * double(size_t(1) << 30)) : free_bytes;
+    return p;
+}
+
+// --dry-run: the plan, and the largest micro-batch that fits in each recompute mode (rank 0 prints).
+inline void print_dry_run(const RunConfig& rc, const RunPlan& p) {
+    nlohmann::json fits;
+    for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full})
+        fits[recompute_name(r)] = largest_fitting_batch(p.config, rc.seq_len, p.shard, {r, p.options.attention}, p.budget);
+    std::printf("%s", dry_run_report(rc, p.memory, p.num_parameters, p.world, p.budget, fits, kPrecisionName).c_str());
+}
+
+// --profile-step: a warm-up step, then one step with every launch recorded and timed (dev/roofline.h).
+inline void profile_step(Trainer& tr, const RunPlan& p, StepBatches& batches, int64_t batch_tokens, float lr, int B, int T,
+                         const char* device, double peak) {
+    train_step(tr, batches.input_ptrs, batches.target_ptrs, B, T, lr);  // warm-up: cuBLASLt heuristics, caches, clocks
+    launch_record::start(/*timing=*/true);
+    const auto t0 = std::chrono::steady_clock::now();
+    train_step(tr, batches.input_ptrs, batches.target_ptrs, B, T, lr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const std::vector<LaunchRecord> records = launch_record::stop();
+    if (tr.dist.rank == 0)
+        std::printf("%s", profile_report(records, seconds, double(batch_tokens), tr.dist.world_size, int64_t(p.num_parameters),
+                                         p.config.num_layers, p.config.channels, T, device, peak).c_str());
+}
+
+// What a run evaluates after a step: validation loss, HellaSwag, a sample, each when due.
+struct Evaluation {
+    std::optional<DataLoader> val;
+    std::optional<HellaSwagSet> hellaswag;
+    std::optional<Tokenizer> tokenizer;  // the tokenizer.bin beside the training data, to decode samples
+    Rng sample_rng{0};
+};
+
+inline Evaluation evaluation_of(const RunConfig& rc, const Distributed& dist, int vocab_size) {
+    Evaluation e;
+    if (rc.val_every > 0) e.val.emplace(rc.val_data, rc.batch_size, rc.seq_len, dist.rank, dist.world_size, uint64_t(rc.seed), false);
+    if (e.val) e.val->check_tokens(vocab_size);
+    if (!rc.hellaswag.empty()) e.hellaswag = read_hellaswag(rc.hellaswag, vocab_size);
+    const std::string tokenizer_path = (std::filesystem::path(rc.train_data).parent_path() / "tokenizer.bin").string();
+    if (std::filesystem::exists(tokenizer_path)) e.tokenizer.emplace(tokenizer_path);
+    e.sample_rng = Rng(uint64_t(rc.seed) ^ 0x5A4D504C45ull);
+    return e;
+}
+
+inline void evaluate_after_step(Trainer& tr, const RunConfig& rc, Evaluation& e, RunLog& log, int64_t done, bool last) {
+    const int B = rc.batch_size, T = rc.seq_len;
+    if (e.val && (done % rc.val_every == 0 || last)) log.val(done, validation_loss(tr, *e.val, rc.val_batches, B, T));
+    if (e.hellaswag && ((rc.val_every > 0 && done % rc.val_every == 0) || last)) {
+        const HellaSwagResult hs = hellaswag_accuracy(tr, *e.hellaswag, B, T);
+        log.hellaswag(done, hs.accuracy(), hs.correct, hs.total, hs.skipped);
+    }
+    if (rc.sample_every > 0 && (done % rc.sample_every == 0 || last) && tr.dist.rank == 0) {
+        const std::vector<int> tokens = sample_tokens(tr.model, e.tokenizer ? e.tokenizer->eot_token() : 50256,
+                                                      std::min(rc.gen_tokens, T - 1), float(rc.temperature), rc.top_k,
+                                                      e.sample_rng);
+        std::string text;
+        if (e.tokenizer) text = e.tokenizer->decode(tokens);
+        else for (int t : tokens) text += std::to_string(t) + " ";
+        log.sample(done, text);
+    }
+}
+
+// Every --checkpoint-every steps and after the last, when there is an output dir.
+inline bool checkpoint_due(const RunConfig& rc, int64_t done, int64_t total_steps) {
+    return !rc.output_dir.empty() && rc.checkpoint_every > 0 && (done % rc.checkpoint_every == 0 || done == total_steps);
+}
+
+// Preemption (host/preemption.h): the ranks agree after every step, since a signal may reach them at
+// different moments, and all stop after the same one, with its checkpoint written if there is -o.
+inline bool stop_requested(Trainer& tr, const RunConfig& rc, const RunInfo& run, int64_t done, int64_t total_steps, bool saved,
+                           const DataLoader& loader, const Rng& sample_rng) {
+    if (all_ranks_sum(tr.dist, (long long)(stop_signal_received() != 0)) == 0) return false;
+    if (!rc.output_dir.empty() && !checkpoint_due(rc, done, total_steps)) saved = save_checkpoint(tr, rc, run, done, loader.position(), sample_rng.state);
+    if (tr.dist.rank == 0) {
+        const int signal = stop_signal_received();
+        std::fprintf(stderr, "train_gpt: %s: stopped after step %lld, %s; exit status %d (resume with -y)\n",
+                     signal ? signal_name(signal) : "a stop signal on another rank", (long long)done,
+                     rc.output_dir.empty() ? "no checkpoint (no -o)"
+                     : saved              ? "its checkpoint is written"
+                                          : "its checkpoint could not be written (see above)",
+                     kPreemptedExitCode);
+    }
+    return true;
+}
+
+// The parameters (initialized, from an llm.c checkpoint, or with -y the whole training state from the
+// latest checkpoint of the run), checked finite; returns the step to start from.
+inline int64_t start_training(Trainer& tr, const RunConfig& rc, const RunPlan& p, DataLoader& loader, Rng& sample_rng,
+                              RunInfo* run) {
+    if (p.checkpoint.empty()) gpt2_init_weights(tr.model, uint64_t(rc.seed));
+    else load_model_parameters(tr.model, p.checkpoint);
+    trainer_start(tr);
+    const int64_t step = rc.resume ? resume_checkpoint(tr, rc, loader, sample_rng, run) : 0;
+    if (!std::isfinite(parameter_norm(tr)))
+        throw std::runtime_error("model '" + (rc.resume ? model_checkpoint_path(rc.output_dir, step) : p.checkpoint) +
+                                 "': parameters are not finite (NaN or Inf)");
+    return step;
+}
+
+// The run's first line, and its configuration in <output dir>/config.json (rank 0).
+inline void announce_run(const RunConfig& rc, const RunPlan& p, const char* device, int ranks, int64_t tokens_per_step,
+                         int64_t total_steps, const std::string& run_id, int64_t resumed_at) {
+    std::printf("train_gpt: %s on %s x %d, %s, %zu parameters, B=%d T=%d, %lld tokens/step, %lld steps, run %s%s\n",
+                rc.model.c_str(), device, ranks, kPrecisionName, p.num_parameters, rc.batch_size, rc.seq_len,
+                (long long)tokens_per_step, (long long)total_steps, run_id.c_str(),
+                rc.resume ? (", resumed at step " + std::to_string(resumed_at)).c_str() : "");
+    if (rc.output_dir.empty()) return;
+    std::filesystem::create_directories(rc.output_dir);
+    std::ofstream(std::filesystem::path(rc.output_dir) / "config.json") << to_json(rc).dump(2) << "\n";
+}
+
+// The whole run: plan, data, model, then steps, each followed by evaluation, checkpoint and a check
+// for preemption. Returns the exit status.
+inline int run(const RunConfig& rc, Distributed& dist) {
+    const bool main_rank = dist.rank == 0;
+    const RunPlan p = plan_run(rc, dist);
     if (rc.dry_run) {
-        if (!main_rank) return 0;
-        nlohmann::json fits;  // per recompute mode
-        for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full})
-            fits[recompute_name(r)] = largest_fitting_batch(config, rc.seq_len, shard, {r, options.attention}, budget);
-        if (rc.json) {
-            nlohmann::json j = {{"parameters", num_parameters},
-                                {"world_size", world},
-                                {"zero_stage", rc.zero_stage},
-                                {"recompute", rc.recompute},
-                                {"attention", rc.attention},
-                                {"micro_batch", rc.batch_size},
-                                {"seq_len", rc.seq_len},
-                                {"precision", kPrecisionName},
-                                {"bytes", plan.bytes_json()},
-                                {"memory_budget_bytes", budget},
-                                {"largest_micro_batch", fits}};
-            std::printf("%s\n", j.dump(2).c_str());
-        } else {
-            std::printf("memory plan per rank: %s, %zu parameters, B=%d T=%d, %d rank(s), ZeRO-%d, recompute %s, %s\n",
-                        rc.model.c_str(), num_parameters, rc.batch_size, rc.seq_len, world, rc.zero_stage,
-                        rc.recompute.c_str(), kPrecisionName);
-            std::printf("%s", plan.table().c_str());
-            std::printf("largest micro-batch within %.2f GiB: none %d, selective %d, full %d\n",
-                        double(budget) / double(size_t(1) << 30), fits["none"].get<int>(), fits["selective"].get<int>(),
-                        fits["full"].get<int>());
-        }
+        if (main_rank) print_dry_run(rc, p);
         return 0;
     }
-    if (plan.total() > budget) {
-        if (main_rank) std::fprintf(stderr, "%s", plan.table().c_str());
-        throw std::runtime_error("the memory plan needs " + std::to_string(plan.total()) + " bytes per rank, more than the " +
-                                 std::to_string(budget) + " available (lower -b, raise -z, or add ranks)");
+    if (p.memory.total() > p.budget) {  // the plan is printed, then the run refused
+        if (main_rank) std::fprintf(stderr, "%s", p.memory.table().c_str());
+        throw std::runtime_error("the memory plan needs " + std::to_string(p.memory.total()) + " bytes per rank, more than the " +
+                                 std::to_string(p.budget) + " available (lower -b, raise -z, or add ranks)");
     }
+    prepare_output_dir(rc, main_rank);
 
-    // ---- a fresh run must not mix with another run's checkpoints (a later -y would resume those) ----
-    // (Incomplete ones cannot be resumed: a fresh run may write over them, as scripts/run_gpt2.sh
-    // restarts without -y until a first checkpoint is complete.)
-    if (!rc.resume && !rc.output_dir.empty()) {
-        if (rc.overwrite) {
-            if (main_rank) remove_all_checkpoints(rc.output_dir);
-        } else if (const std::optional<int64_t> latest = latest_complete_checkpoint(rc.output_dir)) {
-            throw std::runtime_error("output dir '" + rc.output_dir + "' holds checkpoints (newest: step " +
-                                     std::to_string(*latest) + "): resume them with -y, or delete them with --overwrite");
-        }
-    }
-
-    // ---- data, schedules ----
     const int B = rc.batch_size, T = rc.seq_len;
-    const int64_t cap = total_batch_tokens_for(rc, world);
+    const int64_t cap = total_batch_tokens_for(rc, p.world);
     const BatchRamp ramp = rc.batch_ramp.empty() ? BatchRamp{} : parse_batch_ramp(rc.batch_ramp);
     DataLoader train_loader(rc.train_data, B, T, dist.rank, dist.world_size, uint64_t(rc.seed), true);
-    std::optional<DataLoader> val_loader;
-    if (rc.val_every > 0) val_loader.emplace(rc.val_data, B, T, dist.rank, dist.world_size, uint64_t(rc.seed), false);
-    // Every token below the vocabulary, checked before the first step (each rank scans its share).
-    train_loader.check_tokens(config.vocab_size);
-    if (val_loader) val_loader->check_tokens(config.vocab_size);
-    std::optional<HellaSwagSet> hellaswag;  // evaluated with validation, and after the last step
-    if (!rc.hellaswag.empty()) hellaswag = read_hellaswag(rc.hellaswag, config.vocab_size);
+    train_loader.check_tokens(p.config.vocab_size);  // every token below the vocabulary, before the first step
+    Evaluation eval = evaluation_of(rc, dist, p.config.vocab_size);
     const int64_t total_steps = rc.max_steps > 0 ? rc.max_steps : steps_for_tokens(int64_t(train_loader.total_tokens()), ramp, cap);
     const LrSchedule schedule = lr_schedule_of(rc);
-    std::optional<Tokenizer> tokenizer;
-    const std::string tokenizer_path = (std::filesystem::path(rc.train_data).parent_path() / "tokenizer.bin").string();
-    if (std::filesystem::exists(tokenizer_path)) tokenizer.emplace(tokenizer_path);
 
-    // ---- model and optimizer ----
     Trainer tr;
-    OptimizerConfig opt;
-    opt.beta1 = float(rc.beta1);
-    opt.beta2 = float(rc.beta2);
-    opt.eps = float(rc.eps);
-    opt.weight_decay = float(rc.weight_decay);
-    opt.grad_clip = float(rc.grad_clip);
-    opt.seed = uint64_t(rc.seed);
-    trainer_build(tr, dist, config, B, T, rc.zero_stage, opt, options);
-    if (checkpoint.empty()) gpt2_init_weights(tr.model, uint64_t(rc.seed));
-    else load_model_parameters(tr.model, checkpoint);
-    trainer_start(tr);
-    Rng sample_rng(uint64_t(rc.seed) ^ 0x5A4D504C45ull);
-    int64_t step = 0;
+    const OptimizerConfig opt{float(rc.beta1), float(rc.beta2),     float(rc.eps), float(rc.weight_decay),
+                              float(rc.grad_clip), uint64_t(rc.seed)};
+    trainer_build(tr, dist, p.config, B, T, rc.zero_stage, opt, p.options);
     RunInfo run{new_run_id(), cap};
-    if (rc.resume) step = resume_checkpoint(tr, rc, train_loader, sample_rng, &run);
-    if (!std::isfinite(parameter_norm(tr))) {
-        const std::string source = rc.resume ? model_checkpoint_path(rc.output_dir, step) : checkpoint;
-        throw std::runtime_error("model '" + source + "': parameters are not finite (NaN or Inf)");
-    }
+    int64_t step = start_training(tr, rc, p, train_loader, eval.sample_rng, &run);
     DivergenceGuard divergence({rc.skip_loss_z, rc.skip_norm_z, rc.max_skipped_steps});
     int64_t tokens_seen = 0;  // replayed, so a resumed run continues the batch ramp where it was
     for (int64_t s = 0; s < step; ++s) tokens_seen += total_batch_tokens_at(tokens_seen, ramp, cap);
 
-    std::unique_ptr<MetricsWriter> metrics;
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-    const double peak = peak_bf16_flops(prop.name);
-    if (main_rank) {
-        std::printf("train_gpt: %s on %s x %d, %s, %zu parameters, B=%d T=%d, %lld tokens/step, %lld steps, run %s%s\n",
-                    rc.model.c_str(), prop.name, dist.world_size, kPrecisionName, num_parameters, B, T, (long long)cap,
-                    (long long)total_steps, run.id.c_str(),
-                    rc.resume ? (", resumed at step " + std::to_string(step)).c_str() : "");
-        if (!rc.output_dir.empty()) {
-            std::filesystem::create_directories(rc.output_dir);
-            std::ofstream(std::filesystem::path(rc.output_dir) / "config.json") << to_json(rc).dump(2) << "\n";
-            metrics = std::make_unique<MetricsWriter>(rc.output_dir);
-        }
-    }
-
-    // ---- --profile-step: a warm-up step, then one step with every launch recorded and timed ----
+    const double peak = peak_bf16_flops(prop.name), flops_token = flops_per_token(int64_t(p.num_parameters), p.config.num_layers, p.config.channels, T);
+    if (main_rank) announce_run(rc, p, prop.name, dist.world_size, cap, total_steps, run.id, step);
+    RunLog log(main_rank, rc.output_dir);
     StepBatches batches;
-    auto micro_steps_of = [&](int64_t batch_tokens) { return int(batch_tokens / (int64_t(B) * T * dist.world_size)); };
+    const auto micro_steps_of = [&](int64_t batch_tokens) { return int(batch_tokens / (int64_t(B) * T * dist.world_size)); };
     if (rc.profile_step) {
         const int64_t batch_tokens = total_batch_tokens_at(tokens_seen, ramp, cap);
         batches.load(train_loader, micro_steps_of(batch_tokens), B, T);
-        const float lr = learning_rate(schedule, step, total_steps);
-        train_step(tr, batches.input_ptrs, batches.target_ptrs, B, T, lr);  // warm-up: cuBLASLt heuristics, caches, clocks
-        launch_record::start(/*timing=*/true);
-        const auto t0 = std::chrono::steady_clock::now();
-        train_step(tr, batches.input_ptrs, batches.target_ptrs, B, T, lr);
-        CUDA_CHECK(cudaDeviceSynchronize());
-        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        const std::vector<LaunchRecord> records = launch_record::stop();
-        if (main_rank)
-            std::printf("%s", profile_report(records, seconds, double(batch_tokens), dist.world_size, int64_t(num_parameters),
-                                             config.num_layers, config.channels, T, prop.name, peak).c_str());
+        profile_step(tr, p, batches, batch_tokens, learning_rate(schedule, step, total_steps), B, T, prop.name, peak);
         trainer_free(tr);
         return 0;
     }
 
-    // ---- the training loop ----
     install_preemption_handlers();
     Watchdog watchdog(rc.collective_timeout, dist.rank, dist.nccl);
     tr.watchdog = &watchdog;
-    const double flops_token = flops_per_token(int64_t(num_parameters), config.num_layers, config.channels, T);
     double elapsed = 0;
-    int64_t steps_this_run = 0;
-    for (; step < total_steps; ++step) {
-        const int64_t batch_tokens = total_batch_tokens_at(tokens_seen, ramp, cap);
+    for (int64_t steps_this_run = 1; step < total_steps; ++step, ++steps_this_run) {
+        const int64_t batch_tokens = total_batch_tokens_at(tokens_seen, ramp, cap), done = step + 1;
         batches.load(train_loader, micro_steps_of(batch_tokens), B, T);
         const float lr = learning_rate(schedule, step, total_steps);
         const auto t0 = std::chrono::steady_clock::now();
@@ -1352,71 +1304,16 @@ inline int run(const RunConfig& rc, Distributed& dist) {
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         tokens_seen += batch_tokens;
         elapsed += seconds;
-        const int64_t done = step + 1;
-        if (main_rank && (done % rc.log_every == 0 || done == total_steps)) {
-            StepReport report;
-            report.step = done;
-            report.total_steps = total_steps;
-            report.loss = float(r.loss);
-            report.lr = lr;
-            report.grad_norm = r.grad_norm;
-            report.ms = seconds * 1000.0;
-            report.tokens_per_second = double(batch_tokens) / seconds;
-            report.mfu = model_flops_utilization(flops_token, report.tokens_per_second, peak, dist.world_size);
-            report.eta_seconds = elapsed / double(++steps_this_run) * double(total_steps - done);
-            report.batch_tokens = batch_tokens;
-            std::printf("%s\n", step_line(report).c_str());
-            std::fflush(stdout);
-            if (metrics) metrics->log_step(report);
-        }
-        if (main_rank && !r.skipped_because.empty()) {
-            std::fprintf(stderr, "train_gpt: step %lld skipped: %s\n", (long long)done, r.skipped_because.c_str());
-            std::fflush(stderr);
-        }
+        if (done % rc.log_every == 0 || done == total_steps)
+            log.step({done, total_steps, float(r.loss), lr, r.grad_norm, seconds * 1000.0, double(batch_tokens) / seconds,
+                      model_flops_utilization(flops_token, double(batch_tokens) / seconds, peak, dist.world_size),
+                      elapsed / double(steps_this_run) * double(total_steps - done), batch_tokens});
+        if (!r.skipped_because.empty()) log.skipped(done, r.skipped_because);
         if (r.valid_targets > 0) divergence.record(done, r.loss, r.grad_norm, r.skipped_because);  // throws: diverged
-        if (val_loader && (done % rc.val_every == 0 || done == total_steps)) {
-            const double val = validation_loss(tr, *val_loader, rc.val_batches, B, T);
-            if (main_rank) {
-                std::printf("val loss %.4f\n", val);
-                if (metrics) metrics->log_val(done, float(val));
-            }
-        }
-        if (hellaswag && ((rc.val_every > 0 && done % rc.val_every == 0) || done == total_steps)) {
-            const HellaSwagResult hs = hellaswag_accuracy(tr, *hellaswag, B, T);
-            if (main_rank) {
-                const std::string skipped = hs.skipped ? ", " + std::to_string(hs.skipped) + " skipped: longer than T" : "";
-                std::printf("hellaswag %.4f (%lld/%lld)%s\n", hs.accuracy(), hs.correct, hs.total, skipped.c_str());
-                std::fflush(stdout);
-                if (metrics) metrics->log_hellaswag(done, hs.correct, hs.total);
-            }
-        }
-        if (rc.sample_every > 0 && (done % rc.sample_every == 0 || done == total_steps) && main_rank) {
-            const std::vector<int> tokens = sample_tokens(tr.model, tokenizer ? tokenizer->eot_token() : 50256,
-                                                          std::min(rc.gen_tokens, T - 1), float(rc.temperature), rc.top_k,
-                                                          sample_rng);
-            std::string text;
-            if (tokenizer) text = tokenizer->decode(tokens);
-            else for (int t : tokens) text += std::to_string(t) + " ";
-            std::printf("sample: %s\n", text.c_str());
-            if (metrics) metrics->log_sample(done, text);
-        }
-        const bool checkpoint_due =
-            !rc.output_dir.empty() && rc.checkpoint_every > 0 && (done % rc.checkpoint_every == 0 || done == total_steps);
-        bool saved = checkpoint_due && save_checkpoint(tr, rc, run, done, train_loader.position(), sample_rng.state);
-        // Preemption (host/preemption.h): the ranks agree after every step, since a signal may reach
-        // them at different moments, and all stop after the same one.
-        if (done < total_steps && all_ranks_sum(dist, (long long)(stop_signal_received() != 0)) > 0) {
-            if (!rc.output_dir.empty() && !checkpoint_due)
-                saved = save_checkpoint(tr, rc, run, done, train_loader.position(), sample_rng.state);
-            if (main_rank) {
-                const int signal = stop_signal_received();
-                std::fprintf(stderr, "train_gpt: %s: stopped after step %lld, %s; exit status %d (resume with -y)\n",
-                             signal ? signal_name(signal) : "a stop signal on another rank", (long long)done,
-                             rc.output_dir.empty() ? "no checkpoint (no -o)"
-                             : saved              ? "its checkpoint is written"
-                                                  : "its checkpoint could not be written (see above)",
-                             kPreemptedExitCode);
-            }
+        evaluate_after_step(tr, rc, eval, log, done, done == total_steps);
+        const bool saved = checkpoint_due(rc, done, total_steps) &&
+                           save_checkpoint(tr, rc, run, done, train_loader.position(), eval.sample_rng.state);
+        if (done < total_steps && stop_requested(tr, rc, run, done, total_steps, saved, train_loader, eval.sample_rng)) {
             trainer_free(tr);
             return kPreemptedExitCode;
         }

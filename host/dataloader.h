@@ -317,3 +317,22 @@ private:
     uint32_t open_file_index_ = 0;
     std::vector<uint16_t> window_;  // T+1 tokens
 };
+
+// One optimizer step's micro-batches from a loader (B x T tokens each), and the pointers the training
+// step takes; the buffers are reused from step to step.
+struct StepBatches {
+    std::vector<std::vector<int>> inputs, targets;
+    std::vector<const int*> input_ptrs, target_ptrs;
+
+    void load(DataLoader& loader, int micro_steps, int B, int T) {
+        inputs.resize(micro_steps, std::vector<int>(size_t(B) * T));
+        targets.resize(micro_steps, std::vector<int>(size_t(B) * T));
+        input_ptrs.clear();
+        target_ptrs.clear();
+        for (int i = 0; i < micro_steps; ++i) {
+            loader.next_batch(inputs[i].data(), targets[i].data());
+            input_ptrs.push_back(inputs[i].data());
+            target_ptrs.push_back(targets[i].data());
+        }
+    }
+};

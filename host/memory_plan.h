@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "host/config.h"
 #include "kernels/cuda_common.h"
 
 struct MemoryItem {
@@ -106,3 +107,26 @@ public:
 private:
     std::map<std::string, void*> pointers_;
 };
+
+// --dry-run's report of a rank's plan for the run `rc`: its table, or with --json one JSON object, and
+// the largest micro-batch that fits `budget` bytes in each recompute mode (`fits`: mode -> B).
+inline std::string dry_run_report(const RunConfig& rc, const MemoryPlan& plan, size_t num_parameters, int world,
+                                  size_t budget, const nlohmann::json& fits, const char* precision) {
+    if (rc.json) {
+        const nlohmann::json j = {{"parameters", num_parameters}, {"world_size", world},
+                                  {"zero_stage", rc.zero_stage},  {"recompute", rc.recompute},
+                                  {"attention", rc.attention},    {"micro_batch", rc.batch_size},
+                                  {"seq_len", rc.seq_len},        {"precision", precision},
+                                  {"bytes", plan.bytes_json()},   {"memory_budget_bytes", budget},
+                                  {"largest_micro_batch", fits}};
+        return j.dump(2) + "\n";
+    }
+    char line[512];
+    std::snprintf(line, sizeof line, ", %zu parameters, B=%d T=%d, %d rank(s), ZeRO-%d, recompute %s, %s\n", num_parameters,
+                  rc.batch_size, rc.seq_len, world, rc.zero_stage, rc.recompute.c_str(), precision);
+    std::string out = "memory plan per rank: " + rc.model + line + plan.table();
+    std::snprintf(line, sizeof line, "largest micro-batch within %.2f GiB: none %d, selective %d, full %d\n",
+                  double(budget) / double(size_t(1) << 30), fits["none"].get<int>(), fits["selective"].get<int>(),
+                  fits["full"].get<int>());
+    return out + line;
+}

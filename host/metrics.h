@@ -183,3 +183,44 @@ private:
     std::string path_;
     std::FILE* file_ = nullptr;
 };
+
+// What a run prints and logs: on rank 0 the step line and evaluation results on stdout, skipped
+// steps on stderr, and each also in metrics.jsonl when there is an output dir; on other ranks nothing.
+class RunLog {
+public:
+    RunLog(bool main_rank, const std::string& output_dir) : main_(main_rank) {
+        if (main_ && !output_dir.empty()) metrics_.emplace(output_dir);
+    }
+    void step(const StepReport& r) {
+        if (!main_) return;
+        std::printf("%s\n", step_line(r).c_str());
+        std::fflush(stdout);
+        if (metrics_) metrics_->log_step(r);
+    }
+    void skipped(int64_t step, const std::string& why) {
+        if (!main_) return;
+        std::fprintf(stderr, "train_gpt: step %lld skipped: %s\n", (long long)step, why.c_str());
+        std::fflush(stderr);
+    }
+    void val(int64_t step, double val_loss) {
+        if (!main_) return;
+        std::printf("val loss %.4f\n", val_loss);
+        if (metrics_) metrics_->log_val(step, float(val_loss));
+    }
+    void hellaswag(int64_t step, double accuracy, long long correct, long long total, long long skipped) {
+        if (!main_) return;
+        const std::string note = skipped ? ", " + std::to_string(skipped) + " skipped: longer than T" : "";
+        std::printf("hellaswag %.4f (%lld/%lld)%s\n", accuracy, correct, total, note.c_str());
+        std::fflush(stdout);
+        if (metrics_) metrics_->log_hellaswag(step, correct, total);
+    }
+    void sample(int64_t step, const std::string& text) {
+        if (!main_) return;
+        std::printf("sample: %s\n", text.c_str());
+        if (metrics_) metrics_->log_sample(step, text);
+    }
+
+private:
+    bool main_;
+    std::optional<MetricsWriter> metrics_;
+};

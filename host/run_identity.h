@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "host/checkpoint.h"
 #include "host/config.h"
 
 inline std::string new_run_id() {
@@ -92,4 +93,18 @@ inline ResumedRun check_resume(const std::string& state_path, const std::string&
         throw std::runtime_error(message);
     }
     return resumed;
+}
+
+// A fresh run (no -y) must not mix with another run's checkpoints in its output dir (a later -y would
+// resume those): refused, unless --overwrite, which deletes them (on rank 0). Incomplete ones cannot
+// be resumed, so a fresh run may write over them (scripts/run_gpt2.sh restarts without -y until a
+// first checkpoint is complete).
+inline void prepare_output_dir(const RunConfig& rc, bool main_rank) {
+    if (rc.resume || rc.output_dir.empty()) return;
+    if (rc.overwrite) {
+        if (main_rank) remove_all_checkpoints(rc.output_dir);
+    } else if (const std::optional<int64_t> latest = latest_complete_checkpoint(rc.output_dir)) {
+        throw std::runtime_error("output dir '" + rc.output_dir + "' holds checkpoints (newest: step " +
+                                 std::to_string(*latest) + "): resume them with -y, or delete them with --overwrite");
+    }
 }
