@@ -97,14 +97,12 @@ __device__ inline float block_max(float v, float* scratch) { return block_reduce
 
 // ---------------------------------------------------------------------------------------------
 // Launcher input checks. A launcher that gets sizes its kernels do not support (the message of
-// its family's `<family>_requirements(...)`, or its own) ends the program with that one line and
-// the launcher's name, like a failed launch does: launchers return nothing, and a silently wrong
-// result would be worse.
+// its family's `<family>_requirements(...)`, or its own) throws that one line with the launcher's
+// name (kernels/cuda_common.h, "Errors"), like a failed launch does: a silently wrong result would
+// be worse.
 
 inline void require_supported(const char* launcher, const std::string& problem) {
-    if (problem.empty()) return;
-    std::fprintf(stderr, "%s (in %s)\n", problem.c_str(), launcher);
-    std::exit(EXIT_FAILURE);
+    if (!problem.empty()) throw TrainGptError(problem + " (in " + launcher + ")");
 }
 
 // ---------------------------------------------------------------------------------------------

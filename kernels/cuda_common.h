@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 
@@ -19,11 +20,18 @@
 #endif
 
 // ---------------------------------------------------------------------------------------------
-// Error checks: a failing CUDA call ends the program with the call, file and line.
+// Errors. One policy for the whole program: what cannot go on throws a TrainGptError (host modules
+// throw its base, std::runtime_error) with a one-line message naming what failed; main() alone
+// prints it and, with several ranks, aborts the job. Nothing deep inside exits the process.
 
+struct TrainGptError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+// A failing CUDA call: the call, file and line.
 [[noreturn]] inline void cuda_fail(cudaError_t err, const char* what, const char* file, int line) {
-    std::fprintf(stderr, "CUDA error at %s:%d: %s: %s\n", file, line, what, cudaGetErrorString(err));
-    std::exit(EXIT_FAILURE);
+    throw TrainGptError("CUDA error at " + std::string(file) + ":" + std::to_string(line) + ": " + what + ": " +
+                        cudaGetErrorString(err));
 }
 #define CUDA_CHECK(call)                                                    \
     do {                                                                    \
@@ -80,10 +88,11 @@ template <auto Kernel, typename... Args>
 void launch(dim3 grid, dim3 block, size_t dynamic_smem, cudaStream_t stream, Args&&... args) {
     cudaError_t err = try_launch<Kernel>(grid, block, dynamic_smem, stream, std::forward<Args>(args)...);
     if (err != cudaSuccess) {
-        std::fprintf(stderr, "kernel launch failed: %s grid (%u,%u,%u) block (%u,%u,%u) smem %zu: %s\n",
-                     kernel_name<Kernel>(), grid.x, grid.y, grid.z, block.x, block.y, block.z, dynamic_smem,
-                     cudaGetErrorString(err));
-        std::exit(EXIT_FAILURE);
+        char text[512];
+        std::snprintf(text, sizeof text, "kernel launch failed: %s grid (%u,%u,%u) block (%u,%u,%u) smem %zu: %s",
+                      kernel_name<Kernel>(), grid.x, grid.y, grid.z, block.x, block.y, block.z, dynamic_smem,
+                      cudaGetErrorString(err));
+        throw TrainGptError(text);
     }
 }
 

@@ -48,11 +48,11 @@ namespace matmul_detail {
 inline cublasLtHandle_t handle = nullptr;
 inline void* workspace = nullptr;
 
-// A failing cuBLASLt call ends the program with the call, file, line and status (like CUDA_CHECK).
+// A failing cuBLASLt call throws with the call, file, line and status (like CUDA_CHECK).
 inline void check_cublaslt(cublasStatus_t status, const char* call, const char* file, int line) {
     if (status == CUBLAS_STATUS_SUCCESS) return;
-    std::fprintf(stderr, "cuBLASLt error at %s:%d: %s: %s\n", file, line, call, cublasLtGetStatusName(status));
-    std::exit(EXIT_FAILURE);
+    throw TrainGptError("cuBLASLt error at " + std::string(file) + ":" + std::to_string(line) + ": " + call + ": " +
+                        cublasLtGetStatusName(status));
 }
 #define CUBLASLT_CHECK(call) matmul_detail::check_cublaslt((call), #call, __FILE__, __LINE__)
 

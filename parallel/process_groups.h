@@ -9,27 +9,27 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 #include "kernels/cuda_common.h"
 
-#define NCCL_CHECK(call)                                                                                 \
-    do {                                                                                                 \
-        ncclResult_t nccl_check_result_ = (call);                                                        \
-        if (nccl_check_result_ != ncclSuccess) {                                                         \
-            std::fprintf(stderr, "NCCL error at %s:%d: %s: %s\n", __FILE__, __LINE__, #call,              \
-                         ncclGetErrorString(nccl_check_result_));                                        \
-            std::exit(EXIT_FAILURE);                                                                     \
-        }                                                                                                \
+// A failing NCCL or MPI call throws (kernels/cuda_common.h, "Errors") with the call, file and line.
+[[noreturn]] inline void collective_fail(const char* library, const char* call, const char* file, int line,
+                                         const std::string& status) {
+    throw TrainGptError(std::string(library) + " error at " + file + ":" + std::to_string(line) + ": " + call + ": " +
+                        status);
+}
+#define NCCL_CHECK(call)                                                                                          \
+    do {                                                                                                          \
+        ncclResult_t nccl_check_result_ = (call);                                                                 \
+        if (nccl_check_result_ != ncclSuccess)                                                                    \
+            collective_fail("NCCL", #call, __FILE__, __LINE__, ncclGetErrorString(nccl_check_result_));           \
     } while (0)
-
-#define MPI_CHECK(call)                                                                                  \
-    do {                                                                                                 \
-        int mpi_check_result_ = (call);                                                                  \
-        if (mpi_check_result_ != MPI_SUCCESS) {                                                          \
-            std::fprintf(stderr, "MPI error at %s:%d: %s: code %d\n", __FILE__, __LINE__, #call,          \
-                         mpi_check_result_);                                                             \
-            std::exit(EXIT_FAILURE);                                                                     \
-        }                                                                                                \
+#define MPI_CHECK(call)                                                                                           \
+    do {                                                                                                          \
+        int mpi_check_result_ = (call);                                                                           \
+        if (mpi_check_result_ != MPI_SUCCESS)                                                                     \
+            collective_fail("MPI", #call, __FILE__, __LINE__, "code " + std::to_string(mpi_check_result_));        \
     } while (0)
 
 struct Distributed {
