@@ -29,6 +29,7 @@
 #include "host/hellaswag.h"
 #include "host/memory_plan.h"
 #include "host/metrics.h"
+#include "host/model_config.h"
 #include "host/preemption.h"
 #include "host/rng.h"
 #include "dev/roofline.h"
@@ -53,43 +54,14 @@
 // ---------------------------------------------------------------------------------------------
 // Configuration
 
-struct GPT2Config {
-    int max_seq_len;        // maxT: rows of the position embedding
-    int vocab_size;         // V: real vocabulary (50257 for GPT-2)
-    int padded_vocab_size;  // Vp: V rounded up to a multiple of 128 for fast matmuls (50304)
-    int num_layers;         // L
-    int num_heads;          // NH
-    int channels;           // C
-};
-
-inline int pad_vocab(int vocab_size) { return (vocab_size + 127) / 128 * 128; }
-
-// GPT-2 at the depths of the paper: d12 = 124M, d24 = 350M, d36 = 774M, d48 = 1558M.
-inline bool gpt2_preset(const std::string& name, GPT2Config* config) {
-    struct Preset {
-        const char* name;
-        int layers, heads, channels;
-    };
-    const Preset presets[] = {{"d12", 12, 12, 768}, {"d24", 24, 16, 1024}, {"d36", 36, 20, 1280}, {"d48", 48, 25, 1600}};
-    for (const Preset& p : presets) {
-        if (name == p.name) {
-            *config = {1024, 50257, pad_vocab(50257), p.layers, p.heads, p.channels};
-            return true;
-        }
-    }
-    return false;
-}
+// The model's shape, its presets and its parameter tensors' sizes: host/model_config.h (shared with the
+// checkpoint files). Here: what the kernels need of a shape.
 
 // "" when every kernel can run this configuration, else the first constraint it breaks.
 inline std::string gpt2_check_config(const GPT2Config& c) {
-    auto field = [](const char* name, int value) { return std::string(name) + " = " + std::to_string(value); };
-    if (c.num_layers < 1) return "model: " + field("layers", c.num_layers) + " must be at least 1";
-    if (c.max_seq_len < 1) return "model: " + field("max_seq_len", c.max_seq_len) + " must be at least 1";
-    if (c.vocab_size < 1) return "model: " + field("vocab_size", c.vocab_size) + " must be at least 1";
-    if (c.padded_vocab_size < c.vocab_size || c.padded_vocab_size % 128 != 0)
-        return "model: " + field("padded_vocab_size", c.padded_vocab_size) + " must be a multiple of 128 and >= vocab_size";
-    if (c.num_heads < 1 || c.channels % c.num_heads != 0)
-        return "model: " + field("channels", c.channels) + " is not divisible by " + field("heads", c.num_heads);
+    if (const std::string problem = shape_problem(c); !problem.empty()) return "model: " + problem;
+    if (c.padded_vocab_size % 128 != 0)  // the classifier's and the matmuls' tiles
+        return "model: padded_vocab_size " + std::to_string(c.padded_vocab_size) + " is not a multiple of 128";
     for (const std::string& message :
          {encoder_requirements(c.channels), layernorm_requirements(c.channels), layernorm_requirements(4 * c.channels),
           matmul_requirements(c.channels, 3 * c.channels), matmul_requirements(c.channels, 4 * c.channels),
@@ -102,13 +74,8 @@ inline std::string gpt2_check_config(const GPT2Config& c) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Parameters: one contiguous buffer, tensors in llm.c's checkpoint order (so checkpoints interchange),
-// weights stored (out, in) like torch.nn.Linear. Gradients mirror the same layout.
-
-constexpr int kNumParameterTensors = 16;
-constexpr const char* kParameterNames[kNumParameterTensors] = {
-    "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
-    "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
+// Parameters: one contiguous buffer, tensors in llm.c's checkpoint order (kParameterNames, sizes from
+// host/model_config.h, so checkpoints interchange). Gradients mirror the same layout.
 
 struct ParameterTensors {
     floatX* wte;       // (Vp, C) token embedding, also the output head; rows >= V stay zero
@@ -130,21 +97,6 @@ struct ParameterTensors {
     floatX** all() { return &wte; }  // the members above, in order
 };
 static_assert(sizeof(ParameterTensors) == kNumParameterTensors * sizeof(floatX*));
-
-inline void parameter_sizes(const GPT2Config& c, size_t sizes[kNumParameterTensors]) {
-    const size_t C = c.channels, L = c.num_layers;
-    const size_t s[kNumParameterTensors] = {size_t(c.padded_vocab_size) * C, size_t(c.max_seq_len) * C,
-                                            L * C, L * C, L * 3 * C * C, L * 3 * C, L * C * C, L * C,
-                                            L * C, L * C, L * 4 * C * C, L * 4 * C, L * C * 4 * C, L * C, C, C};
-    for (int i = 0; i < kNumParameterTensors; ++i) sizes[i] = s[i];
-}
-
-inline size_t gpt2_num_parameters(const GPT2Config& c) {
-    size_t sizes[kNumParameterTensors], n = 0;
-    parameter_sizes(c, sizes);
-    for (size_t s : sizes) n += s;
-    return n;
-}
 
 // Points the tensors into one buffer.
 inline void point_parameters(ParameterTensors* t, floatX* memory, const size_t sizes[kNumParameterTensors]) {
@@ -173,8 +125,6 @@ inline bool decays(int tensor) {
     const std::string name = kParameterNames[tensor];
     return name == "wte" || name == "wpe" || name == "qkvw" || name == "attprojw" || name == "fcw" || name == "fcprojw";
 }
-// The per-layer tensors (1..13 except wte, wpe, lnfw, lnfb) and the global ones.
-inline bool is_layer_tensor(int tensor) { return tensor >= 2 && tensor <= 13; }
 
 // ---------------------------------------------------------------------------------------------
 // Activation recomputation (-r): what the forward pass keeps for backward, and what backward rebuilds.
@@ -204,13 +154,14 @@ inline Recompute recompute_of(const std::string& name) {
 // Which flash attention kernels run (--attention): tensor cores (kernels/attention_tc.cuh, BF16 only)
 // or CUDA cores (kernels/attention.cuh, both precisions; the FP32 build's default).
 enum class Attention { tc, simt };
-constexpr Attention kDefaultAttention = std::is_same_v<floatX, float> ? Attention::simt : Attention::tc;
 
 inline Attention attention_of(const std::string& name) {
     if (name == "tc") return Attention::tc;
     if (name == "simt") return Attention::simt;
     throw std::runtime_error("--attention must be one of tc|simt, got '" + name + "'");
 }
+// --attention's default (host/config.h, by precision).
+inline const Attention kDefaultAttention = attention_of(RunConfig{}.attention);
 
 // How the model runs, beyond its shape: what backward recomputes, which attention kernels.
 struct ModelOptions {
@@ -344,21 +295,9 @@ inline MemoryPlan gpt2_memory_plan(const GPT2Config& c, int B, int T, const Shar
     size_t sizes[kNumParameterTensors];
     parameter_sizes(c, sizes);
 
-    plan.add("params", "params", shard.padded_size * X);
-    if (shard.zero_stage == 2) {
-        plan.add("grads", "grads", shard.shard_size * X);  // this rank's shard, accumulated over micro-steps
-        size_t layer = 0, global = 0;
-        for (int i = 0; i < kNumParameterTensors; ++i) (is_layer_tensor(i) ? layer : global) += sizes[i];
-        plan.add("grad_layer_buffer_0", "communication", layer / L * X);
-        plan.add("grad_layer_buffer_1", "communication", layer / L * X);
-        plan.add("grad_global_buffer", "communication", global * X);
-        plan.add("grad_reduce_receive", "communication", shard.shard_size * X);
-    } else {
-        plan.add("grads", "grads", shard.padded_size * X);
-    }
-    plan.add("master", "master", shard.optimizer_size() * F);
-    plan.add("adam_m", "adam_m", shard.optimizer_size() * F);
-    plan.add("adam_v", "adam_v", shard.optimizer_size() * F);
+    size_t layer = 0, global = 0;  // parameters of one block, and of the global tensors
+    for (int i = 0; i < kNumParameterTensors; ++i) (is_layer_tensor(i) ? layer : global) += sizes[i];
+    plan_sharded_buffers(plan, shard, layer / L, global);
 
     // Forward activations kept for the backward pass: the table's rows, each for its kept copies.
     const size_t Vp = c.padded_vocab_size;
@@ -426,13 +365,11 @@ inline void label_gradient_slices(const GPT2& model) {
 }
 
 // Allocates the plan for batches of up to B x T tokens on `shard` (default: one rank, no sharding).
-// Exits with a message naming the constraint when the configuration is not supported.
+// Throws a message naming the constraint when the configuration is not supported.
 inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int rank = 0, int world_size = 1,
                        int zero_stage = 0, const ModelOptions& options = {}) {
-    if (const std::string problem = gpt2_check_build(config, B, T, zero_stage, options); !problem.empty()) {
-        std::fprintf(stderr, "%s\n", problem.c_str());
-        std::exit(EXIT_FAILURE);
-    }
+    if (const std::string problem = gpt2_check_build(config, B, T, zero_stage, options); !problem.empty())
+        throw TrainGptError(problem);
     model.config = config;
     parameter_sizes(config, model.param_sizes);
     model.num_parameters = 0;
@@ -570,25 +507,20 @@ inline void block_forward_to_mlp(GPT2& model, int l, const LayerActivations& x) 
 
 inline double gpt2_forward(GPT2& model, const int* inputs_host, const int* targets_host, int B, int T,
                            float grad_scale) {
-    if (B < 1 || B > model.max_batch || T < 1 || T > model.max_tokens) {
-        std::fprintf(stderr, "gpt2_forward: B = %d, T = %d exceed the allocated %d x %d\n", B, T, model.max_batch,
-                     model.max_tokens);
-        std::exit(EXIT_FAILURE);
-    }
+    const auto fail = [](const std::string& what) { throw TrainGptError("gpt2_forward: " + what); };
+    if (B < 1 || B > model.max_batch || T < 1 || T > model.max_tokens)
+        fail("B = " + std::to_string(B) + ", T = " + std::to_string(T) + " exceed the allocated " +
+             std::to_string(model.max_batch) + " x " + std::to_string(model.max_tokens));
     const GPT2Config& cfg = model.config;
     const int L = cfg.num_layers, C = cfg.channels, V = cfg.vocab_size, Vp = cfg.padded_vocab_size;
     const int BT = B * T;
     for (int i = 0; i < BT; ++i) {
-        if (inputs_host[i] < 0 || inputs_host[i] >= V) {
-            std::fprintf(stderr, "gpt2_forward: input token %d at position %d is outside the vocabulary [0, %d)\n",
-                         inputs_host[i], i, V);
-            std::exit(EXIT_FAILURE);
-        }
-        if (targets_host && (targets_host[i] < -1 || targets_host[i] >= V)) {
-            std::fprintf(stderr, "gpt2_forward: target %d at position %d is neither -1 nor in [0, %d)\n", targets_host[i],
-                         i, V);
-            std::exit(EXIT_FAILURE);
-        }
+        if (inputs_host[i] < 0 || inputs_host[i] >= V)
+            fail("input token " + std::to_string(inputs_host[i]) + " at position " + std::to_string(i) +
+                 " is outside the vocabulary [0, " + std::to_string(V) + ")");
+        if (targets_host && (targets_host[i] < -1 || targets_host[i] >= V))
+            fail("target " + std::to_string(targets_host[i]) + " at position " + std::to_string(i) + " is neither -1 nor in [0, " +
+                 std::to_string(V) + ")");
     }
     model.B = B;
     model.T = T;
@@ -741,21 +673,11 @@ inline void gpt2_backward(GPT2& model, const std::function<void(int)>& layer_don
 // The training step: micro-steps of forward + backward, the gradient reduction across ranks (ZeRO),
 // the global gradient norm and clipping, and the AdamW update of this rank's shard.
 
-struct OptimizerConfig {
-    float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.0f;
-    float grad_clip = 1.0f;  // clip the global gradient norm to this (0: no clipping)
-    uint64_t seed = 1337;    // stochastic rounding of BF16 parameters
-};
-
 struct Trainer {
     GPT2 model;
     Distributed dist;
-    OptimizerConfig opt;
-    float* master = nullptr;  // FP32 master weights of the optimizer range (ShardLayout::optimizer_*)
-    float* adam_m = nullptr;
-    float* adam_v = nullptr;
+    ShardedAdamW optimizer;            // parallel/zero.h: AdamW on this rank's shard
     floatX* reduce_receive = nullptr;  // ZeRO-2: where a reduced slice of this rank's shard arrives
-    int step = 0;                      // optimizer steps taken
     cudaEvent_t layer_buffer_free[2] = {nullptr, nullptr};
     Watchdog* watchdog = nullptr;      // told of progress (host/watchdog.h); null: none
 };
@@ -770,32 +692,17 @@ inline void progress(Trainer& tr, const char* what, int64_t step) {
 inline void trainer_build(Trainer& tr, const Distributed& dist, const GPT2Config& config, int B, int T, int zero_stage,
                           const OptimizerConfig& opt, const ModelOptions& options = {}) {
     tr.dist = dist;
-    tr.opt = opt;
     CUDA_CHECK(cudaStreamCreateWithFlags(&tr.model.stream, cudaStreamNonBlocking));
     gpt2_build(tr.model, config, B, T, dist.rank, dist.world_size, zero_stage, options);
-    tr.master = tr.model.memory.get<float>("master");
-    tr.adam_m = tr.model.memory.get<float>("adam_m");
-    tr.adam_v = tr.model.memory.get<float>("adam_v");
-    if (zero_stage == 2) tr.reduce_receive = tr.model.memory.get<floatX>("grad_reduce_receive");
+    const GPT2& m = tr.model;
+    tr.optimizer = {m.shard, opt, {}, m.memory.get<float>("master"), m.memory.get<float>("adam_m"), m.memory.get<float>("adam_v")};
+    for (int i = 0; i < kNumParameterTensors; ++i) tr.optimizer.tensors.push_back({m.param_offsets[i], m.param_sizes[i], decays(i)});
+    if (zero_stage == 2) tr.reduce_receive = m.memory.get<floatX>("grad_reduce_receive");
     for (cudaEvent_t& e : tr.layer_buffer_free) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
 }
 
-// Copies this rank's range of the parameters into the FP32 master weights and clears the moments.
-// On several ranks the parameters must already agree (same seed, or the same checkpoint).
-inline void trainer_start(Trainer& tr) {
-    const ShardLayout& sh = tr.model.shard;
-    const cudaStream_t stream = tr.model.stream;  // the optimizer's stream (see copy_and_wait)
-    std::vector<floatX> params(sh.optimizer_size());
-    copy_and_wait(tr.model, params.data(), tr.model.params_memory + sh.optimizer_begin(), params.size() * sizeof(floatX),
-                  cudaMemcpyDeviceToHost);
-    std::vector<float> master(params.size());
-    for (size_t i = 0; i < params.size(); ++i) master[i] = to_float(params[i]);
-    CUDA_CHECK(cudaMemcpyAsync(tr.master, master.data(), master.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
-    CUDA_CHECK(cudaMemsetAsync(tr.adam_m, 0, master.size() * sizeof(float), stream));
-    CUDA_CHECK(cudaMemsetAsync(tr.adam_v, 0, master.size() * sizeof(float), stream));
-    CUDA_CHECK(cudaStreamSynchronize(stream));  // `master` is host memory freed on return
-    tr.step = 0;
-}
+// The optimizer's master weights from the parameters (set before: gpt2_init_weights or loaded).
+inline void trainer_start(Trainer& tr) { optimizer_start(tr.optimizer, tr.model.params_memory, tr.model.stream); }
 
 inline void trainer_free(Trainer& tr) {
     for (cudaEvent_t& e : tr.layer_buffer_free) CUDA_CHECK(cudaEventDestroy(e));
@@ -829,18 +736,10 @@ inline void reduce_layer_gradients(Trainer& tr, int l) {
     }
 }
 
-// The L2 norm of a flat-buffer-sized tensor over all ranks, from this rank's part at `local`:
-// everything under stage 0 (all ranks hold the same values), its shard otherwise.
+// The L2 norm over all ranks of a flat-buffer-sized tensor, from this rank's part at `local`.
 inline float all_ranks_norm(Trainer& tr, const floatX* local) {
     GPT2& m = tr.model;
-    const ShardLayout& sh = m.shard;
-    float* norm = m.memory.get<float>("grad_norm");
-    global_norm_squared(norm, local, sh.norm_count(), m.bwd.scratch, m.stream);
-    if (sh.zero_stage > 0) NCCL_CHECK(ncclAllReduce(norm, norm, 1, ncclFloat32, ncclSum, tr.dist.nccl, m.stream));
-    float norm_squared = 0;
-    CUDA_CHECK(cudaMemcpyAsync(&norm_squared, norm, sizeof(float), cudaMemcpyDeviceToHost, m.stream));
-    CUDA_CHECK(cudaStreamSynchronize(m.stream));
-    return std::sqrt(norm_squared);
+    return all_ranks_norm(m.shard, tr.dist, local, m.memory.get<float>("grad_norm"), m.bwd.scratch, m.stream);
 }
 
 inline float global_gradient_norm(Trainer& tr) {
@@ -851,28 +750,7 @@ inline float global_gradient_norm(Trainer& tr) {
 
 // The parameters' norm: not finite when any parameter is NaN or infinite (checked at start and before
 // every checkpoint, so that no checkpoint of a diverged model is ever written).
-inline float parameter_norm(Trainer& tr) {
-    const ShardLayout& sh = tr.model.shard;
-    return all_ranks_norm(tr, tr.model.params_memory + sh.norm_begin());
-}
-
-// AdamW on this rank's range of each tensor (weight decay only where decays()), then, under ZeRO,
-// every rank gathers the updated parameters of all shards.
-inline void optimizer_update(Trainer& tr, float learning_rate, float grad_scale) {
-    GPT2& m = tr.model;
-    const ShardLayout& sh = m.shard;
-    ++tr.step;
-    const size_t lo = sh.optimizer_begin(), hi = lo + sh.optimizer_size();
-    for (int i = 0; i < kNumParameterTensors; ++i) {
-        const size_t begin = std::max(lo, m.param_offsets[i]), end = std::min(hi, m.param_offsets[i] + m.param_sizes[i]);
-        if (begin >= end) continue;
-        const AdamWHyper hyper{learning_rate, tr.opt.beta1, tr.opt.beta2, tr.opt.eps, decays(i) ? tr.opt.weight_decay : 0.0f};
-        const floatX* grads = sh.zero_stage == 2 ? m.grads_memory + (begin - sh.shard_begin()) : m.grads_memory + begin;
-        adamw_update(m.params_memory + begin, tr.master + (begin - lo), tr.adam_m + (begin - lo), tr.adam_v + (begin - lo),
-                     grads, end - begin, hyper, tr.step, grad_scale, tr.opt.seed, begin, m.stream);
-    }
-    gather_parameters(sh, tr.dist, m.params_memory, m.stream);
-}
+inline float parameter_norm(Trainer& tr) { return all_ranks_norm(tr, tr.model.params_memory + tr.model.shard.norm_begin()); }
 
 struct StepResult {
     double loss = 0;            // mean over the step's valid targets, all micro-steps and ranks
@@ -903,7 +781,7 @@ inline StepResult train_step(Trainer& tr, const std::vector<const int*>& inputs,
     double loss_sum = 0;
     const size_t micro_steps = inputs.size();
     for (size_t s = 0; s < micro_steps; ++s) {
-        progress(tr, "a training step", tr.step + 1);
+        progress(tr, "a training step", tr.optimizer.step + 1);
         loss_sum += gpt2_forward(m, inputs[s], targets[s], B, T, grad_scale);
         // Stages 0-1 accumulate full gradients over the micro-steps and reduce after the last one;
         // stage 2 keeps no full gradients, so it reduces after every micro-step.
@@ -923,8 +801,9 @@ inline StepResult train_step(Trainer& tr, const std::vector<const int*>& inputs,
     static const DivergenceGuard finite_only(DivergenceSettings{});
     result.skipped_because = (guard ? *guard : finite_only).skip_reason(result.loss, result.grad_norm);
     if (!result.skipped_because.empty()) return result;
-    const float clip = tr.opt.grad_clip > 0 && result.grad_norm > tr.opt.grad_clip ? tr.opt.grad_clip / result.grad_norm : 1.0f;
-    optimizer_update(tr, learning_rate, clip);
+    const float max_norm = tr.optimizer.config.grad_clip;
+    const float clip = max_norm > 0 && result.grad_norm > max_norm ? max_norm / result.grad_norm : 1.0f;
+    optimizer_update(tr.optimizer, tr.dist, m.params_memory, m.grads_memory, learning_rate, clip, m.stream);
     CUDA_CHECK(cudaStreamSynchronize(m.stream));
     result.updated = true;
     return result;
@@ -934,63 +813,26 @@ inline StepResult train_step(Trainer& tr, const std::vector<const int*>& inputs,
 // The program: configuration, the model (a preset or an llm.c checkpoint), the memory plan
 // (--dry-run), the data, and the training loop with evaluation, sampling, checkpoints and reports.
 
-// A preset, or the configuration in an llm.c checkpoint's header (then *checkpoint is its path).
-inline GPT2Config model_config_of(const std::string& model, int T, std::string* checkpoint) {
-    GPT2Config c;
-    checkpoint->clear();
-    if (gpt2_preset(model, &c)) return c;
-    if (model == "tiny") return {std::max(T, 64), 50257, pad_vocab(50257), 2, 4, 64};   // tests and demos
-    if (model == "mini") return {std::max(T, 64), 50257, pad_vocab(50257), 4, 4, 128};  // `make train` on a CPU
-    const ModelHeader h = read_model_header(model);  // throws naming the file and field
-    *checkpoint = model;
-    return {h.max_seq_len, h.vocab_size, h.padded_vocab_size, h.num_layers, h.num_heads, h.channels};
-}
-
-inline ModelHeader header_of(const GPT2Config& c) {
-    return {std::is_same_v<floatX, float> ? 3 : 5, c.max_seq_len, c.vocab_size, c.num_layers, c.num_heads, c.channels,
-            c.padded_vocab_size};
-}
+inline ModelHeader header_of(const GPT2Config& c) { return {c, std::is_same_v<floatX, float> ? 3 : 5}; }
 
 // Loads llm.c checkpoint parameters (FP32 or BF16 file, whatever the build) into the model.
 inline void load_model_parameters(GPT2& m, const std::string& path) {
-    const ModelHeader h = read_model_header(path);
-    ModelHeader expected = header_of(m.config);
-    expected.version = h.version;  // either precision loads into either build
-    if (!(h == expected))
-        throw std::runtime_error("checkpoint '" + path + "': its model (L=" + std::to_string(h.num_layers) + " C=" +
-                                 std::to_string(h.channels) + " NH=" + std::to_string(h.num_heads) + " V=" +
-                                 std::to_string(h.vocab_size) + " maxT=" + std::to_string(h.max_seq_len) +
-                                 ") differs from the run's");
-    std::vector<floatX> params(m.num_parameters);
-    if (h.version == 3) {
-        std::vector<float> f(m.num_parameters);
-        read_model_parameters(path, h, f.data(), f.size());
-        for (size_t i = 0; i < f.size(); ++i) params[i] = from_float<floatX>(f[i]);
-    } else {
-        std::vector<__nv_bfloat16> b(m.num_parameters);
-        read_model_parameters(path, h, b.data(), b.size());
-        for (size_t i = 0; i < b.size(); ++i) params[i] = from_float<floatX>(__bfloat162float(b[i]));
-    }
+    const std::vector<float> file = read_model_parameters_as_float(path, m.config);
+    std::vector<floatX> params(file.size());
+    for (size_t i = 0; i < file.size(); ++i) params[i] = from_float<floatX>(file[i]);
     copy_and_wait(m, m.params_memory, params.data(), params.size() * sizeof(floatX), cudaMemcpyHostToDevice);
 }
 
 // The largest micro-batch whose plan fits in `bytes` (0 if none).
 inline int largest_fitting_batch(const GPT2Config& c, int T, const ShardLayout& shard, const ModelOptions& options,
                                  size_t bytes) {
-    int best = 0;
-    for (int b = 1; b <= 4096; b *= 2) {
-        if (gpt2_memory_plan(c, b, T, shard, options).total() > bytes) break;
-        best = b;
-    }
-    for (int step = best / 2; step >= 1; step /= 2)  // refine between best and 2*best
-        if (gpt2_memory_plan(c, best + step, T, shard, options).total() <= bytes) best += step;
-    return best;
+    return largest_fitting_batch([&](int B) { return gpt2_memory_plan(c, B, T, shard, options).total(); }, bytes);
 }
 
 // Evaluation (host/evaluation.h) bound to the model: the validation loss over every rank's batches.
 inline double validation_loss(Trainer& tr, DataLoader& val, int batches, int B, int T) {
     return mean_validation_loss(val, batches, B, T, tr.dist, [&](const int* inputs, const int* targets) {
-        progress(tr, "validation", tr.step);
+        progress(tr, "validation", tr.optimizer.step);
         const double sum = gpt2_forward(tr.model, inputs, targets, B, T, 0.0f);
         return std::pair<double, long long>(sum, tr.model.valid_targets);
     });
@@ -1006,7 +848,7 @@ inline void forward_token_losses(GPT2& m, const int* inputs, const int* targets,
 // HellaSwag accuracy over every rank (each scores its share of the examples, B rows per forward pass).
 inline HellaSwagResult hellaswag_accuracy(Trainer& tr, const HellaSwagSet& set, int B, int T) {
     return hellaswag_all_ranks(set, B, T, tr.dist, [&](const int* inputs, const int* targets, int b, int t, float* losses) {
-        progress(tr, "HellaSwag", tr.step);
+        progress(tr, "HellaSwag", tr.optimizer.step);
         forward_token_losses(tr.model, inputs, targets, b, t, losses);
     });
 }
@@ -1056,12 +898,8 @@ inline bool save_checkpoint(Trainer& tr, const RunConfig& rc, const RunInfo& run
                                                    loader.epoch, loader.shard, loader.sample, meta});
     };
     auto write_optimizer_range = [&] {
-        std::vector<float> master(count), adam_m(count), adam_v(count);
-        CUDA_CHECK(cudaMemcpyAsync(master.data(), tr.master, count * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
-        CUDA_CHECK(cudaMemcpyAsync(adam_m.data(), tr.adam_m, count * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
-        CUDA_CHECK(cudaMemcpyAsync(adam_v.data(), tr.adam_v, count * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
-        CUDA_CHECK(cudaStreamSynchronize(m.stream));
-        write_state_range(state_path, m.num_parameters, begin, master.data(), adam_m.data(), adam_v.data(), count);
+        const OptimizerState o = download_optimizer_state(tr.optimizer, count, m.stream);
+        write_state_range(state_path, m.num_parameters, begin, o.master.data(), o.adam_m.data(), o.adam_v.data(), count);
     };
     // Stage 0: every rank holds the same state; rank 0 writes it. Otherwise each rank its shard.
     const std::vector<CheckpointPhase> phases = {{rank == 0, write_model},
@@ -1090,14 +928,10 @@ inline int64_t resume_checkpoint(Trainer& tr, const RunConfig& rc, DataLoader& l
         throw std::runtime_error("state '" + state_path + "': num_parameters differs from the model");
     const ShardLayout& sh = m.shard;
     const size_t begin = sh.optimizer_begin(), count = sh.optimizer_real_size();
-    std::vector<float> master(sh.optimizer_size(), 0.0f), adam_m(sh.optimizer_size(), 0.0f), adam_v(sh.optimizer_size(), 0.0f);
-    if (count > 0) read_state_range(state_path, st, begin, count, master.data(), adam_m.data(), adam_v.data());
-    // On the optimizer's stream (see copy_and_wait), and done before the host buffers go.
-    CUDA_CHECK(cudaMemcpyAsync(tr.master, master.data(), master.size() * sizeof(float), cudaMemcpyHostToDevice, m.stream));
-    CUDA_CHECK(cudaMemcpyAsync(tr.adam_m, adam_m.data(), adam_m.size() * sizeof(float), cudaMemcpyHostToDevice, m.stream));
-    CUDA_CHECK(cudaMemcpyAsync(tr.adam_v, adam_v.data(), adam_v.size() * sizeof(float), cudaMemcpyHostToDevice, m.stream));
-    CUDA_CHECK(cudaStreamSynchronize(m.stream));
-    tr.step = int(st.step);
+    OptimizerState o{std::vector<float>(sh.optimizer_size()), std::vector<float>(sh.optimizer_size()),
+                     std::vector<float>(sh.optimizer_size())};
+    if (count > 0) read_state_range(state_path, st, begin, count, o.master.data(), o.adam_m.data(), o.adam_v.data());
+    upload_optimizer_state(tr.optimizer, o, int(st.step), m.stream);
     loader.seek({st.loader_epoch, st.loader_shard, st.loader_sample});
     sample_rng.state = st.rng[1];
     return st.step;
@@ -1143,76 +977,20 @@ inline void print_dry_run(const RunConfig& rc, const RunPlan& p) {
 // --profile-step: a warm-up step, then one step with every launch recorded and timed (dev/roofline.h).
 inline void profile_step(Trainer& tr, const RunPlan& p, StepBatches& batches, int64_t batch_tokens, float lr, int B, int T,
                          const char* device, double peak) {
-    train_step(tr, batches.input_ptrs, batches.target_ptrs, B, T, lr);  // warm-up: cuBLASLt heuristics, caches, clocks
-    launch_record::start(/*timing=*/true);
-    const auto t0 = std::chrono::steady_clock::now();
-    train_step(tr, batches.input_ptrs, batches.target_ptrs, B, T, lr);
-    CUDA_CHECK(cudaDeviceSynchronize());
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const std::vector<LaunchRecord> records = launch_record::stop();
+    const auto [seconds, records] = record_one_step([&] { train_step(tr, batches.input_ptrs, batches.target_ptrs, B, T, lr); });
     if (tr.dist.rank == 0)
         std::printf("%s", profile_report(records, seconds, double(batch_tokens), tr.dist.world_size, int64_t(p.num_parameters),
                                          p.config.num_layers, p.config.channels, T, device, peak).c_str());
 }
 
-// What a run evaluates after a step: validation loss, HellaSwag, a sample, each when due.
-struct Evaluation {
-    std::optional<DataLoader> val;
-    std::optional<HellaSwagSet> hellaswag;
-    std::optional<Tokenizer> tokenizer;  // the tokenizer.bin beside the training data, to decode samples
-    Rng sample_rng{0};
-};
-
-inline Evaluation evaluation_of(const RunConfig& rc, const Distributed& dist, int vocab_size) {
-    Evaluation e;
-    if (rc.val_every > 0) e.val.emplace(rc.val_data, rc.batch_size, rc.seq_len, dist.rank, dist.world_size, uint64_t(rc.seed), false);
-    if (e.val) e.val->check_tokens(vocab_size);
-    if (!rc.hellaswag.empty()) e.hellaswag = read_hellaswag(rc.hellaswag, vocab_size);
-    const std::string tokenizer_path = (std::filesystem::path(rc.train_data).parent_path() / "tokenizer.bin").string();
-    if (std::filesystem::exists(tokenizer_path)) e.tokenizer.emplace(tokenizer_path);
-    e.sample_rng = Rng(uint64_t(rc.seed) ^ 0x5A4D504C45ull);
-    return e;
-}
-
+// Evaluation (host/evaluation.h) of this model, when due after step `done`.
 inline void evaluate_after_step(Trainer& tr, const RunConfig& rc, Evaluation& e, RunLog& log, int64_t done, bool last) {
     const int B = rc.batch_size, T = rc.seq_len;
-    if (e.val && (done % rc.val_every == 0 || last)) log.val(done, validation_loss(tr, *e.val, rc.val_batches, B, T));
-    if (e.hellaswag && ((rc.val_every > 0 && done % rc.val_every == 0) || last)) {
-        const HellaSwagResult hs = hellaswag_accuracy(tr, *e.hellaswag, B, T);
-        log.hellaswag(done, hs.accuracy(), hs.correct, hs.total, hs.skipped);
-    }
-    if (rc.sample_every > 0 && (done % rc.sample_every == 0 || last) && tr.dist.rank == 0) {
-        const std::vector<int> tokens = sample_tokens(tr.model, e.tokenizer ? e.tokenizer->eot_token() : 50256,
-                                                      std::min(rc.gen_tokens, T - 1), float(rc.temperature), rc.top_k,
-                                                      e.sample_rng);
-        std::string text;
-        if (e.tokenizer) text = e.tokenizer->decode(tokens);
-        else for (int t : tokens) text += std::to_string(t) + " ";
-        log.sample(done, text);
-    }
-}
-
-// Every --checkpoint-every steps and after the last, when there is an output dir.
-inline bool checkpoint_due(const RunConfig& rc, int64_t done, int64_t total_steps) {
-    return !rc.output_dir.empty() && rc.checkpoint_every > 0 && (done % rc.checkpoint_every == 0 || done == total_steps);
-}
-
-// Preemption (host/preemption.h): the ranks agree after every step, since a signal may reach them at
-// different moments, and all stop after the same one, with its checkpoint written if there is -o.
-inline bool stop_requested(Trainer& tr, const RunConfig& rc, const RunInfo& run, int64_t done, int64_t total_steps, bool saved,
-                           const DataLoader& loader, const Rng& sample_rng) {
-    if (all_ranks_sum(tr.dist, (long long)(stop_signal_received() != 0)) == 0) return false;
-    if (!rc.output_dir.empty() && !checkpoint_due(rc, done, total_steps)) saved = save_checkpoint(tr, rc, run, done, loader.position(), sample_rng.state);
-    if (tr.dist.rank == 0) {
-        const int signal = stop_signal_received();
-        std::fprintf(stderr, "train_gpt: %s: stopped after step %lld, %s; exit status %d (resume with -y)\n",
-                     signal ? signal_name(signal) : "a stop signal on another rank", (long long)done,
-                     rc.output_dir.empty() ? "no checkpoint (no -o)"
-                     : saved              ? "its checkpoint is written"
-                                          : "its checkpoint could not be written (see above)",
-                     kPreemptedExitCode);
-    }
-    return true;
+    const EvaluatedModel model{
+        [&](DataLoader& val) { return validation_loss(tr, val, rc.val_batches, B, T); },
+        [&](const HellaSwagSet& set) { return hellaswag_accuracy(tr, set, B, T); },
+        [&](int eot, int count, Rng& rng) { return sample_tokens(tr.model, eot, count, float(rc.temperature), rc.top_k, rng); }};
+    evaluate_when_due(rc, e, model, log, tr.dist.rank, done, last);
 }
 
 // The parameters (initialized, from an llm.c checkpoint, or with -y the whole training state from the
@@ -1311,9 +1089,9 @@ inline int run(const RunConfig& rc, Distributed& dist) {
         if (!r.skipped_because.empty()) log.skipped(done, r.skipped_because);
         if (r.valid_targets > 0) divergence.record(done, r.loss, r.grad_norm, r.skipped_because);  // throws: diverged
         evaluate_after_step(tr, rc, eval, log, done, done == total_steps);
-        const bool saved = checkpoint_due(rc, done, total_steps) &&
-                           save_checkpoint(tr, rc, run, done, train_loader.position(), eval.sample_rng.state);
-        if (done < total_steps && stop_requested(tr, rc, run, done, total_steps, saved, train_loader, eval.sample_rng)) {
+        const auto save = [&] { return save_checkpoint(tr, rc, run, done, train_loader.position(), eval.sample_rng.state); };
+        const bool due = checkpoint_due(rc, done, total_steps), saved = due && save();
+        if (done < total_steps && stop_requested(dist, done, !rc.output_dir.empty(), due, saved, save)) {
             trainer_free(tr);
             return kPreemptedExitCode;
         }
@@ -1323,28 +1101,30 @@ inline int run(const RunConfig& rc, Distributed& dist) {
 }
 
 #ifndef TRAIN_GPT_NO_MAIN
+// The one error handler (kernels/cuda_common.h, "Errors"): the message on one line, and with several
+// ranks the whole job aborted, since the other ranks may be waiting in a collective.
 int main(int argc, char** argv) {
-    RunConfig rc;
     try {
-        rc = parse_config(argc, argv);
+        const RunConfig rc = parse_config(argc, argv);
+        if (rc.help) {
+            std::printf("%s", help_text().c_str());
+            return EXIT_SUCCESS;
+        }
+        Distributed dist = distributed_init(&argc, &argv);
+        const int status = run(rc, dist);
+        distributed_finalize(dist);
+        return status;
     } catch (const std::exception& e) {
         std::fprintf(stderr, "train_gpt: %s\n", e.what());
+        int mpi_started = 0, mpi_ended = 0, ranks = 1;
+        MPI_Initialized(&mpi_started);
+        MPI_Finalized(&mpi_ended);
+        if (mpi_started && !mpi_ended) {
+            MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+            if (ranks > 1) MPI_Abort(MPI_COMM_WORLD, EXIT_FAILURE);
+            MPI_Finalize();
+        }
         return EXIT_FAILURE;
     }
-    if (rc.help) {
-        std::printf("%s", help_text().c_str());
-        return EXIT_SUCCESS;
-    }
-    Distributed dist = distributed_init(&argc, &argv);
-    int status = EXIT_SUCCESS;
-    try {
-        status = run(rc, dist);
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "train_gpt: %s\n", e.what());
-        if (dist.world_size > 1) MPI_Abort(MPI_COMM_WORLD, EXIT_FAILURE);  // the other ranks may be waiting
-        status = EXIT_FAILURE;
-    }
-    distributed_finalize(dist);
-    return status;
 }
 #endif

@@ -25,7 +25,7 @@ namespace {
 
 struct Options {
     std::string model = "d12", recompute = "none", launches_json;
-    std::string attention = kDefaultAttention == Attention::tc ? "tc" : "simt";  // as train_gpt's default
+    std::string attention = RunConfig{}.attention;  // train_gpt's default (host/config.h)
     int B = 4, T = 1024, zero_stage = 1, world_size = 8;
     int64_t total_batch_tokens = 1048576;  // llm.c's GPT-2 1.5B run: 8 ranks x 16 x 1024 x 8 micro-steps
 };

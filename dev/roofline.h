@@ -31,7 +31,10 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <functional>
+#include <utility>
 #include <map>
 #include <string>
 #include <vector>
@@ -261,6 +264,18 @@ inline std::string throughput_line(const char* label, const StepThroughput& t) {
 
 // ---------------------------------------------------------------------------------------------
 // `train_gpt --profile-step`: the timed records of one step beside their H100 roofline estimate.
+
+// Runs `step` once to warm up (cuBLASLt heuristics, caches, clocks), then once more with every launch
+// recorded and timed: that step's wall time, and its records.
+inline std::pair<double, std::vector<LaunchRecord>> record_one_step(const std::function<void()>& step) {
+    step();
+    launch_record::start(/*timing=*/true);
+    const auto t0 = std::chrono::steady_clock::now();
+    step();
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return {seconds, launch_record::stop()};
+}
 
 inline std::string profile_report(const std::vector<LaunchRecord>& records, double wall_s, double tokens_per_step,
                                   int world, int64_t num_parameters, int num_layers, int channels, int seq_len,

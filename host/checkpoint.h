@@ -26,10 +26,16 @@
 #include <string>
 #include <vector>
 
+#include "host/model_config.h"
+
 static_assert(std::endian::native == std::endian::little, "checkpoint files are little-endian");
 
-struct ModelHeader {
-    int version, max_seq_len, vocab_size, num_layers, num_heads, channels, padded_vocab_size;
+// An llm.c model file's header: the model's shape (host/model_config.h) and the file's precision.
+// Constructed from both parts, never from a list of ints (whose order differs from the file's).
+struct ModelHeader : GPT2Config {
+    int version = 0;  // 3: fp32 parameters, 5: bf16
+    ModelHeader() : GPT2Config{} {}
+    ModelHeader(const GPT2Config& shape, int version) : GPT2Config(shape), version(version) {}
     bool operator==(const ModelHeader&) const = default;
 };
 
@@ -159,29 +165,16 @@ inline size_t model_element_bytes(int version) { return version == kModelVersion
 inline void validate_model_header(const std::string& fn, const std::string& where, const ModelHeader& h) {
     if (h.version != kModelVersionFp32 && h.version != kModelVersionBf16)
         fail(fn + ": " + where + "version " + std::to_string(h.version) + " is not 3 (fp32) or 5 (bf16)");
-    const std::pair<const char*, int> sizes[] = {{"max_seq_len", h.max_seq_len}, {"vocab_size", h.vocab_size},
-                                                 {"num_layers", h.num_layers},   {"num_heads", h.num_heads},
-                                                 {"channels", h.channels},       {"padded_vocab_size", h.padded_vocab_size}};
-    for (const auto& [name, value] : sizes)
-        if (value <= 0) fail(fn + ": " + where + name + " " + std::to_string(value) + " must be positive");
-    if (h.padded_vocab_size < h.vocab_size)
-        fail(fn + ": " + where + "padded_vocab_size " + std::to_string(h.padded_vocab_size) + " is below vocab_size " +
-             std::to_string(h.vocab_size));
-    if (h.channels % h.num_heads != 0)
-        fail(fn + ": " + where + "channels " + std::to_string(h.channels) + " is not a multiple of num_heads " +
-             std::to_string(h.num_heads));
+    if (const std::string problem = shape_problem(h); !problem.empty()) fail(fn + ": " + where + problem);
 }
 
+// The parameter count of a validated header (host/model_config.h), overflow reported under `context`.
 inline uint64_t parameter_count(const std::string& context, const ModelHeader& h) {
-    const uint64_t Vp = uint64_t(h.padded_vocab_size), C = uint64_t(h.channels), T = uint64_t(h.max_seq_len),
-                   L = uint64_t(h.num_layers);
-    const auto mul = [&](uint64_t a, uint64_t b) { return checked_mul(a, b, context); };
-    // Per layer: ln1 w,b (2C), qkv w,b (3C*C + 3C), attproj w,b (C*C + C), ln2 w,b (2C),
-    // fc w,b (4C*C + 4C), fcproj w,b (C*4C + C); that is 12*C*C + 13*C.
-    const uint64_t per_layer = checked_add(mul(mul(12, C), C), mul(13, C), context);
-    uint64_t total = checked_add(mul(Vp, C), mul(T, C), context);  // wte, wpe
-    total = checked_add(total, mul(L, per_layer), context);
-    return checked_add(total, mul(2, C), context);  // lnf w,b
+    try {
+        return gpt2_num_parameters(h);
+    } catch (const std::overflow_error&) {
+        fail(context + ": size overflows 64 bits");
+    }
 }
 
 inline std::string state_marker_path(const std::string& path) { return path + ".done"; }
@@ -263,9 +256,7 @@ inline void check_range(const std::string& fn, const std::string& path, uint64_t
 // ------------------------------------------------------------------------------------------------
 // llm.c model file
 
-// Parameter count from the tensor shapes (llm.c fill_in_parameter_sizes): wte (Vp,C), wpe (maxT,C),
-// per layer ln1w/b, qkvw (3C,C), qkvb, attprojw (C,C), attprojb, ln2w/b, fcw (4C,C), fcb,
-// fcprojw (C,4C), fcprojb; then lnfw, lnfb (C each).
+// The parameter count of a model file's header (host/model_config.h), after validating it.
 inline size_t gpt2_parameter_count(const ModelHeader& h) {
     checkpoint_internal::validate_model_header("gpt2_parameter_count", "", h);
     return size_t(checkpoint_internal::parameter_count("gpt2_parameter_count", h));
@@ -316,7 +307,9 @@ inline ModelHeader read_model_header(const std::string& path) {
     if (header[0] != kModelMagic)
         fail(fn + ": " + quote_path(path) + ": bad magic " + std::to_string(header[0]) + " in header int 0 (expected " +
              std::to_string(kModelMagic) + ": not an llm.c model file)");
-    const ModelHeader h{header[1], header[2], header[3], header[4], header[5], header[6], header[7]};
+    ModelHeader h;  // llm.c: [1] version, [2] maxT, [3] V, [4] L, [5] NH, [6] C, [7] Vp
+    h.version = header[1], h.max_seq_len = header[2], h.vocab_size = header[3], h.num_layers = header[4];
+    h.num_heads = header[5], h.channels = header[6], h.padded_vocab_size = header[7];
     validate_model_header(fn, quote_path(path) + ": header ", h);
     const std::string context = fn + ": " + quote_path(path);
     const uint64_t expected =
@@ -342,6 +335,42 @@ inline void read_model_parameters(const std::string& path, const ModelHeader& h,
     if (params == nullptr) fail(fn + ": " + quote_path(path) + ": params is null");
     File f(fn, path, O_RDONLY);
     read_exact(fn, f, path, params, count * model_element_bytes(h.version), kModelHeaderBytes, "the parameters");
+}
+
+// All parameters of the model file at `path`, either precision, as floats (bf16 widens exactly). Its
+// shape must be `shape`: a file of another model is refused naming both.
+inline std::vector<float> read_model_parameters_as_float(const std::string& path, const GPT2Config& shape) {
+    const ModelHeader h = read_model_header(path);
+    if (!(GPT2Config(h) == shape)) {
+        const auto text = [](const GPT2Config& c) {
+            return "L=" + std::to_string(c.num_layers) + " C=" + std::to_string(c.channels) + " NH=" +
+                   std::to_string(c.num_heads) + " V=" + std::to_string(c.vocab_size) + " maxT=" +
+                   std::to_string(c.max_seq_len);
+        };
+        checkpoint_internal::fail("checkpoint '" + path + "': its model (" + text(h) + ") differs from the run's (" +
+                                  text(shape) + ")");
+    }
+    const size_t n = gpt2_parameter_count(h);
+    std::vector<float> params(n);
+    if (h.version == checkpoint_internal::kModelVersionFp32) {
+        read_model_parameters(path, h, params.data(), n);
+        return params;
+    }
+    std::vector<uint16_t> bf16(n);
+    read_model_parameters(path, h, bf16.data(), n);
+    for (size_t i = 0; i < n; ++i) params[i] = std::bit_cast<float>(uint32_t(bf16[i]) << 16);
+    return params;
+}
+
+// A preset's shape (host/model_config.h; tiny and mini sized for T), or else the shape in the llm.c
+// checkpoint `model` names: then *checkpoint is set to its path ("" for a preset).
+inline GPT2Config model_config_of(const std::string& model, int T, std::string* checkpoint) {
+    GPT2Config c;
+    checkpoint->clear();
+    if (gpt2_preset(model, &c) || small_preset(model, T, &c)) return c;
+    const ModelHeader h = read_model_header(model);  // throws naming the file and field
+    *checkpoint = model;
+    return h;
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "host/checkpoint.h"
+#include "host/config.h"
 #include "parallel/process_groups.h"
 
 // One phase of a checkpoint: `write` runs on the ranks where `mine` is true.
@@ -74,4 +75,9 @@ inline bool write_checkpoint_agreed(const Distributed& d, const std::string& dir
     if (d.rank == 0) remove_old_checkpoints(dir, keep_last);
     MPI_CHECK(MPI_Barrier(d.mpi));
     return true;
+}
+
+// Every --checkpoint-every steps and after the last step, when there is an output dir.
+inline bool checkpoint_due(const RunConfig& rc, int64_t done, int64_t total_steps) {
+    return !rc.output_dir.empty() && rc.checkpoint_every > 0 && (done % rc.checkpoint_every == 0 || done == total_steps);
 }

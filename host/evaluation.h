@@ -1,5 +1,5 @@
-// Evaluation during training: the validation loss, HellaSwag accuracy over every rank, and sampling.
-// The model comes in as a callable, so these know nothing of it (train_gpt.cu binds them).
+// Evaluation during training: the validation loss, HellaSwag accuracy over every rank, and sampling,
+// each when due. The model comes in as callables, so these know nothing of it (train_gpt.cu binds them).
 #pragma once
 
 #include <algorithm>
@@ -8,9 +8,16 @@
 #include <utility>
 #include <vector>
 
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include "host/config.h"
 #include "host/dataloader.h"
 #include "host/hellaswag.h"
+#include "host/metrics.h"
 #include "host/rng.h"
+#include "host/tokenizer.h"
 #include "parallel/process_groups.h"
 
 // Mean loss over `batches` validation batches of B x T on every rank: the sum of all token losses
@@ -61,4 +68,54 @@ inline int sample_from_logits(const std::vector<float>& logits, float temperatur
         if (draw <= 0) return v;
     }
     return scored.back().second;
+}
+
+// What a run evaluates with: the validation loader (--val-every > 0), the HellaSwag set, the tokenizer
+// beside the training data (to decode samples; token ids are printed without one), the sampling RNG.
+struct Evaluation {
+    std::optional<DataLoader> val;
+    std::optional<HellaSwagSet> hellaswag;
+    std::optional<Tokenizer> tokenizer;
+    Rng sample_rng{0};
+};
+
+// Opens the run's evaluation data; every validation token is checked against the vocabulary first.
+inline Evaluation evaluation_of(const RunConfig& rc, const Distributed& d, int vocab_size) {
+    Evaluation e;
+    if (rc.val_every > 0) {
+        e.val.emplace(rc.val_data, rc.batch_size, rc.seq_len, d.rank, d.world_size, uint64_t(rc.seed), false);
+        e.val->check_tokens(vocab_size);
+    }
+    if (!rc.hellaswag.empty()) e.hellaswag = read_hellaswag(rc.hellaswag, vocab_size);
+    const std::string tokenizer_path = (std::filesystem::path(rc.train_data).parent_path() / "tokenizer.bin").string();
+    if (std::filesystem::exists(tokenizer_path)) e.tokenizer.emplace(tokenizer_path);
+    e.sample_rng = Rng(uint64_t(rc.seed) ^ 0x5A4D504C45ull);
+    return e;
+}
+
+// The model, as evaluation calls it.
+struct EvaluatedModel {
+    std::function<double(DataLoader& val)> validation_loss;                // over every rank
+    std::function<HellaSwagResult(const HellaSwagSet& set)> hellaswag;     // over every rank
+    std::function<std::vector<int>(int eot, int count, Rng& rng)> sample;  // tokens after eot
+};
+
+// After step `done` (`last`: the run's last step): the validation loss and HellaSwag every --val-every
+// steps and after the last step (every rank takes part), a sample every --sample-every steps and
+// after the last step (rank 0 only), each logged.
+inline void evaluate_when_due(const RunConfig& rc, Evaluation& e, const EvaluatedModel& model, RunLog& log, int rank,
+                              int64_t done, bool last) {
+    if (e.val && (done % rc.val_every == 0 || last)) log.val(done, model.validation_loss(*e.val));
+    if (e.hellaswag && ((rc.val_every > 0 && done % rc.val_every == 0) || last)) {
+        const HellaSwagResult hs = model.hellaswag(*e.hellaswag);
+        log.hellaswag(done, hs.accuracy(), hs.correct, hs.total, hs.skipped);
+    }
+    if (rc.sample_every > 0 && (done % rc.sample_every == 0 || last) && rank == 0) {
+        const std::vector<int> tokens = model.sample(e.tokenizer ? e.tokenizer->eot_token() : 50256,
+                                                     std::min(rc.gen_tokens, rc.seq_len - 1), e.sample_rng);
+        std::string text;
+        if (e.tokenizer) text = e.tokenizer->decode(tokens);
+        else for (int t : tokens) text += std::to_string(t) + " ";
+        log.sample(done, text);
+    }
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -107,6 +108,19 @@ public:
 private:
     std::map<std::string, void*> pointers_;
 };
+
+// The largest micro-batch B in [1, 4096] whose plan, `plan_bytes(B)` (growing with B), fits in `bytes`;
+// 0 if none: powers of two up, then a binary refinement between the last that fits and twice it.
+inline int largest_fitting_batch(const std::function<size_t(int)>& plan_bytes, size_t bytes) {
+    int best = 0;
+    for (int b = 1; b <= 4096; b *= 2) {
+        if (plan_bytes(b) > bytes) break;
+        best = b;
+    }
+    for (int step = best / 2; step >= 1; step /= 2)
+        if (plan_bytes(best + step) <= bytes) best += step;
+    return best;
+}
 
 // --dry-run's report of a rank's plan for the run `rc`: its table, or with --json one JSON object, and
 // the largest micro-batch that fits `budget` bytes in each recompute mode (`fits`: mode -> B).

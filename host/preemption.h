@@ -5,6 +5,11 @@
 #pragma once
 
 #include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+
+#include "parallel/process_groups.h"
 
 constexpr int kPreemptedExitCode = 75;  // EX_TEMPFAIL (sysexits.h): temporary failure, try again later
 
@@ -26,3 +31,23 @@ inline void install_preemption_handlers() {
 // The signal received so far (0: none).
 inline int stop_signal_received() { return preemption_detail::stop_signal; }
 inline const char* signal_name(int signal) { return signal == SIGTERM ? "SIGTERM" : signal == SIGUSR1 ? "SIGUSR1" : "a signal"; }
+
+// After step `done`: whether the run stops there. The ranks agree (a signal may reach them at different
+// moments), so all stop after the same step; then `save()` writes that step's checkpoint when there is
+// an output dir and none was attempted after it yet (`attempted`; `saved`: it was written), and rank 0
+// says why the run stops.
+inline bool stop_requested(const Distributed& d, int64_t done, bool has_output, bool attempted, bool saved,
+                           const std::function<bool()>& save) {
+    if (all_ranks_sum(d, (long long)(stop_signal_received() != 0)) == 0) return false;
+    if (has_output && !attempted) saved = save();
+    if (d.rank == 0) {
+        const int signal = stop_signal_received();
+        std::fprintf(stderr, "train_gpt: %s: stopped after step %lld, %s; exit status %d (resume with -y)\n",
+                     signal ? signal_name(signal) : "a stop signal on another rank", (long long)done,
+                     !has_output ? "no checkpoint (no -o)"
+                     : saved     ? "its checkpoint is written"
+                                 : "its checkpoint could not be written (see above)",
+                     kPreemptedExitCode);
+    }
+    return true;
+}

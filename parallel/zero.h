@@ -9,12 +9,17 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
 #include <vector>
 
+#include "host/memory_plan.h"
+#include "kernels/adamw.cuh"
 #include "kernels/common.cuh"
 #include "kernels/elementwise.cuh"
+#include "kernels/global_norm.cuh"
 #include "parallel/process_groups.h"
 
 struct ShardLayout {
@@ -83,4 +88,125 @@ inline void reduce_gradients(const ShardLayout& sh, const Distributed& d, floatX
 inline void gather_parameters(const ShardLayout& sh, const Distributed& d, floatX* params, cudaStream_t stream) {
     if (sh.zero_stage == 0) return;
     NCCL_CHECK(ncclAllGather(params + sh.shard_begin(), params, sh.shard_size, nccl_type_of_floatX(), d.nccl, stream));
+}
+
+// Every device buffer the sharding decides: the parameters (padded to equal shards), the gradients
+// (all, or under stage 2 this rank's shard plus the buffers a layer's gradients pass through on the
+// way to it: two alternating layer buffers, one for the global tensors, one to receive a reduced
+// slice), and the optimizer state of this rank's range.
+inline void plan_sharded_buffers(MemoryPlan& plan, const ShardLayout& shard, size_t layer_parameters,
+                                 size_t global_parameters) {
+    const size_t X = sizeof(floatX), F = sizeof(float);
+    plan.add("params", "params", shard.padded_size * X);
+    if (shard.zero_stage == 2) {
+        plan.add("grads", "grads", shard.shard_size * X);  // this rank's shard, accumulated over micro-steps
+        plan.add("grad_layer_buffer_0", "communication", layer_parameters * X);
+        plan.add("grad_layer_buffer_1", "communication", layer_parameters * X);
+        plan.add("grad_global_buffer", "communication", global_parameters * X);
+        plan.add("grad_reduce_receive", "communication", shard.shard_size * X);
+    } else {
+        plan.add("grads", "grads", shard.padded_size * X);
+    }
+    plan.add("master", "master", shard.optimizer_size() * F);
+    plan.add("adam_m", "adam_m", shard.optimizer_size() * F);
+    plan.add("adam_v", "adam_v", shard.optimizer_size() * F);
+}
+
+// The L2 norm over all ranks of a flat-buffer-sized tensor, from this rank's part at `local`
+// (ShardLayout::norm_begin/norm_count): the squares summed on the device into *out, over the ranks.
+inline float all_ranks_norm(const ShardLayout& sh, const Distributed& d, const floatX* local, float* out, float* scratch,
+                            cudaStream_t stream) {
+    global_norm_squared(out, local, sh.norm_count(), scratch, stream);
+    if (sh.zero_stage > 0) NCCL_CHECK(ncclAllReduce(out, out, 1, ncclFloat32, ncclSum, d.nccl, stream));
+    float norm_squared = 0;
+    CUDA_CHECK(cudaMemcpyAsync(&norm_squared, out, sizeof(float), cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    return std::sqrt(norm_squared);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The optimizer: AdamW (Loshchilov & Hutter 2019, kernels/adamw.cuh) on this rank's range of the
+// flat buffer (ShardLayout::optimizer_*), with FP32 master weights and moments for that range only.
+
+struct OptimizerConfig {
+    float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.0f;
+    float grad_clip = 1.0f;  // clip the global gradient norm to this (0: no clipping)
+    uint64_t seed = 1337;    // stochastic rounding of BF16 parameters
+};
+
+// One tensor of the flat parameter buffer, and whether weight decay applies to it.
+struct ParameterRange {
+    size_t offset, size;
+    bool decays;
+};
+
+struct ShardedAdamW {
+    ShardLayout shard;
+    OptimizerConfig config;
+    std::vector<ParameterRange> tensors;  // the flat buffer's tensors, in order
+    float* master = nullptr;              // FP32 master weights of the optimizer range
+    float* adam_m = nullptr;
+    float* adam_v = nullptr;
+    int step = 0;  // optimizer steps taken
+};
+
+// The master weights from this rank's range of the parameters; the moments cleared; step 0. On several
+// ranks the parameters must already agree (same seed, or the same checkpoint).
+inline void optimizer_start(ShardedAdamW& o, const floatX* params, cudaStream_t stream) {
+    const size_t n = o.shard.optimizer_size();
+    std::vector<floatX> range(n);
+    CUDA_CHECK(cudaMemcpyAsync(range.data(), params + o.shard.optimizer_begin(), n * sizeof(floatX), cudaMemcpyDeviceToHost,
+                               stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    std::vector<float> master(n);
+    for (size_t i = 0; i < n; ++i) master[i] = to_float(range[i]);
+    CUDA_CHECK(cudaMemcpyAsync(o.master, master.data(), n * sizeof(float), cudaMemcpyHostToDevice, stream));
+    CUDA_CHECK(cudaMemsetAsync(o.adam_m, 0, n * sizeof(float), stream));
+    CUDA_CHECK(cudaMemsetAsync(o.adam_v, 0, n * sizeof(float), stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));  // `master` is host memory freed on return
+    o.step = 0;
+}
+
+// One AdamW step on this rank's range of each tensor (weight decay only where it decays), gradients
+// scaled by grad_scale (clipping), then under stages 1-2 every rank gathers all updated shards.
+// `grads` is the full gradient buffer (stages 0-1) or this rank's shard (stage 2).
+inline void optimizer_update(ShardedAdamW& o, const Distributed& d, floatX* params, const floatX* grads,
+                             float learning_rate, float grad_scale, cudaStream_t stream) {
+    const ShardLayout& sh = o.shard;
+    ++o.step;
+    const size_t lo = sh.optimizer_begin(), hi = lo + sh.optimizer_size();
+    for (const ParameterRange& t : o.tensors) {
+        const size_t begin = std::max(lo, t.offset), end = std::min(hi, t.offset + t.size);
+        if (begin >= end) continue;
+        const AdamWHyper hyper{learning_rate, o.config.beta1, o.config.beta2, o.config.eps,
+                               t.decays ? o.config.weight_decay : 0.0f};
+        const floatX* g = sh.zero_stage == 2 ? grads + (begin - sh.shard_begin()) : grads + begin;
+        adamw_update(params + begin, o.master + (begin - lo), o.adam_m + (begin - lo), o.adam_v + (begin - lo), g,
+                     end - begin, hyper, o.step, grad_scale, o.config.seed, begin, stream);
+    }
+    gather_parameters(sh, d, params, stream);
+}
+
+// The optimizer state of this rank's range on the host (checkpoints): its first `count` elements.
+struct OptimizerState {
+    std::vector<float> master, adam_m, adam_v;
+};
+
+inline OptimizerState download_optimizer_state(const ShardedAdamW& o, size_t count, cudaStream_t stream) {
+    OptimizerState s{std::vector<float>(count), std::vector<float>(count), std::vector<float>(count)};
+    CUDA_CHECK(cudaMemcpyAsync(s.master.data(), o.master, count * sizeof(float), cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaMemcpyAsync(s.adam_m.data(), o.adam_m, count * sizeof(float), cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaMemcpyAsync(s.adam_v.data(), o.adam_v, count * sizeof(float), cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    return s;
+}
+
+// Restores the whole optimizer range (the state's vectors are optimizer_size() long) and the step.
+inline void upload_optimizer_state(ShardedAdamW& o, const OptimizerState& s, int step, cudaStream_t stream) {
+    const size_t bytes = o.shard.optimizer_size() * sizeof(float);
+    CUDA_CHECK(cudaMemcpyAsync(o.master, s.master.data(), bytes, cudaMemcpyHostToDevice, stream));
+    CUDA_CHECK(cudaMemcpyAsync(o.adam_m, s.adam_m.data(), bytes, cudaMemcpyHostToDevice, stream));
+    CUDA_CHECK(cudaMemcpyAsync(o.adam_v, s.adam_v.data(), bytes, cudaMemcpyHostToDevice, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));  // before the host buffers go
+    o.step = step;
 }

@@ -47,8 +47,8 @@ std::vector<float> random_floats(size_t n, uint64_t seed) {
 }
 
 // Odd sizes everywhere: V not a multiple of anything, Vp padded, C a multiple of NH.
-const ModelHeader kTinyFp32{3, 7, 37, 3, 3, 9, 40};
-const ModelHeader kTinyBf16{5, 7, 37, 3, 3, 9, 40};
+const ModelHeader kTinyFp32{{7, 37, 40, 3, 3, 9}, 3};
+const ModelHeader kTinyBf16{{7, 37, 40, 3, 3, 9}, 5};
 
 // The sum of the 16 tensor shapes, written out independently of the library's closed form.
 size_t shape_sum(const ModelHeader& h) {
@@ -106,9 +106,9 @@ void write_checkpoint(const std::string& out, int64_t step, const ModelHeader& h
 
 TEST_CASE("gpt2_parameter_count matches llm.c's 124M model and the shape table") {
     // llm.c prints num_parameters: 124475904 for GPT-2 124M with the vocab padded to 50304.
-    CHECK(gpt2_parameter_count({3, 1024, 50257, 12, 12, 768, 50304}) == 124475904);
+    CHECK(gpt2_parameter_count({{1024, 50257, 50304, 12, 12, 768}, 3}) == 124475904);
     CHECK(gpt2_parameter_count(kTinyFp32) == shape_sum(kTinyFp32));
-    CHECK(gpt2_parameter_count({5, 1, 1, 1, 1, 1, 1}) == shape_sum({5, 1, 1, 1, 1, 1, 1}));
+    CHECK(gpt2_parameter_count({{1, 1, 1, 1, 1, 1}, 5}) == shape_sum({{1, 1, 1, 1, 1, 1}, 5}));
 }
 
 TEST_CASE("model checkpoint round trip, fp32 (version 3) and bf16 (version 5), odd sizes") {
@@ -444,7 +444,7 @@ TEST_CASE("training state bad inputs give a one-line message") {
 TEST_CASE("checkpoint directory: latest complete checkpoint and keep-last-K") {
     TempDir dir;
     const std::string out = dir.path.string();
-    const ModelHeader h{3, 4, 11, 1, 2, 4, 12};
+    const ModelHeader h{{4, 11, 12, 1, 2, 4}, 3};
     CHECK(model_checkpoint_path(out, 300) == out + "/model_00000300.bin");
     CHECK(state_checkpoint_path(out, 300) == out + "/state_00000300.bin");
     CHECK_FALSE(latest_complete_checkpoint(out));
@@ -490,7 +490,7 @@ TEST_CASE("checkpoint directory: latest complete checkpoint and keep-last-K") {
     CHECK(fs::exists(dir.file("state_abc.bin")));
 
     SECTION("a model whose size disagrees with the state is not complete") {
-        const ModelHeader bigger{3, 4, 11, 1, 2, 4, 16};
+        const ModelHeader bigger{{4, 11, 16, 1, 2, 4}, 3};
         const std::vector<float> params(gpt2_parameter_count(bigger));
         write_model_checkpoint(model_checkpoint_path(out, 300), bigger, params.data(), params.size());
         CHECK(latest_complete_checkpoint(out) == 200);

@@ -66,7 +66,7 @@ size_t cuemu_or_device_bytes() {
 // The FP32 master weights of this rank's optimizer range (all parameters at ZeRO-0).
 std::vector<float> download_master(const Trainer& tr) {
     std::vector<float> master(tr.model.shard.optimizer_size());
-    CUDA_CHECK(cudaMemcpy(master.data(), tr.master, master.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(master.data(), tr.optimizer.master, master.size() * sizeof(float), cudaMemcpyDeviceToHost));
     return master;
 }
 
@@ -369,7 +369,7 @@ TEST_CASE("weight decay: exactly the reference's tensors, by name and by effect 
     gpt2_zero_grad(tr.model);
     CUDA_CHECK(cudaStreamSynchronize(tr.model.stream));
     const std::vector<float> before = download_master(tr);
-    optimizer_update(tr, lr, 1.0f);
+    optimizer_update(tr.optimizer, tr.dist, tr.model.params_memory, tr.model.grads_memory, lr, 1.0f, tr.model.stream);
     CUDA_CHECK(cudaStreamSynchronize(tr.model.stream));
     const std::vector<float> after = download_master(tr);
     const ShardLayout& sh = tr.model.shard;
