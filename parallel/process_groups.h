@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "kernels/cuda_common.h"
 
@@ -110,4 +111,94 @@ inline double all_ranks_sum(const Distributed& d, double value) {
     double total = 0;
     MPI_CHECK(MPI_Allreduce(&value, &total, 1, MPI_DOUBLE, MPI_SUM, d.mpi));
     return total;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The process grid, which tensor, context and pipeline parallelism build their groups from (the layout
+// of picotron's process_group_manager and Megatron's parallel_state): the world's ranks arranged as
+// data x pipeline x context x tensor, tensor-parallel ranks adjacent (they exchange the most, so they
+// share a node), then context, pipeline, data. A rank's group along an axis: the ranks that differ
+// from it in that coordinate only. Today every run is data x 1 x 1 x 1: its data group is the world.
+
+enum class Axis { tensor, context, pipeline, data };
+constexpr Axis kAxes[] = {Axis::tensor, Axis::context, Axis::pipeline, Axis::data};  // fastest-varying first
+inline const char* axis_name(Axis a) {
+    return a == Axis::tensor ? "tensor" : a == Axis::context ? "context" : a == Axis::pipeline ? "pipeline" : "data";
+}
+
+// Ranks along each axis (the grid's shape), or one rank's coordinates in it.
+struct GridCoordinates {
+    int tensor = 1, context = 1, pipeline = 1, data = 1;
+    int& operator[](Axis a) { return a == Axis::tensor ? tensor : a == Axis::context ? context : a == Axis::pipeline ? pipeline : data; }
+    int operator[](Axis a) const { return const_cast<GridCoordinates&>(*this)[a]; }
+    int product() const { return tensor * context * pipeline * data; }
+};
+
+// "" when `shape` (every axis >= 1) spans exactly `world_size` ranks, else why not.
+inline std::string grid_problem(const GridCoordinates& shape, int world_size) {
+    for (Axis a : kAxes)
+        if (shape[a] < 1) return std::string(axis_name(a)) + "-parallel size " + std::to_string(shape[a]) + " must be at least 1";
+    if (shape.product() != world_size)
+        return "tensor x context x pipeline x data = " + std::to_string(shape.tensor) + " x " + std::to_string(shape.context) +
+               " x " + std::to_string(shape.pipeline) + " x " + std::to_string(shape.data) + " = " +
+               std::to_string(shape.product()) + " ranks, but the world has " + std::to_string(world_size);
+    return "";
+}
+
+// A rank's coordinates in the grid, and back.
+inline GridCoordinates grid_position(int rank, const GridCoordinates& shape) {
+    GridCoordinates at;
+    for (Axis a : kAxes) {
+        at[a] = rank % shape[a];
+        rank /= shape[a];
+    }
+    return at;
+}
+inline int grid_rank(const GridCoordinates& at, const GridCoordinates& shape) {
+    int rank = 0;
+    for (int i = 3; i >= 0; --i) rank = rank * shape[kAxes[i]] + at[kAxes[i]];
+    return rank;
+}
+
+// The world ranks of `rank`'s group along `axis`, in the order of that coordinate (group rank i is
+// the i-th).
+inline std::vector<int> group_ranks(int rank, const GridCoordinates& shape, Axis axis) {
+    GridCoordinates at = grid_position(rank, shape);
+    std::vector<int> ranks;
+    for (int i = 0; i < shape[axis]; ++i) {
+        at[axis] = i;
+        ranks.push_back(grid_rank(at, shape));
+    }
+    return ranks;
+}
+
+// One group's communicators: MPI (host values) and NCCL (device tensors); rank and size within it.
+struct ProcessGroup {
+    MPI_Comm mpi = MPI_COMM_NULL;
+    ncclComm_t nccl = nullptr;
+    int rank = 0, size = 1;
+};
+
+// Creates this rank's group along `axis`. Collective over the whole world: every rank calls it with the
+// same shape and axis (each belongs to exactly one group per axis). Group rank 0 makes the NCCL id and
+// broadcasts it over the group's MPI communicator.
+inline ProcessGroup make_process_group(const GridCoordinates& shape, int world_rank, Axis axis) {
+    const GridCoordinates at = grid_position(world_rank, shape);
+    GridCoordinates first = at;  // the group's rank 0 names it
+    first[axis] = 0;
+    ProcessGroup g;
+    g.rank = at[axis];
+    g.size = shape[axis];
+    MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, grid_rank(first, shape), g.rank, &g.mpi));
+    ncclUniqueId id;
+    if (g.rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+    MPI_CHECK(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, g.mpi));
+    NCCL_CHECK(ncclCommInitRank(&g.nccl, g.size, id, g.rank));
+    return g;
+}
+
+inline void release_process_group(ProcessGroup& g) {
+    if (g.nccl) NCCL_CHECK(ncclCommDestroy(g.nccl));
+    if (g.mpi != MPI_COMM_NULL) MPI_CHECK(MPI_Comm_free(&g.mpi));
+    g = ProcessGroup{};
 }

@@ -20,6 +20,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "parallel/process_groups.h"
 #include "test_util.h"
 
 namespace {
@@ -491,6 +492,39 @@ TEST_CASE("communicators of disjoint rank subsets: even and odd ranks") {
     float want = 0;
     for (int r = parity; r < world_size; r += 2) want += float(r + 1);
     CHECK(value.download() == std::vector<float>(3, want));
+}
+
+TEST_CASE("process groups: along every axis of every grid shape, a collective reaches exactly the group") {
+    // Every (tensor, context, pipeline, data) split of the world; at 4 ranks, two axes of 2 too.
+    for (int t = 1; t <= world_size; ++t)
+        for (int c = 1; c <= world_size; ++c)
+            for (int p = 1; p <= world_size; ++p) {
+                if (world_size % (t * c * p) != 0) continue;
+                const GridCoordinates shape{t, c, p, world_size / (t * c * p)};
+                for (Axis axis : kAxes) {
+                    INFO("tp " << t << " cp " << c << " pp " << p << ", the " << axis_name(axis) << " group");
+                    ProcessGroup g = make_process_group(shape, world_rank, axis);
+                    CHECK(g.rank == grid_position(world_rank, shape)[axis]);
+                    CHECK(g.size == shape[axis]);
+                    int mpi_rank = -1;
+                    MPI_Comm_rank(g.mpi, &mpi_rank);
+                    CHECK(mpi_rank == g.rank);
+                    // Sums of (world rank + 1) over the group, on the device (NCCL) and the host (MPI).
+                    float want = 0;
+                    for (int member : group_ranks(world_rank, shape, axis)) want += float(member + 1);
+                    DeviceBuffer<float> value(std::vector<float>(2, float(world_rank + 1)));
+                    cudaStream_t stream;
+                    CUDA_CHECK(cudaStreamCreate(&stream));
+                    CHECK_NCCL(ncclAllReduce(value.ptr, value.ptr, 2, ncclFloat32, ncclSum, g.nccl, stream));
+                    CUDA_CHECK(cudaStreamSynchronize(stream));
+                    CUDA_CHECK(cudaStreamDestroy(stream));
+                    CHECK(value.download() == std::vector<float>(2, want));
+                    float host = float(world_rank + 1), host_sum = 0;
+                    MPI_Allreduce(&host, &host_sum, 1, MPI_FLOAT, MPI_SUM, g.mpi);
+                    CHECK(host_sum == want);
+                    release_process_group(g);
+                }
+            }
 }
 
 TEST_CASE("reductions sum in FP32 in rank order and round to the data type once") {

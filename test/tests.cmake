@@ -51,7 +51,7 @@ if(NOT GPU)
 endif()
 
 # NCCL collectives across ranks (skipped, exit 77, on a GPU node with fewer GPUs than ranks), and on one.
-foreach(np 1 2 3)  # 1: the single-rank path (no MPI work, a copy)
+foreach(np 1 2 3 4)  # 1: the single-rank path (no MPI work, a copy); 4: process grids of two axes
   add_test(test_mpi_nccl_np${np} ${MPIRUN} -np ${np} ${TEST_BIN}/test_mpi_nccl)
   set_tests_properties(test_mpi_nccl_np${np} PROPERTIES SKIP_RETURN_CODE 77 ENVIRONMENT "CUEMU_RACECHECK=1")
 endforeach()
@@ -76,6 +76,7 @@ add_test(test_checkpoint ${TEST_BIN}/test_checkpoint)
 # Host modules of the training program: CLI + JSON config, LR and batch-size schedules, reporting.
 add_test(test_config ${TEST_BIN}/test_config)
 add_test(test_schedule ${TEST_BIN}/test_schedule)
+add_test(test_process_groups ${TEST_BIN}/test_process_groups)
 
 # The training step under mpirun (test_mpi_train.cu), both precisions: ranks, ZeRO stage and
 # micro-steps per rank. The issue's equivalences (same global batch): 1 rank; 1 rank x 4 micro-steps;
