@@ -270,6 +270,7 @@ struct GPT2 {
     double loss_sum = 0;           // sum of per-token losses of the last forward pass with targets
     int valid_targets = 0;         // targets != -1 in it
     cudaStream_t stream = nullptr;
+    Matmul matmul;  // the cuBLASLt handle and workspace of this model's matmuls
 };
 
 // Copies between the host and the model's device buffers on the model's stream, then waits for it.
@@ -426,11 +427,11 @@ inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int 
     model.targets = m.get<int>("targets");
     model.max_batch = B;
     model.max_tokens = T;
-    matmul_init(m.get<void>("matmul_workspace"));
+    model.matmul = matmul_create(m.get<void>("matmul_workspace"));
 }
 
 inline void gpt2_free(GPT2& model) {
-    matmul_destroy();
+    matmul_destroy(model.matmul);
     model.memory.free_all();
     model.params_memory = model.grads_memory = nullptr;
 }
@@ -487,15 +488,16 @@ inline void block_forward_to_mlp(GPT2& model, int l, const LayerActivations& x) 
     const LayerTensors w = layer_view(model.params, cfg, l);
     floatX* branch = model.acts.branch;
     cudaStream_t stream = model.stream;
+    const Matmul& mm = model.matmul;
     // Attention branch: x + attproj(attention(ln1(x)))
-    matmul_forward(x.qkv, x.ln1, w.qkvw, w.qkvb, BT, C, 3 * C, stream);
+    matmul_forward(mm, x.qkv, x.ln1, w.qkvw, w.qkvb, BT, C, 3 * C, stream);
     if (model.options.attention == Attention::tc) attention_tc_forward(x.atty, x.att_lse, x.qkv, B, T, C, NH, stream);
     else attention_forward(x.atty, x.att_lse, x.qkv, B, T, C, NH, stream);
-    matmul_forward(branch, x.atty, w.attprojw, w.attprojb, BT, C, C, stream);
+    matmul_forward(mm, branch, x.atty, w.attprojw, w.attprojb, BT, C, C, stream);
     fused_residual_layernorm_forward(x.residual2, x.ln2, x.ln2_mean, x.ln2_rstd, x.input, branch, w.ln2w, w.ln2b, BT, C,
                                      stream);
     // MLP's first half: gelu(fc(ln2(x))), GELU fused into the matmul's epilogue (fch keeps its input)
-    matmul_forward(x.fch_gelu, x.ln2, w.fcw, w.fcb, BT, C, 4 * C, stream, x.fch);
+    matmul_forward(mm, x.fch_gelu, x.ln2, w.fcw, w.fcb, BT, C, 4 * C, stream, x.fch);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -526,6 +528,7 @@ inline double gpt2_forward(GPT2& model, const int* inputs_host, const int* targe
     model.T = T;
     model.inputs_host.assign(inputs_host, inputs_host + BT);
     cudaStream_t stream = model.stream;
+    const Matmul& mm = model.matmul;
     CUDA_CHECK(cudaMemcpyAsync(model.inputs, inputs_host, BT * sizeof(int), cudaMemcpyHostToDevice, stream));
     if (targets_host)
         CUDA_CHECK(cudaMemcpyAsync(model.targets, targets_host, BT * sizeof(int), cudaMemcpyHostToDevice, stream));
@@ -543,7 +546,7 @@ inline double gpt2_forward(GPT2& model, const int* inputs_host, const int* targe
         const LayerActivations x = layer_activations(model, l);
         block_forward_to_mlp(model, l, x);
         // MLP branch's second half: x + fcproj(fch_gelu)
-        matmul_forward(a.branch, x.fch_gelu, w.fcprojw, w.fcprojb, BT, 4 * C, C, stream);
+        matmul_forward(mm, a.branch, x.fch_gelu, w.fcprojw, w.fcprojb, BT, 4 * C, C, stream);
         // The residual add, fused with the next LayerNorm: the next layer's ln1, or the final one
         if (l + 1 < L) {
             const LayerTensors next_w = layer_view(p, cfg, l + 1);
@@ -557,7 +560,7 @@ inline double gpt2_forward(GPT2& model, const int* inputs_host, const int* targe
     }
 
     // Tied output head: logits = lnf @ wte^T over the padded vocabulary.
-    matmul_forward(a.logits, a.lnf, p.wte, nullptr, BT, C, Vp, stream);
+    matmul_forward(mm, a.logits, a.lnf, p.wte, nullptr, BT, C, Vp, stream);
     if (!targets_host) return 0.0;
 
     fused_classifier(a.logits, a.losses, model.targets, grad_scale, BT, V, Vp, grad_scale > 0.0f, stream);
@@ -613,6 +616,7 @@ inline void gpt2_backward(GPT2& model, const std::function<void(int)>& layer_don
     const int B = model.B, T = model.T, BT = B * T;
     const size_t btc = size_t(BT) * C;
     cudaStream_t stream = model.stream;
+    const Matmul& mm = model.matmul;
     ParameterTensors& p = model.params;
     ParameterTensors& g = model.grads;
     ActivationTensors& a = model.acts;
@@ -621,7 +625,7 @@ inline void gpt2_backward(GPT2& model, const std::function<void(int)>& layer_don
     if (model.shard.zero_stage == 2)  // the global tensors' gradients are per micro-step there
         CUDA_CHECK(cudaMemsetAsync(g.wte, 0, model.plan.bytes_of("grad_global_buffer"), stream));
     // Output head: dlnf = dlogits @ wte, dwte += dlogits^T @ lnf.
-    matmul_backward(b.dbuf_c, g.wte, nullptr, b.scratch, a.logits, a.lnf, p.wte, BT, C, Vp, stream);
+    matmul_backward(mm, b.dbuf_c, g.wte, nullptr, b.scratch, a.logits, a.lnf, p.wte, BT, C, Vp, stream);
     // Final LayerNorm: dresidual starts as the gradient of the last layer's output.
     CUDA_CHECK(cudaMemsetAsync(b.dresidual, 0, btc * sizeof(floatX), stream));
     layernorm_backward(b.dresidual, g.lnfw, g.lnfb, b.scratch, b.dbuf_c, a.residual3 + (L - 1) * btc, p.lnfw,
@@ -640,25 +644,26 @@ inline void gpt2_backward(GPT2& model, const std::function<void(int)>& layer_don
             block_forward_to_mlp(model, l, x);
         } else if (model.options.recompute == Recompute::selective) {
             layernorm_forward(x.ln2, nullptr, nullptr, x.residual2, w.ln2w, w.ln2b, BT, C, stream);
-            matmul_forward(x.fch_gelu, x.ln2, w.fcw, w.fcb, BT, C, 4 * C, stream, x.fch);
+            matmul_forward(mm, x.fch_gelu, x.ln2, w.fcw, w.fcb, BT, C, 4 * C, stream, x.fch);
         }
         // MLP branch. dresidual holds the gradient of residual3; the DGELU epilogue turns the gradient of
         // fch_gelu into the gradient of fch directly.
-        matmul_backward(b.dbuf_4c, dw.fcprojw, dw.fcprojb, b.scratch, b.dresidual, x.fch_gelu, w.fcprojw, BT, 4 * C, C,
-                        stream, x.fch);
-        matmul_backward(b.dbuf_c, dw.fcw, dw.fcb, b.scratch, b.dbuf_4c, x.ln2, w.fcw, BT, C, 4 * C, stream);
+        matmul_backward(mm, b.dbuf_4c, dw.fcprojw, dw.fcprojb, b.scratch, b.dresidual, x.fch_gelu, w.fcprojw, BT, 4 * C,
+                        C, stream, x.fch);
+        matmul_backward(mm, b.dbuf_c, dw.fcw, dw.fcb, b.scratch, b.dbuf_4c, x.ln2, w.fcw, BT, C, 4 * C, stream);
         // ln2's gradient joins the residual path: dresidual becomes the gradient of residual2.
         layernorm_backward(b.dresidual, dw.ln2w, dw.ln2b, b.scratch, b.dbuf_c, x.residual2, w.ln2w, x.ln2_mean,
                            x.ln2_rstd, BT, C, stream);
         // Attention branch. Recomputation rebuilds ln1 in the buffer ln2 took over (ln2 is no longer read).
-        matmul_backward(b.dbuf_c, dw.attprojw, dw.attprojb, b.scratch, b.dresidual, x.atty, w.attprojw, BT, C, C, stream);
+        matmul_backward(mm, b.dbuf_c, dw.attprojw, dw.attprojb, b.scratch, b.dresidual, x.atty, w.attprojw, BT, C, C,
+                        stream);
         if (model.options.attention == Attention::tc)
             attention_tc_backward(b.dbuf_4c, b.scratch, b.dbuf_c, x.qkv, x.atty, x.att_lse, B, T, C, NH, stream);
         else
             attention_backward(b.dbuf_4c, b.scratch, b.dbuf_c, x.qkv, x.atty, x.att_lse, B, T, C, NH, stream);
         if (model.options.recompute != Recompute::none)
             layernorm_forward(x.ln1, nullptr, nullptr, x.input, w.ln1w, w.ln1b, BT, C, stream);
-        matmul_backward(b.dbuf_c, dw.qkvw, dw.qkvb, b.scratch, b.dbuf_4c, x.ln1, w.qkvw, BT, C, 3 * C, stream);
+        matmul_backward(mm, b.dbuf_c, dw.qkvw, dw.qkvb, b.scratch, b.dbuf_4c, x.ln1, w.qkvw, BT, C, 3 * C, stream);
         // ln1's gradient joins too: dresidual becomes the gradient of this layer's input.
         layernorm_backward(b.dresidual, dw.ln1w, dw.ln1b, b.scratch, b.dbuf_c, x.input, w.ln1w, x.ln1_mean, x.ln1_rstd,
                            BT, C, stream);

@@ -72,14 +72,14 @@ int main(int argc, char** argv) {
     for (floatX* p : {weight, dweight})
         CUDA_CHECK(cudaMemcpy(p, fill.data(), max_weight * sizeof(floatX), cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(out, fill.data(), max_out * sizeof(floatX), cudaMemcpyHostToDevice));
-    matmul_init(workspace);
+    Matmul mm = matmul_create(workspace);
 
     // One step's matmuls: forward out = inp W^T; backward dinp = dout W and dweight += dout^T inp.
     auto step = [&] {
         for (const Shape& s : shapes)
             for (int i = 0; i < s.count; ++i) {
-                matmul_forward(out, inp, weight, nullptr, N, s.C, s.OC, 0);
-                matmul_backward(dinp, dweight, nullptr, nullptr, out, inp, weight, N, s.C, s.OC, 0);
+                matmul_forward(mm, out, inp, weight, nullptr, N, s.C, s.OC, 0);
+                matmul_backward(mm, dinp, dweight, nullptr, nullptr, out, inp, weight, N, s.C, s.OC, 0);
             }
         CUDA_CHECK(cudaDeviceSynchronize());
     };
@@ -94,7 +94,7 @@ int main(int argc, char** argv) {
     }
     std::printf("gemm_limit: %s B=%d T=%d [%s]: %.1f GFLOP of matmuls per step, %.3f s at %.1f GFLOP/s\n", model.c_str(),
                 B, T, kPrecisionName, flops / 1e9, best, flops / best / 1e9);
-    matmul_destroy();
+    matmul_destroy(mm);
     for (void* p : {(void*)inp, (void*)dinp, (void*)weight, (void*)dweight, (void*)out, workspace}) CUDA_CHECK(cudaFree(p));
     return EXIT_SUCCESS;
 }

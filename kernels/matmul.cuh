@@ -43,10 +43,14 @@ inline std::string matmul_requirements(int C, int OC) {
     return "";
 }
 
-namespace matmul_detail {
+// The cuBLASLt handle and its workspace: owned by whoever runs matmuls (the model owns one), and
+// passed to every matmul. No global state: two models, or a test beside a model, never share one.
+struct Matmul {
+    cublasLtHandle_t handle = nullptr;
+    void* workspace = nullptr;  // kMatmulWorkspaceBytes of device memory, the owner's
+};
 
-inline cublasLtHandle_t handle = nullptr;
-inline void* workspace = nullptr;
+namespace matmul_detail {
 
 // A failing cuBLASLt call throws with the call, file, line and status (like CUDA_CHECK).
 inline void check_cublaslt(cublasStatus_t status, const char* call, const char* file, int line) {
@@ -90,7 +94,7 @@ inline KernelCost gemm_cost(const Gemm& g) {
 }
 
 // `name` labels the GEMM in launch records (launch_record.h).
-inline void run(const Gemm& g, cudaStream_t stream, const std::string& name) {
+inline void run(const Matmul& mm, const Gemm& g, cudaStream_t stream, const std::string& name) {
     cublasLtMatmulDesc_t desc;
     CUBLASLT_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const int32_t transa = g.transa, transb = g.transb;  // attribute types from cublasLt.h
@@ -127,7 +131,7 @@ inline void run(const Gemm& g, cudaStream_t stream, const std::string& name) {
 
     cublasLtMatmulHeuristicResult_t heuristic{};
     int found = 0;
-    CUBLASLT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, desc, a_layout, b_layout, d_layout, d_layout, preference, 1,
+    CUBLASLT_CHECK(cublasLtMatmulAlgoGetHeuristic(mm.handle, desc, a_layout, b_layout, d_layout, d_layout, preference, 1,
                                                   &heuristic, &found));
     if (found == 0)
         require_supported("cublasLtMatmulAlgoGetHeuristic",
@@ -138,8 +142,8 @@ inline void run(const Gemm& g, cudaStream_t stream, const std::string& name) {
     {
         const KernelCost cost = gemm_cost(g);
         launch_record::Scope recorded(name, cost.kind, cost.flops, cost.bytes, stream);
-        CUBLASLT_CHECK(cublasLtMatmul(handle, desc, &alpha, g.a, a_layout, g.b, b_layout, &g.beta, g.d, d_layout, g.d,
-                                      d_layout, &heuristic.algo, workspace, kMatmulWorkspaceBytes, stream));
+        CUBLASLT_CHECK(cublasLtMatmul(mm.handle, desc, &alpha, g.a, a_layout, g.b, b_layout, &g.beta, g.d, d_layout, g.d,
+                                      d_layout, &heuristic.algo, mm.workspace, kMatmulWorkspaceBytes, stream));
     }
     cublasLtMatmulPreferenceDestroy(preference);
     cublasLtMatrixLayoutDestroy(d_layout);
@@ -205,14 +209,15 @@ inline std::string record_name(const char* what, int C, int OC, std::initializer
     return name + ")";
 }
 
-// Launcher input checks (one line naming the launcher and the argument, then exit).
+// Launcher input checks (one line naming the launcher and the argument, thrown).
 struct NamedPointer {
     const char* name;
     const void* pointer;
     bool required = true;
 };
-inline void check_arguments(const char* launcher, int N, int C, int OC, std::initializer_list<NamedPointer> pointers) {
-    require_supported(launcher, handle == nullptr ? "matmul: matmul_init() was not called" : "");
+inline void check_arguments(const Matmul& mm, const char* launcher, int N, int C, int OC,
+                            std::initializer_list<NamedPointer> pointers) {
+    require_supported(launcher, mm.handle == nullptr ? "matmul: the Matmul has no handle (matmul_create)" : "");
     require_supported(launcher, N < 0 ? "matmul: N = " + std::to_string(N) + " is negative" : "");
     require_supported(launcher, matmul_requirements(C, OC));
     for (const NamedPointer& p : pointers) {
@@ -228,24 +233,24 @@ inline void check_arguments(const char* launcher, int N, int C, int OC, std::ini
 
 // The caller owns the workspace (kMatmulWorkspaceBytes of device memory), so that the program's
 // memory plan accounts for it; matmul_destroy does not free it.
-inline void matmul_init(void* workspace) {
-    require_supported("matmul_init", workspace == nullptr ? "matmul: workspace is null" : "");
-    if (matmul_detail::handle == nullptr) CUBLASLT_CHECK(cublasLtCreate(&matmul_detail::handle));
-    matmul_detail::workspace = workspace;
+inline Matmul matmul_create(void* workspace) {
+    require_supported("matmul_create", workspace == nullptr ? "matmul: workspace is null" : "");
+    Matmul mm;
+    CUBLASLT_CHECK(cublasLtCreate(&mm.handle));
+    mm.workspace = workspace;
+    return mm;
 }
 
-inline void matmul_destroy() {
-    if (matmul_detail::handle == nullptr) return;
-    CUBLASLT_CHECK(cublasLtDestroy(matmul_detail::handle));
-    matmul_detail::handle = nullptr;
-    matmul_detail::workspace = nullptr;
+inline void matmul_destroy(Matmul& mm) {
+    if (mm.handle != nullptr) CUBLASLT_CHECK(cublasLtDestroy(mm.handle));
+    mm = Matmul{};
 }
 
 // out (N, OC) = inp (N, C) @ weight (OC, C)^T + bias; with pre_gelu: pre_gelu = that, out = GELU(it).
-inline void matmul_forward(floatX* out, const floatX* inp, const floatX* weight, const floatX* bias, int N, int C,
-                           int OC, cudaStream_t stream, floatX* pre_gelu = nullptr) {
+inline void matmul_forward(const Matmul& mm, floatX* out, const floatX* inp, const floatX* weight, const floatX* bias,
+                           int N, int C, int OC, cudaStream_t stream, floatX* pre_gelu = nullptr) {
     using namespace matmul_detail;
-    check_arguments("matmul_forward", N, C, OC,
+    check_arguments(mm, "matmul_forward", N, C, OC,
                     {{"out", out}, {"inp", inp}, {"weight", weight}, {"bias", bias, false}, {"pre_gelu", pre_gelu, false}});
     if (N == 0) return;
     Gemm g{CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, weight, C, inp, C, out, OC};
@@ -253,7 +258,7 @@ inline void matmul_forward(floatX* out, const floatX* inp, const floatX* weight,
     g.aux = pre_gelu;
     g.epilogue = pre_gelu ? (bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
                           : (bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
-    run(g, stream, record_name("matmul_forward", C, OC, {bias ? "bias" : "", pre_gelu ? "gelu" : ""}));
+    run(mm, g, stream, record_name("matmul_forward", C, OC, {bias ? "bias" : "", pre_gelu ? "gelu" : ""}));
 }
 
 inline size_t matmul_backward_scratch_floats(int N, int OC) {
@@ -262,11 +267,11 @@ inline size_t matmul_backward_scratch_floats(int N, int OC) {
 
 // dinp = dout @ weight (overwritten; times gelu'(pre_gelu_of_inp) when given, which must not alias
 // dinp); dweight += dout^T @ inp; dbias += column sums of dout (deterministic, via scratch).
-inline void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, float* scratch, const floatX* dout,
-                            const floatX* inp, const floatX* weight, int N, int C, int OC, cudaStream_t stream,
-                            const floatX* pre_gelu_of_inp = nullptr) {
+inline void matmul_backward(const Matmul& mm, floatX* dinp, floatX* dweight, floatX* dbias, float* scratch,
+                            const floatX* dout, const floatX* inp, const floatX* weight, int N, int C, int OC,
+                            cudaStream_t stream, const floatX* pre_gelu_of_inp = nullptr) {
     using namespace matmul_detail;
-    check_arguments("matmul_backward", N, C, OC,
+    check_arguments(mm, "matmul_backward", N, C, OC,
                     {{"dinp", dinp}, {"dweight", dweight}, {"dout", dout}, {"inp", inp}, {"weight", weight},
                      {"pre_gelu_of_inp", pre_gelu_of_inp, false}, {"dbias", dbias, false},
                      {"scratch", scratch, dbias != nullptr}});
@@ -275,11 +280,11 @@ inline void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, float*
     Gemm input_grad{CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, weight, C, dout, OC, dinp, C};
     input_grad.aux = const_cast<floatX*>(pre_gelu_of_inp);  // DGELU reads it (cuBLASLt takes void*)
     input_grad.epilogue = pre_gelu_of_inp ? CUBLASLT_EPILOGUE_DGELU : CUBLASLT_EPILOGUE_DEFAULT;
-    run(input_grad, stream, record_name("matmul_backward_dinp", C, OC, {pre_gelu_of_inp ? "dgelu" : ""}));
+    run(mm, input_grad, stream, record_name("matmul_backward_dinp", C, OC, {pre_gelu_of_inp ? "dgelu" : ""}));
 
     Gemm weight_grad{CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, inp, C, dout, OC, dweight, C};
     weight_grad.beta = 1.0f;
-    run(weight_grad, stream, record_name("matmul_backward_dweight", C, OC, {}));
+    run(mm, weight_grad, stream, record_name("matmul_backward_dweight", C, OC, {}));
 
     if (dbias) {
         const int chunks = bias_grad_chunks(N), rows_per_chunk = int(ceil_div(N, chunks));

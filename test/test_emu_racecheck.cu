@@ -280,14 +280,14 @@ TEST_CASE("racecheck: cuBLASLt matmuls write D and the GELU aux, and read their 
     DeviceBuffer<floatX> inp(size_t(N) * C), weight(size_t(OC) * C), bias(OC), out(size_t(N) * OC),
         pre_gelu(size_t(N) * OC), copy_out(size_t(N) * OC);
     DeviceBuffer<char> workspace(kMatmulWorkspaceBytes);
-    matmul_init(workspace.ptr);
+    Matmul mm = matmul_create(workspace.ptr);
     inp.fill_bytes(0);
     weight.fill_bytes(0);
     bias.fill_bytes(0);
     CUDA_CHECK(cudaDeviceSynchronize());
     CHECK(races.take().empty());
 
-    matmul_forward(out.ptr, inp.ptr, weight.ptr, bias.ptr, N, C, OC, s1, pre_gelu.ptr);
+    matmul_forward(mm, out.ptr, inp.ptr, weight.ptr, bias.ptr, N, C, OC, s1, pre_gelu.ptr);
     // The GELU input (aux) read on another stream with no event: a race on pre_gelu.
     CUDA_CHECK(cudaMemcpyAsync(copy_out.ptr, pre_gelu.ptr, pre_gelu.count * sizeof(floatX), cudaMemcpyDeviceToDevice, s2));
     std::vector<std::string> reports = races.take();
@@ -298,13 +298,13 @@ TEST_CASE("racecheck: cuBLASLt matmuls write D and the GELU aux, and read their 
 
     // An operand read by a matmul, then overwritten on another stream: a write after read.
     CUDA_CHECK(cudaStreamSynchronize(s1));
-    matmul_forward(out.ptr, inp.ptr, weight.ptr, bias.ptr, N, C, OC, s1);
+    matmul_forward(mm, out.ptr, inp.ptr, weight.ptr, bias.ptr, N, C, OC, s1);
     CUDA_CHECK(cudaMemsetAsync(weight.ptr, 0, weight.count * sizeof(floatX), s2));
     reports = races.take();
     REQUIRE(reports.size() == 1);
     CHECK(contains(reports[0], "read by cublasLtMatmul"));
     CUDA_CHECK(cudaDeviceSynchronize());
-    matmul_destroy();
+    matmul_destroy(mm);
 }
 
 TEST_CASE("racecheck: record-only mode tracks nothing") {

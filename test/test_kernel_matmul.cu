@@ -76,14 +76,15 @@ double rounded_bound(double want, double fp32_bound) {
 struct MatmulLibrary {
     cudaStream_t stream;
     void* workspace = nullptr;
+    Matmul mm;
     MatmulLibrary() {
         CUDA_CHECK(cudaMalloc(&workspace, kMatmulWorkspaceBytes));
-        matmul_init(workspace);
+        mm = matmul_create(workspace);
         CUDA_CHECK(cudaStreamCreate(&stream));
     }
     ~MatmulLibrary() {
         cudaStreamDestroy(stream);
-        matmul_destroy();
+        matmul_destroy(mm);
         cudaFree(workspace);
     }
 };
@@ -104,7 +105,7 @@ void check_forward(const Size s, bool with_bias, bool with_gelu) {
         d_pre_gelu(size_t(s.N) * s.OC);
     d_out.fill_bytes(0xFF);  // NaN: every element must be written
     d_pre_gelu.fill_bytes(0xFF);
-    matmul_forward(d_out.ptr, d_inp.ptr, d_weight.ptr, with_bias ? d_bias.ptr : nullptr, s.N, s.C, s.OC,
+    matmul_forward(library.mm, d_out.ptr, d_inp.ptr, d_weight.ptr, with_bias ? d_bias.ptr : nullptr, s.N, s.C, s.OC,
                    library.stream, with_gelu ? d_pre_gelu.ptr : nullptr);
     const auto out = d_out.download(), pre_gelu = d_pre_gelu.download();
 
@@ -153,7 +154,7 @@ void check_backward(const Size s, bool with_gelu, bool with_bias) {
 
     auto backward = [&] {
         d_dinp.fill_bytes(0xFF);  // NaN: dinp is overwritten, never read
-        matmul_backward(d_dinp.ptr, d_dweight.ptr, with_bias ? d_dbias.ptr : nullptr,
+        matmul_backward(library.mm, d_dinp.ptr, d_dweight.ptr, with_bias ? d_dbias.ptr : nullptr,
                         with_bias ? d_scratch.ptr : nullptr, d_dout.ptr, d_inp.ptr, d_weight.ptr, s.N, s.C, s.OC,
                         library.stream, with_gelu ? d_pre_gelu.ptr : nullptr);
         return BackwardResult{d_dinp.download(), d_dweight.download(), d_dbias.download()};
@@ -248,11 +249,11 @@ TEST_CASE("matmul_forward is deterministic") {
     DeviceBuffer<floatX> inp(random_values(size_t(s.N) * s.C, 1.0f, rng)),
         weight(random_values(size_t(s.OC) * s.C, 1.0f, rng)), bias(random_values(s.OC, 1.0f, rng)),
         out(size_t(s.N) * s.OC), pre_gelu(size_t(s.N) * s.OC);
-    matmul_forward(out.ptr, inp.ptr, weight.ptr, bias.ptr, s.N, s.C, s.OC, library.stream, pre_gelu.ptr);
+    matmul_forward(library.mm, out.ptr, inp.ptr, weight.ptr, bias.ptr, s.N, s.C, s.OC, library.stream, pre_gelu.ptr);
     const auto out_first = out.download(), pre_gelu_first = pre_gelu.download();
     out.fill_bytes(0);
     pre_gelu.fill_bytes(0);
-    matmul_forward(out.ptr, inp.ptr, weight.ptr, bias.ptr, s.N, s.C, s.OC, library.stream, pre_gelu.ptr);
+    matmul_forward(library.mm, out.ptr, inp.ptr, weight.ptr, bias.ptr, s.N, s.C, s.OC, library.stream, pre_gelu.ptr);
     CHECK(bitwise_equal(out.download(), out_first));
     CHECK(bitwise_equal(pre_gelu.download(), pre_gelu_first));
 }
