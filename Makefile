@@ -61,6 +61,7 @@ NVCCFLAGS = $(COMMON_FLAGS) -O3 $(GPU_ARCH) -Xptxas -v -Xcompiler -pthread $(MPI
 GPU_LDLIBS = -L$(CUDA_HOME)/lib64 -lcublasLt -lnccl $(MPI_LIB)
 
 EMU_SRC := $(wildcard emu/*.cpp)
+HOST_SRC := $(wildcard host/*.cpp)
 # Header dependencies come from the compilers (-MMD: each object's .d lists the project headers it
 # includes, train_gpt.cu included), so touching one header rebuilds only what includes it.
 DEPFLAGS = -MMD -MP -MF $@.d
@@ -84,6 +85,22 @@ FP32_TEST_NAMES := $(addsuffix _fp32,$(BOTH_PRECISION_TESTS))
 ALL_TEST_NAMES := $(TEST_NAMES) $(FP32_TEST_NAMES)
 GPU_TEST_NAMES := $(filter-out test_emu_%,$(ALL_TEST_NAMES))
 CATCH_MAIN_TESTS := $(filter-out test_mpi_%,$(ALL_TEST_NAMES))
+
+# The precision a binary is built in: the _fp32 twins FP32, the BF16-only tests BF16, others PRECISION.
+precision_of = $(if $(filter %_fp32,$(1)),FP32,$(if $(filter $(BF16_ONLY_TESTS),$(1)),BF16,$(PRECISION)))
+# The host library (host/*.cpp: flag parsing, JSON, metrics) of a build folder and precision: compiled
+# once there and linked into every program and test, instead of inside each of them (config.cpp's
+# --attention default depends on the precision, hence one per precision).
+host_lib = $(1)/libhost-$(2).a
+define host_library_rules
+$(1)/host-$(2)/%.o: PRECISION_DEFINE = -DPRECISION_$(2)
+$(1)/host-$(2)/%.o: host/%.cpp $$(DEPS_TRACKED) | deps-if-missing
+	@mkdir -p $$(@D)
+	$$(CXX) $$($(3)) $$(DEPFLAGS) -c $$< -o $$@
+$(1)/libhost-$(2).a: $$(patsubst host/%.cpp,$(1)/host-$(2)/%.o,$$(HOST_SRC))
+	ar rcs $$@ $$^
+endef
+.SECONDEXPANSION:
 
 # Keep the test objects between builds (the mpirun tests' link rule makes theirs intermediate). Named
 # one by one: a bare .SECONDARY would also make the dependency-list stamp secondary, and a missing
@@ -114,12 +131,15 @@ $(CPU_DIR)/emu/cublaslt.o $(ASAN_DIR)/emu/cublaslt.o: COMMON_FLAGS += -fopenmp
 $(CPU_DIR)/libcuemu.a: $(patsubst emu/%.cpp,$(CPU_DIR)/emu/%.o,$(EMU_SRC))
 	ar rcs $@ $^
 
+$(foreach p,BF16 FP32,$(eval $(call host_library_rules,$(CPU_DIR),$(p),CPU_CXXFLAGS)))
+
 train_gpt_cpu: $(CPU_DIR)/train_gpt_cpu
 	cp $< $@
 
-$(CPU_DIR)/train_gpt_cpu: train_gpt.cu $(DEPS_TRACKED) $(CPU_DIR)/libcuemu.a | deps-if-missing
+$(CPU_DIR)/train_gpt_cpu: train_gpt.cu $(DEPS_TRACKED) $(call host_lib,$(CPU_DIR),$(PRECISION)) $(CPU_DIR)/libcuemu.a | deps-if-missing
 	@mkdir -p $(@D)
-	$(CXX) $(CPU_CXXFLAGS) $(DEPFLAGS) -x c++ $< -x none $(CPU_DIR)/libcuemu.a $(CPU_LDLIBS) -o $@
+	$(CXX) $(CPU_CXXFLAGS) $(DEPFLAGS) -x c++ $< -x none $(call host_lib,$(CPU_DIR),$(PRECISION)) $(CPU_DIR)/libcuemu.a \
+	  $(CPU_LDLIBS) -o $@
 
 $(CPU_DIR)/catch_main.o: test/catch_main.cpp $(DEPS_TRACKED) | deps-if-missing
 	@mkdir -p $(@D)
@@ -135,10 +155,12 @@ $(CPU_DIR)/test_%_fp32.o: test/test_%.cu $(DEPS_TRACKED) | deps-if-missing
 	@mkdir -p $(@D)
 	$(CXX) $(CPU_CXXFLAGS) $(DEPFLAGS) -x c++ -c $< -o $@
 
-$(addprefix $(CPU_DIR)/,$(CATCH_MAIN_TESTS)): $(CPU_DIR)/%: $(CPU_DIR)/%.o $(CPU_DIR)/catch_main.o $(CPU_DIR)/libcuemu.a
+$(addprefix $(CPU_DIR)/,$(CATCH_MAIN_TESTS)): $(CPU_DIR)/%: $(CPU_DIR)/%.o $(CPU_DIR)/catch_main.o \
+  $$(call host_lib,$(CPU_DIR),$$(call precision_of,$$*)) $(CPU_DIR)/libcuemu.a
 	$(CXX) $^ $(CPU_LDLIBS) -o $@
 
-$(CPU_DIR)/test_mpi_%: $(CPU_DIR)/test_mpi_%.o $(CPU_DIR)/libcuemu.a
+$(CPU_DIR)/test_mpi_%: $(CPU_DIR)/test_mpi_%.o $$(call host_lib,$(CPU_DIR),$$(call precision_of,test_mpi_$$*)) \
+  $(CPU_DIR)/libcuemu.a
 	$(CXX) $^ $(CPU_LDLIBS) -o $@
 
 # CTest reads the suite from test/tests.cmake (shared with CMakeLists.txt).
@@ -165,9 +187,14 @@ endif
 train_gpt: $(GPU_DIR)/train_gpt
 	cp $< $@
 
-$(GPU_DIR)/train_gpt: train_gpt.cu $(DEPS_TRACKED) | deps-if-missing
+# Host code has no CUDA in it: g++ builds its library for the GPU binaries too, without -march=native
+# (the GPU node's CPU may differ).
+GPU_HOST_CXXFLAGS = $(COMMON_FLAGS) -O2 -g $(WARN) $(MPI_INC) -pthread
+$(foreach p,BF16 FP32,$(eval $(call host_library_rules,$(GPU_DIR),$(p),GPU_HOST_CXXFLAGS)))
+
+$(GPU_DIR)/train_gpt: train_gpt.cu $(DEPS_TRACKED) $(call host_lib,$(GPU_DIR),$(PRECISION)) | deps-if-missing
 	@mkdir -p $(@D)
-	$(NVCC) $(NVCCFLAGS) $(DEPFLAGS) -x cu $< $(GPU_LDLIBS) -o $@ 2> $(GPU_DIR)/train_gpt.ptxas.log || { cat $(GPU_DIR)/train_gpt.ptxas.log; exit 1; }
+	$(NVCC) $(NVCCFLAGS) $(DEPFLAGS) -x cu $< -L$(GPU_DIR) -lhost-$(PRECISION) $(GPU_LDLIBS) -o $@ 2> $(GPU_DIR)/train_gpt.ptxas.log || { cat $(GPU_DIR)/train_gpt.ptxas.log; exit 1; }
 	@scripts/check_spills.sh $(GPU_DIR)/train_gpt.ptxas.log
 
 $(GPU_DIR)/catch_main.o: test/catch_main.cpp | deps-if-missing
@@ -186,8 +213,9 @@ $(GPU_DIR)/test_%_fp32.o: test/test_%.cu $(DEPS_TRACKED) | deps-if-missing
 	$(NVCC) $(NVCCFLAGS) $(DEPFLAGS) -x cu -c $< -o $@ 2> $@.ptxas.log || { cat $@.ptxas.log; exit 1; }
 	@scripts/check_spills.sh $@.ptxas.log
 
-$(GPU_DIR)/test_%: $(GPU_DIR)/test_%.o $(GPU_DIR)/catch_main.o
-	$(NVCC) $< $(if $(filter mpi_%,$*),,$(GPU_DIR)/catch_main.o) $(GPU_LDLIBS) -o $@
+$(GPU_DIR)/test_%: $(GPU_DIR)/test_%.o $(GPU_DIR)/catch_main.o $$(call host_lib,$(GPU_DIR),$$(call precision_of,test_$$*))
+	$(NVCC) $< $(if $(filter mpi_%,$*),,$(GPU_DIR)/catch_main.o) $(call host_lib,$(GPU_DIR),$(call precision_of,test_$*)) \
+	  $(GPU_LDLIBS) -o $@
 
 test-gpu: deps-if-missing $(addprefix $(GPU_DIR)/,$(GPU_TEST_NAMES)) $(GPU_DIR)/train_gpt
 	$(call ctest_file,$(GPU_DIR),ON,OFF)
@@ -214,12 +242,17 @@ $(ASAN_DIR)/test_%.o: test/test_%.cu $(DEPS_TRACKED) | deps-if-missing
 	@mkdir -p $(@D)
 	$(CXX) $(ASAN_CXXFLAGS) $(DEPFLAGS) -x c++ -c $< -o $@
 
-$(ASAN_DIR)/test_%: $(ASAN_DIR)/test_%.o $(patsubst emu/%.cpp,$(ASAN_DIR)/emu/%.o,$(EMU_SRC)) $(ASAN_DIR)/catch_main.o
-	$(CXX) $(ASAN_CXXFLAGS) $< $(patsubst emu/%.cpp,$(ASAN_DIR)/emu/%.o,$(EMU_SRC)) \
-	  $(if $(filter mpi_%,$*),,$(ASAN_DIR)/catch_main.o) $(CPU_LDLIBS) -o $@
+$(foreach p,BF16 FP32,$(eval $(call host_library_rules,$(ASAN_DIR),$(p),ASAN_CXXFLAGS)))
 
-$(ASAN_DIR)/train_gpt_cpu: train_gpt.cu $(DEPS_TRACKED) $(patsubst emu/%.cpp,$(ASAN_DIR)/emu/%.o,$(EMU_SRC))
-	$(CXX) $(ASAN_CXXFLAGS) $(DEPFLAGS) -x c++ $< -x none $(patsubst emu/%.cpp,$(ASAN_DIR)/emu/%.o,$(EMU_SRC)) $(CPU_LDLIBS) -o $@
+$(ASAN_DIR)/test_%: $(ASAN_DIR)/test_%.o $(patsubst emu/%.cpp,$(ASAN_DIR)/emu/%.o,$(EMU_SRC)) $(ASAN_DIR)/catch_main.o \
+  $$(call host_lib,$(ASAN_DIR),$$(call precision_of,test_$$*))
+	$(CXX) $(ASAN_CXXFLAGS) $< $(call host_lib,$(ASAN_DIR),$(call precision_of,test_$*)) \
+	  $(patsubst emu/%.cpp,$(ASAN_DIR)/emu/%.o,$(EMU_SRC)) $(if $(filter mpi_%,$*),,$(ASAN_DIR)/catch_main.o) $(CPU_LDLIBS) -o $@
+
+$(ASAN_DIR)/train_gpt_cpu: train_gpt.cu $(DEPS_TRACKED) $(patsubst emu/%.cpp,$(ASAN_DIR)/emu/%.o,$(EMU_SRC)) \
+  $(call host_lib,$(ASAN_DIR),$(PRECISION))
+	$(CXX) $(ASAN_CXXFLAGS) $(DEPFLAGS) -x c++ $< -x none $(call host_lib,$(ASAN_DIR),$(PRECISION)) \
+	  $(patsubst emu/%.cpp,$(ASAN_DIR)/emu/%.o,$(EMU_SRC)) $(CPU_LDLIBS) -o $@
 
 # ASan checks memory use, which the precision does not change: BF16 binaries only (the _fp32 twins
 # would add ~3 min of build and ~1.5 min of tests to CI).
@@ -238,8 +271,9 @@ emu-bench: $(CPU_DIR)/emu_bench
 # The CPU build as a trainer (scripts/cpu_bench.sh): GPT-2 124M, B=4, T=64, median s/step of the BF16
 # and FP32 builds, against the step's matmuls alone (dev/gemm_limit.cu) measured in the same run.
 .PHONY: cpu-bench
-$(CPU_DIR)/gemm_limit: dev/gemm_limit.cu $(DEPS_TRACKED) $(CPU_DIR)/libcuemu.a
-	$(CXX) $(CPU_CXXFLAGS) $(DEPFLAGS) -x c++ $< -x none $(CPU_DIR)/libcuemu.a $(CPU_LDLIBS) -o $@
+$(CPU_DIR)/gemm_limit: dev/gemm_limit.cu $(DEPS_TRACKED) $(call host_lib,$(CPU_DIR),$(PRECISION)) $(CPU_DIR)/libcuemu.a
+	$(CXX) $(CPU_CXXFLAGS) $(DEPFLAGS) -x c++ $< -x none $(call host_lib,$(CPU_DIR),$(PRECISION)) $(CPU_DIR)/libcuemu.a \
+	  $(CPU_LDLIBS) -o $@
 
 cpu-bench: deps-if-missing $(DATA_DIR)/tokenizer.bin
 	$(MAKE) --no-print-directory PRECISION=BF16 $(BUILD)/cpu/train_gpt_cpu $(BUILD)/cpu/gemm_limit
@@ -248,8 +282,10 @@ cpu-bench: deps-if-missing $(DATA_DIR)/tokenizer.bin
 
 # The roofline of one training step at full size (dev/roofline.cu; dev/README.md has examples).
 .PHONY: roofline kernel-report
-$(CPU_DIR)/roofline: dev/roofline.cu $(DEPS_TRACKED) $(CPU_DIR)/libcuemu.a | deps-if-missing
-	$(CXX) $(CPU_CXXFLAGS) $(DEPFLAGS) -x c++ $< -x none $(CPU_DIR)/libcuemu.a $(CPU_LDLIBS) -o $@
+$(CPU_DIR)/roofline: dev/roofline.cu $(DEPS_TRACKED) $(call host_lib,$(CPU_DIR),$(PRECISION)) $(CPU_DIR)/libcuemu.a \
+  | deps-if-missing
+	$(CXX) $(CPU_CXXFLAGS) $(DEPFLAGS) -x c++ $< -x none $(call host_lib,$(CPU_DIR),$(PRECISION)) $(CPU_DIR)/libcuemu.a \
+	  $(CPU_LDLIBS) -o $@
 
 roofline: $(CPU_DIR)/roofline
 
@@ -294,4 +330,4 @@ clean:
 	rm -rf $(BUILD) train_gpt train_gpt_cpu
 
 # The compilers' dependency lists (DEPFLAGS) of every build folder.
--include $(wildcard $(BUILD)/*/*.d $(BUILD)/*/emu/*.d)
+-include $(wildcard $(BUILD)/*/*.d $(BUILD)/*/emu/*.d $(BUILD)/*/host-*/*.d)

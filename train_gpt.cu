@@ -27,6 +27,7 @@
 #include "host/divergence.h"
 #include "host/evaluation.h"
 #include "host/hellaswag.h"
+#include "host/device_memory.h"
 #include "host/memory_plan.h"
 #include "host/metrics.h"
 #include "host/model_config.h"
@@ -973,10 +974,11 @@ inline RunPlan plan_run(const RunConfig& rc, const Distributed& dist) {
 
 // --dry-run: the plan, and the largest micro-batch that fits in each recompute mode (rank 0 prints).
 inline void print_dry_run(const RunConfig& rc, const RunPlan& p) {
-    nlohmann::json fits;
-    for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full})
-        fits[recompute_name(r)] = largest_fitting_batch(p.config, rc.seq_len, p.shard, {r, p.options.attention}, p.budget);
-    std::printf("%s", dry_run_report(rc, p.memory, p.num_parameters, p.world, p.budget, fits, kPrecisionName).c_str());
+    const auto fits = [&](Recompute r) {
+        return largest_fitting_batch(p.config, rc.seq_len, p.shard, {r, p.options.attention}, p.budget);
+    };
+    const LargestBatches largest{fits(Recompute::none), fits(Recompute::selective), fits(Recompute::full)};
+    std::printf("%s", dry_run_report(rc, p.memory, p.num_parameters, p.world, p.budget, largest, kPrecisionName).c_str());
 }
 
 // --profile-step: a warm-up step, then one step with every launch recorded and timed (dev/roofline.h).
@@ -1021,7 +1023,7 @@ inline void announce_run(const RunConfig& rc, const RunPlan& p, const char* devi
                 rc.resume ? (", resumed at step " + std::to_string(resumed_at)).c_str() : "");
     if (rc.output_dir.empty()) return;
     std::filesystem::create_directories(rc.output_dir);
-    std::ofstream(std::filesystem::path(rc.output_dir) / "config.json") << to_json(rc).dump(2) << "\n";
+    std::ofstream(std::filesystem::path(rc.output_dir) / "config.json") << to_json_text(rc) << "\n";
 }
 
 // The whole run: plan, data, model, then steps, each followed by evaluation, checkpoint and a check

@@ -21,6 +21,8 @@
 
 #include "dev/roofline.h"
 
+#include <nlohmann/json.hpp>
+
 namespace {
 
 struct Options {

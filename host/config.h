@@ -2,23 +2,16 @@
 // both driven by one table, so --help, --config keys and the written config.json always list the
 // same settings. Precedence: defaults < --config FILE.json < flags given on the command line.
 // One-letter flags follow llm.c's train_gpt2.cu where it has one (so -h is --hellaswag here and
-// help is --help only).
+// help is --help only). The parsing lives in host/config.cpp (compiled once, into the host library:
+// cxxopts and the JSON parser are not recompiled in every file that needs a RunConfig).
 #pragma once
 
-#include <cxxopts.hpp>
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 
-#include <charconv>
-#include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <fstream>
-#include <limits>
 #include <sstream>
 #include <stdexcept>
 #include <string>
-#include <type_traits>
-#include <variant>
 #include <vector>
 
 #include "host/divergence.h"
@@ -104,380 +97,26 @@ inline std::vector<std::string> split_list(const std::string& text) {
     return items;
 }
 
+// Throws ConfigError (one line naming the flag) on bad or contradictory input. With --help, returns
+// at once with help = true and nothing else checked.
+RunConfig parse_config(int argc, char** argv);
+
+// The --help text, generated from the option table.
+std::string help_text();
+
+// The resolved configuration, keyed by long flag names: reading it back with --config gives the
+// same RunConfig. to_json_text: the same, indented, as config.json holds it.
+nlohmann::json to_json(const RunConfig& c);
+std::string to_json_text(const RunConfig& c);
+
 namespace config_detail {
-
-using Field = std::variant<std::string RunConfig::*, int RunConfig::*, int64_t RunConfig::*, double RunConfig::*,
-                           bool RunConfig::*>;
-
-struct Option {
-    const char* group;
-    char short_name;  // 0: long name only
-    const char* long_name;
-    Field field;
-    const char* help;
-    const char* arg = nullptr;          // placeholder in --help; derived from the type when null
-    std::vector<std::string> choices{};  // the allowed values of a string setting
-};
-
-inline const std::vector<Option>& options() {
-    using R = RunConfig;
-    static const std::vector<Option> table = {
-        {"Data and model", 'i', "train-data", &R::train_data, "training token shards", "GLOB"},
-        {"Data and model", 'j', "val-data", &R::val_data, "validation token shards", "GLOB"},
-        {"Data and model", 'e', "model", &R::model, "checkpoint file, or preset d12|d24|d36|d48|tiny", "PATH|PRESET"},
-        {"Data and model", 'o', "output-dir", &R::output_dir, "where config.json, metrics.jsonl, checkpoints go", "DIR"},
-        {"Batch and schedule", 'b', "batch-size", &R::batch_size, "micro-batch size B (sequences per rank)"},
-        {"Batch and schedule", 't', "seq-len", &R::seq_len, "sequence length T"},
-        {"Batch and schedule", 'd', "total-batch-tokens", &R::total_batch_tokens,
-         "tokens per optimizer step (gradient accumulation); -1 = B*T*world size"},
-        {"Batch and schedule", 0, "batch-ramp", &R::batch_ramp,
-         "batch-size ramp START:N1,N2,...: START tokens per step, doubled at N1, N2... tokens seen, at most -d "
-         "(e.g. 65536:1e8,2e8); empty = off",
-         "SPEC"},
-        {"Batch and schedule", 'x', "max-steps", &R::max_steps, "optimizer steps; -1 = one epoch"},
-        {"Batch and schedule", 'l', "learning-rate", &R::learning_rate, "peak learning rate"},
-        {"Batch and schedule", 'u', "warmup-steps", &R::warmup_steps, "linear warmup steps"},
-        {"Batch and schedule", 'q', "final-lr-fraction", &R::final_lr_fraction,
-         "final learning rate as a fraction of the peak"},
-        {"Batch and schedule", 'k', "lr-schedule", &R::lr_schedule, "learning-rate decay", nullptr,
-         {"cosine", "linear", "constant", "wsd"}},
-        {"Batch and schedule", 0, "wsd-decay-fraction", &R::wsd_decay_fraction,
-         "wsd: share of the steps spent in the final linear decay"},
-        {"AdamW optimizer", 'c', "weight-decay", &R::weight_decay, "weight decay"},
-        {"AdamW optimizer", 0, "beta1", &R::beta1, "first-moment decay"},
-        {"AdamW optimizer", 0, "beta2", &R::beta2, "second-moment decay"},
-        {"AdamW optimizer", 0, "eps", &R::eps, "denominator epsilon"},
-        {"AdamW optimizer", 0, "grad-clip", &R::grad_clip, "clip the global gradient norm to this; 0 = off"},
-        {"AdamW optimizer", 0, "seed", &R::seed, "random seed (initialization, sampling)"},
-        {"Divergence", 0, "skip-loss-z", &R::skip_loss_z,
-         "skip the update of a step whose loss has a z-score above this over the last 128 steps; 0 = off"},
-        {"Divergence", 0, "skip-norm-z", &R::skip_norm_z,
-         "skip the update of a step whose gradient norm has a z-score above this over the last 128 steps; 0 = off"},
-        {"Divergence", 0, "max-skipped-steps", &R::max_skipped_steps,
-         "stop with an error after this many skipped steps in a row (non-finite loss or norm, outliers); 0 = never"},
-        {"Parallelism and memory", 'z', "zero-stage", &R::zero_stage, "ZeRO stage: 0, 1 or 2"},
-        {"Parallelism and memory", 'r', "recompute", &R::recompute, "activation recomputation", nullptr,
-         {"none", "selective", "full"}},
-        {"Parallelism and memory", 0, "world-size", &R::world_size,
-         "ranks; 0 = those launched (another value plans for that size with --dry-run)"},
-        {"Parallelism and memory", 0, "max-memory", &R::max_memory, "GPU memory budget in GiB; 0 = the device's"},
-        {"Parallelism and memory", 0, "attention", &R::attention, "attention kernels: tensor cores or SIMT", nullptr,
-         {"tc", "simt"}},
-        {"Checkpoint", 'n', "checkpoint-every", &R::checkpoint_every, "write a checkpoint every N steps; 0 = never"},
-        {"Checkpoint", 0, "keep-last", &R::keep_last, "checkpoints to keep; 0 = all"},
-        {"Checkpoint", 'y', "resume", &R::resume, "resume from the latest checkpoint in -o"},
-        {"Checkpoint", 0, "overwrite", &R::overwrite,
-         "start a fresh run in an -o that holds checkpoints, deleting them first"},
-        {"Checkpoint", 0, "resume-override", &R::resume_override,
-         "with -y: run-identity settings the resume may change (comma-separated: model, seq-len, seed, train-data, "
-         "batch-ramp, tokens-per-step)",
-         "KEYS"},
-        {"Evaluation and sampling", 'v', "val-every", &R::val_every, "validation loss every N steps; 0 = never"},
-        {"Evaluation and sampling", 'm', "val-batches", &R::val_batches, "batches per validation"},
-        {"Evaluation and sampling", 's', "sample-every", &R::sample_every, "generate a sample every N steps; 0 = never"},
-        {"Evaluation and sampling", 'g', "gen-tokens", &R::gen_tokens, "tokens per sample"},
-        {"Evaluation and sampling", 0, "temperature", &R::temperature, "sampling temperature"},
-        {"Evaluation and sampling", 0, "top-k", &R::top_k, "sample from the k most likely tokens; 0 = all"},
-        {"Evaluation and sampling", 'h', "hellaswag", &R::hellaswag, "HellaSwag eval file; empty = off", "PATH"},
-        {"Run control", 0, "dry-run", &R::dry_run, "print the resolved config and memory plan, then exit"},
-        {"Run control", 0, "json", &R::json, "with --dry-run: print it as JSON"},
-        {"Run control", 0, "profile-step", &R::profile_step, "time one step in detail, then exit"},
-        {"Run control", 0, "log-every", &R::log_every, "print a step line every N steps"},
-        {"Run control", 0, "collective-timeout", &R::collective_timeout,
-         "seconds without progress (a stuck rank, a hung collective) before the watchdog ends the job; 0 = off"},
-    };
-    return table;
-}
-
-inline const Option* find_option(const std::string& long_name) {
-    for (const Option& o : options())
-        if (long_name == o.long_name) return &o;
-    return nullptr;
-}
-
-// "-b/--batch-size", or "--beta1" for long-only flags.
-inline std::string flag_name(const Option& o) {
-    std::string name = std::string("--") + o.long_name;
-    return o.short_name ? std::string("-") + o.short_name + "/" + name : name;
-}
-
-// The flag of a setting, for messages; a name missing from the table is a bug, caught by the tests.
-inline std::string flag(const char* long_name) {
-    const Option* o = find_option(long_name);
-    if (!o) throw std::logic_error(std::string("config: no option named '") + long_name + "'");
-    return flag_name(*o);
-}
-
-template <typename T> constexpr const char* type_word() {
-    if constexpr (std::is_same_v<T, bool>) return "a boolean";
-    else if constexpr (std::is_same_v<T, std::string>) return "a string";
-    else if constexpr (std::is_same_v<T, double>) return "a number";
-    else return "an integer";
-}
-
-// Command-line text -> setting. Integers must be whole and in range; numbers finite.
-template <typename T> T from_text(const Option& o, const std::string& text) {
-    const auto bad = [&]() {
-        return ConfigError(flag_name(o) + " expects " + type_word<T>() + ", got '" + text + "'");
-    };
-    if constexpr (std::is_same_v<T, std::string>) {
-        return text;
-    } else if constexpr (std::is_same_v<T, double>) {
-        char* end = nullptr;
-        const double value = text.empty() ? 0.0 : std::strtod(text.c_str(), &end);
-        if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(value)) throw bad();
-        return value;
-    } else {
-        T value{};
-        const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-        if (error != std::errc() || end != text.data() + text.size()) throw bad();
-        return value;
-    }
-}
-
-// JSON value -> setting, or an error naming the file, the key and the expected type.
-template <typename T> T from_json(const Option& o, const nlohmann::json& value, const std::string& file) {
-    const auto bad = [&](const std::string& why) {
-        return ConfigError("--config '" + file + "': key '" + o.long_name + "' " + why);
-    };
-    const std::string expected = std::string("expects ") + type_word<T>() + ", got " + value.type_name();
-    if constexpr (std::is_same_v<T, bool>) {
-        if (!value.is_boolean()) throw bad(expected);
-        return value.get<bool>();
-    } else if constexpr (std::is_same_v<T, std::string>) {
-        if (!value.is_string()) throw bad(expected);
-        return value.get<std::string>();
-    } else if constexpr (std::is_same_v<T, double>) {
-        if (!value.is_number()) throw bad(expected);
-        return value.get<double>();
-    } else {
-        if (!value.is_number_integer()) throw bad(expected + " " + value.dump());
-        const bool fits = value.is_number_unsigned()
-                              ? value.get<uint64_t>() <= uint64_t(std::numeric_limits<T>::max())
-                              : value.get<int64_t>() >= std::numeric_limits<T>::min() &&
-                                    value.get<int64_t>() <= std::numeric_limits<T>::max();
-        if (!fits) throw bad("value " + value.dump() + " is out of range");
-        return T(value.get<int64_t>());
-    }
-}
-
-inline void load_json_file(RunConfig& c, const std::string& file) {
-    std::ifstream in(file);
-    if (!in) throw ConfigError("--config '" + file + "': cannot open the file");
-    nlohmann::json root;
-    try {
-        root = nlohmann::json::parse(in);
-    } catch (const nlohmann::json::parse_error& e) {
-        throw ConfigError("--config '" + file + "': not valid JSON: " + e.what());
-    }
-    if (!root.is_object()) throw ConfigError("--config '" + file + "': expects a JSON object keyed by long flag names");
-    for (const auto& [key, value] : root.items()) {
-        const Option* o = find_option(key);
-        if (!o) throw ConfigError("--config '" + file + "': unknown key '" + key + "' (keys are long flag names)");
-        std::visit([&](auto member) {
-            using T = std::remove_reference_t<decltype(c.*member)>;
-            c.*member = from_json<T>(*o, value, file);
-        }, o->field);
-    }
-}
-
+// The flag of a setting for messages, "-b/--batch-size" (or "--beta1" for long-only flags); a long
+// name missing from the option table throws std::logic_error.
+std::string flag(const char* long_name);
 inline void require(bool ok, const std::string& message) {
     if (!ok) throw ConfigError(message);
 }
-
-// Value and cross-flag checks; those that need the world size are in total_batch_tokens_for().
-inline void validate(const RunConfig& c) {
-    const auto value = [](auto v) {
-        if constexpr (std::is_same_v<decltype(v), std::string>) return "'" + v + "'";
-        else {
-            std::ostringstream s;
-            s << v;
-            return s.str();
-        }
-    };
-    const auto check = [&](bool ok, const char* name, auto v, const char* rule) {
-        require(ok, flag(name) + " " + rule + ", got " + value(v));
-    };
-    for (const Option& o : options()) {  // enumerated settings
-        if (o.choices.empty()) continue;
-        const std::string& v = c.*std::get<std::string RunConfig::*>(o.field);
-        std::string list;
-        bool found = false;
-        for (const std::string& choice : o.choices) {
-            found |= v == choice;
-            list += (list.empty() ? "" : "|") + choice;
-        }
-        require(found, flag_name(o) + " must be one of " + list + ", got '" + v + "'");
-    }
-    check(!c.train_data.empty(), "train-data", c.train_data, "must not be empty");
-    check(!c.model.empty(), "model", c.model, "must not be empty");
-    check(c.batch_size > 0, "batch-size", c.batch_size, "must be > 0");
-    check(c.seq_len > 0, "seq-len", c.seq_len, "must be > 0");
-    check(c.total_batch_tokens == -1 || c.total_batch_tokens > 0, "total-batch-tokens", c.total_batch_tokens,
-          "must be -1 or > 0");
-    check(c.max_steps == -1 || c.max_steps > 0, "max-steps", c.max_steps, "must be -1 or > 0");
-    check(c.learning_rate >= 0, "learning-rate", c.learning_rate, "must be >= 0");
-    check(c.warmup_steps >= 0, "warmup-steps", c.warmup_steps, "must be >= 0");
-    check(c.final_lr_fraction >= 0 && c.final_lr_fraction <= 1, "final-lr-fraction", c.final_lr_fraction,
-          "must be in [0, 1]");
-    check(c.wsd_decay_fraction >= 0 && c.wsd_decay_fraction <= 1, "wsd-decay-fraction", c.wsd_decay_fraction,
-          "must be in [0, 1]");
-    check(c.weight_decay >= 0, "weight-decay", c.weight_decay, "must be >= 0");
-    check(c.beta1 >= 0 && c.beta1 < 1, "beta1", c.beta1, "must be in [0, 1)");
-    check(c.beta2 >= 0 && c.beta2 < 1, "beta2", c.beta2, "must be in [0, 1)");
-    check(c.eps > 0, "eps", c.eps, "must be > 0");
-    check(c.grad_clip >= 0, "grad-clip", c.grad_clip, "must be >= 0");
-    check(c.seed >= 0, "seed", c.seed, "must be >= 0");
-    check(c.skip_loss_z >= 0, "skip-loss-z", c.skip_loss_z, "must be >= 0");
-    check(c.skip_norm_z >= 0, "skip-norm-z", c.skip_norm_z, "must be >= 0");
-    check(c.max_skipped_steps >= 0, "max-skipped-steps", c.max_skipped_steps, "must be >= 0");
-    check(c.zero_stage >= 0 && c.zero_stage <= 2, "zero-stage", c.zero_stage, "must be 0, 1 or 2");
-    check(c.world_size >= 0, "world-size", c.world_size, "must be >= 0");
-    check(c.max_memory >= 0, "max-memory", c.max_memory, "must be >= 0");
-    check(c.checkpoint_every >= 0, "checkpoint-every", c.checkpoint_every, "must be >= 0");
-    check(c.keep_last >= 0, "keep-last", c.keep_last, "must be >= 0");
-    check(c.val_every >= 0, "val-every", c.val_every, "must be >= 0");
-    check(c.val_batches > 0, "val-batches", c.val_batches, "must be > 0");
-    check(c.sample_every >= 0, "sample-every", c.sample_every, "must be >= 0");
-    check(c.gen_tokens > 0, "gen-tokens", c.gen_tokens, "must be > 0");
-    check(c.temperature > 0, "temperature", c.temperature, "must be > 0");
-    check(c.top_k >= 0, "top-k", c.top_k, "must be >= 0");
-    check(c.log_every > 0, "log-every", c.log_every, "must be > 0");
-    check(c.collective_timeout >= 0, "collective-timeout", c.collective_timeout, "must be >= 0");
-
-    // Contradictions: name every flag involved.
-    const int64_t bt = int64_t(c.batch_size) * c.seq_len;
-    require(c.total_batch_tokens == -1 || c.total_batch_tokens % bt == 0,
-            flag("total-batch-tokens") + " " + std::to_string(c.total_batch_tokens) + " must be a multiple of " +
-                flag("batch-size") + " * " + flag("seq-len") + " = " + std::to_string(bt));
-    require(!c.json || c.dry_run, flag("json") + " needs " + flag("dry-run"));
-    require(!c.resume || !c.output_dir.empty(), flag("resume") + " needs " + flag("output-dir") + " (where checkpoints are)");
-    require(!c.overwrite || !c.resume, flag("overwrite") + " starts a fresh run: it cannot go with " + flag("resume"));
-    require(!c.overwrite || !c.output_dir.empty(), flag("overwrite") + " needs " + flag("output-dir"));
-    require(c.resume_override.empty() || c.resume, flag("resume-override") + " needs " + flag("resume"));
-    for (const std::string& key : split_list(c.resume_override)) {
-        bool known = false;
-        std::string list;
-        for (const char* k : kRunIdentityKeys) {
-            known |= key == k;
-            list += (list.empty() ? "" : ", ") + std::string(k);
-        }
-        require(known, flag("resume-override") + ": '" + key + "' is not a run-identity setting (" + list + ")");
-    }
-    require(c.checkpoint_every == 0 || !c.output_dir.empty(),
-            flag("checkpoint-every") + " needs " + flag("output-dir") + " (where checkpoints go)");
-    require(c.keep_last == 0 || c.checkpoint_every > 0, flag("keep-last") + " needs " + flag("checkpoint-every") + " > 0");
-    require(c.sample_every == 0 || c.gen_tokens <= c.seq_len,
-            flag("gen-tokens") + " " + std::to_string(c.gen_tokens) + " must be <= " + flag("seq-len") + " " +
-                std::to_string(c.seq_len) + " when sampling (" + flag("sample-every") + " > 0)");
-    require(c.lr_schedule != "constant" || c.final_lr_fraction == 1.0,
-            flag("final-lr-fraction") + " " + value(c.final_lr_fraction) + " has no effect with " + flag("lr-schedule") +
-                " constant");
-    if (!c.batch_ramp.empty()) {
-        BatchRamp ramp;
-        try {
-            ramp = parse_batch_ramp(c.batch_ramp);
-        } catch (const std::invalid_argument& e) {
-            throw ConfigError(flag("batch-ramp") + ": " + e.what());
-        }
-        require(c.total_batch_tokens > 0, flag("batch-ramp") + " needs " + flag("total-batch-tokens") + " (its cap)");
-        require(ramp.start_tokens <= c.total_batch_tokens && ramp.start_tokens % bt == 0,
-                flag("batch-ramp") + " start " + std::to_string(ramp.start_tokens) + " must be a multiple of " +
-                    flag("batch-size") + " * " + flag("seq-len") + " = " + std::to_string(bt) + " and <= " +
-                    flag("total-batch-tokens") + " " + std::to_string(c.total_batch_tokens));
-    }
-}
-
-// cxxopts reports unknown flags with typographic quotes; keep messages plain ASCII.
-inline std::string ascii_quotes(std::string s) {
-    for (const char* quote : {"\u2018", "\u2019"})
-        for (size_t at; (at = s.find(quote)) != std::string::npos;) s.replace(at, std::string(quote).size(), "'");
-    return s;
-}
-
-inline nlohmann::json setting_json(const RunConfig& c, const Option& o) {
-    return std::visit([&](auto member) { return nlohmann::json(c.*member); }, o.field);
-}
-
-inline cxxopts::Options make_cxxopts() {
-    cxxopts::Options cli("train_gpt", "GPT-2 pretraining (one CUDA source: nvcc for GPUs, g++ + emu/ for the CPU)");
-    cli.custom_help("[flags]");
-    cli.add_options()("config", "load settings from a JSON object keyed by long flag names; flags override it",
-                      cxxopts::value<std::string>(), "FILE.json")("help", "print this help and exit");
-    const RunConfig defaults;
-    for (const Option& o : options()) {
-        const std::string spec = o.short_name ? std::string(1, o.short_name) + "," + o.long_name : o.long_name;
-        std::string help = o.help;
-        std::string arg = o.arg ? o.arg : "";
-        if (!o.choices.empty()) {
-            for (const std::string& choice : o.choices) arg += (arg.empty() ? "" : "|") + choice;
-        }
-        const nlohmann::json d = setting_json(defaults, o);
-        if (d.is_boolean()) {
-            cli.add_options(o.group)(spec, help, cxxopts::value<bool>());
-        } else {
-            if (arg.empty()) arg = d.is_number_float() ? "X" : "N";
-            cli.add_options(o.group)(spec, help,
-                                     cxxopts::value<std::string>()->default_value(d.is_string() ? d.get<std::string>()
-                                                                                                : d.dump()),
-                                     arg);
-        }
-    }
-    return cli;
-}
-
-inline std::vector<std::string> groups() {
-    std::vector<std::string> names = {""};
-    for (const Option& o : options())
-        if (names.back() != o.group) names.push_back(o.group);
-    return names;
-}
-
 }  // namespace config_detail
-
-// The --help text, generated from the option table.
-inline std::string help_text() { return config_detail::make_cxxopts().help(config_detail::groups()); }
-
-// The resolved configuration, keyed by long flag names: reading it back with --config gives the
-// same RunConfig.
-inline nlohmann::json to_json(const RunConfig& c) {
-    nlohmann::json j = nlohmann::json::object();
-    for (const config_detail::Option& o : config_detail::options()) j[o.long_name] = config_detail::setting_json(c, o);
-    return j;
-}
-
-// Throws ConfigError (one line naming the flag) on bad or contradictory input. With --help, returns
-// at once with help = true and nothing else checked.
-inline RunConfig parse_config(int argc, char** argv) {
-    using namespace config_detail;
-    cxxopts::Options cli = make_cxxopts();
-    cxxopts::ParseResult given;
-    try {
-        given = cli.parse(argc, argv);
-    } catch (const cxxopts::exceptions::exception& e) {
-        std::string message = ascii_quotes(e.what());
-        if (message == "Option 'h' is missing an argument") message += " (-h is --hellaswag PATH, as in llm.c; help is --help)";
-        throw ConfigError(message);
-    }
-    RunConfig c;
-    if (given.count("help")) {
-        c.help = true;
-        return c;
-    }
-    if (!given.unmatched().empty())
-        throw ConfigError("unexpected argument '" + given.unmatched().front() + "' (every setting is a flag; see --help)");
-    if (given.count("config")) load_json_file(c, given["config"].as<std::string>());
-    for (const Option& o : options()) {
-        if (!given.count(o.long_name)) continue;
-        std::visit([&](auto member) {
-            using T = std::remove_reference_t<decltype(c.*member)>;
-            if constexpr (std::is_same_v<T, bool>) c.*member = given[o.long_name].as<bool>();
-            else c.*member = from_text<T>(o, given[o.long_name].as<std::string>());
-        }, o.field);
-    }
-    validate(c);
-    return c;
-}
 
 // The learning-rate schedule of a validated config.
 inline LrSchedule lr_schedule_of(const RunConfig& c) {

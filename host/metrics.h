@@ -1,8 +1,7 @@
 // Step reporting: the console step line, model FLOPs utilization (MFU), and metrics.jsonl (one
-// JSON object per line, flushed as written, so a crash loses at most the line being written).
+// JSON object per line, flushed as written, so a crash loses at most the line being written; its
+// JSON is written in host/metrics.cpp, the host library).
 #pragma once
-
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cctype>
@@ -122,63 +121,20 @@ inline std::string step_line(const StepReport& r) {
 // Non-finite numbers are written as null (JSON has no NaN).
 class MetricsWriter {
 public:
-    explicit MetricsWriter(const std::string& output_dir)
-        : path_((std::filesystem::path(output_dir) / "metrics.jsonl").string()) {
-        std::error_code error;
-        std::filesystem::create_directories(output_dir, error);
-        file_ = std::fopen(path_.c_str(), "a+");
-        if (!file_)
-            throw std::runtime_error("MetricsWriter: cannot open '" + path_ + "' for appending: " + std::strerror(errno));
-        // A run killed mid-write leaves a partial last line: end it, so the next record starts
-        // a line of its own and only the torn one is unreadable.
-        const bool torn = std::fseek(file_, -1, SEEK_END) == 0 && std::fgetc(file_) != '\n';
-        std::fseek(file_, 0, SEEK_END);  // C requires a seek between reading and writing a stream
-        if (torn) write_line("\n");
-    }
-    ~MetricsWriter() {
-        if (file_) std::fclose(file_);
-    }
+    explicit MetricsWriter(const std::string& output_dir);
+    ~MetricsWriter();
     MetricsWriter(const MetricsWriter&) = delete;
     MetricsWriter& operator=(const MetricsWriter&) = delete;
 
     const std::string& path() const { return path_; }
 
-    void log_step(const StepReport& r) {
-        write({{"step", r.step},
-               {"loss", tidy(r.loss)},
-               {"lr", tidy(r.lr)},
-               {"grad_norm", tidy(r.grad_norm)},
-               {"ms", r.ms},
-               {"tokens_per_second", r.tokens_per_second},
-               {"mfu", r.mfu ? nlohmann::ordered_json(*r.mfu) : nlohmann::ordered_json(nullptr)},
-               {"batch_tokens", r.batch_tokens}});
-    }
-    void log_val(int64_t step, float val_loss) { write({{"step", step}, {"val_loss", tidy(val_loss)}}); }
-    void log_sample(int64_t step, const std::string& text) { write({{"step", step}, {"sample", text}}); }
-    void log_hellaswag(int64_t step, long long correct, long long examples) {
-        const double accuracy = examples > 0 ? double(correct) / double(examples) : 0.0;
-        write({{"step", step}, {"hellaswag_accuracy", accuracy}, {"hellaswag_correct", correct},
-               {"hellaswag_examples", examples}});
-    }
+    void log_step(const StepReport& r);
+    void log_val(int64_t step, float val_loss);
+    void log_sample(int64_t step, const std::string& text);
+    void log_hellaswag(int64_t step, long long correct, long long examples);
 
 private:
-    // A float as the shortest decimal that reads back to it (3e-4f -> 0.0003, not 0.000300000014).
-    static double tidy(float value) {
-        if (!std::isfinite(value)) return value;
-        char text[32];
-        const auto result = std::to_chars(text, text + sizeof(text), value);
-        *result.ptr = '\0';
-        return std::strtod(text, nullptr);
-    }
-    // Fields in the order given (ordered_json), so lines read step first.
-    void write(const nlohmann::ordered_json& record) {
-        // Samples are decoded tokens and may cut a UTF-8 sequence: replace bad bytes, never throw.
-        write_line(record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
-    }
-    void write_line(const std::string& line) {
-        if (std::fputs(line.c_str(), file_) < 0 || std::fflush(file_) != 0)
-            throw std::runtime_error("MetricsWriter: writing '" + path_ + "' failed: " + std::strerror(errno));
-    }
+    void write_line(const std::string& line);
 
     std::string path_;
     std::FILE* file_ = nullptr;

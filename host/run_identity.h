@@ -6,10 +6,9 @@
 //
 // State metadata (the JSON string in host/checkpoint.h's TrainingState): {"run_id": "<16 hex>",
 // "tokens-per-step": N, "config": <to_json(RunConfig)>}. States written before it held the config
-// alone; their run id is new and tokens per step is compared only through -d.
+// alone; their run id is new and tokens per step is compared only through -d. The JSON work is in
+// host/run_identity.cpp (the host library).
 #pragma once
-
-#include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <cstdio>
@@ -29,11 +28,8 @@ inline std::string new_run_id() {
     return text;
 }
 
-// What a checkpoint's state records about its run.
-inline std::string run_metadata(const RunConfig& rc, const std::string& run_id, int64_t tokens_per_step) {
-    nlohmann::json meta = {{"run_id", run_id}, {"tokens-per-step", tokens_per_step}, {"config", to_json(rc)}};
-    return meta.dump();
-}
+// What a checkpoint's state records about its run (a JSON string).
+std::string run_metadata(const RunConfig& rc, const std::string& run_id, int64_t tokens_per_step);
 
 struct ResumedRun {
     std::string run_id;                // the checkpoint's (a new one for states that have none)
@@ -42,58 +38,8 @@ struct ResumedRun {
 
 // Compares the metadata of the checkpoint at `state_path` with this run's settings. Throws, with one
 // line per setting, when run-identity settings differ and --resume-override does not name them.
-inline ResumedRun check_resume(const std::string& state_path, const std::string& meta_text, const RunConfig& rc,
-                               int64_t tokens_per_step) {
-    nlohmann::json meta;
-    try {
-        meta = nlohmann::json::parse(meta_text);
-    } catch (const nlohmann::json::exception& e) {
-        throw std::runtime_error("state '" + state_path + "': its run metadata is not valid JSON: " + e.what());
-    }
-    if (!meta.is_object()) throw std::runtime_error("state '" + state_path + "': its run metadata is not a JSON object");
-    const bool has_identity = meta.contains("config");
-    nlohmann::json then = has_identity ? meta["config"] : meta, now = to_json(rc);
-    if (has_identity) {
-        then["tokens-per-step"] = meta.value("tokens-per-step", int64_t(-1));
-        now["tokens-per-step"] = tokens_per_step;
-    }
-    const std::vector<std::string> overrides = split_list(rc.resume_override);
-    auto overridden = [&](const std::string& key) {
-        for (const std::string& o : overrides)
-            if (o == key) return true;
-        return false;
-    };
-    auto name_of = [](const std::string& key) {
-        return key == "tokens-per-step" ? std::string("tokens per step (-d, resolved for the ranks)")
-                                        : config_detail::flag_name(*config_detail::find_option(key));
-    };
-    // Settings of a run's control that say nothing about the run itself.
-    const std::vector<std::string> not_compared = {"resume", "overwrite", "resume-override", "dry-run", "json",
-                                                   "profile-step", "output-dir"};
-    ResumedRun resumed;
-    resumed.run_id = has_identity ? meta.value("run_id", std::string()) : std::string();
-    if (resumed.run_id.empty()) resumed.run_id = new_run_id();
-    std::vector<std::string> refused;
-    for (const auto& item : now.items()) {
-        const std::string& key = item.key();
-        bool skip = false;
-        for (const std::string& k : not_compared) skip |= key == k;
-        if (skip || !then.contains(key) || then[key] == item.value()) continue;
-        const std::string line = name_of(key) + ": " + then[key].dump() + " in the checkpoint, " + item.value().dump() + " now";
-        bool identity = false;
-        for (const char* k : kRunIdentityKeys) identity |= key == k;
-        if (identity && !overridden(key)) refused.push_back(line);
-        else resumed.changed.push_back(line);
-    }
-    if (!refused.empty()) {
-        std::string message = "resume: '" + state_path + "' belongs to another run (run " + resumed.run_id +
-                              "); these settings define a run and differ:";
-        for (const std::string& line : refused) message += "\n  " + line;
-        message += "\n(name them in --resume-override to resume anyway, or use another -o)";
-        throw std::runtime_error(message);
-    }
-    return resumed;
-}
+ResumedRun check_resume(const std::string& state_path, const std::string& meta_text, const RunConfig& rc,
+                        int64_t tokens_per_step);
 
 // A fresh run (no -y) must not mix with another run's checkpoints in its output dir (a later -y would
 // resume those): refused, unless --overwrite, which deletes them (on rank 0). Incomplete ones cannot

@@ -10,6 +10,8 @@
 
 #include "host/config.h"
 
+#include <nlohmann/json.hpp>
+
 namespace {
 
 RunConfig parse(std::vector<std::string> args) {

@@ -10,6 +10,8 @@
 #include <random>
 
 #include "host/metrics.h"
+
+#include <nlohmann/json.hpp>
 #include "host/schedule.h"
 
 namespace {

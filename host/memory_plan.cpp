@@ -1,0 +1,61 @@
+// The reports of host/memory_plan.h: the table and the JSON of --dry-run.
+#include "host/memory_plan.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+
+std::string MemoryPlan::table() const {
+    std::string out;
+    char line[256];
+    auto gib = [](size_t b) { return double(b) / double(size_t(1) << 30); };
+    std::snprintf(line, sizeof line, "%-28s %-14s %16s %10s\n", "item", "group", "bytes", "GiB");
+    out += line;
+    for (const MemoryItem& i : items) {
+        std::snprintf(line, sizeof line, "%-28s %-14s %16zu %10.4f\n", i.name.c_str(), i.group.c_str(), i.bytes,
+                      gib(i.bytes));
+        out += line;
+    }
+    out += "\n";
+    for (const std::string& g : groups()) {
+        std::snprintf(line, sizeof line, "%-28s %-14s %16zu %10.4f\n", ("total " + g).c_str(), "", group_bytes(g),
+                      gib(group_bytes(g)));
+        out += line;
+    }
+    std::snprintf(line, sizeof line, "%-28s %-14s %16zu %10.4f\n", "total", "", total(), gib(total()));
+    return out + line;
+}
+
+namespace {
+// {"<group>": bytes..., "total": bytes, "items": {"<name>": bytes...}}
+nlohmann::json bytes_json(const MemoryPlan& plan) {
+    nlohmann::json j;
+    for (const std::string& g : MemoryPlan::groups()) j[g] = plan.group_bytes(g);
+    j["total"] = plan.total();
+    nlohmann::json items_json = nlohmann::json::object();
+    for (const MemoryItem& i : plan.items) items_json[i.name] = i.bytes;
+    j["items"] = items_json;
+    return j;
+}
+}  // namespace
+
+std::string dry_run_report(const RunConfig& rc, const MemoryPlan& plan, size_t num_parameters, int world,
+                           size_t budget, const LargestBatches& fits, const char* precision) {
+    if (rc.json) {
+        const nlohmann::json largest = {{"none", fits.none}, {"selective", fits.selective}, {"full", fits.full}};
+        const nlohmann::json j = {{"parameters", num_parameters}, {"world_size", world},
+                                  {"zero_stage", rc.zero_stage},  {"recompute", rc.recompute},
+                                  {"attention", rc.attention},    {"micro_batch", rc.batch_size},
+                                  {"seq_len", rc.seq_len},        {"precision", precision},
+                                  {"bytes", bytes_json(plan)},    {"memory_budget_bytes", budget},
+                                  {"largest_micro_batch", largest}};
+        return j.dump(2) + "\n";
+    }
+    char line[512];
+    std::snprintf(line, sizeof line, ", %zu parameters, B=%d T=%d, %d rank(s), ZeRO-%d, recompute %s, %s\n", num_parameters,
+                  rc.batch_size, rc.seq_len, world, rc.zero_stage, rc.recompute.c_str(), precision);
+    std::string out = "memory plan per rank: " + rc.model + line + plan.table();
+    std::snprintf(line, sizeof line, "largest micro-batch within %.2f GiB: none %d, selective %d, full %d\n",
+                  double(budget) / double(size_t(1) << 30), fits.none, fits.selective, fits.full);
+    return out + line;
+}
