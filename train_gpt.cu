@@ -412,7 +412,8 @@ inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int 
     }
 
     ActivationTensors& a = model.acts;
-#define GPT2_BIND_ACTIVATION(name, type, elements, keep) a.name = m.has(#name) ? m.get<type>(#name) : nullptr;
+#define GPT2_BIND_ACTIVATION(name, type, elements, keep) \
+    a.name = kept_copies(keep, config.num_layers, recompute) > 0 ? m.get<type>(#name) : nullptr;
     GPT2_STEP_ACTIVATIONS(GPT2_BIND_ACTIVATION)
     GPT2_LAYER_ACTIVATIONS(GPT2_BIND_ACTIVATION)
 #undef GPT2_BIND_ACTIVATION
@@ -756,7 +757,7 @@ inline float global_gradient_norm(Trainer& tr) {
 
 // The parameters' norm: not finite when any parameter is NaN or infinite (checked at start and before
 // every checkpoint, so that no checkpoint of a diverged model is ever written).
-inline float parameter_norm(Trainer& tr) { return all_ranks_norm(tr, tr.model.params_memory + tr.model.shard.norm_begin()); }
+inline float parameter_norm(Trainer& tr) { return all_ranks_norm(tr, tr.model.params_memory + tr.model.shard.optimizer_begin()); }
 
 struct StepResult {
     double loss = 0;            // mean over the step's valid targets, all micro-steps and ranks

@@ -48,7 +48,7 @@ inline bool write_checkpoint_agreed(const Distributed& d, const std::string& dir
     bool ok = true;
     for (const CheckpointPhase& phase : phases) {
         if (beat) beat();
-        if (phase.mine && error.empty()) try {
+        if (phase.mine) try {
                 phase.write();
             } catch (const std::exception& e) {
                 error = e.what();

@@ -34,10 +34,6 @@ struct ShardLayout {
         const size_t begin = optimizer_begin();
         return std::min(num_parameters, begin + optimizer_size()) - std::min(num_parameters, begin);
     }
-    // Where this rank's part of a flat-buffer-sized tensor starts (everything under stage 0, since all
-    // ranks hold the same values; its shard otherwise), and its length.
-    size_t norm_begin() const { return zero_stage == 0 ? 0 : shard_begin(); }
-    size_t norm_count() const { return zero_stage == 0 ? num_parameters : shard_size; }
 };
 
 inline ShardLayout shard_layout(size_t num_parameters, int rank, int world_size, int zero_stage) {
@@ -113,10 +109,11 @@ inline void plan_sharded_buffers(MemoryPlan& plan, const ShardLayout& shard, siz
 }
 
 // The L2 norm over all ranks of a flat-buffer-sized tensor, from this rank's part at `local`
-// (ShardLayout::norm_begin/norm_count): the squares summed on the device into *out, over the ranks.
+// (its optimizer range: everything under stage 0, where all ranks hold the same values, its shard
+// otherwise): the squares summed on the device into *out, over the ranks.
 inline float all_ranks_norm(const ShardLayout& sh, const Distributed& d, const floatX* local, float* out, float* scratch,
                             cudaStream_t stream) {
-    global_norm_squared(out, local, sh.norm_count(), scratch, stream);
+    global_norm_squared(out, local, sh.optimizer_size(), scratch, stream);
     if (sh.zero_stage > 0) NCCL_CHECK(ncclAllReduce(out, out, 1, ncclFloat32, ncclSum, d.nccl, stream));
     float norm_squared = 0;
     CUDA_CHECK(cudaMemcpyAsync(&norm_squared, out, sizeof(float), cudaMemcpyDeviceToHost, stream));
