@@ -86,6 +86,11 @@ ALL_TEST_NAMES := $(TEST_NAMES) $(FP32_TEST_NAMES)
 GPU_TEST_NAMES := $(filter-out test_emu_%,$(ALL_TEST_NAMES))
 CATCH_MAIN_TESTS := $(filter-out test_mpi_%,$(ALL_TEST_NAMES))
 
+# A test may have a second translation unit, test/second_unit_<name>.cu, compiled apart and linked into
+# test_<name> (test_linkage: two units that both include every header). $(1): test name, $(2): build folder.
+second_unit_of = $(patsubst test/%.cu,$(2)/%.o,$(wildcard test/second_unit_$(patsubst test_%,%,$(1)).cu))
+SECOND_UNITS := $(patsubst test/%.cu,%,$(wildcard test/second_unit_*.cu))
+
 # The precision a binary is built in: the _fp32 twins FP32, the BF16-only tests BF16, others PRECISION.
 precision_of = $(if $(filter %_fp32,$(1)),FP32,$(if $(filter $(BF16_ONLY_TESTS),$(1)),BF16,$(PRECISION)))
 # The host library (host/*.cpp: flag parsing, JSON, metrics) of a build folder and precision: compiled
@@ -105,7 +110,7 @@ endef
 # Keep the test objects between builds (the mpirun tests' link rule makes theirs intermediate). Named
 # one by one: a bare .SECONDARY would also make the dependency-list stamp secondary, and a missing
 # secondary prerequisite does not force a rebuild.
-.SECONDARY: $(foreach dir,$(CPU_DIR) $(GPU_DIR) $(ASAN_DIR),$(addprefix $(dir)/,$(addsuffix .o,$(ALL_TEST_NAMES))))
+.SECONDARY: $(foreach dir,$(CPU_DIR) $(GPU_DIR) $(ASAN_DIR),$(addprefix $(dir)/,$(addsuffix .o,$(ALL_TEST_NAMES) $(SECOND_UNITS))))
 .PHONY: FORCE all train_gpt train_gpt_cpu test test-gpu test-asan deps deps-if-missing train clean emu-bench
 
 all: train_gpt_cpu
@@ -149,14 +154,18 @@ $(CPU_DIR)/test_%.o: test/test_%.cu $(DEPS_TRACKED) | deps-if-missing
 	@mkdir -p $(@D)
 	$(CXX) $(CPU_CXXFLAGS) $(DEPFLAGS) -x c++ -c $< -o $@
 
+$(CPU_DIR)/second_unit_%.o: test/second_unit_%.cu $(DEPS_TRACKED) | deps-if-missing
+	@mkdir -p $(@D)
+	$(CXX) $(CPU_CXXFLAGS) $(DEPFLAGS) -x c++ -c $< -o $@
+
 $(addprefix $(CPU_DIR)/,$(addsuffix .o,$(BF16_ONLY_TESTS))): PRECISION_DEFINE = -DPRECISION_BF16
 $(CPU_DIR)/test_%_fp32.o: PRECISION_DEFINE = -DPRECISION_FP32
 $(CPU_DIR)/test_%_fp32.o: test/test_%.cu $(DEPS_TRACKED) | deps-if-missing
 	@mkdir -p $(@D)
 	$(CXX) $(CPU_CXXFLAGS) $(DEPFLAGS) -x c++ -c $< -o $@
 
-$(addprefix $(CPU_DIR)/,$(CATCH_MAIN_TESTS)): $(CPU_DIR)/%: $(CPU_DIR)/%.o $(CPU_DIR)/catch_main.o \
-  $$(call host_lib,$(CPU_DIR),$$(call precision_of,$$*)) $(CPU_DIR)/libcuemu.a
+$(addprefix $(CPU_DIR)/,$(CATCH_MAIN_TESTS)): $(CPU_DIR)/%: $(CPU_DIR)/%.o $$(call second_unit_of,$$*,$(CPU_DIR)) \
+  $(CPU_DIR)/catch_main.o $$(call host_lib,$(CPU_DIR),$$(call precision_of,$$*)) $(CPU_DIR)/libcuemu.a
 	$(CXX) $^ $(CPU_LDLIBS) -o $@
 
 $(CPU_DIR)/test_mpi_%: $(CPU_DIR)/test_mpi_%.o $$(call host_lib,$(CPU_DIR),$$(call precision_of,test_mpi_$$*)) \
@@ -206,6 +215,11 @@ $(GPU_DIR)/test_%.o: test/test_%.cu $(DEPS_TRACKED) | deps-if-missing
 	$(NVCC) $(NVCCFLAGS) $(DEPFLAGS) -x cu -c $< -o $@ 2> $@.ptxas.log || { cat $@.ptxas.log; exit 1; }
 	@scripts/check_spills.sh $@.ptxas.log
 
+$(GPU_DIR)/second_unit_%.o: test/second_unit_%.cu $(DEPS_TRACKED) | deps-if-missing
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) $(DEPFLAGS) -x cu -c $< -o $@ 2> $@.ptxas.log || { cat $@.ptxas.log; exit 1; }
+	@scripts/check_spills.sh $@.ptxas.log
+
 $(addprefix $(GPU_DIR)/,$(addsuffix .o,$(BF16_ONLY_TESTS))): PRECISION_DEFINE = -DPRECISION_BF16
 $(GPU_DIR)/test_%_fp32.o: PRECISION_DEFINE = -DPRECISION_FP32
 $(GPU_DIR)/test_%_fp32.o: test/test_%.cu $(DEPS_TRACKED) | deps-if-missing
@@ -213,8 +227,9 @@ $(GPU_DIR)/test_%_fp32.o: test/test_%.cu $(DEPS_TRACKED) | deps-if-missing
 	$(NVCC) $(NVCCFLAGS) $(DEPFLAGS) -x cu -c $< -o $@ 2> $@.ptxas.log || { cat $@.ptxas.log; exit 1; }
 	@scripts/check_spills.sh $@.ptxas.log
 
-$(GPU_DIR)/test_%: $(GPU_DIR)/test_%.o $(GPU_DIR)/catch_main.o $$(call host_lib,$(GPU_DIR),$$(call precision_of,test_$$*))
-	$(NVCC) $< $(if $(filter mpi_%,$*),,$(GPU_DIR)/catch_main.o) $(call host_lib,$(GPU_DIR),$(call precision_of,test_$*)) \
+$(GPU_DIR)/test_%: $(GPU_DIR)/test_%.o $$(call second_unit_of,test_$$*,$(GPU_DIR)) $(GPU_DIR)/catch_main.o \
+  $$(call host_lib,$(GPU_DIR),$$(call precision_of,test_$$*))
+	$(NVCC) $< $(call second_unit_of,test_$*,$(GPU_DIR)) $(if $(filter mpi_%,$*),,$(GPU_DIR)/catch_main.o) $(call host_lib,$(GPU_DIR),$(call precision_of,test_$*)) \
 	  $(GPU_LDLIBS) -o $@
 
 test-gpu: deps-if-missing $(addprefix $(GPU_DIR)/,$(GPU_TEST_NAMES)) $(GPU_DIR)/train_gpt
@@ -242,11 +257,15 @@ $(ASAN_DIR)/test_%.o: test/test_%.cu $(DEPS_TRACKED) | deps-if-missing
 	@mkdir -p $(@D)
 	$(CXX) $(ASAN_CXXFLAGS) $(DEPFLAGS) -x c++ -c $< -o $@
 
+$(ASAN_DIR)/second_unit_%.o: test/second_unit_%.cu $(DEPS_TRACKED) | deps-if-missing
+	@mkdir -p $(@D)
+	$(CXX) $(ASAN_CXXFLAGS) $(DEPFLAGS) -x c++ -c $< -o $@
+
 $(foreach p,BF16 FP32,$(eval $(call host_library_rules,$(ASAN_DIR),$(p),ASAN_CXXFLAGS)))
 
-$(ASAN_DIR)/test_%: $(ASAN_DIR)/test_%.o $(patsubst emu/%.cpp,$(ASAN_DIR)/emu/%.o,$(EMU_SRC)) $(ASAN_DIR)/catch_main.o \
-  $$(call host_lib,$(ASAN_DIR),$$(call precision_of,test_$$*))
-	$(CXX) $(ASAN_CXXFLAGS) $< $(call host_lib,$(ASAN_DIR),$(call precision_of,test_$*)) \
+$(ASAN_DIR)/test_%: $(ASAN_DIR)/test_%.o $$(call second_unit_of,test_$$*,$(ASAN_DIR)) \
+  $(patsubst emu/%.cpp,$(ASAN_DIR)/emu/%.o,$(EMU_SRC)) $(ASAN_DIR)/catch_main.o $$(call host_lib,$(ASAN_DIR),$$(call precision_of,test_$$*))
+	$(CXX) $(ASAN_CXXFLAGS) $< $(call second_unit_of,test_$*,$(ASAN_DIR)) $(call host_lib,$(ASAN_DIR),$(call precision_of,test_$*)) \
 	  $(patsubst emu/%.cpp,$(ASAN_DIR)/emu/%.o,$(EMU_SRC)) $(if $(filter mpi_%,$*),,$(ASAN_DIR)/catch_main.o) $(CPU_LDLIBS) -o $@
 
 $(ASAN_DIR)/train_gpt_cpu: train_gpt.cu $(DEPS_TRACKED) $(patsubst emu/%.cpp,$(ASAN_DIR)/emu/%.o,$(EMU_SRC)) \

@@ -121,7 +121,7 @@ template <typename T> __device__ inline void adamw_store_chunk(T* p, const T (&v
 // Work items: `chunks` vectors of kAdamWChunk elements from element `head` on (every pointer is
 // 16-byte aligned there), then one item per remaining element: the `head` elements before the
 // vectors and the tail after them.
-__global__ void __launch_bounds__(kAdamWBlock)
+static __global__ void __launch_bounds__(kAdamWBlock)
     adamw_kernel(floatX* params, float* master, float* m, float* v, const floatX* grads, size_t n, size_t head,
                  size_t chunks, AdamWStepCoefficients c) {
     const size_t item = size_t(blockIdx.x) * blockDim.x + threadIdx.x;

@@ -145,7 +145,7 @@ __device__ inline int causal_key_tiles(int q0, int T) { return (min(q0 + kTile, 
 // O' = O exp(m - m') + P V (FlashAttention-2, Algorithm 1); at the end O / l and lse = m + log l.
 
 template <int HS_MAX>
-__global__ void __launch_bounds__(attention_detail::kThreads, 1)
+static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
     attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH) {
     using namespace attention_detail;
     const int hs = C / NH, stride = row_stride(hs);
@@ -213,7 +213,7 @@ __global__ void __launch_bounds__(attention_detail::kThreads, 1)
 //   dQ = dS K / sqrt(hs), dK = dS^T Q / sqrt(hs).
 
 // D for every (b, h, t): one warp per row, heads of a position in adjacent warps.
-__global__ void attention_backward_rowdot_kernel(float* D, const floatX* dout, const floatX* out, int B, int T, int C,
+static __global__ void attention_backward_rowdot_kernel(float* D, const floatX* dout, const floatX* out, int B, int T, int C,
                                                  int NH) {
     const int warps_per_block = int(blockDim.x) / 32, lane = int(threadIdx.x) % 32;
     const size_t row = size_t(blockIdx.x) * warps_per_block + threadIdx.x / 32;  // (b, t, h)
@@ -235,7 +235,7 @@ __global__ void attention_backward_rowdot_kernel(float* D, const floatX* dout, c
 // dK, dV: grid (key tiles, NH, B). A thread owns a key row (with its 3 siblings) and loops over
 // the query tiles at or after the key tile, the ones the causal mask lets see these keys.
 template <int HS_MAX>
-__global__ void __launch_bounds__(attention_detail::kThreads, 1)
+static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
     attention_backward_dkdv_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse,
                                    const float* D, int T, int C, int NH) {
     using namespace attention_detail;
@@ -303,7 +303,7 @@ __global__ void __launch_bounds__(attention_detail::kThreads, 1)
 // dQ: grid (query tiles, NH, B). A thread owns a query row (with its 3 siblings) and loops over
 // the key tiles the causal mask lets it see, as the forward pass does.
 template <int HS_MAX>
-__global__ void __launch_bounds__(attention_detail::kThreads, 1)
+static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
     attention_backward_dq_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse,
                                  const float* D, int T, int C, int NH) {
     using namespace attention_detail;

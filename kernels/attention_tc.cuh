@@ -145,7 +145,7 @@ __device__ inline void store_warp_rows(bf16* dst, size_t dst_stride, bf16* rows,
 // O' = O exp(m - m') + P V; at the end O / l and lse = m + log l (FlashAttention-2, Algorithm 1).
 
 template <int HS>
-__global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
+static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
     attention_tc_forward_kernel(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, int T, int C, int NH) {
     using namespace attention_tc_detail;
     constexpr int ld = kLd<HS>, kKeys = kForwardKeys<HS>;
@@ -246,7 +246,7 @@ __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
 // dK, dV: grid (key blocks, NH, B). Each warp owns 16 keys and streams the query tiles at or after
 // the key block (the ones the causal mask lets see it), computing S^T = K Q^T and dP^T = V dO^T.
 template <int HS>
-__global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
+static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
     attention_tc_backward_dkdv_kernel(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* qkv,
                                       const float* lse, const float* D, int T, int C, int NH) {
     using namespace attention_tc_detail;
@@ -327,7 +327,7 @@ __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
 // dQ: grid (query blocks, NH, B). Each warp owns 16 queries and streams the key tiles the causal
 // mask lets them see, as the forward pass does.
 template <int HS>
-__global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
+static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
     attention_tc_backward_dq_kernel(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* qkv,
                                     const float* lse, const float* D, int T, int C, int NH) {
     using namespace attention_tc_detail;

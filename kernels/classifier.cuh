@@ -17,7 +17,7 @@
 
 constexpr int kClassifierBlockSize = 1024;
 
-__global__ void __launch_bounds__(kClassifierBlockSize)
+static __global__ void __launch_bounds__(kClassifierBlockSize)
     fused_classifier_kernel(floatX* logits, float* losses, const int* targets, float dloss, int V, int Vp,
                             bool write_dlogits) {
     constexpr int kPack = Packed128<floatX>::size;

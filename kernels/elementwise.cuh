@@ -6,7 +6,7 @@
 
 // dst[i] += src[i] in FP32, rounded to floatX (nearest even). One element per thread: the arrays
 // are shard slices that may start anywhere, so no 16-byte vectors.
-__global__ void accumulate_kernel(floatX* dst, const floatX* src, size_t n) {
+static __global__ void accumulate_kernel(floatX* dst, const floatX* src, size_t n) {
     const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i < n) dst[i] = from_float<floatX>(to_float(dst[i]) + to_float(src[i]));
 }

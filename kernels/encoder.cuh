@@ -28,7 +28,7 @@ inline std::string encoder_batch_problem(int B, int T) {
 // ---------------------------------------------------------------------------------------------
 // Forward: out[b,t,:] = wte[inp[b,t],:] + wpe[t,:], one Packed128 per thread.
 
-__global__ void encoder_forward_kernel(floatX* out, const int* inp, const floatX* wte, const floatX* wpe, int T,
+static __global__ void encoder_forward_kernel(floatX* out, const int* inp, const floatX* wte, const floatX* wpe, int T,
                                        int C, size_t total_packs) {
     using Pack = Packed128<floatX>;
     const size_t pack = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -71,7 +71,7 @@ inline size_t encoder_backward_scratch_ints(int B, int T) { return 3 * size_t(B)
 
 // dwte[token,:] += the token's dout rows summed in increasing position order. grid.x: groups,
 // grid.y * blockDim.x threads of 8 channels each cover C.
-__global__ void encoder_backward_wte_kernel(floatX* dwte, const int* positions, const int* group_start,
+static __global__ void encoder_backward_wte_kernel(floatX* dwte, const int* positions, const int* group_start,
                                             const int* group_token, const floatX* dout, int C) {
     using Pack = Packed128<floatX>;
     constexpr int kPacks = kEncoderChannelsPerThread / Pack::size;
@@ -95,7 +95,7 @@ __global__ void encoder_backward_wte_kernel(floatX* dwte, const int* positions, 
 }
 
 // dwpe[t,:] += sum over b of dout[b,t,:], in increasing b; one Packed128 of one t per thread.
-__global__ void encoder_backward_wpe_kernel(floatX* dwpe, const floatX* dout, int B, int T, int C) {
+static __global__ void encoder_backward_wpe_kernel(floatX* dwpe, const floatX* dout, int B, int T, int C) {
     using Pack = Packed128<floatX>;
     const size_t pack = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
     const size_t row_elements = size_t(T) * C;  // one t..C slab of wpe, and the stride between batches

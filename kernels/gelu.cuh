@@ -23,7 +23,7 @@ __device__ inline float gelu_tanh_derivative(float x) {
     return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
 }
 
-__global__ void gelu_forward_kernel(floatX* out, const floatX* inp, size_t N) {
+static __global__ void gelu_forward_kernel(floatX* out, const floatX* inp, size_t N) {
     using Pack = Packed128<floatX>;
     const size_t pack = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
     const size_t first = pack * Pack::size;
@@ -37,7 +37,7 @@ __global__ void gelu_forward_kernel(floatX* out, const floatX* inp, size_t N) {
     }
 }
 
-__global__ void gelu_backward_kernel(floatX* dinp, const floatX* inp, const floatX* dout, size_t N) {
+static __global__ void gelu_backward_kernel(floatX* dinp, const floatX* inp, const floatX* dout, size_t N) {
     using Pack = Packed128<floatX>;
     const size_t pack = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
     const size_t first = pack * Pack::size;

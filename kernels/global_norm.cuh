@@ -23,7 +23,7 @@ inline size_t global_norm_scratch_floats(size_t n) { return global_norm_blocks(n
 
 // Vectors of Packed128 from element `head` on (16-byte aligned there), grid-strided; then the
 // `head` elements before them and the tail after them, one per thread, grid-strided.
-__global__ void __launch_bounds__(kGlobalNormBlock)
+static __global__ void __launch_bounds__(kGlobalNormBlock)
     global_norm_partials_kernel(float* partials, const floatX* values, size_t n, size_t head, size_t vectors) {
     __shared__ float scratch[32];
     constexpr int width = Packed128<floatX>::size;
@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(kGlobalNormBlock)
 }
 
 // One block, a multiple of 32 threads >= count: thread i takes partial i.
-__global__ void __launch_bounds__(kGlobalNormMaxBlocks)
+static __global__ void __launch_bounds__(kGlobalNormMaxBlocks)
     global_norm_finish_kernel(float* out, const float* partials, int count) {
     __shared__ float scratch[32];
     const float partial = int(threadIdx.x) < count ? partials[threadIdx.x] : 0.0f;

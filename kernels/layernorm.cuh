@@ -69,7 +69,7 @@ __device__ inline void layernorm_row(floatX* out, float* mean_out, float* rstd_o
 
 constexpr int kLayernormForwardBlock = 256;  // 8 rows per block
 
-__global__ void layernorm_forward_kernel(floatX* out, float* mean, float* rstd, const floatX* inp,
+static __global__ void layernorm_forward_kernel(floatX* out, float* mean, float* rstd, const floatX* inp,
                                          const floatX* weight, const floatX* bias, int N, int C) {
     const int row = int(blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32);
     if (row >= N) return;  // whole warps leave; no block-wide barrier follows
@@ -77,7 +77,7 @@ __global__ void layernorm_forward_kernel(floatX* out, float* mean, float* rstd, 
     layernorm_row(out + offset, mean ? mean + row : nullptr, rstd ? rstd + row : nullptr, inp + offset, weight, bias, C);
 }
 
-__global__ void fused_residual_layernorm_forward_kernel(floatX* residual, floatX* out, float* mean, float* rstd,
+static __global__ void fused_residual_layernorm_forward_kernel(floatX* residual, floatX* out, float* mean, float* rstd,
                                                         const floatX* inp1, const floatX* inp2, const floatX* weight,
                                                         const floatX* bias, int N, int C) {
     using Pack = Packed128<floatX>;
@@ -153,7 +153,7 @@ inline size_t layernorm_backward_scratch_floats(int N, int C) {
     return size_t(layernorm_backward_blocks(N)) * 2 * size_t(std::max(C, 0));
 }
 
-__global__ void __launch_bounds__(1024) layernorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout,
+static __global__ void __launch_bounds__(1024) layernorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout,
                                                                   const floatX* inp, const floatX* weight,
                                                                   const float* mean, const float* rstd, int N, int C) {
     using Pack = Packed128<floatX>;
@@ -234,7 +234,7 @@ __global__ void __launch_bounds__(1024) layernorm_backward_kernel(floatX* dinp, 
 // partial rows summed in a fixed interleaving, then the slices in order; then += into the grads.
 constexpr int kLayernormReduceSlices = 16;
 
-__global__ void layernorm_param_grads_kernel(floatX* dweight, floatX* dbias, const float* partials, int blocks, int C) {
+static __global__ void layernorm_param_grads_kernel(floatX* dweight, floatX* dbias, const float* partials, int blocks, int C) {
     __shared__ float slice_sums[kLayernormReduceSlices][32];
     const int column = int(blockIdx.x * 32 + threadIdx.x);
     const bool in_range = column < 2 * C;

@@ -164,7 +164,7 @@ constexpr int kBiasColumnsPerBlock = 32 * kPack;
 
 inline int bias_grad_chunks(int N) { return std::min(int(ceil_div(N, kBiasMinRowsPerChunk)), kBiasMaxChunks); }
 
-__global__ void __launch_bounds__(32 * kBiasRowThreads)
+static __global__ void __launch_bounds__(32 * kBiasRowThreads)
     bias_grad_partial_kernel(float* partials, const floatX* dout, int N, int OC, int rows_per_chunk) {
     __shared__ float column_sums[kBiasRowThreads][kBiasColumnsPerBlock];
     const int block_column = blockIdx.x * kBiasColumnsPerBlock;
@@ -187,7 +187,7 @@ __global__ void __launch_bounds__(32 * kBiasRowThreads)
     }
 }
 
-__global__ void bias_grad_finish_kernel(floatX* dbias, const float* partials, int chunks, int OC) {
+static __global__ void bias_grad_finish_kernel(floatX* dbias, const float* partials, int chunks, int OC) {
     const int column = (blockIdx.x * blockDim.x + threadIdx.x) * kPack;
     if (column >= OC) return;
     float sums[kPack] = {};

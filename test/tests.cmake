@@ -78,6 +78,10 @@ add_test(test_config ${TEST_BIN}/test_config)
 add_test(test_schedule ${TEST_BIN}/test_schedule)
 add_test(test_process_groups ${TEST_BIN}/test_process_groups)
 
+# Every header can be included by two translation units of one program: test_linkage is built from
+# test/test_linkage.cu and test/second_unit_linkage.cu, both including train_gpt.cu whole.
+add_test(test_linkage ${TEST_BIN}/test_linkage)
+
 # The training step under mpirun (test_mpi_train.cu), both precisions: ranks, ZeRO stage and
 # micro-steps per rank. The issue's equivalences (same global batch): 1 rank; 1 rank x 4 micro-steps;
 # 2 ranks ZeRO-1; 4 ranks ZeRO-2 x 2 micro-steps; 3 ranks ZeRO-1 (shard padding). Masked targets
