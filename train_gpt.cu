@@ -10,10 +10,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <filesystem>
-#include <fstream>
-#include <memory>
-#include <optional>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -26,7 +22,6 @@
 #include "host/dataloader.h"
 #include "host/divergence.h"
 #include "host/evaluation.h"
-#include "host/hellaswag.h"
 #include "host/device_memory.h"
 #include "host/memory_plan.h"
 #include "host/metrics.h"
@@ -36,7 +31,6 @@
 #include "dev/roofline.h"
 #include "host/run_identity.h"
 #include "host/schedule.h"
-#include "host/tokenizer.h"
 #include "host/watchdog.h"
 #include "kernels/adamw.cuh"
 #include "kernels/attention.cuh"
@@ -55,8 +49,9 @@
 // ---------------------------------------------------------------------------------------------
 // Configuration
 
-// The model's shape, its presets and its parameter tensors' sizes: host/model_config.h (shared with the
-// checkpoint files). Here: what the kernels need of a shape.
+// The model's shape, its presets, its parameter tensors' sizes and its options (what backward
+// recomputes, which attention kernels run): host/model_config.h, shared with the checkpoint files and
+// the flags. Here: what the kernels need of a shape.
 
 // "" when every kernel can run this configuration, else the first constraint it breaks.
 inline std::string gpt2_check_config(const GPT2Config& c) {
@@ -119,56 +114,6 @@ inline LayerTensors layer_view(const ParameterTensors& t, const GPT2Config& conf
             t.attprojw + l * C * C, t.attprojb + l * C,     t.ln2w + l * C,          t.ln2b + l * C,
             t.fcw + l * 4 * C * C,  t.fcb + l * 4 * C,      t.fcprojw + l * 4 * C * C, t.fcprojb + l * C};
 }
-
-// Decoupled weight decay applies to the weight matrices and the embeddings only, never to biases
-// or LayerNorm parameters: the 2-D tensors.
-inline bool decays(int tensor) {
-    const std::string name = kParameterNames[tensor];
-    return name == "wte" || name == "wpe" || name == "qkvw" || name == "attprojw" || name == "fcw" || name == "fcprojw";
-}
-
-// ---------------------------------------------------------------------------------------------
-// Activation recomputation (-r): what the forward pass keeps for backward, and what backward rebuilds.
-//  none:      every activation backward reads is kept, for all L layers.
-//  selective: the LayerNorm outputs ln1, ln2 and the MLP's hidden layer fch, fch_gelu (10 of the 16
-//             B*T*C-sized tensors a layer keeps) live in one layer's buffers (ln1 and ln2 share one);
-//             backward rebuilds them layer by layer: ln2 from residual2, fch and fch_gelu with the fc
-//             matmul (8*B*T*C^2 FLOPs), ln1 from the layer's input.
-//  full:      only each block's input (the residual stream) is kept for all layers; backward reruns
-//             the block's forward up to fch_gelu (LayerNorm, qkv matmul, attention, projection,
-//             residual + LayerNorm, fc matmul) into one layer's buffers, then ln1 once more when ln2
-//             has taken its buffer, and differentiates the block.
-// Recomputation reruns the very kernels of the forward pass on the very inputs, so activations, and
-// therefore gradients, are bitwise identical in all three modes.
-
-enum class Recompute { none, selective, full };
-
-inline const char* recompute_name(Recompute r) {
-    return r == Recompute::none ? "none" : r == Recompute::selective ? "selective" : "full";
-}
-inline Recompute recompute_of(const std::string& name) {
-    for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full})
-        if (name == recompute_name(r)) return r;
-    throw std::runtime_error("-r/--recompute must be one of none|selective|full, got '" + name + "'");
-}
-
-// Which flash attention kernels run (--attention): tensor cores (kernels/attention_tc.cuh, BF16 only)
-// or CUDA cores (kernels/attention.cuh, both precisions; the FP32 build's default).
-enum class Attention { tc, simt };
-
-inline Attention attention_of(const std::string& name) {
-    if (name == "tc") return Attention::tc;
-    if (name == "simt") return Attention::simt;
-    throw std::runtime_error("--attention must be one of tc|simt, got '" + name + "'");
-}
-// --attention's default (host/config.h, by precision).
-inline const Attention kDefaultAttention = attention_of(RunConfig{}.attention);
-
-// How the model runs, beyond its shape: what backward recomputes, which attention kernels.
-struct ModelOptions {
-    Recompute recompute = Recompute::none;
-    Attention attention = kDefaultAttention;
-};
 
 // ---------------------------------------------------------------------------------------------
 // Activations: what the forward pass keeps for the backward pass, for B sequences of T tokens,
@@ -745,8 +690,8 @@ inline void reduce_layer_gradients(Trainer& tr, int l) {
 
 // The L2 norm over all ranks of a flat-buffer-sized tensor, from this rank's part at `local`.
 inline float all_ranks_norm(Trainer& tr, const floatX* local) {
-    GPT2& m = tr.model;
-    return all_ranks_norm(m.shard, tr.dist, local, m.memory.get<float>("grad_norm"), m.bwd.scratch, m.stream);
+    return all_ranks_norm(tr.model.shard, tr.dist, local, tr.model.memory.get<float>("grad_norm"), tr.model.bwd.scratch,
+                          tr.model.stream);
 }
 
 inline float global_gradient_norm(Trainer& tr) {
@@ -830,21 +775,6 @@ inline void load_model_parameters(GPT2& m, const std::string& path) {
     copy_and_wait(m, m.params_memory, params.data(), params.size() * sizeof(floatX), cudaMemcpyHostToDevice);
 }
 
-// The largest micro-batch whose plan fits in `bytes` (0 if none).
-inline int largest_fitting_batch(const GPT2Config& c, int T, const ShardLayout& shard, const ModelOptions& options,
-                                 size_t bytes) {
-    return largest_fitting_batch([&](int B) { return gpt2_memory_plan(c, B, T, shard, options).total(); }, bytes);
-}
-
-// Evaluation (host/evaluation.h) bound to the model: the validation loss over every rank's batches.
-inline double validation_loss(Trainer& tr, DataLoader& val, int batches, int B, int T) {
-    return mean_validation_loss(val, batches, B, T, tr.dist, [&](const int* inputs, const int* targets) {
-        progress(tr, "validation", tr.optimizer.step);
-        const double sum = gpt2_forward(tr.model, inputs, targets, B, T, 0.0f);
-        return std::pair<double, long long>(sum, tr.model.valid_targets);
-    });
-}
-
 // Per-token losses (0 where a target is -1) of one forward pass, copied to the host.
 inline void forward_token_losses(GPT2& m, const int* inputs, const int* targets, int B, int T, float* losses) {
     gpt2_forward(m, inputs, targets, B, T, 0.0f);
@@ -852,96 +782,45 @@ inline void forward_token_losses(GPT2& m, const int* inputs, const int* targets,
     CUDA_CHECK(cudaStreamSynchronize(m.stream));
 }
 
-// HellaSwag accuracy over every rank (each scores its share of the examples, B rows per forward pass).
-inline HellaSwagResult hellaswag_accuracy(Trainer& tr, const HellaSwagSet& set, int B, int T) {
-    return hellaswag_all_ranks(set, B, T, tr.dist, [&](const int* inputs, const int* targets, int b, int t, float* losses) {
-        progress(tr, "HellaSwag", tr.optimizer.step);
-        forward_token_losses(tr.model, inputs, targets, b, t, losses);
-    });
-}
-
-// Generates `count` tokens after an end-of-text token (host/evaluation.h's sample_from_logits).
-inline std::vector<int> sample_tokens(GPT2& m, int eot, int count, float temperature, int top_k, Rng& rng) {
-    std::vector<int> tokens = {eot};
+// The logits over the real vocabulary at the last of n tokens (an inference forward pass).
+inline std::vector<float> next_token_logits(GPT2& m, const int* tokens, int n) {
     const int Vp = m.config.padded_vocab_size;
     std::vector<floatX> row(Vp);
+    gpt2_forward(m, tokens, nullptr, 1, n, 0.0f);
+    // gpt2_forward without targets returns with the logits still being computed on m.stream.
+    copy_and_wait(m, row.data(), m.acts.logits + size_t(n - 1) * Vp, Vp * sizeof(floatX), cudaMemcpyDeviceToHost);
     std::vector<float> logits(m.config.vocab_size);
-    for (int i = 0; i < count; ++i) {
-        const int window = std::min<int>(int(tokens.size()), m.max_tokens);
-        gpt2_forward(m, tokens.data() + tokens.size() - window, nullptr, 1, window, 0.0f);
-        // gpt2_forward without targets returns with the logits still being computed on m.stream.
-        copy_and_wait(m, row.data(), m.acts.logits + size_t(window - 1) * Vp, Vp * sizeof(floatX), cudaMemcpyDeviceToHost);
-        for (size_t v = 0; v < logits.size(); ++v) logits[v] = to_float(row[v]);
-        tokens.push_back(sample_from_logits(logits, temperature, top_k, rng));
-    }
-    return std::vector<int>(tokens.begin() + 1, tokens.end());
+    for (size_t v = 0; v < logits.size(); ++v) logits[v] = to_float(row[v]);
+    return logits;
 }
 
-// Writes the model (llm.c format, rank 0) and the training state (every rank its optimizer range).
-// The run a checkpoint belongs to (host/run_identity.h).
-struct RunInfo {
-    std::string id;
-    int64_t tokens_per_step = 0;
-};
-
-// Writes step `step`'s checkpoint (host/checkpointing.h: free space, phases agreed by all ranks, cleanup
-// on failure); returns false when it was skipped. Never from non-finite parameters: that throws.
-inline bool save_checkpoint(Trainer& tr, const RunConfig& rc, const RunInfo& run, int64_t step,
-                            const DataLoaderPosition& loader, uint64_t sample_rng) {
+// The model as evaluation calls it (host/evaluation.h: validation loss, HellaSwag, sampling).
+inline EvaluatedModel evaluated_model(Trainer& tr) {
     GPT2& m = tr.model;
-    const ShardLayout& sh = m.shard;
-    const int rank = tr.dist.rank;
-    const std::string state_path = state_checkpoint_path(rc.output_dir, step);
-    if (!std::isfinite(parameter_norm(tr)))
-        throw std::runtime_error("step " + std::to_string(step) + ": parameters are not finite (NaN or Inf); no checkpoint "
-                                 "written");
-    const std::string meta = run_metadata(rc, run.id, run.tokens_per_step);
-    const size_t begin = sh.optimizer_begin(), count = sh.optimizer_real_size();
-    auto write_model = [&] {  // and the state file's header
-        std::vector<floatX> params(m.num_parameters);
-        copy_and_wait(m, params.data(), m.params_memory, params.size() * sizeof(floatX), cudaMemcpyDeviceToHost);
-        write_model_checkpoint(model_checkpoint_path(rc.output_dir, step), header_of(m.config), params.data(), params.size());
-        begin_state_file(state_path, TrainingState{step, m.num_parameters, {uint64_t(rc.seed), sample_rng, 0, 0},
-                                                   loader.epoch, loader.shard, loader.sample, meta});
-    };
-    auto write_optimizer_range = [&] {
-        const OptimizerState o = download_optimizer_state(tr.optimizer, count, m.stream);
-        write_state_range(state_path, m.num_parameters, begin, o.master.data(), o.adam_m.data(), o.adam_v.data(), count);
-    };
-    // Stage 0: every rank holds the same state; rank 0 writes it. Otherwise each rank its shard.
-    const std::vector<CheckpointPhase> phases = {{rank == 0, write_model},
-                                                 {(sh.zero_stage > 0 || rank == 0) && count > 0, write_optimizer_range},
-                                                 {rank == 0, [&] { finish_state_file(state_path); }}};
-    return write_checkpoint_agreed(tr.dist, rc.output_dir, step, checkpoint_bytes(m.num_parameters, sizeof(floatX), meta.size()),
-                                   rc.keep_last, phases, [&] { progress(tr, "a checkpoint", step); });
+    return {[&tr, &m](const int* inputs, const int* targets) {
+                progress(tr, "validation", tr.optimizer.step);
+                const double sum = gpt2_forward(m, inputs, targets, m.max_batch, m.max_tokens, 0.0f);
+                return std::pair<double, long long>(sum, m.valid_targets);
+            },
+            [&tr, &m](const int* inputs, const int* targets, int b, int t, float* losses) {
+                progress(tr, "HellaSwag", tr.optimizer.step);
+                forward_token_losses(m, inputs, targets, b, t, losses);
+            },
+            [&m](const int* tokens, int n) { return next_token_logits(m, tokens, n); }, m.max_tokens};
 }
 
-// Restores parameters, master weights, moments, step, data position and sampling RNG from the latest
-// complete checkpoint in the output directory (written by any number of ranks at any ZeRO stage).
-// Loads the latest complete checkpoint of the run in rc.output_dir, after checking that this is the same
-// run (run->tokens_per_step in, run->id out); returns its step.
-inline int64_t resume_checkpoint(Trainer& tr, const RunConfig& rc, DataLoader& loader, Rng& sample_rng, RunInfo* run) {
-    const std::optional<int64_t> latest = latest_complete_checkpoint(rc.output_dir);
-    if (!latest) throw std::runtime_error("--resume: no complete checkpoint in '" + rc.output_dir + "'");
+// The training state as checkpoints read and write it (host/checkpointing.h): the parameters through
+// the model, in its precision, and this rank's range of the optimizer.
+inline CheckpointedTraining checkpointed(Trainer& tr) {
     GPT2& m = tr.model;
-    load_model_parameters(m, model_checkpoint_path(rc.output_dir, *latest));
-    const std::string state_path = state_checkpoint_path(rc.output_dir, *latest);
-    const TrainingState st = read_state_header(state_path);
-    const ResumedRun resumed = check_resume(state_path, st.meta_json, rc, run->tokens_per_step);
-    run->id = resumed.run_id;
-    if (tr.dist.rank == 0)
-        for (const std::string& change : resumed.changed) std::printf("resume: changed since step %lld: %s\n", (long long)*latest, change.c_str());
-    if (st.num_parameters != m.num_parameters)
-        throw std::runtime_error("state '" + state_path + "': num_parameters differs from the model");
-    const ShardLayout& sh = m.shard;
-    const size_t begin = sh.optimizer_begin(), count = sh.optimizer_real_size();
-    OptimizerState o{std::vector<float>(sh.optimizer_size()), std::vector<float>(sh.optimizer_size()),
-                     std::vector<float>(sh.optimizer_size())};
-    if (count > 0) read_state_range(state_path, st, begin, count, o.master.data(), o.adam_m.data(), o.adam_v.data());
-    upload_optimizer_state(tr.optimizer, o, int(st.step), m.stream);
-    loader.seek({st.loader_epoch, st.loader_shard, st.loader_sample});
-    sample_rng.state = st.rng[1];
-    return st.step;
+    return {tr.dist, tr.optimizer, m.stream, m.num_parameters, sizeof(floatX),
+            [&m](const std::string& path) {
+                std::vector<floatX> params(m.num_parameters);
+                copy_and_wait(m, params.data(), m.params_memory, params.size() * sizeof(floatX), cudaMemcpyDeviceToHost);
+                write_model_checkpoint(path, header_of(m.config), params.data(), params.size());
+            },
+            [&m](const std::string& path) { load_model_parameters(m, path); }, [&tr] { return parameter_norm(tr); },
+            [&tr](const char* what, int64_t step) { progress(tr, what, step); }};
 }
 
 // The run's fixed facts, decided before anything is allocated: the model, how it runs, its shard.
@@ -976,7 +855,9 @@ inline RunPlan plan_run(const RunConfig& rc, const Distributed& dist) {
 // --dry-run: the plan, and the largest micro-batch that fits in each recompute mode (rank 0 prints).
 inline void print_dry_run(const RunConfig& rc, const RunPlan& p) {
     const auto fits = [&](Recompute r) {
-        return largest_fitting_batch(p.config, rc.seq_len, p.shard, {r, p.options.attention}, p.budget);
+        const ModelOptions options{r, p.options.attention};
+        return largest_fitting_batch([&](int B) { return gpt2_memory_plan(p.config, B, rc.seq_len, p.shard, options).total(); },
+                                     p.budget);
     };
     const LargestBatches largest{fits(Recompute::none), fits(Recompute::selective), fits(Recompute::full)};
     std::printf("%s", dry_run_report(rc, p.memory, p.num_parameters, p.world, p.budget, largest, kPrecisionName).c_str());
@@ -991,16 +872,6 @@ inline void profile_step(Trainer& tr, const RunPlan& p, StepBatches& batches, in
                                          p.config.num_layers, p.config.channels, T, device, peak).c_str());
 }
 
-// Evaluation (host/evaluation.h) of this model, when due after step `done`.
-inline void evaluate_after_step(Trainer& tr, const RunConfig& rc, Evaluation& e, RunLog& log, int64_t done, bool last) {
-    const int B = rc.batch_size, T = rc.seq_len;
-    const EvaluatedModel model{
-        [&](DataLoader& val) { return validation_loss(tr, val, rc.val_batches, B, T); },
-        [&](const HellaSwagSet& set) { return hellaswag_accuracy(tr, set, B, T); },
-        [&](int eot, int count, Rng& rng) { return sample_tokens(tr.model, eot, count, float(rc.temperature), rc.top_k, rng); }};
-    evaluate_when_due(rc, e, model, log, tr.dist.rank, done, last);
-}
-
 // The parameters (initialized, from an llm.c checkpoint, or with -y the whole training state from the
 // latest checkpoint of the run), checked finite; returns the step to start from.
 inline int64_t start_training(Trainer& tr, const RunConfig& rc, const RunPlan& p, DataLoader& loader, Rng& sample_rng,
@@ -1008,23 +879,11 @@ inline int64_t start_training(Trainer& tr, const RunConfig& rc, const RunPlan& p
     if (p.checkpoint.empty()) gpt2_init_weights(tr.model, uint64_t(rc.seed));
     else load_model_parameters(tr.model, p.checkpoint);
     trainer_start(tr);
-    const int64_t step = rc.resume ? resume_checkpoint(tr, rc, loader, sample_rng, run) : 0;
+    const int64_t step = rc.resume ? resume_checkpoint(checkpointed(tr), rc, loader, sample_rng, run) : 0;
     if (!std::isfinite(parameter_norm(tr)))
         throw std::runtime_error("model '" + (rc.resume ? model_checkpoint_path(rc.output_dir, step) : p.checkpoint) +
                                  "': parameters are not finite (NaN or Inf)");
     return step;
-}
-
-// The run's first line, and its configuration in <output dir>/config.json (rank 0).
-inline void announce_run(const RunConfig& rc, const RunPlan& p, const char* device, int ranks, int64_t tokens_per_step,
-                         int64_t total_steps, const std::string& run_id, int64_t resumed_at) {
-    std::printf("train_gpt: %s on %s x %d, %s, %zu parameters, B=%d T=%d, %lld tokens/step, %lld steps, run %s%s\n",
-                rc.model.c_str(), device, ranks, kPrecisionName, p.num_parameters, rc.batch_size, rc.seq_len,
-                (long long)tokens_per_step, (long long)total_steps, run_id.c_str(),
-                rc.resume ? (", resumed at step " + std::to_string(resumed_at)).c_str() : "");
-    if (rc.output_dir.empty()) return;
-    std::filesystem::create_directories(rc.output_dir);
-    std::ofstream(std::filesystem::path(rc.output_dir) / "config.json") << to_json_text(rc) << "\n";
 }
 
 // The whole run: plan, data, model, then steps, each followed by evaluation, checkpoint and a check
@@ -1065,7 +924,7 @@ inline int run(const RunConfig& rc, Distributed& dist) {
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     const double peak = peak_bf16_flops(prop.name), flops_token = flops_per_token(int64_t(p.num_parameters), p.config.num_layers, p.config.channels, T);
-    if (main_rank) announce_run(rc, p, prop.name, dist.world_size, cap, total_steps, run.id, step);
+    if (main_rank) announce_run(rc, prop.name, dist.world_size, kPrecisionName, p.num_parameters, total_steps, run, step);
     RunLog log(main_rank, rc.output_dir);
     StepBatches batches;
     const auto micro_steps_of = [&](int64_t batch_tokens) { return int(batch_tokens / (int64_t(B) * T * dist.world_size)); };
@@ -1096,8 +955,8 @@ inline int run(const RunConfig& rc, Distributed& dist) {
                       elapsed / double(steps_this_run) * double(total_steps - done), batch_tokens});
         if (!r.skipped_because.empty()) log.skipped(done, r.skipped_because);
         if (r.valid_targets > 0) divergence.record(done, r.loss, r.grad_norm, r.skipped_because);  // throws: diverged
-        evaluate_after_step(tr, rc, eval, log, done, done == total_steps);
-        const auto save = [&] { return save_checkpoint(tr, rc, run, done, train_loader.position(), eval.sample_rng.state); };
+        evaluate_when_due(rc, eval, evaluated_model(tr), log, dist, done, done == total_steps);
+        const auto save = [&] { return save_checkpoint(checkpointed(tr), rc, run, done, train_loader.position(), eval.sample_rng.state); };
         const bool due = checkpoint_due(rc, done, total_steps), saved = due && save();
         if (done < total_steps && stop_requested(dist, done, !rc.output_dir.empty(), due, saved, save)) {
             trainer_free(tr);

@@ -1,13 +1,15 @@
 // How a run writes a checkpoint across its ranks (the files themselves: host/checkpoint.h): check the
 // free space for its known size, write in phases that every rank agrees on, and on any failure remove
 // what was written and go on training, so a full disk costs a checkpoint, never the run or an older
-// checkpoint.
+// checkpoint. And how a run resumes from the latest one, each rank reading its own optimizer range.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -15,7 +17,11 @@
 
 #include "host/checkpoint.h"
 #include "host/config.h"
+#include "host/dataloader.h"
+#include "host/rng.h"
+#include "host/run_identity.h"
 #include "parallel/process_groups.h"
+#include "parallel/zero.h"
 
 // One phase of a checkpoint: `write` runs on the ranks where `mine` is true.
 struct CheckpointPhase {
@@ -80,4 +86,74 @@ inline bool write_checkpoint_agreed(const Distributed& d, const std::string& dir
 // Every --checkpoint-every steps and after the last step, when there is an output dir.
 inline bool checkpoint_due(const RunConfig& rc, int64_t done, int64_t total_steps) {
     return !rc.output_dir.empty() && rc.checkpoint_every > 0 && (done % rc.checkpoint_every == 0 || done == total_steps);
+}
+
+// One rank's training state as a checkpoint reads and writes it: the model's parameters, through the
+// model (which holds them in its precision), and this rank's range of the sharded optimizer.
+struct CheckpointedTraining {
+    const Distributed& dist;
+    ShardedAdamW& optimizer;
+    cudaStream_t stream;
+    size_t num_parameters = 0;
+    size_t parameter_bytes = 0;                                // per parameter in the model file
+    std::function<void(const std::string& path)> write_model;  // an llm.c model file of the parameters
+    std::function<void(const std::string& path)> load_model;   // the parameters from one
+    std::function<float()> parameter_norm;                     // over all ranks: not finite on NaN or Inf
+    std::function<void(const char* what, int64_t step)> progress;  // for the watchdog
+};
+
+// Writes step `step`'s checkpoint: the model (llm.c format, rank 0) and the training state (each rank
+// its optimizer range; at stage 0 rank 0 the whole). Returns false when it was skipped (see
+// write_checkpoint_agreed). Never from non-finite parameters: that throws.
+inline bool save_checkpoint(const CheckpointedTraining& t, const RunConfig& rc, const RunInfo& run, int64_t step,
+                            const DataLoaderPosition& loader, uint64_t sample_rng) {
+    const ShardLayout& sh = t.optimizer.shard;
+    const int rank = t.dist.rank;
+    const std::string state_path = state_checkpoint_path(rc.output_dir, step);
+    if (!std::isfinite(t.parameter_norm()))
+        throw std::runtime_error("step " + std::to_string(step) + ": parameters are not finite (NaN or Inf); no checkpoint "
+                                 "written");
+    const std::string meta = run_metadata(rc, run.id, run.tokens_per_step);
+    const size_t begin = sh.optimizer_begin(), count = sh.optimizer_real_size();
+    auto write_model = [&] {  // and the state file's header
+        t.write_model(model_checkpoint_path(rc.output_dir, step));
+        begin_state_file(state_path, TrainingState{step, t.num_parameters, {uint64_t(rc.seed), sample_rng, 0, 0},
+                                                   loader.epoch, loader.shard, loader.sample, meta});
+    };
+    auto write_optimizer_range = [&] {
+        const OptimizerState o = download_optimizer_state(t.optimizer, count, t.stream);
+        write_state_range(state_path, t.num_parameters, begin, o.master.data(), o.adam_m.data(), o.adam_v.data(), count);
+    };
+    const std::vector<CheckpointPhase> phases = {{rank == 0, write_model},
+                                                 {(sh.zero_stage > 0 || rank == 0) && count > 0, write_optimizer_range},
+                                                 {rank == 0, [&] { finish_state_file(state_path); }}};
+    return write_checkpoint_agreed(t.dist, rc.output_dir, step, checkpoint_bytes(t.num_parameters, t.parameter_bytes, meta.size()),
+                                   rc.keep_last, phases, [&] { t.progress("a checkpoint", step); });
+}
+
+// Restores parameters, master weights, moments, step, data position and sampling RNG from the latest
+// complete checkpoint in rc.output_dir (written by any number of ranks at any ZeRO stage), after
+// checking that it is the same run (run->tokens_per_step in, run->id out); returns its step.
+inline int64_t resume_checkpoint(const CheckpointedTraining& t, const RunConfig& rc, DataLoader& loader, Rng& sample_rng,
+                                 RunInfo* run) {
+    const std::optional<int64_t> latest = latest_complete_checkpoint(rc.output_dir);
+    if (!latest) throw std::runtime_error("--resume: no complete checkpoint in '" + rc.output_dir + "'");
+    t.load_model(model_checkpoint_path(rc.output_dir, *latest));
+    const std::string state_path = state_checkpoint_path(rc.output_dir, *latest);
+    const TrainingState st = read_state_header(state_path);
+    const ResumedRun resumed = check_resume(state_path, st.meta_json, rc, run->tokens_per_step);
+    run->id = resumed.run_id;
+    if (t.dist.rank == 0)
+        for (const std::string& change : resumed.changed) std::printf("resume: changed since step %lld: %s\n", (long long)*latest, change.c_str());
+    if (st.num_parameters != t.num_parameters)
+        throw std::runtime_error("state '" + state_path + "': num_parameters differs from the model");
+    const ShardLayout& sh = t.optimizer.shard;
+    const size_t begin = sh.optimizer_begin(), count = sh.optimizer_real_size();
+    OptimizerState o{std::vector<float>(sh.optimizer_size()), std::vector<float>(sh.optimizer_size()),
+                     std::vector<float>(sh.optimizer_size())};
+    if (count > 0) read_state_range(state_path, st, begin, count, o.master.data(), o.adam_m.data(), o.adam_v.data());
+    upload_optimizer_state(t.optimizer, o, int(st.step), t.stream);
+    loader.seek({st.loader_epoch, st.loader_shard, st.loader_sample});
+    sample_rng.state = st.rng[1];
+    return st.step;
 }

@@ -93,26 +93,45 @@ inline Evaluation evaluation_of(const RunConfig& rc, const Distributed& d, int v
     return e;
 }
 
-// The model, as evaluation calls it.
+// The model, as evaluation calls it: forward passes over host token arrays.
 struct EvaluatedModel {
-    std::function<double(DataLoader& val)> validation_loss;                // over every rank
-    std::function<HellaSwagResult(const HellaSwagSet& set)> hellaswag;     // over every rank
-    std::function<std::vector<int>(int eot, int count, Rng& rng)> sample;  // tokens after eot
+    // {sum of the per-token losses, valid targets} of one forward pass over a B x T batch.
+    std::function<std::pair<double, long long>(const int* inputs, const int* targets)> batch_loss;
+    HellaSwagForward token_losses;  // per-token losses of b x t tokens (0 where a target is -1)
+    // The logits over the real vocabulary at the last of n tokens (n <= max_tokens).
+    std::function<std::vector<float>(const int* tokens, int n)> next_token_logits;
+    int max_tokens = 0;
 };
+
+// `count` tokens generated after an end-of-text token `eot`, each drawn from the logits at the last
+// position of a window of at most max_tokens (sample_from_logits).
+inline std::vector<int> sample_tokens(const EvaluatedModel& model, int eot, int count, float temperature, int top_k,
+                                      Rng& rng) {
+    std::vector<int> tokens = {eot};
+    for (int i = 0; i < count; ++i) {
+        const int window = std::min<int>(int(tokens.size()), model.max_tokens);
+        const std::vector<float> logits = model.next_token_logits(tokens.data() + tokens.size() - window, window);
+        tokens.push_back(sample_from_logits(logits, temperature, top_k, rng));
+    }
+    return std::vector<int>(tokens.begin() + 1, tokens.end());
+}
 
 // After step `done` (`last`: the run's last step): the validation loss and HellaSwag every --val-every
 // steps and after the last step (every rank takes part), a sample every --sample-every steps and
 // after the last step (rank 0 only), each logged.
-inline void evaluate_when_due(const RunConfig& rc, Evaluation& e, const EvaluatedModel& model, RunLog& log, int rank,
-                              int64_t done, bool last) {
-    if (e.val && (done % rc.val_every == 0 || last)) log.val(done, model.validation_loss(*e.val));
+inline void evaluate_when_due(const RunConfig& rc, Evaluation& e, const EvaluatedModel& model, RunLog& log,
+                              const Distributed& d, int64_t done, bool last) {
+    const int B = rc.batch_size, T = rc.seq_len;
+    if (e.val && (done % rc.val_every == 0 || last))
+        log.val(done, mean_validation_loss(*e.val, rc.val_batches, B, T, d, model.batch_loss));
     if (e.hellaswag && ((rc.val_every > 0 && done % rc.val_every == 0) || last)) {
-        const HellaSwagResult hs = model.hellaswag(*e.hellaswag);
+        const HellaSwagResult hs = hellaswag_all_ranks(*e.hellaswag, B, T, d, model.token_losses);
         log.hellaswag(done, hs.accuracy(), hs.correct, hs.total, hs.skipped);
     }
-    if (rc.sample_every > 0 && (done % rc.sample_every == 0 || last) && rank == 0) {
-        const std::vector<int> tokens = model.sample(e.tokenizer ? e.tokenizer->eot_token() : 50256,
-                                                     std::min(rc.gen_tokens, rc.seq_len - 1), e.sample_rng);
+    if (rc.sample_every > 0 && (done % rc.sample_every == 0 || last) && d.rank == 0) {
+        const std::vector<int> tokens = sample_tokens(model, e.tokenizer ? e.tokenizer->eot_token() : 50256,
+                                                      std::min(rc.gen_tokens, rc.seq_len - 1), float(rc.temperature),
+                                                      rc.top_k, e.sample_rng);
         std::string text;
         if (e.tokenizer) text = e.tokenizer->decode(tokens);
         else for (int t : tokens) text += std::to_string(t) + " ";

@@ -1,5 +1,6 @@
-// A GPT-2 model's shape (what an llm.c checkpoint header records), its presets, and its parameter
-// tensors' names and sizes in llm.c's checkpoint order. Every parameter count in the program, and every
+// A GPT-2 model's shape (what an llm.c checkpoint header records), its presets, its parameter
+// tensors' names and sizes in llm.c's checkpoint order, and the options it runs with (recomputation,
+// attention kernels). Every parameter count in the program, and every
 // check of a shape's own consistency, comes from here: the model (train_gpt.cu), the checkpoint files
 // (host/checkpoint.h) and the memory plan all ask this file.
 #pragma once
@@ -9,6 +10,8 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+
+#include "host/config.h"
 
 struct GPT2Config {
     int max_seq_len;        // maxT: rows of the position embedding
@@ -72,6 +75,13 @@ constexpr const char* kParameterNames[kNumParameterTensors] = {
 // The per-layer tensors (ln1w .. fcprojb) and the global ones (wte, wpe, lnfw, lnfb).
 inline bool is_layer_tensor(int tensor) { return tensor >= 2 && tensor <= 13; }
 
+// Decoupled weight decay applies to the weight matrices and the embeddings only, never to biases
+// or LayerNorm parameters: the 2-D tensors.
+inline bool decays(int tensor) {
+    const std::string name = kParameterNames[tensor];
+    return name == "wte" || name == "wpe" || name == "qkvw" || name == "attprojw" || name == "fcw" || name == "fcprojw";
+}
+
 // Sizes of the tensors of a consistent shape (shape_problem() == ""): wte (Vp, C), wpe (maxT, C), per
 // layer ln1w, ln1b (C), qkvw (3C, C), qkvb (3C), attprojw (C, C), attprojb (C), ln2w, ln2b (C), fcw
 // (4C, C), fcb (4C), fcprojw (C, 4C), fcprojb (C), each times L; lnfw, lnfb (C). Throws
@@ -98,3 +108,46 @@ inline size_t gpt2_num_parameters(const GPT2Config& c) {
         if (__builtin_add_overflow(n, s, &n)) throw std::overflow_error("the parameter count overflows 64 bits");
     return n;
 }
+
+// Activation recomputation (-r): what the forward pass keeps for backward, and what backward rebuilds
+// (train_gpt.cu's activation table says which copies each mode keeps).
+//  none:      every activation backward reads is kept, for all L layers.
+//  selective: the LayerNorm outputs ln1, ln2 and the MLP's hidden layer fch, fch_gelu (10 of the 16
+//             B*T*C-sized tensors a layer keeps) live in one layer's buffers (ln1 and ln2 share one);
+//             backward rebuilds them layer by layer: ln2 from residual2, fch and fch_gelu with the fc
+//             matmul (8*B*T*C^2 FLOPs), ln1 from the layer's input.
+//  full:      only each block's input (the residual stream) is kept for all layers; backward reruns
+//             the block's forward up to fch_gelu (LayerNorm, qkv matmul, attention, projection,
+//             residual + LayerNorm, fc matmul) into one layer's buffers, then ln1 once more when ln2
+//             has taken its buffer, and differentiates the block.
+// Recomputation reruns the very kernels of the forward pass on the very inputs, so activations, and
+// therefore gradients, are bitwise identical in all three modes.
+
+enum class Recompute { none, selective, full };
+
+inline const char* recompute_name(Recompute r) {
+    return r == Recompute::none ? "none" : r == Recompute::selective ? "selective" : "full";
+}
+inline Recompute recompute_of(const std::string& name) {
+    for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full})
+        if (name == recompute_name(r)) return r;
+    throw std::runtime_error("-r/--recompute must be one of none|selective|full, got '" + name + "'");
+}
+
+// Which flash attention kernels run (--attention): tensor cores (kernels/attention_tc.cuh, BF16 only)
+// or CUDA cores (kernels/attention.cuh, both precisions; the FP32 build's default).
+enum class Attention { tc, simt };
+
+inline Attention attention_of(const std::string& name) {
+    if (name == "tc") return Attention::tc;
+    if (name == "simt") return Attention::simt;
+    throw std::runtime_error("--attention must be one of tc|simt, got '" + name + "'");
+}
+// --attention's default (host/config.h, by precision).
+inline const Attention kDefaultAttention = attention_of(RunConfig{}.attention);
+
+// How the model runs, beyond its shape: what backward recomputes, which attention kernels.
+struct ModelOptions {
+    Recompute recompute = Recompute::none;
+    Attention attention = kDefaultAttention;
+};

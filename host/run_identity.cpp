@@ -1,6 +1,9 @@
 // Run identity across resumes (host/run_identity.h): the JSON of a checkpoint's run metadata.
 #include "host/run_identity.h"
 
+#include <filesystem>
+#include <fstream>
+
 #include <nlohmann/json.hpp>
 
 // What a checkpoint's state records about its run.
@@ -64,3 +67,13 @@ ResumedRun check_resume(const std::string& state_path, const std::string& meta_t
     return resumed;
 }
 
+void announce_run(const RunConfig& rc, const char* device, int ranks, const char* precision, size_t num_parameters,
+                  int64_t total_steps, const RunInfo& run, int64_t resumed_at) {
+    std::printf("train_gpt: %s on %s x %d, %s, %zu parameters, B=%d T=%d, %lld tokens/step, %lld steps, run %s%s\n",
+                rc.model.c_str(), device, ranks, precision, num_parameters, rc.batch_size, rc.seq_len,
+                (long long)run.tokens_per_step, (long long)total_steps, run.id.c_str(),
+                rc.resume ? (", resumed at step " + std::to_string(resumed_at)).c_str() : "");
+    if (rc.output_dir.empty()) return;
+    std::filesystem::create_directories(rc.output_dir);
+    std::ofstream(std::filesystem::path(rc.output_dir) / "config.json") << to_json_text(rc) << "\n";
+}

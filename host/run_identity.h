@@ -20,6 +20,12 @@
 #include "host/checkpoint.h"
 #include "host/config.h"
 
+// The run a checkpoint belongs to: its id, and the tokens of a full step (resuming checks both).
+struct RunInfo {
+    std::string id;
+    int64_t tokens_per_step = 0;
+};
+
 inline std::string new_run_id() {
     std::random_device entropy;
     const uint64_t id = (uint64_t(entropy()) << 32) ^ uint64_t(entropy());
@@ -54,3 +60,8 @@ inline void prepare_output_dir(const RunConfig& rc, bool main_rank) {
                                  std::to_string(*latest) + "): resume them with -y, or delete them with --overwrite");
     }
 }
+
+// The run's first line (model, device, precision, size, batch, steps, run id), and its configuration
+// in <output dir>/config.json. Rank 0 calls it.
+void announce_run(const RunConfig& rc, const char* device, int ranks, const char* precision, size_t num_parameters,
+                  int64_t total_steps, const RunInfo& run, int64_t resumed_at);

@@ -352,7 +352,7 @@ TEST_CASE("racecheck: in abort mode a race ends the process with status 1 and th
     CHECK(contains(err, "written by cudaMemsetAsync"));
 }
 
-TEST_CASE("racecheck: sampling from the model's logits with a plain cudaMemcpy races; sample_tokens does not") {
+TEST_CASE("racecheck: sampling from the model's logits with a plain cudaMemcpy races; next_token_logits does not") {
     CollectRaces races;
     GPT2 model;
     CUDA_CHECK(cudaStreamCreateWithFlags(&model.stream, cudaStreamNonBlocking));  // as trainer_build does
@@ -379,7 +379,8 @@ TEST_CASE("racecheck: sampling from the model's logits with a plain cudaMemcpy r
     // The fixed path: the copy on the model's stream, then a wait.
     CUDA_CHECK(cudaStreamSynchronize(model.stream));
     Rng rng(11);
-    const std::vector<int> sampled = sample_tokens(model, 0, T - 1, 1.0f, 0, rng);
+    const EvaluatedModel sampler{{}, {}, [&](const int* t, int n) { return next_token_logits(model, t, n); }, T};
+    const std::vector<int> sampled = sample_tokens(sampler, 0, T - 1, 1.0f, 0, rng);
     CHECK(sampled.size() == size_t(T - 1));
     CHECK(races.take().empty());
 

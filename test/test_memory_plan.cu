@@ -150,13 +150,18 @@ TEST_CASE("recompute selective and full keep what they say") {
     }
 }
 
+// The largest micro-batch whose plan fits in `bytes` (0 if none), as --dry-run asks it.
+int largest_batch(const GPT2Config& c, int T, const ShardLayout& sh, const ModelOptions& options, size_t bytes) {
+    return largest_fitting_batch([&](int B) { return gpt2_memory_plan(c, B, T, sh, options).total(); }, bytes);
+}
+
 TEST_CASE("largest micro-batch per recompute mode: the largest B whose plan fits") {
     const GPT2Config c = preset("d48");
     const ShardLayout sh = shard_layout(gpt2_num_parameters(c), 0, 8, 1);
     const size_t budget = size_t(80) << 30;
     int previous = 0;
     for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
-        const int best = largest_fitting_batch(c, 1024, sh, ModelOptions{r}, budget);
+        const int best = largest_batch(c, 1024, sh, ModelOptions{r}, budget);
         INFO("recompute " << recompute_name(r) << ": B = " << best);
         REQUIRE(best >= 1);
         CHECK(gpt2_memory_plan(c, best, 1024, sh, ModelOptions{r}).total() <= budget);
@@ -164,5 +169,5 @@ TEST_CASE("largest micro-batch per recompute mode: the largest B whose plan fits
         CHECK(best > previous);  // each mode keeps less, so fits more
         previous = best;
     }
-    CHECK(largest_fitting_batch(c, 1024, sh, ModelOptions{Recompute::full}, 1 << 20) == 0);  // not even the parameters fit
+    CHECK(largest_batch(c, 1024, sh, ModelOptions{Recompute::full}, 1 << 20) == 0);  // not even the parameters fit
 }

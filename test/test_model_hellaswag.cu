@@ -294,8 +294,9 @@ TEST_CASE("hellaswag through the model: packed rows get exactly the losses of ea
         correct += hellaswag_prediction(s) == set.examples[size_t(i)].label;
     }
     CHECK(packed.correct == correct);  // scored from the rows alone: the same predictions
-    // The function train_gpt.cu runs: the same counts, summed over the (one) rank.
-    const HellaSwagResult run = hellaswag_accuracy(tr, set, B, T);
+    // What a run evaluates (host/evaluation.h through train_gpt.cu's evaluated_model): the same counts,
+    // summed over the (one) rank.
+    const HellaSwagResult run = hellaswag_all_ranks(set, B, T, tr.dist, evaluated_model(tr).token_losses);
     CHECK(run.correct == packed.correct);
     CHECK(run.total == 3);
     CHECK(run.skipped == 0);
