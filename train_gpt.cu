@@ -839,7 +839,7 @@ inline RunPlan plan_run(const RunConfig& rc, const Distributed& dist) {
     RunPlan p;
     p.world = planned_world_size(rc, dist.world_size);
     p.config = model_config_of(rc.model, rc.seq_len, &p.checkpoint);
-    p.options = {recompute_of(rc.recompute), attention_of(rc.attention)};
+    p.options = {recompute_of(rc.recompute), attention_of(rc.attention, kEmulatedDevice)};
     if (const std::string problem = gpt2_check_build(p.config, rc.batch_size, rc.seq_len, rc.zero_stage, p.options);
         !problem.empty())
         throw std::runtime_error(problem);
@@ -860,7 +860,8 @@ inline void print_dry_run(const RunConfig& rc, const RunPlan& p) {
                                      p.budget);
     };
     const LargestBatches largest{fits(Recompute::none), fits(Recompute::selective), fits(Recompute::full)};
-    std::printf("%s", dry_run_report(rc, p.memory, p.num_parameters, p.world, p.budget, largest, kPrecisionName).c_str());
+    std::printf("%s", dry_run_report(rc, p.memory, p.num_parameters, p.world, p.budget, largest, kPrecisionName,
+                                     attention_name(p.options.attention)).c_str());
 }
 
 // --profile-step: a warm-up step, then one step with every launch recorded and timed (dev/roofline.h).
@@ -924,7 +925,9 @@ inline int run(const RunConfig& rc, Distributed& dist) {
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     const double peak = peak_bf16_flops(prop.name), flops_token = flops_per_token(int64_t(p.num_parameters), p.config.num_layers, p.config.channels, T);
-    if (main_rank) announce_run(rc, prop.name, dist.world_size, kPrecisionName, p.num_parameters, total_steps, run, step);
+    if (main_rank)
+        announce_run(rc, prop.name, dist.world_size, kPrecisionName, attention_name(p.options.attention), p.num_parameters,
+                     total_steps, run, step);
     RunLog log(main_rank, rc.output_dir);
     StepBatches batches;
     const auto micro_steps_of = [&](int64_t batch_tokens) { return int(batch_tokens / (int64_t(B) * T * dist.world_size)); };

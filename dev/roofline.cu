@@ -34,9 +34,9 @@ struct Options {
 
 const char* kUsage =
     "usage: roofline [-e d12|d24|d36|d48|tiny|mini] [-b B] [-t T] [-z ZERO_STAGE] [-w WORLD_SIZE]\n"
-    "                [-r none|selective|full] [--attention simt|tc] [-d TOTAL_BATCH_TOKENS]\n"
+    "                [-r none|selective|full] [--attention auto|tc|simt] [-d TOTAL_BATCH_TOKENS]\n"
     "                [--launches-json FILE]\n"
-    "defaults: -e d12 -b 4 -t 1024 -z 1 -w 8 -r none --attention tc (simt in the FP32 build) -d 1048576\n";
+    "defaults: -e d12 -b 4 -t 1024 -z 1 -w 8 -r none --attention auto (tc; simt in the FP32 build) -d 1048576\n";
 
 [[noreturn]] void usage_error(const std::string& message) {
     std::fprintf(stderr, "roofline: %s\n%s", message.c_str(), kUsage);
@@ -133,13 +133,14 @@ void write_launches_json(const std::string& path, const std::vector<LaunchRecord
 }  // namespace
 
 int main(int argc, char** argv) {
-    const Options o = parse(argc, argv);
+    Options o = parse(argc, argv);
     std::string checkpoint;
     GPT2Config config;
     ModelOptions options;
     try {
         config = model_config_of(o.model, o.T, &checkpoint);
-        options = {recompute_of(o.recompute), attention_of(o.attention)};
+        options = {recompute_of(o.recompute), attention_of(o.attention, false)};  // an H100's choice
+        o.attention = attention_name(options.attention);  // "auto" resolved, as printed and in the JSON
     } catch (const std::exception& e) {
         usage_error(e.what());
     }

@@ -53,11 +53,7 @@ struct RunConfig {
     std::string recompute = "none";
     int world_size = 0;       // 0 = the launched ranks
     double max_memory = 0.0;  // GiB; 0 = the device's
-#ifdef PRECISION_FP32
-    std::string attention = "simt";  // the tensor-core kernels take BF16 operands only
-#else
-    std::string attention = "tc";
-#endif
+    std::string attention = "auto";  // resolved by attention_of (host/model_config.h)
     // checkpoints
     int64_t checkpoint_every = 0;  // 0 = never
     int keep_last = 0;             // 0 = keep all

@@ -40,20 +40,20 @@ nlohmann::json bytes_json(const MemoryPlan& plan) {
 }  // namespace
 
 std::string dry_run_report(const RunConfig& rc, const MemoryPlan& plan, size_t num_parameters, int world,
-                           size_t budget, const LargestBatches& fits, const char* precision) {
+                           size_t budget, const LargestBatches& fits, const char* precision, const char* attention) {
     if (rc.json) {
         const nlohmann::json largest = {{"none", fits.none}, {"selective", fits.selective}, {"full", fits.full}};
         const nlohmann::json j = {{"parameters", num_parameters}, {"world_size", world},
                                   {"zero_stage", rc.zero_stage},  {"recompute", rc.recompute},
-                                  {"attention", rc.attention},    {"micro_batch", rc.batch_size},
+                                  {"attention", attention},      {"micro_batch", rc.batch_size},
                                   {"seq_len", rc.seq_len},        {"precision", precision},
                                   {"bytes", bytes_json(plan)},    {"memory_budget_bytes", budget},
                                   {"largest_micro_batch", largest}};
         return j.dump(2) + "\n";
     }
     char line[512];
-    std::snprintf(line, sizeof line, ", %zu parameters, B=%d T=%d, %d rank(s), ZeRO-%d, recompute %s, %s\n", num_parameters,
-                  rc.batch_size, rc.seq_len, world, rc.zero_stage, rc.recompute.c_str(), precision);
+    std::snprintf(line, sizeof line, ", %zu parameters, B=%d T=%d, %d rank(s), ZeRO-%d, recompute %s, attention %s, %s\n",
+                  num_parameters, rc.batch_size, rc.seq_len, world, rc.zero_stage, rc.recompute.c_str(), attention, precision);
     std::string out = "memory plan per rank: " + rc.model + line + plan.table();
     std::snprintf(line, sizeof line, "largest micro-batch within %.2f GiB: none %d, selective %d, full %d\n",
                   double(budget) / double(size_t(1) << 30), fits.none, fits.selective, fits.full);

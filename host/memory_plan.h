@@ -68,6 +68,7 @@ struct LargestBatches {
 };
 
 // --dry-run's report of a rank's plan for the run `rc`: its table, or with --json one JSON object, and
-// the largest micro-batch that fits `budget` bytes in each recompute mode.
+// the largest micro-batch that fits `budget` bytes in each recompute mode; `attention`: the kernels
+// --attention resolved to (their scratch is in the plan).
 std::string dry_run_report(const RunConfig& rc, const MemoryPlan& plan, size_t num_parameters, int world,
-                           size_t budget, const LargestBatches& fits, const char* precision);
+                           size_t budget, const LargestBatches& fits, const char* precision, const char* attention);

@@ -135,16 +135,30 @@ inline Recompute recompute_of(const std::string& name) {
 }
 
 // Which flash attention kernels run (--attention): tensor cores (kernels/attention_tc.cuh, BF16 only)
-// or CUDA cores (kernels/attention.cuh, both precisions; the FP32 build's default).
+// or CUDA cores (kernels/attention.cuh, both precisions). "auto", the default, takes the tensor cores
+// for the BF16 build on a GPU and SIMT otherwise: the FP32 build has no tensor-core kernels, and under
+// the CPU emulator (emu/) every mma.sync and ldmatrix is a 32-lane collective of ~1.4 us, so there the
+// tensor-core kernels take ~4x the SIMT ones' time (GPT-2 124M, B=4, T=64: 968 against 249 ms a step).
 enum class Attention { tc, simt };
 
-inline Attention attention_of(const std::string& name) {
+#ifdef PRECISION_FP32
+constexpr bool kBuildHasTensorCoreAttention = false;  // the tensor-core kernels take BF16 operands only
+#else
+constexpr bool kBuildHasTensorCoreAttention = true;
+#endif
+
+inline const char* attention_name(Attention a) { return a == Attention::tc ? "tc" : "simt"; }
+
+// `emulated`: the kernels run in the CPU emulator (kernels/cuda_common.h's kEmulatedDevice).
+inline Attention attention_of(const std::string& name, bool emulated) {
     if (name == "tc") return Attention::tc;
     if (name == "simt") return Attention::simt;
-    throw std::runtime_error("--attention must be one of tc|simt, got '" + name + "'");
+    if (name == "auto") return kBuildHasTensorCoreAttention && !emulated ? Attention::tc : Attention::simt;
+    throw std::runtime_error("--attention must be one of auto|tc|simt, got '" + name + "'");
 }
-// --attention's default (host/config.h, by precision).
-inline const Attention kDefaultAttention = attention_of(RunConfig{}.attention);
+// The model's default (ModelOptions{}, for tests and tools that build a model themselves): what
+// --attention's default takes on a GPU. The program resolves the flag for the device it runs on.
+inline const Attention kDefaultAttention = attention_of(RunConfig{}.attention, false);
 
 // How the model runs, beyond its shape: what backward recomputes, which attention kernels.
 struct ModelOptions {

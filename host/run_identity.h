@@ -61,7 +61,7 @@ inline void prepare_output_dir(const RunConfig& rc, bool main_rank) {
     }
 }
 
-// The run's first line (model, device, precision, size, batch, steps, run id), and its configuration
+// The run's first line (model, device, precision, attention kernels, size, batch, steps, run id), and its configuration
 // in <output dir>/config.json. Rank 0 calls it.
-void announce_run(const RunConfig& rc, const char* device, int ranks, const char* precision, size_t num_parameters,
-                  int64_t total_steps, const RunInfo& run, int64_t resumed_at);
+void announce_run(const RunConfig& rc, const char* device, int ranks, const char* precision, const char* attention,
+                  size_t num_parameters, int64_t total_steps, const RunInfo& run, int64_t resumed_at);

@@ -212,24 +212,24 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
 //   P = exp(S - lse), dV = P^T dO, dP = dO V^T, dS = P * (dP - D) with D = rowsum(dO * O),
 //   dQ = dS K / sqrt(hs), dK = dS^T Q / sqrt(hs).
 
-// D for every (b, h, t): one warp per row, heads of a position in adjacent warps.
+// D for every (b, h, t): one thread per row, heads of a position in adjacent threads. A row is short
+// (hs <= 128: at most 16 16-byte loads of each operand), so a thread sums it alone, in order, with
+// no warp reduction; the kernel is launch-bound on a GPU either way (it reads 2 B T C elements).
 static __global__ void attention_backward_rowdot_kernel(float* D, const floatX* dout, const floatX* out, int B, int T, int C,
                                                  int NH) {
-    const int warps_per_block = int(blockDim.x) / 32, lane = int(threadIdx.x) % 32;
-    const size_t row = size_t(blockIdx.x) * warps_per_block + threadIdx.x / 32;  // (b, t, h)
-    if (row >= size_t(B) * T * NH) return;  // whole warps only: warp_sum needs all 32 lanes
+    const size_t row = size_t(blockIdx.x) * blockDim.x + threadIdx.x;  // (b, t, h)
+    if (row >= size_t(B) * T * NH) return;
     const int hs = C / NH, h = int(row % NH);
     const size_t bt = row / NH;
     const floatX* dout_row = dout + bt * C + h * hs;
     const floatX* out_row = out + bt * C + h * hs;
     float sum = 0.0f;
-    for (int d = lane * Packed128<floatX>::size; d < hs; d += 32 * Packed128<floatX>::size) {
+    for (int d = 0; d < hs; d += Packed128<floatX>::size) {
         const Packed128<floatX> g = load128(dout_row + d), o = load128(out_row + d);
         for (int k = 0; k < Packed128<floatX>::size; ++k) sum += to_float(g[k]) * to_float(o[k]);
     }
-    sum = warp_sum(sum);
     const size_t b = bt / T, t = bt % T;
-    if (lane == 0) D[(b * NH + h) * T + t] = sum;
+    D[(b * NH + h) * T + t] = sum;
 }
 
 // dK, dV: grid (key tiles, NH, B). A thread owns a key row (with its 3 siblings) and loops over
@@ -432,6 +432,17 @@ inline void attention_forward(floatX* out, float* lse, const floatX* qkv, int B,
     });
 }
 
+// D = rowsum(dout * out) per (b, h, t) into D (B, NH, T): the first step of both backward passes
+// (SIMT and tensor-core). One fma per element; dout and out read, D written.
+inline void attention_backward_rowdot(float* D, const floatX* dout, const floatX* out, int B, int T, int C, int NH,
+                                      cudaStream_t stream) {
+    constexpr int kRowdotBlock = 128;
+    const double btc = double(B) * T * C, rows = double(B) * T * NH;
+    launch<attention_backward_rowdot_kernel>(KernelCost{2.0 * btc, 2.0 * btc * sizeof(floatX) + rows * sizeof(float)},
+                                             dim3(ceil_div(size_t(B) * T * NH, kRowdotBlock)), dim3(kRowdotBlock), 0, stream,
+                                             D, dout, out, B, T, C, NH);
+}
+
 inline void attention_backward(floatX* dqkv, float* scratch, const floatX* dout, const floatX* qkv,
                                const floatX* out, const float* lse, int B, int T, int C, int NH,
                                cudaStream_t stream) {
@@ -439,13 +450,9 @@ inline void attention_backward(floatX* dqkv, float* scratch, const floatX* dout,
     check_sizes("attention_backward", B, T, C, NH);
     const int hs = C / NH;
     float* D = scratch;  // (B, NH, T)
-    constexpr int kRowdotWarps = 4;
-    // D = rowsum(dout * out): one fma per element; dout and out read, D written.
+    attention_backward_rowdot(D, dout, out, B, T, C, NH, stream);
     const double heads = double(B) * NH, X = sizeof(floatX), btc = double(B) * T * C;
     const double row_floats = heads * T * sizeof(float);  // lse or D
-    const KernelCost rowdot_cost{2.0 * btc, 2.0 * btc * X + row_floats};
-    launch<attention_backward_rowdot_kernel>(rowdot_cost, dim3(ceil_div(size_t(B) * T * NH, kRowdotWarps)),
-                                             dim3(32 * kRowdotWarps), 0, stream, D, dout, out, B, T, C, NH);
     const dim3 grid(ceil_div(T, kTile), NH, B);
     const size_t dkdv_smem = dkdv_smem_floats(hs) * sizeof(float), dq_smem = dq_smem_floats(hs) * sizeof(float);
     // Per kept pair both kernels recompute p (a q.k dot, scale, subtract, exp) and dS (a dout.v

@@ -474,10 +474,7 @@ void backward(T* dqkv, float* scratch, const T* dout, const T* qkv, const T* out
         const double BNH = double(B) * NH, BTC = double(B) * Tn * C, bf = sizeof(bf16);
         const double row_floats = BNH * Tn * sizeof(float);  // one of lse or D
         float* D = scratch;
-        constexpr int kRowdotWarps = 4;
-        launch<attention_backward_rowdot_kernel>(KernelCost{2 * BTC, 2 * BTC * bf + row_floats},
-                                                 dim3(ceil_div(size_t(B) * Tn * NH, kRowdotWarps)),
-                                                 dim3(32 * kRowdotWarps), 0, stream, D, dout, out, B, Tn, C, NH);
+        attention_backward_rowdot(D, dout, out, B, Tn, C, NH, stream);
         dispatch_head_size(hs, [&](auto hs_constant) {
             constexpr int HS = decltype(hs_constant)::value;
             constexpr auto dkdv_kernel = attention_tc_backward_dkdv_kernel<HS>;

@@ -15,8 +15,10 @@
 #define DYNAMIC_SHARED(type, name)                                      \
     extern __shared__ __align__(16) unsigned char cuda_dynamic_shared_[]; \
     type* name = reinterpret_cast<type*>(cuda_dynamic_shared_)
+constexpr bool kEmulatedDevice = false;  // the kernels run on a GPU
 #else
 #include "../emu/cuda_emu.h"
+constexpr bool kEmulatedDevice = true;  // the kernels run in the CPU emulator (emu/)
 #endif
 
 // ---------------------------------------------------------------------------------------------

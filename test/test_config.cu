@@ -85,11 +85,7 @@ TEST_CASE("no flags give the documented defaults", "[config]") {
     CHECK_FALSE(c.json);
     CHECK(c.world_size == 0);
     CHECK(c.max_memory == 0.0);
-#ifdef PRECISION_FP32
-    CHECK(c.attention == "simt");  // the tensor-core kernels need BF16
-#else
-    CHECK(c.attention == "tc");
-#endif
+    CHECK(c.attention == "auto");
     CHECK_FALSE(c.profile_step);
     CHECK(c.log_every == 1);
     CHECK(c.collective_timeout == 300.0);
@@ -322,7 +318,7 @@ TEST_CASE("bad values name the flag", "[config]") {
         {{"-z", "3"}, "-z/--zero-stage must be 0, 1 or 2, got 3"},
         {{"-k", "step"}, "-k/--lr-schedule must be one of cosine|linear|constant|wsd, got 'step'"},
         {{"-r", "partial"}, "-r/--recompute must be one of none|selective|full"},
-        {{"--attention", "flash"}, "--attention must be one of tc|simt"},
+        {{"--attention", "flash"}, "--attention must be one of auto|tc|simt"},
         {{"--world-size", "-2"}, "--world-size must be >= 0"},
         {{"--max-memory", "-1"}, "--max-memory must be >= 0"},
         {{"-n", "-1"}, "-n/--checkpoint-every must be >= 0"},
