@@ -138,8 +138,11 @@ $(CPU_DIR)/libcuemu.a: $(patsubst emu/%.cpp,$(CPU_DIR)/emu/%.o,$(EMU_SRC))
 
 $(foreach p,BF16 FP32,$(eval $(call host_library_rules,$(CPU_DIR),$(p),CPU_CXXFLAGS)))
 
+# The copies at the root name their precision: ./train_gpt_cpu and ./train_gpt are BF16 builds,
+# ./train_gpt_cpu_fp32 and ./train_gpt_fp32 FP32 ones (build/<folder>/ keeps each build).
+ROOT_SUFFIX := $(if $(filter FP32,$(PRECISION)),_fp32,)
 train_gpt_cpu: $(CPU_DIR)/train_gpt_cpu
-	cp $< $@
+	cp $< $@$(ROOT_SUFFIX)
 
 $(CPU_DIR)/train_gpt_cpu: train_gpt.cu $(DEPS_TRACKED) $(call host_lib,$(CPU_DIR),$(PRECISION)) $(CPU_DIR)/libcuemu.a | deps-if-missing
 	@mkdir -p $(@D)
@@ -194,7 +197,7 @@ endif
 # GPU build: the ptxas report of every project kernel is kept, and any spill fails the build.
 
 train_gpt: $(GPU_DIR)/train_gpt
-	cp $< $@
+	cp $< $@$(ROOT_SUFFIX)
 
 # Host code has no CUDA in it: g++ builds its library for the GPU binaries too, without -march=native
 # (the GPU node's CPU may differ).
@@ -328,7 +331,7 @@ kernel-report: $(GPU_DIR)/train_gpt $(GPU_DIR)/launches_tc.json $(GPU_DIR)/launc
 # about 10 minutes on 2 CPU cores (the GPU build when a GPU is present). Prints falling train and val
 # loss and a text sample; writes out/mini_shakespeare/ (config.json, metrics.jsonl, checkpoints).
 HAVE_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
-TRAIN_BIN := $(if $(HAVE_GPU),./train_gpt,./train_gpt_cpu)
+TRAIN_BIN := $(if $(HAVE_GPU),./train_gpt,./train_gpt_cpu)$(ROOT_SUFFIX)
 TRAIN_FLAGS ?= -e mini -b 8 -t 64 -x 300 -l 1e-3 -u 20 -q 0.1 -c 0.1 -v 100 -m 8 -s 300 -g 48 --top-k 40 \
                -n 300 -o out/mini_shakespeare
 
@@ -346,7 +349,7 @@ mutation-test: deps-if-missing
 	python3 dev/mutation_test.py
 
 clean:
-	rm -rf $(BUILD) train_gpt train_gpt_cpu
+	rm -rf $(BUILD) train_gpt train_gpt_cpu train_gpt_fp32 train_gpt_cpu_fp32
 
 # The compilers' dependency lists (DEPFLAGS) of every build folder.
 -include $(wildcard $(BUILD)/*/*.d $(BUILD)/*/emu/*.d $(BUILD)/*/host-*/*.d)

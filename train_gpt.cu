@@ -896,11 +896,9 @@ inline int run(const RunConfig& rc, Distributed& dist) {
         if (main_rank) print_dry_run(rc, p);
         return 0;
     }
-    if (p.memory.total() > p.budget) {  // the plan is printed, then the run refused
-        if (main_rank) std::fprintf(stderr, "%s", p.memory.table().c_str());
+    if (p.memory.total() > p.budget)
         throw std::runtime_error("the memory plan needs " + std::to_string(p.memory.total()) + " bytes per rank, more than the " +
-                                 std::to_string(p.budget) + " available (lower -b, raise -z, or add ranks)");
-    }
+                                 std::to_string(p.budget) + " available (--dry-run prints it; lower -b, raise -z, or add ranks)");
     prepare_output_dir(rc, main_rank);
 
     const int B = rc.batch_size, T = rc.seq_len;
@@ -913,14 +911,11 @@ inline int run(const RunConfig& rc, Distributed& dist) {
     const LrSchedule schedule = lr_schedule_of(rc);
 
     Trainer tr;
-    const OptimizerConfig opt{float(rc.beta1), float(rc.beta2),     float(rc.eps), float(rc.weight_decay),
-                              float(rc.grad_clip), uint64_t(rc.seed)};
-    trainer_build(tr, dist, p.config, B, T, rc.zero_stage, opt, p.options);
+    trainer_build(tr, dist, p.config, B, T, rc.zero_stage, optimizer_config_of(rc), p.options);
     RunInfo run{new_run_id(), cap};
     int64_t step = start_training(tr, rc, p, train_loader, eval.sample_rng, &run);
     DivergenceGuard divergence({rc.skip_loss_z, rc.skip_norm_z, rc.max_skipped_steps});
-    int64_t tokens_seen = 0;  // replayed, so a resumed run continues the batch ramp where it was
-    for (int64_t s = 0; s < step; ++s) tokens_seen += total_batch_tokens_at(tokens_seen, ramp, cap);
+    int64_t tokens_seen = tokens_before_step(step, ramp, cap);  // a resumed run continues the batch ramp
 
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -957,7 +952,12 @@ inline int run(const RunConfig& rc, Distributed& dist) {
                       model_flops_utilization(flops_token, double(batch_tokens) / seconds, peak, dist.world_size),
                       elapsed / double(steps_this_run) * double(total_steps - done), batch_tokens});
         if (!r.skipped_because.empty()) log.skipped(done, r.skipped_because);
-        if (r.valid_targets > 0) divergence.record(done, r.loss, r.grad_norm, r.skipped_because);  // throws: diverged
+        if (r.valid_targets > 0)  // a divergence stops the run (throws), or rolls it back
+            if (const auto back = record_or_roll_back(checkpointed(tr), rc, divergence, done, r.loss, r.grad_norm,
+                                                      r.skipped_because, train_loader, eval.sample_rng, &run)) {
+                step = *back - 1, tokens_seen = tokens_before_step(*back, ramp, cap);  // the loop adds the 1
+                continue;
+            }
         evaluate_when_due(rc, eval, evaluated_model(tr), log, dist, done, done == total_steps);
         const auto save = [&] { return save_checkpoint(checkpointed(tr), rc, run, done, train_loader.position(), eval.sample_rng.state); };
         const bool due = checkpoint_due(rc, done, total_steps), saved = due && save();

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cerrno>
 #include <cinttypes>
@@ -26,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "host/checksum.h"
 #include "host/model_config.h"
 
 static_assert(std::endian::native == std::endian::little, "checkpoint files are little-endian");
@@ -45,6 +47,7 @@ struct TrainingState {
     uint64_t rng[4];
     uint64_t loader_epoch, loader_shard, loader_sample;
     std::string meta_json;
+    uint64_t writers = 1;  // ranks that write a range (one checksum record each); 0 read: a version-1 file
 };
 
 namespace checkpoint_internal {
@@ -54,9 +57,15 @@ constexpr int kModelVersionFp32 = 3;   // llm.c: 3 = fp32 parameters, padded voc
 constexpr int kModelVersionBf16 = 5;   // llm.c: 5 = bf16 parameters (layernorms too), padded vocab
 constexpr size_t kModelHeaderInts = 256;
 constexpr size_t kModelHeaderBytes = kModelHeaderInts * sizeof(int32_t);
+// Header ints llm.c leaves zero: [8] the checksum kind (0: none, as llm.c writes; 1: CRC-32C),
+// [9] the CRC-32C of the parameter bytes. llm.c reads ints 0-7 only, so files still interchange.
+constexpr size_t kModelChecksumKindInt = 8, kModelChecksumInt = 9;
+constexpr int32_t kModelChecksumCrc32c = 1;
 
 constexpr uint64_t kStateMagic = 20261122;
-constexpr uint64_t kStateVersion = 1;
+constexpr uint64_t kStateVersion = 2;            // 2: a CRC-32C record per writer; 1 (read, unverified): none
+constexpr uint64_t kStateVersionUnchecked = 1;
+constexpr uint64_t kChecksumRecordWords = 5;     // begin, count, CRC-32C of its master, m and v bytes
 constexpr size_t kStateHeaderWords = 256;
 constexpr uint64_t kStateHeaderBytes = kStateHeaderWords * sizeof(uint64_t);
 constexpr uint64_t kStateAlignment = 64;  // master/m/v start on a cache-line boundary
@@ -64,7 +73,7 @@ constexpr uint64_t kStateAlignment = 64;  // master/m/v start on a cache-line bo
 enum StateSlot : size_t {
     kMagic, kVersion, kHeaderBytes, kStep, kNumParameters, kRng0, kRng1, kRng2, kRng3,
     kLoaderEpoch, kLoaderShard, kLoaderSample, kMetaBytes, kMetaOffset, kMasterOffset, kMOffset,
-    kVOffset, kFileBytes, kNumSlots
+    kVOffset, kFileBytes, kWriters, kChecksumOffset, kNumSlots
 };
 static_assert(kNumSlots <= kStateHeaderWords);
 
@@ -184,14 +193,18 @@ inline std::string state_marker_text(int64_t step, uint64_t bytes) {
     return "train_gpt state step=" + std::to_string(step) + " bytes=" + std::to_string(bytes) + "\n";
 }
 
-// The layout implied by the sizes: header | meta JSON | pad to 64 | master | m | v.
+// The layout implied by the sizes: header | meta JSON | pad to 8 | checksum records (one per writer) |
+// pad to 64 | master | m | v. With no writers (version 1) it is version 1's layout.
 struct StateLayout {
-    uint64_t meta_offset, master_offset, m_offset, v_offset, file_bytes;
+    uint64_t meta_offset, checksum_offset, master_offset, m_offset, v_offset, file_bytes;
 };
-inline StateLayout state_layout(const std::string& context, uint64_t num_parameters, uint64_t meta_bytes) {
+inline StateLayout state_layout(const std::string& context, uint64_t num_parameters, uint64_t meta_bytes,
+                                uint64_t writers) {
     StateLayout l;
     l.meta_offset = kStateHeaderBytes;
-    l.master_offset = align_up(checked_add(l.meta_offset, meta_bytes, context), kStateAlignment);
+    l.checksum_offset = align_up(checked_add(l.meta_offset, meta_bytes, context), sizeof(uint64_t));
+    const uint64_t table_bytes = checked_mul(writers, kChecksumRecordWords * sizeof(uint64_t), context);
+    l.master_offset = align_up(checked_add(l.checksum_offset, table_bytes, context), kStateAlignment);
     const uint64_t array_bytes = checked_mul(num_parameters, sizeof(float), context);
     l.m_offset = checked_add(l.master_offset, array_bytes, context);
     l.v_offset = checked_add(l.m_offset, array_bytes, context);
@@ -218,9 +231,14 @@ inline StateHeader read_and_validate_state_header(const std::string& fn, const F
     if (w[kMagic] != kStateMagic)
         fail(at + "bad magic " + std::to_string(w[kMagic]) + " (expected " + std::to_string(kStateMagic) +
              ": not a train_gpt state file)");
-    if (w[kVersion] != kStateVersion)
-        fail(at + "unsupported version " + std::to_string(w[kVersion]) + " (this build reads version " +
-             std::to_string(kStateVersion) + ")");
+    if (w[kVersion] != kStateVersion && w[kVersion] != kStateVersionUnchecked)
+        fail(at + "unsupported version " + std::to_string(w[kVersion]) + " (this build reads versions " +
+             std::to_string(kStateVersionUnchecked) + " and " + std::to_string(kStateVersion) + ")");
+    const bool checked = w[kVersion] == kStateVersion;
+    if (checked && (w[kWriters] == 0 || w[kWriters] > (uint64_t(1) << 24)))
+        fail(at + "writers " + std::to_string(w[kWriters]) + " is not in [1, 2^24]");
+    if (!checked && (w[kWriters] != 0 || w[kChecksumOffset] != 0))
+        fail(at + "version 1 with checksum slots set (corrupt header)");
     if (w[kHeaderBytes] != kStateHeaderBytes)
         fail(at + "header_bytes " + std::to_string(w[kHeaderBytes]) + " (expected " +
              std::to_string(kStateHeaderBytes) + ")");
@@ -229,11 +247,12 @@ inline StateHeader read_and_validate_state_header(const std::string& fn, const F
     if (w[kMetaBytes] > actual)
         fail(at + "meta_json size " + std::to_string(w[kMetaBytes]) + " exceeds the file size " + std::to_string(actual));
     h.layout = state_layout(at + "num_parameters " + std::to_string(w[kNumParameters]), w[kNumParameters],
-                            w[kMetaBytes]);
+                            w[kMetaBytes], w[kWriters]);
     const struct { const char* name; StateSlot slot; uint64_t value; } derived[] = {
         {"meta_offset", kMetaOffset, h.layout.meta_offset}, {"master_offset", kMasterOffset, h.layout.master_offset},
         {"m_offset", kMOffset, h.layout.m_offset},          {"v_offset", kVOffset, h.layout.v_offset},
-        {"file_bytes", kFileBytes, h.layout.file_bytes}};
+        {"file_bytes", kFileBytes, h.layout.file_bytes},
+        {"checksum_offset", kChecksumOffset, checked ? h.layout.checksum_offset : 0}};
     for (const auto& d : derived)
         if (w[d.slot] != d.value)
             fail(at + d.name + " " + std::to_string(w[d.slot]) + " disagrees with the sizes (expected " +
@@ -251,6 +270,53 @@ inline void check_range(const std::string& fn, const std::string& path, uint64_t
              " exceeds num_parameters " + std::to_string(num_parameters));
 }
 
+// Checks the arrays just read for [begin, begin + count) (null: not read) against the checksum records
+// of every writer range that overlaps it. The non-empty records must tile [0, num_parameters) (else
+// a writer's range is unaccounted for); a writer range that the read covers only in part is read
+// whole for its checksum (a resume on another number of ranks).
+inline void verify_state_range(const std::string& fn, const File& f, const std::string& path, const StateHeader& h,
+                               uint64_t begin, uint64_t count, const std::array<const float*, 3>& arrays) {
+    const uint64_t writers = h.words[kWriters], n = h.words[kNumParameters];
+    std::vector<uint64_t> table(writers * kChecksumRecordWords);
+    read_exact(fn, f, path, table.data(), table.size() * sizeof(uint64_t), h.layout.checksum_offset, "the checksum records");
+    std::vector<const uint64_t*> records;
+    for (uint64_t w = 0; w < writers; ++w)
+        if (table[w * kChecksumRecordWords + 1] > 0) records.push_back(&table[w * kChecksumRecordWords]);
+    std::sort(records.begin(), records.end(), [](const uint64_t* a, const uint64_t* b) { return a[0] < b[0]; });
+    uint64_t covered = 0;
+    for (const uint64_t* r : records) {
+        if (r[0] != covered || r[1] > n - covered)
+            fail(fn + ": " + quote_path(path) + ": the checksum records do not tile the parameters (a range at " +
+                 std::to_string(r[0]) + " of " + std::to_string(r[1]) + " after " + std::to_string(covered) + ")");
+        covered += r[1];
+    }
+    if (covered != n)
+        fail(fn + ": " + quote_path(path) + ": the checksum records cover " + std::to_string(covered) + " of " +
+             std::to_string(n) + " parameters (a writer's range is missing)");
+    const char* names[3] = {"master weights", "Adam m", "Adam v"};
+    const uint64_t offsets[3] = {h.layout.master_offset, h.layout.m_offset, h.layout.v_offset};
+    std::vector<float> whole;
+    for (const uint64_t* r : records) {
+        if (r[0] >= begin + count || r[0] + r[1] <= begin) continue;  // no overlap with the read
+        for (int a = 0; a < 3; ++a) {
+            if (!arrays[a]) continue;
+            const float* data = arrays[a] + (r[0] - std::min(r[0], begin));
+            if (r[0] < begin || r[0] + r[1] > begin + count) {  // read only in part: read it whole
+                whole.resize(r[1]);
+                read_exact(fn, f, path, whole.data(), r[1] * sizeof(float), offsets[a] + r[0] * sizeof(float), names[a]);
+                data = whole.data();
+            }
+            const uint32_t actual = crc32c(data, r[1] * sizeof(float)), recorded = uint32_t(r[2 + a]);
+            if (actual != recorded) {
+                char text[96];
+                std::snprintf(text, sizeof text, "have CRC-32C %08x, the file records %08x", actual, recorded);
+                fail(fn + ": " + quote_path(path) + ": " + names[a] + " [" + std::to_string(r[0]) + ", " +
+                     std::to_string(r[0] + r[1]) + ") " + text + " (corrupt file)");
+            }
+        }
+    }
+}
+
 }  // namespace checkpoint_internal
 
 // ------------------------------------------------------------------------------------------------
@@ -263,7 +329,8 @@ inline size_t gpt2_parameter_count(const ModelHeader& h) {
 }
 
 // Writes the 256-int header (llm.c: [0] magic, [1] version, [2] maxT, [3] V, [4] L, [5] NH, [6] C,
-// [7] Vp, the rest zero) and the parameters: float (version 3) or bf16 bits as uint16 (version 5).
+// [7] Vp; ours: [8] 1 = CRC-32C, [9] the parameters' CRC-32C; the rest zero) and the parameters:
+// float (version 3) or bf16 bits as uint16 (version 5).
 // Atomic: a crash leaves either the old file or the new one, never a partial file under `path`.
 inline void write_model_checkpoint(const std::string& path, const ModelHeader& h, const void* params, size_t count) {
     using namespace checkpoint_internal;
@@ -277,12 +344,14 @@ inline void write_model_checkpoint(const std::string& path, const ModelHeader& h
     int32_t header[kModelHeaderInts] = {};
     header[0] = kModelMagic, header[1] = h.version, header[2] = h.max_seq_len, header[3] = h.vocab_size;
     header[4] = h.num_layers, header[5] = h.num_heads, header[6] = h.channels, header[7] = h.padded_vocab_size;
+    const uint64_t param_bytes = checked_mul(count, model_element_bytes(h.version), fn);
+    header[kModelChecksumKindInt] = kModelChecksumCrc32c;
+    header[kModelChecksumInt] = std::bit_cast<int32_t>(crc32c(params, param_bytes));
     const std::string tmp = path + ".tmp";
     try {
         File f(fn, tmp, O_WRONLY | O_CREAT | O_TRUNC);
         write_exact(fn, f, tmp, header, kModelHeaderBytes, 0, "the header");
-        write_exact(fn, f, tmp, params, checked_mul(count, model_element_bytes(h.version), fn), kModelHeaderBytes,
-                    "the parameters");
+        write_exact(fn, f, tmp, params, param_bytes, kModelHeaderBytes, "the parameters");
         sync_file(fn, f, tmp);
     } catch (...) {
         ::unlink(tmp.c_str());
@@ -322,7 +391,7 @@ inline ModelHeader read_model_header(const std::string& path) {
 }
 
 // Reads all parameters into `params` (count elements of 4 or 2 bytes per h.version). The file is
-// re-validated and must still match `h`.
+// re-validated and must still match `h`; a file with a checksum (header int 8 = 1, ours) must match it.
 inline void read_model_parameters(const std::string& path, const ModelHeader& h, void* params, size_t count) {
     using namespace checkpoint_internal;
     const std::string fn = "read_model_parameters";
@@ -334,7 +403,29 @@ inline void read_model_parameters(const std::string& path, const ModelHeader& h,
              " parameters in the file");
     if (params == nullptr) fail(fn + ": " + quote_path(path) + ": params is null");
     File f(fn, path, O_RDONLY);
-    read_exact(fn, f, path, params, count * model_element_bytes(h.version), kModelHeaderBytes, "the parameters");
+    int32_t header[kModelHeaderInts];
+    read_exact(fn, f, path, header, kModelHeaderBytes, 0, "the header");
+    const uint64_t bytes = count * model_element_bytes(h.version);
+    read_exact(fn, f, path, params, bytes, kModelHeaderBytes, "the parameters");
+    const int32_t kind = header[kModelChecksumKindInt];
+    if (kind == 0) return;  // an llm.c file: nothing to verify
+    if (kind != kModelChecksumCrc32c)
+        fail(fn + ": " + quote_path(path) + ": header int 8 (checksum kind) is " + std::to_string(kind) +
+             ", not 0 (none) or 1 (CRC-32C)");
+    const uint32_t recorded = std::bit_cast<uint32_t>(header[kModelChecksumInt]), actual = crc32c(params, bytes);
+    if (actual != recorded) {
+        char text[96];
+        std::snprintf(text, sizeof text, "the parameters' CRC-32C is %08x, the header records %08x", actual, recorded);
+        fail(fn + ": " + quote_path(path) + ": " + text + " (corrupt file)");
+    }
+}
+
+// Reads the model file at `path` whole and checks it: header, length and (ours) the parameters' CRC-32C.
+inline void verify_model_checkpoint(const std::string& path) {
+    const ModelHeader h = read_model_header(path);
+    const size_t n = gpt2_parameter_count(h);
+    std::vector<unsigned char> params(n * checkpoint_internal::model_element_bytes(h.version));
+    read_model_parameters(path, h, params.data(), n);
 }
 
 // All parameters of the model file at `path`, either precision, as floats (bf16 widens exactly). Its
@@ -368,15 +459,21 @@ inline GPT2Config model_config_of(const std::string& model, int T, std::string* 
     GPT2Config c;
     checkpoint->clear();
     if (gpt2_preset(model, &c) || small_preset(model, T, &c)) return c;
+    std::error_code ec;
+    if (!std::filesystem::exists(model, ec))
+        checkpoint_internal::fail("-e/--model '" + model + "' is neither a preset (" + kPresetNames +
+                                  ") nor an existing model file");
     const ModelHeader h = read_model_header(model);  // throws naming the file and field
     *checkpoint = model;
     return h;
 }
 
 // ------------------------------------------------------------------------------------------------
-// Training state (ours). Header: 256 uint64 slots (see StateSlot): magic 20261122, version 1, header
+// Training state (ours). Header: 256 uint64 slots (see StateSlot): magic 20261122, version 2, header
 // bytes, step, num_parameters, rng[4], loader epoch/shard/sample, meta_json bytes, then the offsets of
-// meta, master, m, v and the file length, all recomputed and checked by the reader.
+// meta, master, m, v and the file length, the number of writers and the checksum records' offset, all
+// recomputed and checked by the reader. Each writer's record {begin, count, CRC-32C of its master, m
+// and v bytes} is verified by every read of that range. Version 1 (no records) is read unverified.
 // Protocol: rank 0 begin_state_file; barrier; every rank write_state_range (disjoint ranges);
 // barrier; rank 0 finish_state_file. The path exists only once complete; the ".done" marker is
 // written last, so a state without its marker is incomplete.
@@ -386,7 +483,9 @@ inline void begin_state_file(const std::string& path, const TrainingState& s) {
     const std::string fn = "begin_state_file";
     if (s.step < 0) fail(fn + ": " + quote_path(path) + ": step " + std::to_string(s.step) + " is negative");
     if (s.num_parameters == 0) fail(fn + ": " + quote_path(path) + ": num_parameters is 0");
-    const StateLayout l = state_layout(fn + ": " + quote_path(path), s.num_parameters, s.meta_json.size());
+    if (s.writers == 0 || s.writers > (uint64_t(1) << 24))
+        fail(fn + ": " + quote_path(path) + ": writers " + std::to_string(s.writers) + " is not in [1, 2^24]");
+    const StateLayout l = state_layout(fn + ": " + quote_path(path), s.num_parameters, s.meta_json.size(), s.writers);
     uint64_t w[kStateHeaderWords] = {};
     w[kMagic] = kStateMagic, w[kVersion] = kStateVersion, w[kHeaderBytes] = kStateHeaderBytes;
     w[kStep] = uint64_t(s.step), w[kNumParameters] = s.num_parameters;
@@ -394,6 +493,7 @@ inline void begin_state_file(const std::string& path, const TrainingState& s) {
     w[kLoaderEpoch] = s.loader_epoch, w[kLoaderShard] = s.loader_shard, w[kLoaderSample] = s.loader_sample;
     w[kMetaBytes] = s.meta_json.size(), w[kMetaOffset] = l.meta_offset, w[kMasterOffset] = l.master_offset;
     w[kMOffset] = l.m_offset, w[kVOffset] = l.v_offset, w[kFileBytes] = l.file_bytes;
+    w[kWriters] = s.writers, w[kChecksumOffset] = l.checksum_offset;
     const std::string tmp = state_tmp_path(path);
     try {
         File f(fn, tmp, O_WRONLY | O_CREAT | O_TRUNC);
@@ -408,9 +508,10 @@ inline void begin_state_file(const std::string& path, const TrainingState& s) {
     }
 }
 
-// Writes elements [begin, begin+count) of master, m and v into the temp file begin_state_file made.
-inline void write_state_range(const std::string& path, uint64_t num_parameters, uint64_t begin, const float* master,
-                              const float* m, const float* v, uint64_t count) {
+// Writes elements [begin, begin+count) of master, m and v into the temp file begin_state_file made,
+// and writer `writer`'s checksum record: the range and the CRC-32C of each array's bytes in it.
+inline void write_state_range(const std::string& path, uint64_t num_parameters, uint64_t writer, uint64_t begin,
+                              const float* master, const float* m, const float* v, uint64_t count) {
     using namespace checkpoint_internal;
     const std::string fn = "write_state_range";
     const std::string tmp = state_tmp_path(path);
@@ -422,12 +523,17 @@ inline void write_state_range(const std::string& path, uint64_t num_parameters, 
         fail(fn + ": " + quote_path(tmp) + ": num_parameters " + std::to_string(num_parameters) + " != " +
              std::to_string(h.words[kNumParameters]) + " in the header");
     check_range(fn, tmp, num_parameters, begin, count);
-    if (count == 0) return;  // a rank may own no parameters
+    if (writer >= h.words[kWriters])
+        fail(fn + ": " + quote_path(tmp) + ": writer " + std::to_string(writer) + " is not below the header's " +
+             std::to_string(h.words[kWriters]) + " writers");
+    if (count == 0) return;  // a rank may own no parameters: its record stays empty
     if (!master || !m || !v) fail(fn + ": " + quote_path(tmp) + ": master, m and v must all be non-null");
     const uint64_t skip = begin * sizeof(float), bytes = count * sizeof(float);
     write_exact(fn, f, tmp, master, bytes, h.layout.master_offset + skip, "master weights");
     write_exact(fn, f, tmp, m, bytes, h.layout.m_offset + skip, "Adam m");
     write_exact(fn, f, tmp, v, bytes, h.layout.v_offset + skip, "Adam v");
+    const uint64_t record[kChecksumRecordWords] = {begin, count, crc32c(master, bytes), crc32c(m, bytes), crc32c(v, bytes)};
+    write_exact(fn, f, tmp, record, sizeof record, h.layout.checksum_offset + writer * sizeof record, "the checksum record");
     sync_file(fn, f, tmp);  // durable before the barrier, also where ranks sit on other nodes
 }
 
@@ -473,6 +579,7 @@ inline TrainingState read_state_header(const std::string& path) {
     s.num_parameters = w[kNumParameters];
     for (int i = 0; i < 4; i++) s.rng[i] = w[kRng0 + i];
     s.loader_epoch = w[kLoaderEpoch], s.loader_shard = w[kLoaderShard], s.loader_sample = w[kLoaderSample];
+    s.writers = w[kWriters];
     s.meta_json.resize(w[kMetaBytes]);
     read_exact(fn, f, path, s.meta_json.data(), s.meta_json.size(), h.layout.meta_offset, "meta_json");
     return s;
@@ -494,6 +601,8 @@ inline void read_state_range(const std::string& path, const TrainingState& s, ui
     if (master) read_exact(fn, f, path, master, bytes, h.layout.master_offset + skip, "master weights");
     if (m) read_exact(fn, f, path, m, bytes, h.layout.m_offset + skip, "Adam m");
     if (v) read_exact(fn, f, path, v, bytes, h.layout.v_offset + skip, "Adam v");
+    if (h.words[kVersion] == kStateVersionUnchecked || count == 0) return;  // version 1: no checksums to verify
+    verify_state_range(fn, f, path, h, begin, count, {master, m, v});
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -562,17 +671,25 @@ inline std::string checkpoint_problem(const std::string& out_dir, int64_t step) 
 
 }  // namespace checkpoint_internal
 
-// The highest step whose state has its marker and a valid header and length, and whose model file
-// exists with a valid header and length; incomplete ones are skipped with a warning on stderr.
-inline std::optional<int64_t> latest_complete_checkpoint(const std::string& out_dir) {
+// The steps, newest first, whose state has its marker and a valid header and length, and whose model
+// file exists with a valid header and length; incomplete ones are skipped with a warning on stderr.
+// (Contents are verified against their checksums when read: read_model_parameters, read_state_range.)
+inline std::vector<int64_t> complete_checkpoints(const std::string& out_dir) {
     using namespace checkpoint_internal;
-    for (int64_t step : checkpoint_steps("latest_complete_checkpoint", out_dir)) {
+    std::vector<int64_t> complete;
+    for (int64_t step : checkpoint_steps("complete_checkpoints", out_dir)) {
         const std::string problem = checkpoint_problem(out_dir, step);
-        if (problem.empty()) return step;
-        std::fprintf(stderr, "warning: latest_complete_checkpoint: skipping step %" PRId64 ": %s\n", step,
-                     problem.c_str());
+        if (problem.empty()) complete.push_back(step);
+        else std::fprintf(stderr, "warning: complete_checkpoints: skipping step %" PRId64 ": %s\n", step, problem.c_str());
     }
-    return std::nullopt;
+    return complete;
+}
+
+// The highest complete step (complete_checkpoints), if any.
+inline std::optional<int64_t> latest_complete_checkpoint(const std::string& out_dir) {
+    const std::vector<int64_t> complete = complete_checkpoints(out_dir);
+    if (complete.empty()) return std::nullopt;
+    return complete.front();
 }
 
 namespace checkpoint_internal {
@@ -591,10 +708,11 @@ inline void remove_checkpoint_files(const std::string& fn, const std::string& ou
 
 // The bytes one checkpoint takes on disk: the model file (parameter_bytes each) and the state file
 // (FP32 master weights and both moments, its header and metadata), for the free-space check.
-inline uint64_t checkpoint_bytes(uint64_t num_parameters, uint64_t parameter_bytes, uint64_t meta_bytes) {
+inline uint64_t checkpoint_bytes(uint64_t num_parameters, uint64_t parameter_bytes, uint64_t meta_bytes,
+                                 uint64_t writers) {
     using namespace checkpoint_internal;
     return kModelHeaderBytes + num_parameters * parameter_bytes +
-           state_layout("checkpoint_bytes", num_parameters, meta_bytes).file_bytes;
+           state_layout("checkpoint_bytes", num_parameters, meta_bytes, writers).file_bytes;
 }
 
 // Deletes every file of one step's checkpoint (complete or not): a write that failed leaves none.

@@ -4,6 +4,7 @@
 // checkpoint. And how a run resumes from the latest one, each rank reading its own optimizer range.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -103,7 +104,10 @@ struct CheckpointedTraining {
 };
 
 // Writes step `step`'s checkpoint: the model (llm.c format, rank 0) and the training state (each rank
-// its optimizer range; at stage 0 rank 0 the whole). Returns false when it was skipped (see
+// its optimizer range; at stage 0 rank 0 the whole). With --keep-last, which retires older
+// checkpoints, each rank then reads its part back and verifies it against its checksums: a checkpoint
+// that does not verify is removed like a failed write, so the older ones are never deleted for a
+// newer one that could not be resumed. Returns false when it was skipped (see
 // write_checkpoint_agreed). Never from non-finite parameters: that throws.
 inline bool save_checkpoint(const CheckpointedTraining& t, const RunConfig& rc, const RunInfo& run, int64_t step,
                             const DataLoaderPosition& loader, uint64_t sample_rng) {
@@ -115,45 +119,117 @@ inline bool save_checkpoint(const CheckpointedTraining& t, const RunConfig& rc, 
                                  "written");
     const std::string meta = run_metadata(rc, run.id, run.tokens_per_step);
     const size_t begin = sh.optimizer_begin(), count = sh.optimizer_real_size();
+    const uint64_t writers = uint64_t(sh.world_size);  // one checksum record per rank (stage 0: rank 0's alone)
     auto write_model = [&] {  // and the state file's header
         t.write_model(model_checkpoint_path(rc.output_dir, step));
         begin_state_file(state_path, TrainingState{step, t.num_parameters, {uint64_t(rc.seed), sample_rng, 0, 0},
-                                                   loader.epoch, loader.shard, loader.sample, meta});
+                                                   loader.epoch, loader.shard, loader.sample, meta, writers});
     };
     auto write_optimizer_range = [&] {
         const OptimizerState o = download_optimizer_state(t.optimizer, count, t.stream);
-        write_state_range(state_path, t.num_parameters, begin, o.master.data(), o.adam_m.data(), o.adam_v.data(), count);
+        write_state_range(state_path, t.num_parameters, uint64_t(rank), begin, o.master.data(), o.adam_m.data(),
+                          o.adam_v.data(), count);
     };
-    const std::vector<CheckpointPhase> phases = {{rank == 0, write_model},
-                                                 {(sh.zero_stage > 0 || rank == 0) && count > 0, write_optimizer_range},
-                                                 {rank == 0, [&] { finish_state_file(state_path); }}};
-    return write_checkpoint_agreed(t.dist, rc.output_dir, step, checkpoint_bytes(t.num_parameters, t.parameter_bytes, meta.size()),
+    const bool writes_range = (sh.zero_stage > 0 || rank == 0) && count > 0;
+    auto read_back = [&] {
+        if (rank == 0) verify_model_checkpoint(model_checkpoint_path(rc.output_dir, step));
+        if (!writes_range) return;
+        std::vector<float> master(count), m(count), v(count);
+        read_state_range(state_path, read_state_header(state_path), begin, count, master.data(), m.data(), v.data());
+    };
+    std::vector<CheckpointPhase> phases = {{rank == 0, write_model},
+                                           {writes_range, write_optimizer_range},
+                                           {rank == 0, [&] { finish_state_file(state_path); }}};
+    if (rc.keep_last > 0) phases.push_back({rank == 0 || writes_range, read_back});
+    return write_checkpoint_agreed(t.dist, rc.output_dir, step, checkpoint_bytes(t.num_parameters, t.parameter_bytes, meta.size(), writers),
                                    rc.keep_last, phases, [&] { t.progress("a checkpoint", step); });
 }
 
 // Restores parameters, master weights, moments, step, data position and sampling RNG from the latest
 // complete checkpoint in rc.output_dir (written by any number of ranks at any ZeRO stage), after
-// checking that it is the same run (run->tokens_per_step in, run->id out); returns its step.
+// checking that it is the same run (run->tokens_per_step in, run->id out); returns its step. A
+// checkpoint whose model or state fails to read or verify (a checksum mismatch) on any rank is passed
+// over with a warning for the previous complete one; all ranks take the same. A changed run-identity
+// setting is an error, not a reason to fall back.
+// (`newest`: none after that step is taken.)
 inline int64_t resume_checkpoint(const CheckpointedTraining& t, const RunConfig& rc, DataLoader& loader, Rng& sample_rng,
-                                 RunInfo* run) {
-    const std::optional<int64_t> latest = latest_complete_checkpoint(rc.output_dir);
-    if (!latest) throw std::runtime_error("--resume: no complete checkpoint in '" + rc.output_dir + "'");
-    t.load_model(model_checkpoint_path(rc.output_dir, *latest));
-    const std::string state_path = state_checkpoint_path(rc.output_dir, *latest);
-    const TrainingState st = read_state_header(state_path);
-    const ResumedRun resumed = check_resume(state_path, st.meta_json, rc, run->tokens_per_step);
-    run->id = resumed.run_id;
-    if (t.dist.rank == 0)
-        for (const std::string& change : resumed.changed) std::printf("resume: changed since step %lld: %s\n", (long long)*latest, change.c_str());
-    if (st.num_parameters != t.num_parameters)
-        throw std::runtime_error("state '" + state_path + "': num_parameters differs from the model");
+                                 RunInfo* run, int64_t newest = INT64_MAX) {
+    std::vector<int64_t> steps = complete_checkpoints(rc.output_dir);
+    std::erase_if(steps, [&](int64_t step) { return step > newest; });
+    if (steps.empty())
+        throw std::runtime_error("--resume: no complete checkpoint in '" + rc.output_dir + "'" +
+                                 (newest == INT64_MAX ? "" : " at step " + std::to_string(newest) + " or before"));
     const ShardLayout& sh = t.optimizer.shard;
     const size_t begin = sh.optimizer_begin(), count = sh.optimizer_real_size();
-    OptimizerState o{std::vector<float>(sh.optimizer_size()), std::vector<float>(sh.optimizer_size()),
-                     std::vector<float>(sh.optimizer_size())};
-    if (count > 0) read_state_range(state_path, st, begin, count, o.master.data(), o.adam_m.data(), o.adam_v.data());
-    upload_optimizer_state(t.optimizer, o, int(st.step), t.stream);
-    loader.seek({st.loader_epoch, st.loader_shard, st.loader_sample});
-    sample_rng.state = st.rng[1];
-    return st.step;
+    for (int64_t step : steps) {
+        const std::string state_path = state_checkpoint_path(rc.output_dir, step);
+        const TrainingState st = read_state_header(state_path);
+        const ResumedRun resumed = check_resume(state_path, st.meta_json, rc, run->tokens_per_step);
+        if (st.num_parameters != t.num_parameters)
+            throw std::runtime_error("state '" + state_path + "': num_parameters differs from the model");
+        OptimizerState o{std::vector<float>(sh.optimizer_size()), std::vector<float>(sh.optimizer_size()),
+                         std::vector<float>(sh.optimizer_size())};
+        std::string problem;
+        try {
+            t.load_model(model_checkpoint_path(rc.output_dir, step));
+            if (count > 0) read_state_range(state_path, st, begin, count, o.master.data(), o.adam_m.data(), o.adam_v.data());
+        } catch (const std::exception& e) {
+            problem = e.what();
+        }
+        const long long failed = all_ranks_sum(t.dist, (long long)!problem.empty());
+        if (failed > 0) {
+            if (!problem.empty()) std::fprintf(stderr, "warning: resume: rank %d: %s\n", t.dist.rank, problem.c_str());
+            if (t.dist.rank == 0)
+                std::fprintf(stderr, "warning: resume: the checkpoint of step %lld failed on %lld rank(s); trying an earlier one\n",
+                             (long long)step, failed);
+            continue;
+        }
+        run->id = resumed.run_id;
+        if (t.dist.rank == 0)
+            for (const std::string& change : resumed.changed)
+                std::printf("resume: changed since step %lld: %s\n", (long long)step, change.c_str());
+        upload_optimizer_state(t.optimizer, o, int(st.step), t.stream);
+        loader.seek({st.loader_epoch, st.loader_shard, st.loader_sample});
+        sample_rng.state = st.rng[1];
+        return st.step;
+    }
+    throw std::runtime_error("--resume: no checkpoint in '" + rc.output_dir + "' reads and verifies (warnings above)");
+}
+
+// After step `done`: the divergence guard's count (host/divergence.h). When the run has diverged it
+// stops (RunDiverged, thrown on), or with --on-divergence rollback, while rollbacks are left: reloads the
+// newest complete checkpoint from before the step ahead of the first skipped one (that step's update
+// may be what blew the run up), deletes the newer ones (the abandoned steps'), and leaves the data
+// loader where it is, past the data the diverged steps read. Returns the step it rolled back to.
+inline std::optional<int64_t> record_or_roll_back(const CheckpointedTraining& t, const RunConfig& rc, DivergenceGuard& guard,
+                                                  int64_t done, double loss, float grad_norm, const std::string& skipped,
+                                                  DataLoader& loader, Rng& sample_rng, RunInfo* run) {
+    try {
+        guard.record(done, loss, grad_norm, skipped);
+        return std::nullopt;
+    } catch (const RunDiverged& d) {
+        if (rc.on_divergence != "rollback") throw;
+        if (guard.rollbacks() >= rc.max_rollbacks)
+            throw std::runtime_error(std::string(d.what()) + "; no rollback left (--max-rollbacks " +
+                                     std::to_string(rc.max_rollbacks) + ")");
+        const int64_t newest = d.first_skipped - 2;
+        const std::vector<int64_t> complete = complete_checkpoints(rc.output_dir);
+        if (std::none_of(complete.begin(), complete.end(), [&](int64_t step) { return step <= newest; }))
+            throw std::runtime_error(std::string(d.what()) + "; no complete checkpoint at step " + std::to_string(newest) +
+                                     " or before to roll back to");
+        const DataLoaderPosition diverged_at = loader.position();
+        const int64_t back = resume_checkpoint(t, rc, loader, sample_rng, run, newest);
+        loader.seek(diverged_at);
+        guard.rolled_back();
+        if (t.dist.rank == 0) {
+            for (int64_t step : complete_checkpoints(rc.output_dir))
+                if (step > back) remove_checkpoint(rc.output_dir, step);
+            std::fprintf(stderr, "train_gpt: step %lld: diverged (skips from step %lld on); rolled back to step %lld, skipping "
+                                 "the data of steps %lld-%lld (rollback %lld of %lld)\n",
+                         (long long)done, (long long)d.first_skipped, (long long)back, (long long)back + 1, (long long)done,
+                         (long long)guard.rollbacks(), (long long)rc.max_rollbacks);
+        }
+        MPI_CHECK(MPI_Barrier(t.dist.mpi));
+        return back;
+    }
 }

@@ -2,6 +2,7 @@
 // (nlohmann/json), --help. Compiled once per precision into the host library (RunConfig's
 // --attention default depends on it).
 #include "host/config.h"
+#include "host/model_config.h"
 
 #include <cxxopts.hpp>
 #include <nlohmann/json.hpp>
@@ -29,12 +30,17 @@ struct Option {
     std::vector<std::string> choices{};  // the allowed values of a string setting
 };
 
+// -e's help: the presets (host/model_config.h) and what a model file must hold.
+inline const std::string kModelHelpText = std::string("an llm.c model file (its padded vocabulary Vp a multiple of 128), "
+                                                      "or a preset: ") + kPresetNames;
+inline const char* const kModelHelp = kModelHelpText.c_str();
+
 inline const std::vector<Option>& options() {
     using R = RunConfig;
     static const std::vector<Option> table = {
         {"Data and model", 'i', "train-data", &R::train_data, "training token shards", "GLOB"},
         {"Data and model", 'j', "val-data", &R::val_data, "validation token shards", "GLOB"},
-        {"Data and model", 'e', "model", &R::model, "checkpoint file, or preset d12|d24|d36|d48|tiny", "PATH|PRESET"},
+        {"Data and model", 'e', "model", &R::model, kModelHelp, "PATH|PRESET"},
         {"Data and model", 'o', "output-dir", &R::output_dir, "where config.json, metrics.jsonl, checkpoints go", "DIR"},
         {"Batch and schedule", 'b', "batch-size", &R::batch_size, "micro-batch size B (sequences per rank)"},
         {"Batch and schedule", 't', "seq-len", &R::seq_len, "sequence length T"},
@@ -65,6 +71,11 @@ inline const std::vector<Option>& options() {
          "skip the update of a step whose gradient norm has a z-score above this over the last 128 steps; 0 = off"},
         {"Divergence", 0, "max-skipped-steps", &R::max_skipped_steps,
          "stop with an error after this many skipped steps in a row (non-finite loss or norm, outliers); 0 = never"},
+        {"Divergence", 0, "on-divergence", &R::on_divergence,
+         "when the run diverges (--max-skipped-steps): stop, or rollback: reload the newest checkpoint before the "
+         "skips began, skip the data the diverged steps read, and go on",
+         nullptr, {"stop", "rollback"}},
+        {"Divergence", 0, "max-rollbacks", &R::max_rollbacks, "rollbacks a run may take before it stops; 0 = none"},
         {"Parallelism and memory", 'z', "zero-stage", &R::zero_stage, "ZeRO stage: 0, 1 or 2"},
         {"Parallelism and memory", 'r', "recompute", &R::recompute, "activation recomputation", nullptr,
          {"none", "selective", "full"}},
@@ -85,7 +96,8 @@ inline const std::vector<Option>& options() {
         {"Evaluation and sampling", 'v', "val-every", &R::val_every, "validation loss every N steps; 0 = never"},
         {"Evaluation and sampling", 'm', "val-batches", &R::val_batches, "batches per validation"},
         {"Evaluation and sampling", 's', "sample-every", &R::sample_every, "generate a sample every N steps; 0 = never"},
-        {"Evaluation and sampling", 'g', "gen-tokens", &R::gen_tokens, "tokens per sample"},
+        {"Evaluation and sampling", 'g', "gen-tokens", &R::gen_tokens,
+         "tokens per sample, at most -t - 1 (a sample fits one context window; more is clipped with a note)"},
         {"Evaluation and sampling", 0, "temperature", &R::temperature, "sampling temperature"},
         {"Evaluation and sampling", 0, "top-k", &R::top_k, "sample from the k most likely tokens; 0 = all"},
         {"Evaluation and sampling", 'h', "hellaswag", &R::hellaswag, "HellaSwag eval file; empty = off", "PATH"},
@@ -188,6 +200,7 @@ inline void load_json_file(RunConfig& c, const std::string& file) {
             using T = std::remove_reference_t<decltype(c.*member)>;
             c.*member = from_json<T>(*o, value, file);
         }, o->field);
+        c.given.push_back(key);
     }
 }
 
@@ -237,6 +250,7 @@ inline void validate(const RunConfig& c) {
     check(c.skip_loss_z >= 0, "skip-loss-z", c.skip_loss_z, "must be >= 0");
     check(c.skip_norm_z >= 0, "skip-norm-z", c.skip_norm_z, "must be >= 0");
     check(c.max_skipped_steps >= 0, "max-skipped-steps", c.max_skipped_steps, "must be >= 0");
+    check(c.max_rollbacks >= 0, "max-rollbacks", c.max_rollbacks, "must be >= 0");
     check(c.zero_stage >= 0 && c.zero_stage <= 2, "zero-stage", c.zero_stage, "must be 0, 1 or 2");
     check(c.world_size >= 0, "world-size", c.world_size, "must be >= 0");
     check(c.max_memory >= 0, "max-memory", c.max_memory, "must be >= 0");
@@ -273,9 +287,9 @@ inline void validate(const RunConfig& c) {
     require(c.checkpoint_every == 0 || !c.output_dir.empty(),
             flag("checkpoint-every") + " needs " + flag("output-dir") + " (where checkpoints go)");
     require(c.keep_last == 0 || c.checkpoint_every > 0, flag("keep-last") + " needs " + flag("checkpoint-every") + " > 0");
-    require(c.sample_every == 0 || c.gen_tokens <= c.seq_len,
-            flag("gen-tokens") + " " + std::to_string(c.gen_tokens) + " must be <= " + flag("seq-len") + " " +
-                std::to_string(c.seq_len) + " when sampling (" + flag("sample-every") + " > 0)");
+    require(c.on_divergence != "rollback" || (c.checkpoint_every > 0 && c.max_skipped_steps > 0),
+            flag("on-divergence") + " rollback needs checkpoints to roll back to (" + flag("checkpoint-every") +
+                " > 0) and a divergence to act on (" + flag("max-skipped-steps") + " > 0)");
     require(c.lr_schedule != "constant" || c.final_lr_fraction == 1.0,
             flag("final-lr-fraction") + " " + value(c.final_lr_fraction) + " has no effect with " + flag("lr-schedule") +
                 " constant");
@@ -372,6 +386,7 @@ RunConfig parse_config(int argc, char** argv) {
     if (given.count("config")) load_json_file(c, given["config"].as<std::string>());
     for (const Option& o : options()) {
         if (!given.count(o.long_name)) continue;
+        c.given.push_back(o.long_name);
         std::visit([&](auto member) {
             using T = std::remove_reference_t<decltype(c.*member)>;
             if constexpr (std::is_same_v<T, bool>) c.*member = given[o.long_name].as<bool>();

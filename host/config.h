@@ -26,7 +26,7 @@ struct RunConfig {
     // data and model
     std::string train_data = "data/shakespeare/train_*.bin";  // glob of token shards
     std::string val_data = "data/shakespeare/val_*.bin";
-    std::string model = "d12";  // checkpoint path, or preset d12|d24|d36|d48|tiny (L2 C64 NH4)
+    std::string model = "d12";  // an llm.c model file, or a preset (host/model_config.h kPresetNames)
     std::string output_dir;     // "" = write nothing
     // batch and schedule
     int batch_size = 4;                // B: micro-batch per rank
@@ -48,6 +48,8 @@ struct RunConfig {
     double skip_loss_z = DivergenceSettings{}.skip_loss_z;
     double skip_norm_z = DivergenceSettings{}.skip_norm_z;
     int64_t max_skipped_steps = DivergenceSettings{}.max_skipped_steps;
+    std::string on_divergence = "stop";  // stop | rollback (to the last good checkpoint, skipping the window)
+    int64_t max_rollbacks = 3;
     // parallelism and memory
     int zero_stage = 0;
     std::string recompute = "none";
@@ -76,6 +78,12 @@ struct RunConfig {
     double collective_timeout = 300;  // seconds without progress before the watchdog ends the job; 0 = off
 
     bool help = false;  // --help was given: print help_text() and exit (not a setting)
+    std::vector<std::string> given;  // long names of the settings a flag or --config set (not a setting)
+    bool was_given(const std::string& long_name) const {
+        for (const std::string& g : given)
+            if (g == long_name) return true;
+        return false;
+    }
 };
 
 // The settings that make a run the run it is: a resume (-y) must keep them, unless --resume-override

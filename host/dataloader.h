@@ -42,6 +42,15 @@ struct DataLoaderPosition {
     bool operator==(const DataLoaderPosition&) const = default;
 };
 
+// Whether any file matches the glob `pattern` (what the DataLoader would open).
+inline bool any_file_matches(const std::string& pattern) {
+    glob_t matches{};
+    const int status = glob(pattern.c_str(), 0, nullptr, &matches);
+    const bool any = status == 0 && matches.gl_pathc > 0;
+    globfree(&matches);
+    return any;
+}
+
 class DataLoader {
 public:
     static constexpr int32_t kMagic = 20240520;

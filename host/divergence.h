@@ -6,8 +6,9 @@
 // threshold (--skip-loss-z, --skip-norm-z; 0 = off), once the window holds kMinValues values. This is
 // llm.c's -sl/-sg rule (train_gpt2.cu, OutlierDetector, a 128-step window); a skipped step's finite
 // values still enter the window, as there, so the window follows a real shift of the loss.
-// --max-skipped-steps K: K skips in a row mean the run has diverged; run() then stops with an error
-// naming the step, before any checkpoint of it is written.
+// --max-skipped-steps K: K skips in a row mean the run has diverged (RunDiverged); run() then stops with
+// an error naming the step, before any checkpoint of it is written, or with --on-divergence rollback
+// reloads an earlier checkpoint and goes on past the data the diverged steps read.
 #pragma once
 
 #include <cmath>
@@ -47,6 +48,14 @@ class OutlierWindow {
     std::deque<double> values_;
 };
 
+// Thrown by DivergenceGuard::record when a run has diverged: `step` is the skip that made K in a row,
+// `first_skipped` the first of them.
+struct RunDiverged : std::runtime_error {
+    RunDiverged(const std::string& message, int64_t step, int64_t first_skipped)
+        : std::runtime_error(message), step(step), first_skipped(first_skipped) {}
+    int64_t step, first_skipped;
+};
+
 struct DivergenceSettings {
     double skip_loss_z = 0;     // 0 = off
     double skip_norm_z = 0;     // 0 = off
@@ -78,7 +87,7 @@ class DivergenceGuard {
     }
 
     // After step `step` (1-based): its values enter the windows, and a skip is counted. Throws
-    // std::runtime_error when this skip makes max_skipped_steps in a row.
+    // RunDiverged when this skip makes max_skipped_steps in a row.
     void record(int64_t step, double loss, double grad_norm, const std::string& skipped_because) {
         loss_.add(loss);
         norm_.add(grad_norm);
@@ -88,12 +97,19 @@ class DivergenceGuard {
         }
         ++consecutive_;
         if (settings_.max_skipped_steps > 0 && consecutive_ >= settings_.max_skipped_steps)
-            throw std::runtime_error("step " + std::to_string(step) + ": " + std::to_string(consecutive_) +
-                                     " steps in a row skipped (last: " + skipped_because +
-                                     "); the run has diverged, stopping without writing a checkpoint of it "
-                                     "(--max-skipped-steps)");
+            throw RunDiverged("step " + std::to_string(step) + ": " + std::to_string(consecutive_) +
+                                  " steps in a row skipped (last: " + skipped_because +
+                                  "); the run has diverged, stopping without writing a checkpoint of it "
+                                  "(--max-skipped-steps)",
+                              step, step - consecutive_ + 1);
     }
     int64_t consecutive_skips() const { return consecutive_; }
+    // After a rollback: the skips in a row start again from 0 (the trailing windows keep their values).
+    void rolled_back() {
+        consecutive_ = 0;
+        ++rollbacks_;
+    }
+    int64_t rollbacks() const { return rollbacks_; }
 
   private:
     static std::string number(double x) {
@@ -103,5 +119,5 @@ class DivergenceGuard {
     }
     DivergenceSettings settings_;
     OutlierWindow loss_, norm_;
-    int64_t consecutive_ = 0;
+    int64_t consecutive_ = 0, rollbacks_ = 0;
 };

@@ -80,9 +80,18 @@ struct Evaluation {
 };
 
 // Opens the run's evaluation data; every validation token is checked against the vocabulary first.
+// Two defaults give way with a one-line note (rank 0) instead of an error: validation when -v was not
+// given and no shard matches -j, and the sample length when -g exceeds -t - 1.
 inline Evaluation evaluation_of(const RunConfig& rc, const Distributed& d, int vocab_size) {
     Evaluation e;
-    if (rc.val_every > 0) {
+    const bool no_val_shards = rc.val_every > 0 && !rc.was_given("val-every") && !any_file_matches(rc.val_data);
+    if (no_val_shards && d.rank == 0)
+        std::printf("note: no validation shard matches -j/--val-data '%s': validation is off (an explicit -v makes "
+                    "this an error)\n", rc.val_data.c_str());
+    if (rc.sample_every > 0 && rc.gen_tokens > rc.seq_len - 1 && d.rank == 0)
+        std::printf("note: samples are %d tokens, not -g/--gen-tokens %d: a sample fits one -t/--seq-len %d window\n",
+                    rc.seq_len - 1, rc.gen_tokens, rc.seq_len);
+    if (rc.val_every > 0 && !no_val_shards) {
         e.val.emplace(rc.val_data, rc.batch_size, rc.seq_len, d.rank, d.world_size, uint64_t(rc.seed), false);
         e.val->check_tokens(vocab_size);
     }
@@ -122,7 +131,7 @@ inline std::vector<int> sample_tokens(const EvaluatedModel& model, int eot, int 
 inline void evaluate_when_due(const RunConfig& rc, Evaluation& e, const EvaluatedModel& model, RunLog& log,
                               const Distributed& d, int64_t done, bool last) {
     const int B = rc.batch_size, T = rc.seq_len;
-    if (e.val && (done % rc.val_every == 0 || last))
+    if (e.val && (done % rc.val_every == 0 || last))  // e.val is set only when val_every > 0
         log.val(done, mean_validation_loss(*e.val, rc.val_batches, B, T, d, model.batch_loss));
     if (e.hellaswag && ((rc.val_every > 0 && done % rc.val_every == 0) || last)) {
         const HellaSwagResult hs = hellaswag_all_ranks(*e.hellaswag, B, T, d, model.token_losses);

@@ -25,6 +25,9 @@ struct GPT2Config {
 
 inline int pad_vocab(int vocab_size) { return (vocab_size + 127) / 128 * 128; }
 
+// Every preset name, for messages and --help: gpt2_preset's, then small_preset's.
+inline constexpr const char* kPresetNames = "d12|d24|d36|d48|tiny|mini";
+
 // GPT-2 at the depths of the paper: d12 = 124M, d24 = 350M, d36 = 774M, d48 = 1558M.
 inline bool gpt2_preset(const std::string& name, GPT2Config* config) {
     struct Preset {

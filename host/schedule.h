@@ -126,6 +126,14 @@ inline int64_t total_batch_tokens_at(int64_t tokens_seen, const BatchRamp& ramp,
     return std::min(tokens, cap);
 }
 
+// Tokens trained on before step `step` (0-based) under the ramp: where a resumed or rolled-back run
+// continues it.
+inline int64_t tokens_before_step(int64_t step, const BatchRamp& ramp, int64_t cap) {
+    int64_t seen = 0;
+    for (int64_t s = 0; s < step; ++s) seen += total_batch_tokens_at(seen, ramp, cap);
+    return seen;
+}
+
 // Optimizer steps needed to train on at least `tokens` tokens under the ramp (for -x -1: one epoch).
 // Each step's batch is fixed when it starts, so one step may carry the count past a doubling point.
 inline int64_t steps_for_tokens(int64_t tokens, const BatchRamp& ramp, int64_t cap) {

@@ -131,6 +131,10 @@ struct OptimizerConfig {
     uint64_t seed = 1337;    // stochastic rounding of BF16 parameters
 };
 
+inline OptimizerConfig optimizer_config_of(const RunConfig& rc) {
+    return {float(rc.beta1), float(rc.beta2), float(rc.eps), float(rc.weight_decay), float(rc.grad_clip), uint64_t(rc.seed)};
+}
+
 // One tensor of the flat parameter buffer, and whether weight decay applies to it.
 struct ParameterRange {
     size_t offset, size;

@@ -98,7 +98,7 @@ void write_checkpoint(const std::string& out, int64_t step, const ModelHeader& h
     write_model_checkpoint(model_checkpoint_path(out, step), h, params.data(), n);
     const std::string state = state_checkpoint_path(out, step);
     begin_state_file(state, make_state(n, step));
-    write_state_range(state, n, 0, params.data(), params.data(), params.data(), n);
+    write_state_range(state, n, 0, 0, params.data(), params.data(), params.data(), n);
     finish_state_file(state);
 }
 
@@ -153,10 +153,13 @@ TEST_CASE("model checkpoint byte layout is llm.c's") {
     const std::vector<char> bytes = read_bytes(path);
     REQUIRE(bytes.size() == 1024 + 2 * n);
     // llm.c train_gpt2.cu gpt2_write_to_checkpoint: int32 header[256] = magic, version, maxT, V, L,
-    // NH, C, Vp; the rest zero.
+    // NH, C, Vp; the rest zero. Ours in two of llm.c's zeros: [8] = 1 (CRC-32C), [9] = the CRC-32C of
+    // the parameter bytes (llm.c reads [0..7] only).
     const int expected[8] = {20240326, 5, 7, 37, 3, 3, 9, 40};
     for (int i = 0; i < 8; i++) CHECK(peek<int32_t>(bytes, 4 * i) == expected[i]);
-    for (int i = 8; i < 256; i++) CHECK(peek<int32_t>(bytes, 4 * i) == 0);
+    CHECK(peek<int32_t>(bytes, 32) == 1);
+    CHECK(peek<uint32_t>(bytes, 36) == crc32c_portable(params.data(), 2 * n));
+    for (int i = 10; i < 256; i++) CHECK(peek<int32_t>(bytes, 4 * i) == 0);
     // Parameters follow the header in order: wte first, lnfb (C values) last.
     CHECK(peek<uint16_t>(bytes, 1024) == params[0]);
     CHECK(peek<uint16_t>(bytes, 1024 + 2 * (40 * 9)) == params[40 * 9]);  // wpe starts after (Vp, C) wte
@@ -280,14 +283,16 @@ TEST_CASE("training state: three ranks write disjoint ranges, any range reads ba
     TempDir dir;
     const uint64_t n = 1001;  // odd, split unevenly below
     const OptimizerArrays a(n, 10);
-    const TrainingState s = make_state(n, int64_t(1) << 40);
+    TrainingState s = make_state(n, int64_t(1) << 40);
+    s.writers = 4;
     const std::string path = dir.file("state.bin");
 
     begin_state_file(path, s);
     // Ranges in a shuffled order, one of them empty (a rank that owns no parameters).
     const uint64_t ranges[][2] = {{334, 667}, {0, 334}, {1001, 1001}, {667, 1001}};
+    uint64_t writer = 0;
     for (const auto& r : ranges)
-        write_state_range(path, n, r[0], a.master.data() + r[0], a.m.data() + r[0], a.v.data() + r[0], r[1] - r[0]);
+        write_state_range(path, n, writer++, r[0], a.master.data() + r[0], a.m.data() + r[0], a.v.data() + r[0], r[1] - r[0]);
     CHECK_FALSE(fs::exists(path));  // not visible before finish
     finish_state_file(path);
     CHECK_FALSE(fs::exists(path + ".tmp"));
@@ -320,12 +325,18 @@ TEST_CASE("training state: three ranks write disjoint ranges, any range reads ba
     CHECK(master == a.master);
     CHECK(std::equal(m.begin(), m.end(), a.m.begin() + 900));
     // The documented layout: 256 uint64 header (magic, version, header bytes, step, num_parameters,
-    // ...), the JSON at 2048, then master, m, v from the next 64-byte boundary; nothing after v.
+    // ...), the JSON at 2048, the 4 writers' checksum records (5 uint64 each) from the next 8-byte
+    // boundary, then master, m, v from the next 64-byte boundary; nothing after v.
     const std::vector<char> bytes = read_bytes(path);
-    const size_t master_offset = (2048 + s.meta_json.size() + 63) / 64 * 64;
+    const size_t checksum_offset = (2048 + s.meta_json.size() + 7) / 8 * 8;
+    const size_t master_offset = (checksum_offset + 4 * 40 + 63) / 64 * 64;
     REQUIRE(bytes.size() == master_offset + 3 * 4 * n);
     CHECK(peek<uint64_t>(bytes, 0) == 20261122);
-    CHECK(peek<uint64_t>(bytes, 8) == 1);
+    CHECK(peek<uint64_t>(bytes, 8) == 2);
+    // Writer 0's record (the range [334, 667)): begin, count, then the CRC-32C of its master bytes.
+    CHECK(peek<uint64_t>(bytes, checksum_offset) == 334);
+    CHECK(peek<uint64_t>(bytes, checksum_offset + 8) == 333);
+    CHECK(peek<uint64_t>(bytes, checksum_offset + 16) == crc32c_portable(a.master.data() + 334, 333 * 4));
     CHECK(peek<uint64_t>(bytes, 16) == 2048);
     CHECK(peek<int64_t>(bytes, 24) == s.step);
     CHECK(peek<uint64_t>(bytes, 32) == n);
@@ -343,23 +354,23 @@ TEST_CASE("training state: an unfinished or unmarked state is not complete") {
 
     SECTION("crash before finish: only the temp file exists") {
         begin_state_file(path, make_state(n, 3));
-        write_state_range(path, n, 0, a.master.data(), a.m.data(), a.v.data(), n);
+        write_state_range(path, n, 0, 0, a.master.data(), a.m.data(), a.v.data(), n);
         require_one_line([&] { read_state_header(path); }, "read_state_header", "cannot open");
     }
     SECTION("marker removed") {
         begin_state_file(path, make_state(n, 3));
-        write_state_range(path, n, 0, a.master.data(), a.m.data(), a.v.data(), n);
+        write_state_range(path, n, 0, 0, a.master.data(), a.m.data(), a.v.data(), n);
         finish_state_file(path);
         fs::remove(path + ".done");
         require_one_line([&] { read_state_header(path); }, "read_state_header", "incomplete");
     }
     SECTION("stale marker from another state") {
         begin_state_file(path, make_state(n, 3));
-        write_state_range(path, n, 0, a.master.data(), a.m.data(), a.v.data(), n);
+        write_state_range(path, n, 0, 0, a.master.data(), a.m.data(), a.v.data(), n);
         finish_state_file(path);
         const std::vector<char> marker = read_bytes(path + ".done");
         begin_state_file(path, make_state(n, 4));
-        write_state_range(path, n, 0, a.master.data(), a.m.data(), a.v.data(), n);
+        write_state_range(path, n, 0, 0, a.master.data(), a.m.data(), a.v.data(), n);
         finish_state_file(path);
         write_bytes(path + ".done", marker);
         require_one_line([&] { read_state_header(path); }, "read_state_header", "stale marker");
@@ -373,7 +384,7 @@ TEST_CASE("training state bad inputs give a one-line message") {
     const TrainingState s = make_state(n, 9);
     const std::string path = dir.file("state.bin");
     begin_state_file(path, s);
-    write_state_range(path, n, 0, a.master.data(), a.m.data(), a.v.data(), n);
+    write_state_range(path, n, 0, 0, a.master.data(), a.m.data(), a.v.data(), n);
     finish_state_file(path);
     const std::vector<char> bytes = read_bytes(path);
     auto read = [&] { read_state_header(path); };
@@ -398,8 +409,12 @@ TEST_CASE("training state bad inputs give a one-line message") {
         require_one_line(read, "read_state_header", "bad magic 20240326");
     }
     SECTION("wrong version") {
-        patch<uint64_t>(path, 8, 2);
-        require_one_line(read, "read_state_header", "version 2");
+        patch<uint64_t>(path, 8, 3);
+        require_one_line(read, "read_state_header", "unsupported version 3");
+    }
+    SECTION("version 1 (no checksums) with checksum slots set") {
+        patch<uint64_t>(path, 8, 1);
+        require_one_line(read, "read_state_header", "version 1 with checksum slots set");
     }
     SECTION("offset disagreeing with the sizes") {
         patch<uint64_t>(path, 8 * 15, 12345);  // m_offset slot
@@ -422,15 +437,15 @@ TEST_CASE("training state bad inputs give a one-line message") {
     }
     SECTION("writer misuse") {
         const std::string other = dir.file("other.bin");
-        require_one_line([&] { write_state_range(other, n, 0, a.master.data(), a.m.data(), a.v.data(), n); },
+        require_one_line([&] { write_state_range(other, n, 0, 0, a.master.data(), a.m.data(), a.v.data(), n); },
                          "write_state_range", "begin_state_file");
         require_one_line([&] { finish_state_file(other); }, "finish_state_file", "other.bin.tmp");
         begin_state_file(other, s);
-        require_one_line([&] { write_state_range(other, n + 1, 0, a.master.data(), a.m.data(), a.v.data(), 1); },
+        require_one_line([&] { write_state_range(other, n + 1, 0, 0, a.master.data(), a.m.data(), a.v.data(), 1); },
                          "write_state_range", "num_parameters");
-        require_one_line([&] { write_state_range(other, n, 40, a.master.data(), a.m.data(), a.v.data(), 11); },
+        require_one_line([&] { write_state_range(other, n, 0, 40, a.master.data(), a.m.data(), a.v.data(), 11); },
                          "write_state_range", "exceeds num_parameters");
-        require_one_line([&] { write_state_range(other, n, 0, a.master.data(), nullptr, a.v.data(), 1); },
+        require_one_line([&] { write_state_range(other, n, 0, 0, a.master.data(), nullptr, a.v.data(), 1); },
                          "write_state_range", "non-null");
         TrainingState empty = s;
         empty.num_parameters = 0;
@@ -504,4 +519,127 @@ TEST_CASE("checkpoint directory: latest complete checkpoint and keep-last-K") {
         CHECK(latest_complete_checkpoint(lone.path.string()) == 8);
         CHECK_FALSE(fs::exists(model_checkpoint_path(lone.path.string(), 7)));
     }
+}
+
+TEST_CASE("CRC-32C: the catalogue's check value, both code paths, continuation") {
+    // The CRC catalogue's check value for CRC-32C (iSCSI, RFC 3720): the 9 bytes "123456789".
+    const char* check = "123456789";
+    CHECK(crc32c(check, 9) == 0xE3069283u);
+    CHECK(crc32c_portable(check, 9) == 0xE3069283u);
+    CHECK(crc32c(check, 0) == 0u);
+    // RFC 3720 B.4: 32 bytes of zeros, and of 0xFF.
+    const std::vector<unsigned char> zeros(32, 0x00), ones(32, 0xFF);
+    CHECK(crc32c(zeros.data(), 32) == 0x8A9136AAu);
+    CHECK(crc32c(ones.data(), 32) == 0x62A8AB43u);
+    // The hardware path (where the CPU has one) agrees with the table for every length and alignment,
+    // and a CRC continues across a split.
+    std::vector<unsigned char> data(300);
+    for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<unsigned char>(i * 131 + 7);
+    for (size_t offset = 0; offset < 9; ++offset)
+        for (size_t length : {size_t(0), size_t(1), size_t(7), size_t(8), size_t(9), size_t(63), size_t(250)}) {
+            INFO("offset " << offset << " length " << length);
+            REQUIRE(crc32c(data.data() + offset, length) == crc32c_portable(data.data() + offset, length));
+            const size_t half = length / 3;
+            CHECK(crc32c(data.data() + offset + half, length - half, crc32c(data.data() + offset, half)) ==
+                  crc32c(data.data() + offset, length));
+        }
+}
+
+TEST_CASE("model checkpoint: a flipped byte in the parameters is found, an llm.c file is not checked") {
+    TempDir dir;
+    const size_t n = gpt2_parameter_count(kTinyFp32);
+    const std::vector<float> params = random_floats(n, 5);
+    const std::string path = dir.file("m.bin");
+    write_model_checkpoint(path, kTinyFp32, params.data(), n);
+    std::vector<float> back(n);
+    read_model_parameters(path, kTinyFp32, back.data(), n);
+    CHECK(back == params);
+
+    std::vector<char> bytes = read_bytes(path);
+    bytes[1024 + 4 * (n / 2) + 1] ^= 0x10;  // one bit of one parameter in the middle
+    write_bytes(path, bytes);
+    require_one_line([&] { read_model_parameters(path, kTinyFp32, back.data(), n); }, "read_model_parameters",
+                     "CRC-32C");
+    require_one_line([&] { read_model_parameters_as_float(path, kTinyFp32); }, "read_model_parameters", "corrupt");
+
+    // The same corrupt bytes with llm.c's header (int 8 = 0: no checksum) read without a word.
+    patch<int32_t>(path, 32, 0);
+    read_model_parameters(path, kTinyFp32, back.data(), n);
+    CHECK(back[n / 2] != params[n / 2]);
+    patch<int32_t>(path, 32, 7);
+    require_one_line([&] { read_model_parameters(path, kTinyFp32, back.data(), n); }, "read_model_parameters",
+                     "checksum kind");
+}
+
+TEST_CASE("training state: each writer's range is verified on read; version 1 reads unverified") {
+    TempDir dir;
+    const uint64_t n = 1000;
+    const OptimizerArrays a(n, 20);
+    TrainingState s = make_state(n, 9);
+    s.writers = 3;
+    const std::string path = dir.file("state.bin");
+    const uint64_t ranges[3][2] = {{0, 334}, {334, 667}, {667, 1000}};
+    auto write_all = [&](int skip_writer) {
+        begin_state_file(path, s);
+        for (uint64_t w = 0; w < 3; ++w)
+            if (int(w) != skip_writer)
+                write_state_range(path, n, w, ranges[w][0], a.master.data() + ranges[w][0], a.m.data() + ranges[w][0],
+                                  a.v.data() + ranges[w][0], ranges[w][1] - ranges[w][0]);
+        finish_state_file(path);
+    };
+    write_all(-1);
+    const TrainingState r = read_state_header(path);
+    CHECK(r.writers == 3);
+    std::vector<float> buf(n), buf2(n), buf3(n);
+
+    // One flipped bit in Adam m of writer 1's range [334, 667).
+    std::vector<char> bytes = read_bytes(path);
+    const size_t m_offset = peek<uint64_t>(bytes, 8 * 15);  // header slot kMOffset
+    bytes[m_offset + 4 * 500 + 2] ^= 0x01;
+    write_bytes(path, bytes);
+    // Reads that touch the range fail naming the array and the range, also when they cover it only in
+    // part (that writer's whole range is read for its checksum); the other arrays, and reads elsewhere, pass.
+    require_one_line([&] { read_state_range(path, r, 0, n, nullptr, buf.data(), nullptr); }, "read_state_range",
+                     "Adam m [334, 667)");
+    require_one_line([&] { read_state_range(path, r, 600, 10, nullptr, buf.data(), nullptr); }, "read_state_range",
+                     "corrupt");
+    read_state_range(path, r, 0, n, buf.data(), nullptr, buf3.data());  // master and v are intact
+    CHECK(buf == a.master);
+    read_state_range(path, r, 0, 334, buf.data(), buf2.data(), buf3.data());
+    read_state_range(path, r, 667, 333, buf.data(), buf2.data(), buf3.data());
+    CHECK(std::equal(buf3.begin(), buf3.begin() + 333, a.v.begin() + 667));
+
+    // A writer that never wrote its record: the records do not cover the parameters.
+    write_all(1);
+    const TrainingState missing = read_state_header(path);
+    require_one_line([&] { read_state_range(path, missing, 0, 10, buf.data(), nullptr, nullptr); }, "read_state_range",
+                     "checksum records");
+
+    // Version 1 (this program before checksums): no records; it reads, unverified.
+    write_all(-1);
+    bytes = read_bytes(path);
+    const uint64_t meta_bytes = peek<uint64_t>(bytes, 8 * 12);
+    const size_t v2_master = peek<uint64_t>(bytes, 8 * 14), v1_master = (2048 + meta_bytes + 63) / 64 * 64;
+    std::vector<char> v1(bytes.begin(), bytes.begin() + 2048 + meta_bytes);
+    v1.resize(v1_master, 0);
+    v1.insert(v1.end(), bytes.begin() + v2_master, bytes.end());
+    const uint64_t shift = v2_master - v1_master, version = 1, zero = 0;
+    std::memcpy(v1.data() + 8, &version, 8);
+    for (size_t slot : {14, 15, 16, 17}) {  // master, m, v offsets and the file length
+        const uint64_t moved = peek<uint64_t>(v1, 8 * slot) - shift;
+        std::memcpy(v1.data() + 8 * slot, &moved, 8);
+    }
+    std::memcpy(v1.data() + 8 * 18, &zero, 8);  // writers
+    std::memcpy(v1.data() + 8 * 19, &zero, 8);  // checksum offset
+    v1[v1.size() - 1] ^= 0x40;                  // corrupt, but nothing records it
+    write_bytes(path, v1);
+    const std::string marker = "train_gpt state step=9 bytes=" + std::to_string(v1.size()) + "\n";
+    write_bytes(path + ".done", std::vector<char>(marker.begin(), marker.end()));
+    const TrainingState old = read_state_header(path);
+    CHECK(old.writers == 0);
+    read_state_range(path, old, 0, n, buf.data(), buf2.data(), buf3.data());
+    CHECK(buf == a.master);
+    CHECK(buf2 == a.m);
+    CHECK(std::equal(buf3.begin(), buf3.end() - 1, a.v.begin()));
+    CHECK(buf3.back() != a.v.back());
 }

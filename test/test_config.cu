@@ -80,6 +80,8 @@ TEST_CASE("no flags give the documented defaults", "[config]") {
     CHECK(c.skip_loss_z == 0.0);  // off, as llm.c's -sl
     CHECK(c.skip_norm_z == 0.0);  // off, as llm.c's -sg
     CHECK(c.max_skipped_steps == 5);
+    CHECK(c.on_divergence == "stop");
+    CHECK(c.max_rollbacks == 3);
     CHECK(c.batch_ramp.empty());
     CHECK_FALSE(c.dry_run);
     CHECK_FALSE(c.json);
@@ -127,6 +129,8 @@ const std::vector<FlagCase> flag_cases = {
     {"skip-loss-z", 0, "5", 5.0},
     {"skip-norm-z", 0, "6.5", 6.5},
     {"max-skipped-steps", 0, "0", 0},
+    {"on-divergence", 0, "rollback", "rollback", {"-o", "out", "-n", "100"}},
+    {"max-rollbacks", 0, "7", 7},
     {"zero-stage", 'z', "2", 2},
     {"recompute", 'r', "selective", "selective"},
     {"world-size", 0, "8", 8},
@@ -315,6 +319,8 @@ TEST_CASE("bad values name the flag", "[config]") {
         {{"--skip-loss-z", "-1"}, "--skip-loss-z must be >= 0"},
         {{"--skip-norm-z", "-0.5"}, "--skip-norm-z must be >= 0"},
         {{"--max-skipped-steps", "-1"}, "--max-skipped-steps must be >= 0"},
+        {{"--max-rollbacks", "-1"}, "--max-rollbacks must be >= 0"},
+        {{"--on-divergence", "retry"}, "--on-divergence must be one of stop|rollback"},
         {{"-z", "3"}, "-z/--zero-stage must be 0, 1 or 2, got 3"},
         {{"-k", "step"}, "-k/--lr-schedule must be one of cosine|linear|constant|wsd, got 'step'"},
         {{"-r", "partial"}, "-r/--recompute must be one of none|selective|full"},
@@ -356,8 +362,11 @@ TEST_CASE("contradictory flags are errors naming every flag involved", "[config]
                    "--resume-override: 'lr' is not a run-identity setting (model, seq-len, seed, train-data, batch-ramp, "
                    "tokens-per-step)"));
     CHECK(contains(error_of({"--keep-last", "2", "-o", "out"}), "--keep-last needs -n/--checkpoint-every > 0"));
-    CHECK(contains(error_of({"-t", "32"}), "-g/--gen-tokens 64 must be <= -t/--seq-len 32 when sampling (-s/--sample-every > 0)"));
-    CHECK(parse({"-t", "32", "-s", "0"}).seq_len == 32);  // no sampling: no limit
+    CHECK(contains(error_of({"--on-divergence", "rollback", "-o", "out"}),
+                   "--on-divergence rollback needs checkpoints to roll back to (-n/--checkpoint-every > 0)"));
+    CHECK(contains(error_of({"--on-divergence", "rollback", "-o", "out", "-n", "5", "--max-skipped-steps", "0"}),
+                   "and a divergence to act on (--max-skipped-steps > 0)"));
+    CHECK(parse({"-t", "32"}).gen_tokens == 64);  // longer than a window: clipped at run time, with a note
     CHECK(contains(error_of({"-k", "constant", "-q", "0.1"}),
                    "-q/--final-lr-fraction 0.1 has no effect with -k/--lr-schedule constant"));
     CHECK(contains(error_of({"--batch-ramp", "4096:1e6"}), "--batch-ramp needs -d/--total-batch-tokens"));
@@ -425,4 +434,19 @@ TEST_CASE("lr_schedule_of carries the schedule settings", "[config]") {
     CHECK(s.final_fraction == 0.1);
     CHECK(s.wsd_decay_fraction == 0.3);
     for (const char* name : {"cosine", "linear", "constant", "wsd"}) CHECK_NOTHROW(lr_schedule_of(parse({"-k", name})));
+}
+
+TEST_CASE("the settings a flag or --config set are known as given", "[config]") {
+    const RunConfig defaults = parse({});
+    CHECK_FALSE(defaults.was_given("val-every"));
+    const RunConfig flagged = parse({"-v", "20", "--seed", "3"});  // -v at its default value: still given
+    CHECK(flagged.was_given("val-every"));
+    CHECK(flagged.was_given("seed"));
+    CHECK_FALSE(flagged.was_given("val-data"));
+    TempDir dir;
+    const std::string file = dir.file("c.json");
+    std::ofstream(file) << R"({"val-data": "x/val_*.bin"})";
+    const RunConfig from_file = parse({"--config", file});
+    CHECK(from_file.was_given("val-data"));
+    CHECK_FALSE(from_file.was_given("val-every"));
 }

@@ -78,11 +78,20 @@ TEST_CASE("DivergenceGuard stops the run at max_skipped_steps skips in a row", "
     try {
         guard.record(6, NAN, NAN, "loss is nan");
         FAIL("the third skip in a row did not stop the run");
-    } catch (const std::runtime_error& e) {
+    } catch (const RunDiverged& e) {
         const std::string message = e.what();
         CHECK(contains(message, "step 6: 3 steps in a row skipped (last: loss is nan)"));
         CHECK(contains(message, "diverged"));
+        CHECK(e.step == 6);
+        CHECK(e.first_skipped == 4);  // what a rollback must go back before
     }
+    // After a rollback the count starts again: two more skips are not a divergence, a third is.
+    guard.rolled_back();
+    CHECK(guard.consecutive_skips() == 0);
+    CHECK(guard.rollbacks() == 1);
+    guard.record(5, NAN, NAN, "loss is nan");
+    guard.record(6, NAN, NAN, "loss is nan");
+    CHECK_THROWS_AS(guard.record(7, NAN, NAN, "loss is nan"), RunDiverged);
     // 0: never stop.
     DivergenceGuard never({0.0, 0.0, 0});
     for (int step = 1; step <= 50; ++step) never.record(step, NAN, NAN, "loss is nan");

@@ -4,7 +4,10 @@
 # naming the step, and every checkpoint it wrote holds finite parameters; with
 # --max-skipped-steps 0 the same run goes on to its end. (2) A learning rate that overflows BF16
 # parameters in one update: the checkpoint of that step is refused, with a non-zero exit. (3) A model
-# file with NaN parameters given to -e is an error at start.
+# file with NaN parameters given to -e is an error at start. (4) --on-divergence rollback: a window of
+# random tokens in data the model has learned is skipped as loss outliers, 3 in a row; the run rolls
+# back to the newest checkpoint before the skips, skips the window's data, and finishes; with no
+# rollback left it stops.
 # Usage: test_divergence.sh TRAIN_BINARY
 set -euo pipefail
 bin=$1
@@ -41,6 +44,9 @@ test ! -e "$dir/blowup/model_00000006.bin" || { echo "a checkpoint of the diverg
 grep -cE "step [2-8] skipped: (loss|gradient norm) is -?nan" "$dir/never.err" | grep -qx 7 ||
     { echo "--max-skipped-steps 0: expected steps 2-8 skipped"; cat "$dir/never.err"; exit 1; }
 echo "divergence: a blown-up run stops at step 6 (5 skips in a row), goes on with --max-skipped-steps 0"
+# Rollback needs a checkpoint from before the step ahead of the first skip (step 1's update blew it up).
+"$here/expect_failure.sh" "step 6: 5 steps in a row skipped .*; no complete checkpoint at step 0 or before to roll back to" \
+    "$bin" "${common[@]}" -x 12 -l 1e9 -n 2 --on-divergence rollback -o "$dir/blowup_rollback"
 
 # (2) An update that overflows the BF16 parameters (|w| past 3.39e38 rounds to inf): no checkpoint.
 if head -1 "$dir/never.log" | grep -q BF16; then
@@ -56,7 +62,45 @@ python3 - "$dir/blowup/model_00000002.bin" "$dir/nan_model.bin" <<'PY'
 import sys
 data = bytearray(open(sys.argv[1], "rb").read())
 data[1024:] = b"\xff" * (len(data) - 1024)  # all ones: NaN in BF16 and in FP32
+data[32:36] = b"\0\0\0\0"  # header int 8: no checksum, as llm.c writes (else the CRC-32C check fires first)
 open(sys.argv[2], "wb").write(data)
 PY
 "$here/expect_failure.sh" "model '.*nan_model.bin': parameters are not finite" \
     "$bin" -e "$dir/nan_model.bin" -b 2 -t 32 -x 2 -v 0 -s 0 -i "$dir/train_*.bin" -j "$dir/val_*.bin"
+echo "divergence: a model file with NaN parameters is refused at start"
+
+# (4) Rollback. Shards (taken in the order A, P, B with --seed 4, host/dataloader.h's seeded shard
+# order): A, 60 steps of a period-4 token pattern the model learns (loss ~3e-4 by step 58 at lr 1e-2);
+# P, 3 steps of random tokens (loss ~18.8: z-scores 5.2, 4.3 and 3.7 over the trailing window, all
+# above --skip-loss-z 3); B, 20 more steps of the pattern.
+mkdir -p "$dir/rollback"
+python3 - "$dir/rollback" <<'PY'
+import random, struct, sys
+def shard(name, tokens):
+    with open(f"{sys.argv[1]}/{name}", "wb") as f:
+        f.write(struct.pack("<256i", 20240520, 1, len(tokens), *([0] * 253)))
+        f.write(struct.pack(f"<{len(tokens)}H", *tokens))
+pattern = lambda n: [(10, 20, 30, 40)[i % 4] for i in range(n)]
+random.seed(3)
+shard("train_000000.bin", pattern(60 * 64 + 1))
+shard("train_000001.bin", [random.randrange(50257) for _ in range(3 * 64 + 1)])
+shard("train_000002.bin", pattern(20 * 64 + 1))
+PY
+rollback=(-e tiny -b 2 -t 32 -k constant -l 1e-2 -u 0 -v 0 -s 0 --seed 4 -i "$dir/rollback/train_*.bin" -n 10
+          --skip-loss-z 3 --max-skipped-steps 3 --on-divergence rollback)
+"$bin" "${rollback[@]}" -x 70 -o "$dir/rollback/out" > "$dir/rollback.log" 2> "$dir/rollback.err"
+grep -q "step 63: diverged (skips from step 61 on); rolled back to step 50, skipping the data of steps 51-63 (rollback 1 of 3)" \
+    "$dir/rollback.err" || { echo "rollback: expected a rollback from step 63 to step 50"; cat "$dir/rollback.err"; exit 1; }
+test "$(grep -c 'skipped: loss .* is an outlier' "$dir/rollback.err")" -eq 3 ||
+    { echo "rollback: expected exactly the 3 window steps skipped"; cat "$dir/rollback.err"; exit 1; }
+python3 - "$dir/rollback/out/metrics.jsonl" <<'PY'
+import json, sys
+rows = [r for r in map(json.loads, open(sys.argv[1])) if "loss" in r]
+last = rows[-1]
+assert last["step"] == 70, f"rollback: the run ended at step {last['step']}, not 70"
+assert last["loss"] < 0.01, f"rollback: final loss {last['loss']} (the pattern should stay learned)"
+print(f"rollback: finished at step 70, loss {last['loss']:.2e}; steps 51-70 read the data after the window")
+PY
+"$here/expect_failure.sh" "step 63: 3 steps in a row skipped .*; no rollback left \\(--max-rollbacks 0\\)" \
+    "$bin" "${rollback[@]}" -x 70 --max-rollbacks 0 -o "$dir/rollback/none"
+echo "divergence: --on-divergence rollback skipped the diverged window and finished; with no rollback left it stopped"

@@ -3,7 +3,10 @@
 # for byte (model and training state); (2) resuming those 3 steps on 2 ranks with ZeRO-1 (same global
 # batch: -d covers two micro-batches) continues the same run: its losses stay within 1e-3 of the
 # single-rank run's; (3) the other way: 3 steps on 2 ranks at ZeRO-2 (each rank writes its shard of
-# the state), resumed on 1 rank at ZeRO-0, stays within 1e-3 of the single-rank run too.
+# the state), resumed on 1 rank at ZeRO-0, stays within 1e-3 of the single-rank run too. (4) A corrupt
+# newest checkpoint (a flipped byte in the state's moments, in the model's parameters, or in one rank's
+# range of a 2-rank state): -y says so and falls back to the previous one, and the run still ends
+# byte for byte where the uninterrupted run did.
 # Usage: test_resume.sh TRAIN_GPT_CPU "MPIRUN..."
 set -euo pipefail
 bin=$1
@@ -66,3 +69,45 @@ for run, what in (("ranks2", "1 rank -> 2 ranks ZeRO-1"), ("from_ranks2", "2 ran
         # one that pins the data position and optimizer state.
         assert diff < 1e-3, f"{what}, step {step}: loss differs by {diff}"
 PY
+
+# (4) Corrupt newest checkpoints. flip FILE WHAT: one bit of the state's Adam m (its first value), of
+# the state's Adam v (its last value: the last rank's range), or of the model's parameters.
+flip() {
+    python3 - "$1" "$2" <<'PY'
+import struct, sys
+path, what = sys.argv[1], sys.argv[2]
+data = bytearray(open(path, "rb").read())
+if what == "state_m":
+    offset = struct.unpack_from("<256Q", data)[15]  # header slot: Adam m's offset
+elif what == "state_v_last":
+    offset = len(data) - 4
+else:
+    offset = 1024 + 4000  # a model parameter
+data[offset + 1] ^= 0x04
+open(path, "wb").write(data)
+PY
+}
+fallback_check() {  # LOG ERR EXPECTED_STDERR_TEXT
+    grep -q "resumed at step 3" "$1" || { echo "resume: expected a fall back to step 3"; cat "$1" "$2"; exit 1; }
+    grep -q "$3" "$2" || { echo "resume: expected '$3' on stderr"; cat "$2"; exit 1; }
+    grep -q "trying an earlier one" "$2" || { echo "resume: expected the fall-back warning"; cat "$2"; exit 1; }
+}
+for what in state_m model; do
+    cp -r "$dir/resumed" "$dir/corrupt_$what"
+    rm -f "$dir/corrupt_$what/metrics.jsonl"
+    if [ "$what" = model ]; then flip "$dir/corrupt_$what/model_00000006.bin" model
+    else flip "$dir/corrupt_$what/state_00000006.bin" state_m; fi
+    "$bin" "${common[@]}" -x 6 -o "$dir/corrupt_$what" -y > "$dir/corrupt_$what.log" 2> "$dir/corrupt_$what.err"
+    fallback_check "$dir/corrupt_$what.log" "$dir/corrupt_$what.err" "CRC-32C"
+    cmp "$dir/straight/model_00000006.bin" "$dir/corrupt_$what/model_00000006.bin" ||
+      { echo "resume after a corrupt $what: the model differs from the uninterrupted run"; exit 1; }
+done
+$mpirun -np 2 "$bin" "${common[@]}" -x 6 -z 1 -o "$dir/corrupt_ranks2" > /dev/null
+cp "$dir/corrupt_ranks2/model_00000006.bin" "$dir/ranks2_model_6.bin"
+flip "$dir/corrupt_ranks2/state_00000006.bin" state_v_last
+$mpirun -np 2 "$bin" "${common[@]}" -x 6 -z 1 -o "$dir/corrupt_ranks2" -y > "$dir/corrupt_ranks2.log" 2> "$dir/corrupt_ranks2.err"
+fallback_check "$dir/corrupt_ranks2.log" "$dir/corrupt_ranks2.err" "rank 1: read_state_range: .*Adam v .*CRC-32C"
+grep -q "failed on 1 rank(s)" "$dir/corrupt_ranks2.err" || { echo "resume: expected one failing rank"; exit 1; }
+cmp "$dir/ranks2_model_6.bin" "$dir/corrupt_ranks2/model_00000006.bin" ||
+  { echo "resume on 2 ranks after a corrupt range: the model differs from the uninterrupted run"; exit 1; }
+echo "resume: a corrupt state, model or rank range of the newest checkpoint falls back to the previous one, same result"

@@ -2,6 +2,9 @@
 # 20 training steps of a tiny GPT-2 on a small repetitive corpus: the loss must fall (by at least
 # a third), and the program's outputs must be there (config.json, metrics.jsonl with 20 steps, two
 # validations and two HellaSwag evaluations of the 3-example fixture).
+# Then the defaults that give way with a note, and the mistakes that stay errors: samples longer than
+# -t are clipped; no validation shard without -v turns validation off, with -v it is an error; an
+# unknown preset is named with the list.
 # Usage: test_train_smoke.sh TRAIN_BINARY
 set -euo pipefail
 bin=$1
@@ -34,3 +37,15 @@ assert all(r["hellaswag_examples"] == 3 for r in hellaswag), hellaswag
 json.load(open(f"{sys.argv[1]}/config.json"))
 print(f"smoke: loss {losses[0]:.3f} -> {losses[-1]:.3f}, val {vals[0]:.3f} -> {vals[-1]:.3f}")
 PY
+
+"$bin" -e tiny -b 2 -t 32 -x 1 -s 1 -i "$dir/train_*.bin" -j "$dir/none_*.bin" > "$dir/notes.log"
+grep -q "note: samples are 31 tokens, not -g/--gen-tokens 64: a sample fits one -t/--seq-len 32 window" "$dir/notes.log" ||
+    { echo "smoke: no note for the clipped sample length"; cat "$dir/notes.log"; exit 1; }
+grep -q "note: no validation shard matches -j/--val-data '$dir/none_\*.bin': validation is off" "$dir/notes.log" ||
+    { echo "smoke: no note for the missing validation shards"; cat "$dir/notes.log"; exit 1; }
+grep -q "^step 1/1 " "$dir/notes.log" || { echo "smoke: the run with notes did not train"; exit 1; }
+"$(dirname "$0")/expect_failure.sh" "DataLoader: no file matches the pattern '.*none_\*.bin'" \
+    "$bin" -e tiny -b 2 -t 32 -x 1 -s 0 -v 5 -i "$dir/train_*.bin" -j "$dir/none_*.bin"
+"$(dirname "$0")/expect_failure.sh" "-e/--model 'd13' is neither a preset \(d12\|d24\|d36\|d48\|tiny\|mini\) nor an existing model file" \
+    "$bin" -e d13 -b 2 -t 32 -x 1 -i "$dir/train_*.bin"
+echo "smoke: notes for a clipped sample and absent validation shards; errors for -v without shards and an unknown preset"
