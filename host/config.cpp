@@ -189,11 +189,13 @@ inline void load_json_file(RunConfig& c, const std::string& file) {
     nlohmann::json root;
     try {
         root = nlohmann::json::parse(in);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for a number past double's range
         throw ConfigError("--config '" + file + "': not valid JSON: " + e.what());
     }
     if (!root.is_object()) throw ConfigError("--config '" + file + "': expects a JSON object keyed by long flag names");
-    for (const auto& [key, value] : root.items()) {
+    for (const auto& item : root.items()) {  // not a structured binding: lambdas capture those only from clang 16
+        const std::string key = item.key();
+        const nlohmann::json& value = item.value();
         const Option* o = find_option(key);
         if (!o) throw ConfigError("--config '" + file + "': unknown key '" + key + "' (keys are long flag names)");
         std::visit([&](auto member) {
@@ -364,6 +366,13 @@ nlohmann::json to_json(const RunConfig& c) {
 }
 
 std::string to_json_text(const RunConfig& c) { return to_json(c).dump(2); }
+
+RunConfig config_from_file(const std::string& path) {
+    RunConfig c;
+    config_detail::load_json_file(c, path);
+    config_detail::validate(c);
+    return c;
+}
 
 RunConfig parse_config(int argc, char** argv) {
     using namespace config_detail;

@@ -70,7 +70,7 @@ inline HellaSwagSet read_hellaswag(const std::string& path, int vocab_size = kHe
     if ((bytes.size() - kHeaderBytes) % 2 != 0) fail("the body is not a whole number of uint16 values");
 
     std::vector<uint16_t> body((bytes.size() - kHeaderBytes) / 2);
-    std::memcpy(body.data(), bytes.data() + kHeaderBytes, body.size() * 2);
+    if (!body.empty()) std::memcpy(body.data(), bytes.data() + kHeaderBytes, body.size() * 2);  // (null when empty)
     HellaSwagSet set;
     set.path = path;
     size_t at = 0;  // in uint16 values
