@@ -341,6 +341,30 @@ $(DATA_DIR)/tokenizer.bin: | deps-if-missing
 train: deps-if-missing $(if $(HAVE_GPU),train_gpt,train_gpt_cpu) $(DATA_DIR)/tokenizer.bin
 	$(TRAIN_BIN) $(TRAIN_FLAGS)
 
+# Fuzzing (scripts/fuzz.sh): libFuzzer targets for every reader of untrusted files (test/fuzz/fuzz_*.cpp:
+# model file, state file, token shard, tokenizer, HellaSwag file, --config JSON) built with clang under
+# ASan + UBSan, each run for FUZZ_SECONDS from its committed seed corpus. Not run by CI; its last numbers
+# are in the README. Needs clang (scripts/deps.sh --fuzz installs it).
+.PHONY: fuzz
+FUZZ_DIR := $(BUILD)/fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_CXX ?= clang++
+FUZZ_TARGETS := $(patsubst test/fuzz/fuzz_%.cpp,$(FUZZ_DIR)/fuzz_%,$(wildcard test/fuzz/fuzz_*.cpp))
+FUZZ_FLAGS = -std=c++20 -I. -DPRECISION_BF16 -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined \
+             -fno-sanitize-recover=undefined
+$(FUZZ_DIR)/host/%.o: host/%.cpp $(DEPS_TRACKED)
+	@mkdir -p $(@D)
+	$(FUZZ_CXX) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link $(DEPFLAGS) -c $< -o $@
+$(FUZZ_DIR)/fuzz_%: test/fuzz/fuzz_%.cpp $(patsubst host/%.cpp,$(FUZZ_DIR)/host/%.o,$(HOST_SRC)) $(DEPS_TRACKED)
+	@mkdir -p $(@D)
+	$(FUZZ_CXX) $(FUZZ_FLAGS) -fsanitize=fuzzer $(DEPFLAGS) $< $(patsubst host/%.cpp,$(FUZZ_DIR)/host/%.o,$(HOST_SRC)) \
+	  -pthread -o $@
+.SECONDARY: $(patsubst host/%.cpp,$(FUZZ_DIR)/host/%.o,$(HOST_SRC))
+fuzz:
+	@command -v $(FUZZ_CXX) >/dev/null 2>&1 || scripts/deps.sh --fuzz
+	$(MAKE) --no-print-directory $(FUZZ_TARGETS)
+	scripts/fuzz.sh $(FUZZ_DIR) $(FUZZ_SECONDS)
+
 # The suite's mutation score (dev/mutation_test.py): each planted fault in dev/mutations/ is built in a
 # scratch copy of the tree (build/mutation/) and must make one of its tests fail. Not run by CI
 # (it rebuilds test binaries once per fault); its last score is in the README.

@@ -105,6 +105,10 @@ inline std::vector<std::string> split_list(const std::string& text) {
 // at once with help = true and nothing else checked.
 RunConfig parse_config(int argc, char** argv);
 
+// The settings of a --config file alone (over the defaults, no command line), validated as
+// parse_config validates them; throws ConfigError naming the file and key.
+RunConfig config_from_file(const std::string& path);
+
 // The --help text, generated from the option table.
 std::string help_text();
 

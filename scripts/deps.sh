@@ -2,6 +2,7 @@
 # Installs the Debian packages train_gpt needs to build and test, when they are missing.
 #   scripts/deps.sh           install what is missing (apt-get; run as root)
 #   scripts/deps.sh --check   exit 1 and list what is missing, install nothing
+#   scripts/deps.sh --fuzz    also clang (libFuzzer), for make fuzz
 # The CUDA toolkit (nvcc, cuBLASLt, NCCL) is not a Debian package here: when nvcc is absent,
 # only the CPU build (train_gpt_cpu) is built and tested.
 set -euo pipefail
@@ -13,6 +14,7 @@ packages=(
   catch2                            # tests
   procps                            # pgrep/pkill: the tests that signal the program (not in minimal images)
 )
+[ "${1:-}" = "--fuzz" ] && packages+=(clang)  # libFuzzer and its sanitizer runtimes (make fuzz)
 # Python for the data preparation (data/prepare.py): any python3 with pip will do.
 command -v python3 >/dev/null 2>&1 || packages+=(python3)
 python3 -m pip --version >/dev/null 2>&1 || packages+=(python3-pip)
