@@ -127,7 +127,7 @@ inline std::vector<int> sample_tokens(const EvaluatedModel& model, int eot, int 
 
 // After step `done` (`last`: the run's last step): the validation loss and HellaSwag every --val-every
 // steps and after the last step (every rank takes part), a sample every --sample-every steps and
-// after the last step (rank 0 only), each logged.
+// after the last step (rank 0 only), each logged; after the last, the command that plots the log.
 inline void evaluate_when_due(const RunConfig& rc, Evaluation& e, const EvaluatedModel& model, RunLog& log,
                               const Distributed& d, int64_t done, bool last) {
     const int B = rc.batch_size, T = rc.seq_len;
@@ -146,4 +146,5 @@ inline void evaluate_when_due(const RunConfig& rc, Evaluation& e, const Evaluate
         else for (int t : tokens) text += std::to_string(t) + " ";
         log.sample(done, text);
     }
+    if (last) log.finished();
 }

@@ -175,6 +175,12 @@ public:
         std::printf("sample: %s\n", text.c_str());
         if (metrics_) metrics_->log_sample(step, text);
     }
+    // After the last step's evaluation: the command that draws metrics.jsonl (scripts/plot_metrics.py).
+    void finished() {
+        if (!main_ || !metrics_) return;
+        std::printf("plot: python3 scripts/plot_metrics.py %s\n", metrics_->path().c_str());
+        std::fflush(stdout);
+    }
 
 private:
     bool main_;

@@ -23,6 +23,8 @@ PY
 "$bin" -e tiny -b 4 -t 32 -x 20 -l 3e-3 -u 2 -v 10 -m 2 -s 20 -g 8 -i "$dir/train_*.bin" -j "$dir/val_*.bin" \
   -h "$(dirname "$0")/fixtures/hellaswag_tiny.bin" -o "$dir/out" > "$dir/log"
 cat "$dir/log"
+tail -1 "$dir/log" | grep -qx "plot: python3 scripts/plot_metrics.py $dir/out/metrics.jsonl" ||
+    { echo "smoke: the run's last line does not give the command that plots it"; exit 1; }
 python3 - "$dir/out" <<'PY'
 import json, sys
 records = [json.loads(line) for line in open(f"{sys.argv[1]}/metrics.jsonl")]

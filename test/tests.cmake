@@ -63,6 +63,10 @@ set_tests_properties(test_fixtures PROPERTIES ENVIRONMENT "TRAIN_GPT_ROOT=${CMAK
 # Data preparation (data/prepare.py): GPT-2 token ids, shard and tokenizer file formats.
 # Needs scripts/install_python_deps.sh (about 5 MB from PyPI).
 add_test(data_prepare python3 ${CMAKE_CURRENT_LIST_DIR}/../data/test_prepare.py)
+# scripts/plot_metrics.py: one four-panel PNG from a metrics.jsonl with a resumed step, a null loss and
+# a cut line (skipped, 77, where matplotlib is not installed).
+add_test(plot_metrics ${CMAKE_CURRENT_LIST_DIR}/test_plot_metrics.sh)
+set_tests_properties(plot_metrics PROPERTIES SKIP_RETURN_CODE 77)
 # HellaSwag conversion (data/hellaswag.py): llm.c's eval file format, against the committed fixture.
 add_test(data_hellaswag python3 ${CMAKE_CURRENT_LIST_DIR}/../data/test_hellaswag.py)
 
