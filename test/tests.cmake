@@ -162,9 +162,10 @@ endif()
 add_test(data_check ${CMAKE_CURRENT_LIST_DIR}/test_data_check.sh ${train_binary})
 set_tests_properties(data_check PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
 # Divergence (host/divergence.h): the guard's rules; through the program, a blown-up run stops with a
-# non-zero exit and no checkpoint of non-finite parameters, and a NaN model file is refused.
+# non-zero exit and no checkpoint of non-finite parameters, a NaN model file is refused, and
+# --on-divergence rollback skips a diverged data window and finishes.
 add_test(test_divergence ${TEST_BIN}/test_divergence)
-if(NOT ASAN)  # five short runs of the program: ~10 s here, minutes under ASan (test_train_smoke covers its code there)
+if(NOT ASAN)  # eight runs of the program: ~30 s here, many minutes under ASan (test_train_smoke covers its code there)
   add_test(divergence_program ${CMAKE_CURRENT_LIST_DIR}/test_divergence.sh ${train_binary})
   set_tests_properties(divergence_program PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
 endif()
