@@ -19,6 +19,16 @@ python3 "$(dirname "$0")/make_shards.py" "$dir" 6 20000
 common=(-e tiny -b 2 -t 32 -v 0 -s 0 -n 2 -i "$dir/train_*.bin" -j "$dir/val_*.bin" -o "$dir/out")
 mkdir -p "$dir/out"
 
+# After a run of 4 steps whose step-4 checkpoint failed (WHY): no file of it is left, step 2's is
+# complete, and -y resumes there.
+step4_gone_step2_resumes() {
+    test -e "$dir/out/state_00000002.bin.done" || { echo "disk: the step-2 checkpoint is missing ($1)"; exit 1; }
+    leftovers=$(cd "$dir/out" && ls *00000004* 2>/dev/null || true)
+    test -z "$leftovers" || { echo "disk: the step-4 checkpoint left files ($1): $leftovers"; exit 1; }
+    "$bin" "${common[@]}" -x 3 -y > "$dir/resumed.log" 2>&1
+    grep -q "resumed at step 2" "$dir/resumed.log" || { echo "disk: -y did not resume at step 2"; cat "$dir/resumed.log"; exit 1; }
+}
+
 case $mode in
 write-error)
     # 20 MB per file: the model file (6.6 MB) fits, the state (40 MB) does not; SIGXFSZ ignored, so
@@ -43,11 +53,7 @@ no-space)
     cat "$dir/err"
     grep -q "step 4: checkpoint skipped: it needs [0-9]* bytes, '$dir/out' has [0-9]* free" "$dir/err" ||
         { echo "disk: no warning naming the size and the free space"; exit 1; }
-    test -e "$dir/out/state_00000002.bin.done" || { echo "disk: the step-2 checkpoint is missing"; exit 1; }
-    leftovers=$(cd "$dir/out" && ls *00000004* 2>/dev/null || true)
-    test -z "$leftovers" || { echo "disk: the skipped checkpoint left files: $leftovers"; exit 1; }
-    "$bin" "${common[@]}" -x 3 -y > "$dir/resumed.log" 2>&1
-    grep -q "resumed at step 2" "$dir/resumed.log" || { echo "disk: -y did not resume at step 2"; cat "$dir/resumed.log"; exit 1; }
+    step4_gone_step2_resumes "it did not fit"
     echo "disk: a checkpoint that does not fit was skipped before writing; -y resumed from the previous one"
     ;;
 silent-corruption)
@@ -91,11 +97,7 @@ C
     cat "$dir/err"
     grep -q "step 4: checkpoint not written: read_state_range: .*CRC-32C .*(corrupt file)" "$dir/err" ||
         { echo "disk: the corrupted state was not caught by the read-back"; exit 1; }
-    test -e "$dir/out/state_00000002.bin.done" || { echo "disk: --keep-last retired step 2 for a corrupt step 4"; exit 1; }
-    leftovers=$(cd "$dir/out" && ls *00000004* 2>/dev/null || true)
-    test -z "$leftovers" || { echo "disk: the corrupt checkpoint left files: $leftovers"; exit 1; }
-    "$bin" "${common[@]}" -x 3 -y > "$dir/resumed.log" 2>&1
-    grep -q "resumed at step 2" "$dir/resumed.log" || { echo "disk: -y did not resume at step 2"; cat "$dir/resumed.log"; exit 1; }
+    step4_gone_step2_resumes "its read-back failed: --keep-last 1 must not retire step 2 for it"
     # Without the corruption, --keep-last 1 keeps step 4 alone (the read-back passes).
     rm -rf "$dir/out"/*
     "$bin" "${common[@]}" -x 4 --keep-last 1 > /dev/null 2>&1
