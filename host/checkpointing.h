@@ -162,6 +162,7 @@ inline int64_t resume_checkpoint(const CheckpointedTraining& t, const RunConfig&
     const ShardLayout& sh = t.optimizer.shard;
     const size_t begin = sh.optimizer_begin(), count = sh.optimizer_real_size();
     for (int64_t step : steps) {
+        t.progress("reading a checkpoint", step);  // a rollback reads one with the watchdog running
         const std::string state_path = state_checkpoint_path(rc.output_dir, step);
         const TrainingState st = read_state_header(state_path);
         const ResumedRun resumed = check_resume(state_path, st.meta_json, rc, run->tokens_per_step);
