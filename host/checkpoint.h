@@ -674,10 +674,12 @@ inline std::string checkpoint_problem(const std::string& out_dir, int64_t step) 
 // The steps, newest first, whose state has its marker and a valid header and length, and whose model
 // file exists with a valid header and length; incomplete ones are skipped with a warning on stderr.
 // (Contents are verified against their checksums when read: read_model_parameters, read_state_range.)
-inline std::vector<int64_t> complete_checkpoints(const std::string& out_dir) {
+// At most `at_most` of them: the newest are found without reading the older ones.
+inline std::vector<int64_t> complete_checkpoints(const std::string& out_dir, size_t at_most = SIZE_MAX) {
     using namespace checkpoint_internal;
     std::vector<int64_t> complete;
     for (int64_t step : checkpoint_steps("complete_checkpoints", out_dir)) {
+        if (complete.size() == at_most) break;
         const std::string problem = checkpoint_problem(out_dir, step);
         if (problem.empty()) complete.push_back(step);
         else std::fprintf(stderr, "warning: complete_checkpoints: skipping step %" PRId64 ": %s\n", step, problem.c_str());
@@ -687,7 +689,7 @@ inline std::vector<int64_t> complete_checkpoints(const std::string& out_dir) {
 
 // The highest complete step (complete_checkpoints), if any.
 inline std::optional<int64_t> latest_complete_checkpoint(const std::string& out_dir) {
-    const std::vector<int64_t> complete = complete_checkpoints(out_dir);
+    const std::vector<int64_t> complete = complete_checkpoints(out_dir, 1);
     if (complete.empty()) return std::nullopt;
     return complete.front();
 }
