@@ -22,6 +22,7 @@
 #include "host/dataloader.h"
 #include "host/divergence.h"
 #include "host/evaluation.h"
+#include "host/generation.h"
 #include "host/device_memory.h"
 #include "host/memory_plan.h"
 #include "host/metrics.h"
@@ -34,6 +35,7 @@
 #include "host/watchdog.h"
 #include "kernels/adamw.cuh"
 #include "kernels/attention.cuh"
+#include "kernels/attention_decode.cuh"
 #include "kernels/attention_tc.cuh"
 #include "kernels/classifier.cuh"
 #include "kernels/common.cuh"
@@ -217,6 +219,11 @@ struct GPT2 {
     int valid_targets = 0;         // targets != -1 in it
     cudaStream_t stream = nullptr;
     Matmul matmul;  // the cuBLASLt handle and workspace of this model's matmuls
+    // Inference models (ModelOptions::inference): layer l's cached keys and values are (max_tokens, C)
+    // at kv_keys/kv_values + l * max_tokens * C (kernels/attention_decode.cuh); positions [0, kv_length) are set.
+    floatX* kv_keys = nullptr;
+    floatX* kv_values = nullptr;
+    int kv_length = 0;
 };
 
 // Copies between the host and the model's device buffers on the model's stream, then waits for it.
@@ -244,7 +251,8 @@ inline MemoryPlan gpt2_memory_plan(const GPT2Config& c, int B, int T, const Shar
 
     size_t layer = 0, global = 0;  // parameters of one block, and of the global tensors
     for (int i = 0; i < kNumParameterTensors; ++i) (is_layer_tensor(i) ? layer : global) += sizes[i];
-    plan_sharded_buffers(plan, shard, layer / L, global);
+    if (options.inference) plan.add("params", "params", shard.padded_size * X);
+    else plan_sharded_buffers(plan, shard, layer / L, global);
 
     // Forward activations kept for the backward pass: the table's rows, each for its kept copies.
     const size_t Vp = c.padded_vocab_size;
@@ -255,6 +263,12 @@ inline MemoryPlan gpt2_memory_plan(const GPT2Config& c, int B, int T, const Shar
     GPT2_LAYER_ACTIVATIONS(GPT2_PLAN_ACTIVATION)
 #undef GPT2_PLAN_ACTIVATION
 
+    if (options.inference) {  // generation: the keys and values of every layer, for BT positions
+        plan.add("kv_cache", "activations", 2 * L * BT * C * X);
+        plan.add("inputs", "workspace", BT * I);
+        plan.add("matmul_workspace", "workspace", kMatmulWorkspaceBytes);
+        return plan;
+    }
     // Backward buffers, scratch of the deterministic reductions, inputs, the cuBLASLt workspace.
     plan.add("dresidual", "workspace", BT * C * X);
     plan.add("dbuf_c", "workspace", BT * C * X);
@@ -332,11 +346,29 @@ inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int 
     const PlannedMemory& m = model.memory;
 
     model.params_memory = m.get<floatX>("params");
-    model.grads_memory = m.get<floatX>("grads");
     // On the model's stream (see copy_and_wait): its kernels must see the zeros.
     CUDA_CHECK(cudaMemsetAsync(model.params_memory, 0, model.plan.bytes_of("params"), model.stream));  // padding stays zero
-    CUDA_CHECK(cudaMemsetAsync(model.grads_memory, 0, model.plan.bytes_of("grads"), model.stream));
     point_parameters(&model.params, model.params_memory, model.param_sizes);
+    model.inputs = m.get<int>("inputs");
+    model.max_batch = B;
+    model.max_tokens = T;
+    model.matmul = matmul_create(m.get<void>("matmul_workspace"));
+    ActivationTensors& a = model.acts;
+#define GPT2_BIND_ACTIVATION(name, type, elements, keep) \
+    a.name = kept_copies(keep, config.num_layers, recompute) > 0 ? m.get<type>(#name) : nullptr;
+    GPT2_STEP_ACTIVATIONS(GPT2_BIND_ACTIVATION)
+    GPT2_LAYER_ACTIVATIONS(GPT2_BIND_ACTIVATION)
+#undef GPT2_BIND_ACTIVATION
+    if (recompute != Recompute::none) a.ln2 = a.ln1;  // Keep::shares_ln1
+    if (options.inference) {
+        model.kv_keys = m.get<floatX>("kv_cache");
+        model.kv_values = model.kv_keys + size_t(config.num_layers) * B * T * config.channels;
+        model.kv_length = 0;
+        return;
+    }
+
+    model.grads_memory = m.get<floatX>("grads");
+    CUDA_CHECK(cudaMemsetAsync(model.grads_memory, 0, model.plan.bytes_of("grads"), model.stream));
     if (zero_stage == 2) {
         model.layer_grad_buffers[0] = m.get<floatX>("grad_layer_buffer_0");
         model.layer_grad_buffers[1] = m.get<floatX>("grad_layer_buffer_1");
@@ -356,25 +388,13 @@ inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int 
         label_gradient_slices(model);
     }
 
-    ActivationTensors& a = model.acts;
-#define GPT2_BIND_ACTIVATION(name, type, elements, keep) \
-    a.name = kept_copies(keep, config.num_layers, recompute) > 0 ? m.get<type>(#name) : nullptr;
-    GPT2_STEP_ACTIVATIONS(GPT2_BIND_ACTIVATION)
-    GPT2_LAYER_ACTIVATIONS(GPT2_BIND_ACTIVATION)
-#undef GPT2_BIND_ACTIVATION
-    if (recompute != Recompute::none) a.ln2 = a.ln1;  // Keep::shares_ln1
-
     BackwardBuffers& b = model.bwd;
     b.dresidual = m.get<floatX>("dresidual");
     b.dbuf_c = m.get<floatX>("dbuf_c");
     b.dbuf_4c = m.get<floatX>("dbuf_4c");
     b.scratch = m.get<float>("scratch");
     b.encoder_scratch = m.get<int>("encoder_scratch");
-    model.inputs = m.get<int>("inputs");
     model.targets = m.get<int>("targets");
-    model.max_batch = B;
-    model.max_tokens = T;
-    model.matmul = matmul_create(m.get<void>("matmul_workspace"));
 }
 
 inline void gpt2_free(GPT2& model) {
@@ -427,24 +447,61 @@ inline LayerActivations layer_activations(const GPT2& model, int l) {
     return r;
 }
 
+// The causal self-attention of B x T tokens: x.atty and x.att_lse from x.qkv, by the kernels
+// model.options.attention names.
+inline void causal_attention_forward(GPT2& model, const LayerActivations& x) {
+    const int B = model.B, T = model.T, C = model.config.channels, NH = model.config.num_heads;
+    if (model.options.attention == Attention::tc) attention_tc_forward(x.atty, x.att_lse, x.qkv, B, T, C, NH, model.stream);
+    else attention_forward(x.atty, x.att_lse, x.qkv, B, T, C, NH, model.stream);
+}
+
 // Block l's forward from ln1 (already computed: by the previous block's fused residual + LayerNorm,
-// or by recomputation) up to the MLP's hidden layer: everything its backward pass reads.
-inline void block_forward_to_mlp(GPT2& model, int l, const LayerActivations& x) {
+// or by recomputation) up to the MLP's hidden layer: everything its backward pass reads. `attend(x)`
+// writes x.atty from x.qkv: the causal attention, or in generation the attention over the cache.
+template <typename Attend> inline void block_forward_to_mlp(GPT2& model, int l, const LayerActivations& x, Attend&& attend) {
     const GPT2Config& cfg = model.config;
-    const int B = model.B, T = model.T, BT = B * T, C = cfg.channels, NH = cfg.num_heads;
+    const int BT = model.B * model.T, C = cfg.channels;
     const LayerTensors w = layer_view(model.params, cfg, l);
     floatX* branch = model.acts.branch;
     cudaStream_t stream = model.stream;
     const Matmul& mm = model.matmul;
     // Attention branch: x + attproj(attention(ln1(x)))
     matmul_forward(mm, x.qkv, x.ln1, w.qkvw, w.qkvb, BT, C, 3 * C, stream);
-    if (model.options.attention == Attention::tc) attention_tc_forward(x.atty, x.att_lse, x.qkv, B, T, C, NH, stream);
-    else attention_forward(x.atty, x.att_lse, x.qkv, B, T, C, NH, stream);
+    attend(x);
     matmul_forward(mm, branch, x.atty, w.attprojw, w.attprojb, BT, C, C, stream);
     fused_residual_layernorm_forward(x.residual2, x.ln2, x.ln2_mean, x.ln2_rstd, x.input, branch, w.ln2w, w.ln2b, BT, C,
                                      stream);
     // MLP's first half: gelu(fc(ln2(x))), GELU fused into the matmul's epilogue (fch keeps its input)
     matmul_forward(mm, x.fch_gelu, x.ln2, w.fcw, w.fcb, BT, C, 4 * C, stream, x.fch);
+}
+inline void block_forward_to_mlp(GPT2& model, int l, const LayerActivations& x) {
+    block_forward_to_mlp(model, l, x, [&model](const LayerActivations& y) { causal_attention_forward(model, y); });
+}
+
+// The L blocks, from layer 0's ln1 (computed) to the final LayerNorm lnf; `attend(l, x)` is layer l's
+// attention (see block_forward_to_mlp).
+template <typename Attend> inline void gpt2_blocks_forward(GPT2& model, Attend&& attend) {
+    const GPT2Config& cfg = model.config;
+    const int L = cfg.num_layers, C = cfg.channels, BT = model.B * model.T;
+    const ParameterTensors& p = model.params;
+    ActivationTensors& a = model.acts;
+    for (int l = 0; l < L; ++l) {
+        const LayerTensors w = layer_view(p, cfg, l);
+        const LayerActivations x = layer_activations(model, l);
+        block_forward_to_mlp(model, l, x, [&](const LayerActivations& y) { attend(l, y); });
+        // MLP branch's second half: x + fcproj(fch_gelu)
+        matmul_forward(model.matmul, a.branch, x.fch_gelu, w.fcprojw, w.fcprojb, BT, 4 * C, C, model.stream);
+        // The residual add, fused with the next LayerNorm: the next layer's ln1, or the final one
+        if (l + 1 < L) {
+            const LayerTensors next_w = layer_view(p, cfg, l + 1);
+            const LayerActivations next = layer_activations(model, l + 1);
+            fused_residual_layernorm_forward(x.residual3, next.ln1, next.ln1_mean, next.ln1_rstd, x.residual2, a.branch,
+                                             next_w.ln1w, next_w.ln1b, BT, C, model.stream);
+        } else {
+            fused_residual_layernorm_forward(x.residual3, a.lnf, a.lnf_mean, a.lnf_rstd, x.residual2, a.branch, p.lnfw,
+                                             p.lnfb, BT, C, model.stream);
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -460,8 +517,9 @@ inline double gpt2_forward(GPT2& model, const int* inputs_host, const int* targe
     if (B < 1 || B > model.max_batch || T < 1 || T > model.max_tokens)
         fail("B = " + std::to_string(B) + ", T = " + std::to_string(T) + " exceed the allocated " +
              std::to_string(model.max_batch) + " x " + std::to_string(model.max_tokens));
+    if (targets_host && !model.targets) fail("an inference model (ModelOptions::inference) computes no losses");
     const GPT2Config& cfg = model.config;
-    const int L = cfg.num_layers, C = cfg.channels, V = cfg.vocab_size, Vp = cfg.padded_vocab_size;
+    const int C = cfg.channels, V = cfg.vocab_size, Vp = cfg.padded_vocab_size;
     const int BT = B * T;
     for (int i = 0; i < BT; ++i) {
         if (inputs_host[i] < 0 || inputs_host[i] >= V)
@@ -488,23 +546,7 @@ inline double gpt2_forward(GPT2& model, const int* inputs_host, const int* targe
     const LayerActivations first = layer_activations(model, 0);
     layernorm_forward(first.ln1, first.ln1_mean, first.ln1_rstd, a.encoded, p.ln1w, p.ln1b, BT, C, stream);
 
-    for (int l = 0; l < L; ++l) {
-        const LayerTensors w = layer_view(p, cfg, l);
-        const LayerActivations x = layer_activations(model, l);
-        block_forward_to_mlp(model, l, x);
-        // MLP branch's second half: x + fcproj(fch_gelu)
-        matmul_forward(mm, a.branch, x.fch_gelu, w.fcprojw, w.fcprojb, BT, 4 * C, C, stream);
-        // The residual add, fused with the next LayerNorm: the next layer's ln1, or the final one
-        if (l + 1 < L) {
-            const LayerTensors next_w = layer_view(p, cfg, l + 1);
-            const LayerActivations next = layer_activations(model, l + 1);
-            fused_residual_layernorm_forward(x.residual3, next.ln1, next.ln1_mean, next.ln1_rstd, x.residual2, a.branch,
-                                             next_w.ln1w, next_w.ln1b, BT, C, stream);
-        } else {
-            fused_residual_layernorm_forward(x.residual3, a.lnf, a.lnf_mean, a.lnf_rstd, x.residual2, a.branch, p.lnfw,
-                                             p.lnfb, BT, C, stream);
-        }
-    }
+    gpt2_blocks_forward(model, [&model](int, const LayerActivations& x) { causal_attention_forward(model, x); });
 
     // Tied output head: logits = lnf @ wte^T over the padded vocabulary.
     matmul_forward(mm, a.logits, a.lnf, p.wte, nullptr, BT, C, Vp, stream);
@@ -523,6 +565,49 @@ inline double gpt2_forward(GPT2& model, const int* inputs_host, const int* targe
     model.loss_sum = sum;
     model.valid_targets = valid;
     return sum;
+}
+
+// Generation with a key/value cache (an inference model): the forward pass of n new tokens of one
+// sequence at positions [kv_length, kv_length + n), each attending to every position before it and
+// itself; their keys and values join the cache. Returns the logits over the real vocabulary at the
+// last new position. The first call (the prompt) runs the causal flash attention over its n tokens;
+// each later call one token, whose query attends over the cache (kernels/attention_decode.cuh).
+inline std::vector<float> gpt2_forward_cached(GPT2& model, const int* tokens, int n) {
+    const auto fail = [](const std::string& what) { throw TrainGptError("gpt2_forward_cached: " + what); };
+    const GPT2Config& cfg = model.config;
+    const int C = cfg.channels, NH = cfg.num_heads, V = cfg.vocab_size, Vp = cfg.padded_vocab_size, pos = model.kv_length;
+    if (!model.options.inference || model.max_batch != 1) fail("needs an inference model built for B = 1");
+    if (n < 1 || (pos > 0 && n != 1) || pos + n > model.max_tokens)
+        fail(std::to_string(n) + " new tokens after " + std::to_string(pos) + " cached: a prompt first, then one at a time, " +
+             std::to_string(model.max_tokens) + " positions in all");
+    for (int i = 0; i < n; ++i)
+        if (tokens[i] < 0 || tokens[i] >= V)
+            fail("token " + std::to_string(tokens[i]) + " is outside the vocabulary [0, " + std::to_string(V) + ")");
+    model.B = 1;
+    model.T = n;
+    cudaStream_t stream = model.stream;
+    const ParameterTensors& p = model.params;
+    ActivationTensors& a = model.acts;
+    CUDA_CHECK(cudaMemcpyAsync(model.inputs, tokens, n * sizeof(int), cudaMemcpyHostToDevice, stream));
+    // Positions pos, pos + 1, ...: the embedding table from row pos on.
+    encoder_forward(a.encoded, model.inputs, p.wte, p.wpe + size_t(pos) * C, 1, n, C, stream);
+    const LayerActivations first = layer_activations(model, 0);
+    layernorm_forward(first.ln1, first.ln1_mean, first.ln1_rstd, a.encoded, p.ln1w, p.ln1b, n, C, stream);
+    gpt2_blocks_forward(model, [&](int l, const LayerActivations& x) {
+        const size_t layer = size_t(l) * model.max_tokens * C;
+        floatX *keys = model.kv_keys + layer, *values = model.kv_values + layer;
+        kv_cache_append(keys, values, x.qkv, pos, n, C, stream);
+        if (pos == 0) causal_attention_forward(model, x);
+        else attention_decode(x.atty, x.qkv, keys, values, pos + 1, C, NH, stream);
+    });
+    model.kv_length = pos + n;
+    // The tied head for the last position only: the next token's logits.
+    matmul_forward(model.matmul, a.logits, a.lnf + size_t(n - 1) * C, p.wte, nullptr, 1, C, Vp, stream);
+    std::vector<floatX> row(Vp);
+    copy_and_wait(model, row.data(), a.logits, Vp * sizeof(floatX), cudaMemcpyDeviceToHost);
+    std::vector<float> logits(V);
+    for (int v = 0; v < V; ++v) logits[v] = to_float(row[v]);
+    return logits;
 }
 
 // Clears the step's accumulated gradients (all of them, or this rank's shard under ZeRO-2).
@@ -887,6 +972,72 @@ inline int64_t start_training(Trainer& tr, const RunConfig& rc, const RunPlan& p
     return step;
 }
 
+// ---------------------------------------------------------------------------------------------
+// --generate: text from a model file, a run's newest complete checkpoint, or a preset (its seeded
+// initialization), one sequence on one rank; no training data, gradients or optimizer state.
+
+// -e names a model file or preset, or a run directory: then its newest complete checkpoint's model.
+inline std::string generation_model(const std::string& model) {
+    if (!std::filesystem::is_directory(model)) return model;
+    const std::optional<int64_t> step = latest_complete_checkpoint(model);
+    if (!step) throw std::runtime_error("-e/--model '" + model + "': a directory that holds no complete checkpoint");
+    return model_checkpoint_path(model, *step);
+}
+
+inline int generate(const RunConfig& rc, const Distributed& dist) {
+    if (dist.world_size != 1)
+        throw std::runtime_error("--generate runs one sequence on one rank, not " + std::to_string(dist.world_size));
+    std::string checkpoint;
+    const GPT2Config config = model_config_of(generation_model(rc.model), rc.seq_len, &checkpoint);
+    const std::optional<Tokenizer> tokenizer = tokenizer_beside(rc.train_data);
+    const int eot = tokenizer ? tokenizer->eot_token() : int(Tokenizer::kGpt2Eot), context = config.max_seq_len;
+    std::vector<int> prompt = {eot};  // as every document of the training data begins
+    if (!rc.prompt_ids.empty()) prompt = parse_token_ids(rc.prompt_ids, config.vocab_size);
+    if (!rc.prompt.empty())
+        for (int id : encode_prompt(rc.prompt, config.vocab_size)) prompt.push_back(id);
+    if (int(prompt.size()) >= context)
+        throw std::runtime_error("--generate: the prompt's " + std::to_string(prompt.size()) +
+                                 " tokens leave no room in the model's context of " + std::to_string(context));
+    const int count = std::min(rc.max_tokens, context - int(prompt.size()));
+    if (count < rc.max_tokens)
+        std::fprintf(stderr, "note: at most %d tokens, not --max-tokens %d: the model's context ends at %d positions\n", count,
+                     rc.max_tokens, context);
+
+    // Forward passes only: one layer's activations at a time (Recompute::full's buffers) and the cache.
+    GPT2 model;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&model.stream, cudaStreamNonBlocking));
+    const ModelOptions options{Recompute::full, attention_of(rc.attention, kEmulatedDevice), true};
+    gpt2_build(model, config, 1, int(prompt.size()) + count, 0, 1, 0, options);
+    if (checkpoint.empty()) gpt2_init_weights(model, uint64_t(rc.seed));
+    else load_model_parameters(model, checkpoint);
+
+    const bool cached = rc.kv_cache == "on";
+    const NextTokenLogits next = [&](const std::vector<int>& tokens, int fresh) {
+        return cached ? gpt2_forward_cached(model, tokens.data() + tokens.size() - fresh, fresh)
+                      : next_token_logits(model, tokens.data(), int(tokens.size()));
+    };
+    if (tokenizer) std::printf("%s", tokenizer->decode(std::vector<int>(prompt.begin() + (prompt[0] == eot), prompt.end())).c_str());
+    Rng rng = sampling_rng(rc.seed);
+    const auto start = std::chrono::steady_clock::now();
+    double first = 0;
+    const std::vector<int> generated = generate_tokens(next, prompt, count, eot, sampling_settings_of(rc), rng, [&](int token) {
+        if (first == 0) first = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        if (tokenizer) std::printf("%s", token == eot ? "" : tokenizer->decode(token).c_str());
+        else std::printf("%d ", token);
+        std::fflush(stdout);
+    });
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("\n");
+    std::fprintf(stderr, "generate: %zu prompt tokens, %zu generated%s in %.2f s: the first after %.3f s, then %.1f tokens/s "
+                 "(kv cache %s, %s, attention %s)\n", prompt.size(), generated.size(),
+                 generated.back() == eot ? " (the last an end-of-text)" : "", seconds, first,
+                 generated.size() > 1 ? double(generated.size() - 1) / (seconds - first) : 0.0, rc.kv_cache.c_str(),
+                 kPrecisionName, attention_name(options.attention));
+    gpt2_free(model);
+    CUDA_CHECK(cudaStreamDestroy(model.stream));
+    return 0;
+}
+
 // The whole run: plan, data, model, then steps, each followed by evaluation, checkpoint and a check
 // for preemption. Returns the exit status.
 inline int run(const RunConfig& rc, Distributed& dist) {
@@ -981,7 +1132,7 @@ int main(int argc, char** argv) {
             return EXIT_SUCCESS;
         }
         Distributed dist = distributed_init(&argc, &argv);
-        const int status = run(rc, dist);
+        const int status = rc.generate ? generate(rc, dist) : run(rc, dist);
         distributed_finalize(dist);
         return status;
     } catch (const std::exception& e) {

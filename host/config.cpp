@@ -98,9 +98,25 @@ inline const std::vector<Option>& options() {
         {"Evaluation and sampling", 's', "sample-every", &R::sample_every, "generate a sample every N steps; 0 = never"},
         {"Evaluation and sampling", 'g', "gen-tokens", &R::gen_tokens,
          "tokens per sample, at most -t - 1 (a sample fits one context window; more is clipped with a note)"},
-        {"Evaluation and sampling", 0, "temperature", &R::temperature, "sampling temperature"},
+        {"Evaluation and sampling", 0, "temperature", &R::temperature, "sampling temperature; 0 = greedy (the most likely token)"},
         {"Evaluation and sampling", 0, "top-k", &R::top_k, "sample from the k most likely tokens; 0 = all"},
+        {"Evaluation and sampling", 0, "top-p", &R::top_p,
+         "sample from the fewest most likely tokens whose probabilities add up to p (nucleus); 1 = all"},
         {"Evaluation and sampling", 'h', "hellaswag", &R::hellaswag, "HellaSwag eval file; empty = off", "PATH"},
+        {"Generation", 0, "generate", &R::generate,
+         "generate text from -e (a model file, the newest complete checkpoint of a run directory, or a preset) "
+         "instead of training; needs no training data. Prints the text (token ids without a tokenizer.bin beside "
+         "-i's shards), then tokens/s"},
+        {"Generation", 0, "prompt", &R::prompt,
+         "text to continue, after an end-of-text token (GPT-2 BPE through data/encode.py: needs python3 and tiktoken); "
+         "empty = start from an end-of-text token", "TEXT"},
+        {"Generation", 0, "prompt-ids", &R::prompt_ids, "token ids to continue, used as they are", "ID,ID,..."},
+        {"Generation", 0, "max-tokens", &R::max_tokens,
+         "tokens to generate; fewer at an end-of-text token, or where the model's context ends (with a note)"},
+        {"Generation", 0, "kv-cache", &R::kv_cache,
+         "on: cache keys and values, one forward pass of one token per new token; off: a forward pass over "
+         "every token so far per new token (the same tokens; for checking and comparing)",
+         nullptr, {"on", "off"}},
         {"Run control", 0, "dry-run", &R::dry_run, "print the resolved config and memory plan, then exit"},
         {"Run control", 0, "json", &R::json, "with --dry-run: print it as JSON"},
         {"Run control", 0, "profile-step", &R::profile_step, "time one step in detail, then exit"},
@@ -262,7 +278,9 @@ inline void validate(const RunConfig& c) {
     check(c.val_batches > 0, "val-batches", c.val_batches, "must be > 0");
     check(c.sample_every >= 0, "sample-every", c.sample_every, "must be >= 0");
     check(c.gen_tokens > 0, "gen-tokens", c.gen_tokens, "must be > 0");
-    check(c.temperature > 0, "temperature", c.temperature, "must be > 0");
+    check(c.temperature >= 0, "temperature", c.temperature, "must be >= 0");
+    check(c.top_p > 0 && c.top_p <= 1, "top-p", c.top_p, "must be in (0, 1]");
+    check(c.max_tokens > 0, "max-tokens", c.max_tokens, "must be > 0");
     check(c.top_k >= 0, "top-k", c.top_k, "must be >= 0");
     check(c.log_every > 0, "log-every", c.log_every, "must be > 0");
     check(c.collective_timeout >= 0, "collective-timeout", c.collective_timeout, "must be >= 0");
@@ -276,6 +294,17 @@ inline void validate(const RunConfig& c) {
     require(!c.resume || !c.output_dir.empty(), flag("resume") + " needs " + flag("output-dir") + " (where checkpoints are)");
     require(!c.overwrite || !c.resume, flag("overwrite") + " starts a fresh run: it cannot go with " + flag("resume"));
     require(!c.overwrite || !c.output_dir.empty(), flag("overwrite") + " needs " + flag("output-dir"));
+    const RunConfig defaults;  // generation's settings changed without --generate: a mistake, not a no-op
+    const std::pair<const char*, bool> generation_settings[] = {{"prompt", !c.prompt.empty()},
+                                                                {"prompt-ids", !c.prompt_ids.empty()},
+                                                                {"max-tokens", c.max_tokens != defaults.max_tokens},
+                                                                {"kv-cache", c.kv_cache != defaults.kv_cache}};
+    for (const auto& [name, changed] : generation_settings)
+        require(c.generate || !changed, flag(name) + " needs " + flag("generate"));
+    require(c.prompt.empty() || c.prompt_ids.empty(), flag("prompt") + " and " + flag("prompt-ids") + " cannot go together");
+    require(!c.generate || (!c.resume && !c.dry_run && !c.profile_step && c.output_dir.empty()),
+            flag("generate") + " trains nothing: it cannot go with " + flag("resume") + ", " + flag("dry-run") + ", " +
+                flag("profile-step") + " or " + flag("output-dir"));
     require(c.resume_override.empty() || c.resume, flag("resume-override") + " needs " + flag("resume"));
     for (const std::string& key : split_list(c.resume_override)) {
         bool known = false;

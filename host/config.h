@@ -67,9 +67,16 @@ struct RunConfig {
     int val_batches = 20;
     int64_t sample_every = 20;  // 0 = never
     int gen_tokens = 64;
-    double temperature = 1.0;
+    double temperature = 1.0;  // 0 = greedy (the most likely token)
     int top_k = 0;  // 0 = off
     std::string hellaswag;  // path; "" = off
+    // generation (--generate: train_gpt.cu's generate(), host/generation.h)
+    bool generate = false;
+    std::string prompt;      // text, GPT-2 BPE-encoded by data/encode.py
+    std::string prompt_ids;  // token ids "id,id,...", used as they are
+    int max_tokens = 256;    // tokens to generate at most (fewer at an end-of-text token)
+    double top_p = 1.0;      // nucleus sampling; 1 = off
+    std::string kv_cache = "on";
     // run control
     bool dry_run = false;
     bool json = false;  // --dry-run output as JSON

@@ -14,6 +14,7 @@
 
 #include "host/config.h"
 #include "host/dataloader.h"
+#include "host/generation.h"
 #include "host/hellaswag.h"
 #include "host/metrics.h"
 #include "host/rng.h"
@@ -48,26 +49,16 @@ inline HellaSwagResult hellaswag_all_ranks(const HellaSwagSet& set, int B, int T
     return r;
 }
 
-// The next token from one position's logits (the real vocabulary): divide by the temperature, keep
-// the top_k largest (0: all), then draw from their softmax with `rng`.
-inline int sample_from_logits(const std::vector<float>& logits, float temperature, int top_k, Rng& rng) {
-    const int V = int(logits.size());
-    std::vector<std::pair<float, int>> scored(V);
-    for (int v = 0; v < V; ++v) scored[v] = {logits[v] / std::max(temperature, 1e-6f), v};
-    if (top_k > 0 && top_k < V) {
-        std::partial_sort(scored.begin(), scored.begin() + top_k, scored.end(), std::greater<>());
-        scored.resize(top_k);
-    }
-    float max_logit = -INFINITY;
-    for (auto& [logit, v] : scored) max_logit = std::max(max_logit, logit);
-    double total = 0;
-    for (auto& [logit, v] : scored) total += std::exp(double(logit - max_logit));
-    double draw = rng.uniform() * total;
-    for (auto& [logit, v] : scored) {
-        draw -= std::exp(double(logit - max_logit));
-        if (draw <= 0) return v;
-    }
-    return scored.back().second;
+// The tokenizer.bin beside the training shards (data/prepare.py writes it there), if there is one.
+inline std::optional<Tokenizer> tokenizer_beside(const std::string& train_data) {
+    const std::string path = (std::filesystem::path(train_data).parent_path() / "tokenizer.bin").string();
+    if (!std::filesystem::exists(path)) return std::nullopt;
+    return Tokenizer(path);
+}
+
+// The sampling settings of the flags.
+inline SamplingSettings sampling_settings_of(const RunConfig& rc) {
+    return {float(rc.temperature), rc.top_k, float(rc.top_p)};
 }
 
 // What a run evaluates with: the validation loader (--val-every > 0), the HellaSwag set, the tokenizer
@@ -96,9 +87,8 @@ inline Evaluation evaluation_of(const RunConfig& rc, const Distributed& d, int v
         e.val->check_tokens(vocab_size);
     }
     if (!rc.hellaswag.empty()) e.hellaswag = read_hellaswag(rc.hellaswag, vocab_size);
-    const std::string tokenizer_path = (std::filesystem::path(rc.train_data).parent_path() / "tokenizer.bin").string();
-    if (std::filesystem::exists(tokenizer_path)) e.tokenizer.emplace(tokenizer_path);
-    e.sample_rng = Rng(uint64_t(rc.seed) ^ 0x5A4D504C45ull);
+    e.tokenizer = tokenizer_beside(rc.train_data);
+    e.sample_rng = sampling_rng(rc.seed);
     return e;
 }
 
@@ -114,13 +104,13 @@ struct EvaluatedModel {
 
 // `count` tokens generated after an end-of-text token `eot`, each drawn from the logits at the last
 // position of a window of at most max_tokens (sample_from_logits).
-inline std::vector<int> sample_tokens(const EvaluatedModel& model, int eot, int count, float temperature, int top_k,
+inline std::vector<int> sample_tokens(const EvaluatedModel& model, int eot, int count, const SamplingSettings& settings,
                                       Rng& rng) {
     std::vector<int> tokens = {eot};
     for (int i = 0; i < count; ++i) {
         const int window = std::min<int>(int(tokens.size()), model.max_tokens);
         const std::vector<float> logits = model.next_token_logits(tokens.data() + tokens.size() - window, window);
-        tokens.push_back(sample_from_logits(logits, temperature, top_k, rng));
+        tokens.push_back(sample_from_logits(logits, settings, rng));
     }
     return std::vector<int>(tokens.begin() + 1, tokens.end());
 }
@@ -139,8 +129,8 @@ inline void evaluate_when_due(const RunConfig& rc, Evaluation& e, const Evaluate
     }
     if (rc.sample_every > 0 && (done % rc.sample_every == 0 || last) && d.rank == 0) {
         const std::vector<int> tokens = sample_tokens(model, e.tokenizer ? e.tokenizer->eot_token() : 50256,
-                                                      std::min(rc.gen_tokens, rc.seq_len - 1), float(rc.temperature),
-                                                      rc.top_k, e.sample_rng);
+                                                      std::min(rc.gen_tokens, rc.seq_len - 1), sampling_settings_of(rc),
+                                                      e.sample_rng);
         std::string text;
         if (e.tokenizer) text = e.tokenizer->decode(tokens);
         else for (int t : tokens) text += std::to_string(t) + " ";

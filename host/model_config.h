@@ -167,4 +167,7 @@ inline const Attention kDefaultAttention = attention_of(RunConfig{}.attention, f
 struct ModelOptions {
     Recompute recompute = Recompute::none;
     Attention attention = kDefaultAttention;
+    // A model that only runs forward passes (--generate): no gradients, optimizer state or backward
+    // buffers, and a key/value cache for one sequence of up to the build's B x T positions.
+    bool inference = false;
 };

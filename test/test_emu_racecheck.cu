@@ -380,7 +380,7 @@ TEST_CASE("racecheck: sampling from the model's logits with a plain cudaMemcpy r
     CUDA_CHECK(cudaStreamSynchronize(model.stream));
     Rng rng(11);
     const EvaluatedModel sampler{{}, {}, [&](const int* t, int n) { return next_token_logits(model, t, n); }, T};
-    const std::vector<int> sampled = sample_tokens(sampler, 0, T - 1, 1.0f, 0, rng);
+    const std::vector<int> sampled = sample_tokens(sampler, 0, T - 1, SamplingSettings{}, rng);
     CHECK(sampled.size() == size_t(T - 1));
     CHECK(races.take().empty());
 

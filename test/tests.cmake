@@ -158,6 +158,12 @@ if(NOT ASAN)
   add_test(watchdog ${CMAKE_CURRENT_LIST_DIR}/test_watchdog.sh ${train_binary} "${mpirun_line}")
   set_tests_properties(watchdog PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
 endif()
+# --generate (train_gpt.cu's generate(), host/generation.h): the same tokens with and without the
+# key/value cache, text and id prompts, -e RUN_DIR, the context limit, the flag mistakes.
+if(NOT ASAN)  # ~12 short runs of the program: ~15 s here
+  add_test(generate ${CMAKE_CURRENT_LIST_DIR}/test_generate.sh ${train_binary})
+  set_tests_properties(generate PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
+endif()
 # Every token of the data below the vocabulary, checked before the first step (DataLoader::check_tokens).
 add_test(data_check ${CMAKE_CURRENT_LIST_DIR}/test_data_check.sh ${train_binary})
 set_tests_properties(data_check PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
