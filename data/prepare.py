@@ -392,7 +392,7 @@ def unit_documents(unit, text_field, txt_split, state):
             if not line.strip():
                 continue  # a blank line (say, a trailing one) holds no record
             try:
-                record = json.loads(line)
+                record = json.loads(line.rstrip(b"\r\n"))  # so that an error's column counts in this line
             except ValueError as e:  # JSONDecodeError, or UnicodeDecodeError for bytes that are not UTF-8
                 detail = f"{e.msg.removesuffix(' at')}, column {e.colno}" if isinstance(e, json.JSONDecodeError) else "not UTF-8"
                 raise InputError(f"{path}: line {line_number(path, offset)}: bad JSON ({detail})") from None
@@ -466,31 +466,44 @@ def tokenize_unit(unit):
 
 # ---- Output files ----
 
-def shard_bytes(body):
-    """A token shard: the header, then body (uint16 token ids in this machine's byte order)."""
+def shard_parts(body):
+    """A token shard as [header, body]: body (uint16 ids in this machine's byte order) is not copied
+    on a little-endian machine (a 100M-token shard is 200 MB)."""
     header = array.array("i", [0] * HEADER_WORDS)
     header[0], header[1], header[2] = DATA_MAGIC, DATA_VERSION, len(body) // 2
     if sys.byteorder == "big":  # the format is little-endian
         tokens = array.array("H", body)
         header.byteswap(), tokens.byteswap()
         body = tokens.tobytes()
-    return header.tobytes() + bytes(body)
+    return [header.tobytes(), body]
+
+
+def same_content(path, parts):
+    with open(path, "rb") as f:
+        for part in parts:
+            with memoryview(part) as view:
+                for start in range(0, len(view), 1 << 24):
+                    piece = view[start:start + (1 << 24)]
+                    if f.read(len(piece)) != piece:
+                        return False
+    return True
 
 
 def write_if_changed(path, content):
     """Atomic replace (temporary file, fsync, rename: a kill never leaves a truncated file under the
-    final name); an identical file is left untouched (idempotent runs keep mtimes)."""
+    final name); an identical file is left untouched (idempotent runs keep mtimes). content: bytes,
+    or a list of bytes-like parts."""
+    parts = content if isinstance(content, list) else [content]
     try:
-        if os.path.getsize(path) == len(content):
-            with open(path, "rb") as f:
-                if f.read() == content:
-                    return "unchanged"
+        if os.path.getsize(path) == sum(len(memoryview(p)) for p in parts) and same_content(path, parts):
+            return "unchanged"
     except FileNotFoundError:
         pass
     temporary = f"{path}.tmp{os.getpid()}"
     try:
         with open(temporary, "wb") as f:
-            f.write(content)
+            for part in parts:
+                f.write(part)
             f.flush()
             os.fsync(f.fileno())
         os.replace(temporary, path)
@@ -523,18 +536,25 @@ class Shards:
     def add(self, data):
         self.buffer += data
         size = 2 * self.run.shard_tokens
-        while len(self.buffer) >= size:
-            self.write(bytes(self.buffer[:size]))
-            del self.buffer[:size]
+        if len(self.buffer) < size:
+            return
+        start = 0
+        with memoryview(self.buffer) as view:  # shards straight from the buffer, uncopied
+            while len(self.buffer) - start >= size:
+                with view[start:start + size] as body:
+                    self.write(body)
+                start += size
+        del self.buffer[:start]
 
     def flush(self):
         if self.buffer:
-            self.write(bytes(self.buffer))
+            with memoryview(self.buffer) as body:
+                self.write(body)
             self.buffer.clear()
 
     def write(self, body):
         name = f"{self.split}_{len(self.counts):06d}.bin"
-        state = write_if_changed(os.path.join(self.run.out_dir, name), shard_bytes(body))
+        state = write_if_changed(os.path.join(self.run.out_dir, name), shard_parts(body))
         self.counts.append(len(body) // 2)
         self.written += len(body) // 2
         self.run.shard_written(name, len(body) // 2, state)
@@ -727,14 +747,14 @@ class Preparation:
         number of workers; at most IN_FLIGHT_PER_WORKER units per worker wait in memory."""
         todo = list(enumerate(self.units))[first:]
         options = (gpt2_ranks(self.token_bytes), self.text_field, self.txt_split)
-        if self.workers == 1 or len(todo) <= 1:
+        if self.workers == 1:
             init_worker(*options, in_pool=False)
             for index, unit in todo:
                 yield index, tokenize_unit(unit)
             return
         # spawn, not fork: a forked child of a process that has run pyarrow's threads can deadlock.
         context = multiprocessing.get_context("spawn")
-        with context.Pool(min(self.workers, len(todo)), initializer=init_worker, initargs=(*options, True)) as pool:
+        with context.Pool(self.workers, initializer=init_worker, initargs=(*options, True)) as pool:
             queue, pending = iter(todo), collections.deque()
 
             def submit():
@@ -883,6 +903,8 @@ class Preparation:
         self.cut, self.committed_documents, self.pending = state["cut"], state["committed_documents"], None
         self.committed = state["position"] if self.cut is None else None
         self.first_unit = state["unit"]
+        # No more processes than units left (one unit: this process tokenizes it, no pool to start).
+        self.workers = max(1, min(self.workers, len(self.units) - self.first_unit))
         self.starts, self.documents_before, self.empty_before = [], [], []
         done_weight = sum(unit[4] for unit in self.units[:self.first_unit])
         self.progress = Progress(sum(unit[4] for unit in self.units), done_weight)
@@ -934,6 +956,9 @@ class Preparation:
                    "train_shards": len(self.train.counts)}
         self.save_progress(complete=True, summary=summary)
         self.print_summary(summary)
+        if summary["val_tokens"] > summary["train_tokens"]:
+            print(f"prepare.py: note: validation holds most of the tokens (--val-tokens {self.val_tokens:,}); "
+                  f"a corpus this small wants a smaller --val-tokens")
         print(f"prepare.py: done in {time.time() - started:.1f} s; tokenized {session_tokens:,} tokens at "
               f"{session_tokens / max(tokenize_seconds, 1e-9):,.0f} tokens/s with {plural(self.workers, 'worker')}")
         return summary
@@ -979,6 +1004,9 @@ def main(argv=None):
     def interrupted(signum, frame):
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, interrupted)  # a kill cleans up like Ctrl-C: no temporary files left
+    # Output piped into head and the like: end quietly when it closes, as other tools do (no traceback);
+    # shards are replaced atomically, so the run resumes from there.
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     try:
         prepare(args.out, args.input, args.shard_tokens, args.val_tokens, args.workers, args.text_field,
                 args.txt_split, args.chunk_bytes)
