@@ -220,6 +220,8 @@ class PrepareTest(TempDirTest):
         mtimes = {n: os.stat(os.path.join(self.out, n)).st_mtime_ns for n in before}
         run_prepare(self.out, shard_tokens=10, val_tokens=50, inputs=inputs)
         self.assertEqual({n: os.stat(os.path.join(self.out, n)).st_mtime_ns for n in os.listdir(self.out)}, mtimes)
+        for stale in ("train_000001.bin.tmp12345", f"{prepare.PROGRESS_FILE}.tmp7"):  # as a killed run leaves them
+            self.write_file(os.path.join("out", stale), "partial")
         run_prepare(self.out, shard_tokens=1000, val_tokens=50, inputs=inputs)
         self.assertEqual(sorted(os.listdir(self.out)),
                          [prepare.PROGRESS_FILE, "tokenizer.bin", "train_000000.bin", "val_000000.bin"])
