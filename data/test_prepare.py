@@ -324,7 +324,8 @@ class PrepareTest(TempDirTest):
         cases = [
             ("latin1.txt", "caf\xe9".encode("latin-1"), [], "latin1.txt: not UTF-8 text (byte 3)"),
             ("bad.jsonl", "\n".join(good + ['{"text": "cut'] + good) + "\n", [], "bad.jsonl: line 31: bad JSON"),
-            ("field.jsonl", '{"text": "short"}\n{"body": "x"}', [], "field.jsonl: line 2: no field 'text' (it has: body)"),
+            ("field.jsonl", '{"text": "short"}\n{"body": "x"}', [],
+             "field.jsonl: line 2: no field 'text' (it has: body)"),
             ("type.jsonl", '{"text": null}\n', [], "type.jsonl: line 1: field 'text' is null, not a string"),
             ("list.jsonl", '{"text": "a"}\n"text"\n', [], "list.jsonl: line 2: a string, not a JSON object"),
             ("array.json", '[{"text": "a"}]', [], "array.json: a JSON array, not JSON lines"),

@@ -85,7 +85,8 @@ class ParquetTest(TempDirTest):
         cases = [
             (self.fineweb_like("nocol.parquet", ["x"]), ["--text-field", "content"],
              "nocol.parquet: no column 'content' (it has: text, id, token_count)"),
-            (self.write_parquet("ints.parquet", {"text": [1, 2]}, 10), [], "ints.parquet: column 'text' holds int64, not text"),
+            (self.write_parquet("ints.parquet", {"text": [1, 2]}, 10), [],
+             "ints.parquet: column 'text' holds int64, not text"),
             (self.write_parquet("null.parquet", {"text": texts}, 2), [], "null.parquet: row 1: 'text' is null"),
             (self.write_file("fake.parquet", "not parquet"), [], "fake.parquet: not a readable parquet file"),
         ]
