@@ -9,16 +9,23 @@
 #   LAUNCHER    "mpirun" (default) or "srun" (inside a Slurm allocation: one task per GPU)
 #   TRAIN_GPT   the binary (default ./train_gpt)
 #   MAX_TRIES   restarts before giving up (default 100)
-# Data: FineWeb-style llm.c token shards (magic 20240520), prepared with llm.c's data scripts on a
-# machine that has the data; set TRAIN_DATA / VAL_DATA globs (defaults below).
+#   DATA_DIR    token shards train_*.bin and val_*.bin, as data/prepare.py writes them from FineWeb's
+#               parquet files (README, "Run scripts"; default data/fineweb10B)
+#   TRAIN_DATA / VAL_DATA  globs that replace DATA_DIR's, e.g. for llm.c's own fineweb_train_*.bin names
 set -euo pipefail
 out=${1:?usage: run_gpt2.sh OUT_DIR [train_gpt flags...]}
 shift
 binary=${TRAIN_GPT:-./train_gpt}
 ngpu=${NGPU:-$(nvidia-smi -L 2>/dev/null | wc -l)}
 [ "$ngpu" -ge 1 ] || { echo "run_gpt2.sh: no GPU found; set NGPU" >&2; exit 1; }
-train=${TRAIN_DATA:-data/fineweb10B/fineweb_train_*.bin}
-val=${VAL_DATA:-data/fineweb10B/fineweb_val_*.bin}
+data=${DATA_DIR:-data/fineweb10B}
+train=${TRAIN_DATA:-$data/train_*.bin}
+val=${VAL_DATA:-$data/val_*.bin}
+# Before launching ranks that would each fail on it: say where shards come from.
+compgen -G "$train" >/dev/null || {
+  echo "run_gpt2.sh: no token shard matches $train; make them with data/prepare.py (README, \"Run scripts\")" >&2
+  exit 1
+}
 case ${LAUNCHER:-mpirun} in
   mpirun) launch=(mpirun -np "$ngpu" ${HOSTFILE:+--hostfile "$HOSTFILE"} --bind-to none) ;;
   srun) launch=(srun --ntasks="$ngpu" --gpus-per-task=1 --cpu-bind=none) ;;

@@ -60,9 +60,13 @@ endforeach()
 add_test(test_fixtures ${TEST_BIN}/test_fixtures)
 set_tests_properties(test_fixtures PROPERTIES ENVIRONMENT "TRAIN_GPT_ROOT=${CMAKE_CURRENT_LIST_DIR}/..")
 
-# Data preparation (data/prepare.py): GPT-2 token ids, shard and tokenizer file formats.
+# Data preparation (data/prepare.py): GPT-2 token ids, shard and tokenizer file formats, text and
+# JSON-lines input, the validation split, 1 vs 2 workers, resuming after SIGKILL and Ctrl-C, bad input.
 # Needs scripts/install_python_deps.sh (about 5 MB from PyPI).
 add_test(data_prepare python3 ${CMAKE_CURRENT_LIST_DIR}/../data/test_prepare.py)
+# Its parquet input (FineWeb's format): skipped (77) where pyarrow, optional, is not installed.
+add_test(data_prepare_parquet python3 ${CMAKE_CURRENT_LIST_DIR}/../data/test_prepare_parquet.py)
+set_tests_properties(data_prepare_parquet PROPERTIES SKIP_RETURN_CODE 77)
 # scripts/plot_metrics.py: one four-panel PNG from a metrics.jsonl with a resumed step, a null loss and
 # a cut line (skipped, 77, where matplotlib is not installed).
 add_test(plot_metrics ${CMAKE_CURRENT_LIST_DIR}/test_plot_metrics.sh)
