@@ -45,7 +45,7 @@ __host__ __device__ inline int row_stride(int hs) { return hs + kRowPad; }
 
 // Dynamic shared memory of each kernel, in floats (see the carving at the top of each kernel).
 inline size_t forward_smem_floats(int hs) { return 3 * kTile * row_stride(hs) + kTile * kScoreStride; }
-inline size_t dkdv_smem_floats(int hs) { return 4 * kTile * row_stride(hs) + 2 * kTile * kScoreStride + 3 * kTile; }
+inline size_t dkdv_smem_floats(int hs) { return 4 * kTile * row_stride(hs) + 2 * kTile * kScoreStride + 2 * kTile; }
 inline size_t dq_smem_floats(int hs) { return 4 * kTile * row_stride(hs) + kTile * kScoreStride + 2 * kTile; }
 
 // Rows [row0, row0 + kTile) of one head (hs values at src + t * src_stride for position t) into
@@ -145,6 +145,8 @@ __device__ inline int causal_key_tiles(int q0, int T) { return (min(q0 + kTile, 
 
 // Document masking (see the top of the file). doc_row: the document starts of one row of the batch,
 // or null without document masking. Used by the tensor-core kernels too, with their tile sizes.
+// A query kernel masks with each query's first visible key; a key kernel with each key's end of
+// visible queries: key k is seen by the queries [k, visible_query_end(doc_row, k, k, T)).
 
 // The first key a query sees; rows at or beyond T (a last partial tile's padding) see from key 0.
 __device__ inline int first_visible_key(const int* doc_row, int query, int T) {
@@ -156,10 +158,10 @@ __device__ inline int first_visible_key(const int* doc_row, int query, int T) {
 __device__ inline int first_key_tile(const int* doc_row, int q0, int tile) {
     return doc_row != nullptr ? doc_row[q0] / tile : 0;
 }
-// The end of the queries that see some key up to last_key (< T): the first query at or after `from`
-// whose document starts after last_key, or T. The starts never decrease, so the queries at or after
-// `from` that see such a key are a prefix of them; a binary search over the row (every thread of the
-// block runs the same one: ~log2 T cached loads).
+// The end of the queries that see some key up to last_key: the first query at or after `from`
+// (<= T) whose document starts after last_key, or T. The starts never decrease, so the queries at or
+// after `from` that see such a key are a prefix of them: a binary search over the row (~log2 T
+// cached loads; the threads of a block that search for the same key run the same one).
 __device__ inline int visible_query_end(const int* doc_row, int from, int last_key, int T) {
     if (doc_row == nullptr) return T;
     int lo = from, hi = T;  // the answer lies in [lo, hi]
@@ -294,13 +296,13 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
     float* ds_tile = p_tile + kTile * kScoreStride;  // [kTile][kScoreStride]: dS[query row][key]
     float* lse_rows = ds_tile + kTile * kScoreStride;  // [kTile]
     float* d_rows = lse_rows + kTile;                   // [kTile]
-    int* start_rows = reinterpret_cast<int*>(d_rows + kTile);  // [kTile]: each query's first visible key
 
     const size_t qkv_stride = 3 * size_t(C);
     const floatX* q_src = qkv + size_t(b) * T * qkv_stride + h * hs;
     const floatX* dout_src = dout + size_t(b) * T * C + h * hs;
     const int* doc_row = doc_start != nullptr ? doc_start + size_t(b) * T : nullptr;
-    const int query_end = visible_query_end(doc_row, k0, min(k0 + kTile, T) - 1, T);
+    const int query_end = visible_query_end(doc_row, k0, min(k0 + kTile, T) - 1, T);  // of the whole tile
+    const int key_query_end = visible_query_end(doc_row, min(key, T), key, T);       // of this thread's key (<= T)
     const float* lse_src = lse + (size_t(b) * NH + h) * T;
     const float* d_src = D + (size_t(b) * NH + h) * T;
     load_tile(k_tile, q_src + C, qkv_stride, k0, T, hs);
@@ -315,14 +317,12 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
         load_tile(dout_tile, dout_src, size_t(C), q0, T, hs);
         load_row_values(lse_rows, lse_src, q0, T);
         load_row_values(d_rows, d_src, q0, T);
-        for (int r = int(threadIdx.x); r < kTile; r += int(blockDim.x))
-            start_rows[r] = first_visible_key(doc_row, q0 + r, T);
         __syncthreads();
 
         for (int j = 0; j < kEntriesPerThread; ++j) {
             const int r = part + kThreadsPerRow * j, query = q0 + r;
             float p = 0.0f, ds = 0.0f;
-            if (start_rows[r] <= key && key <= query && query < T) {
+            if (key <= query && query < key_query_end) {
                 p = expf(dot(q_tile + r * stride, k_tile + key_col * stride, hs) * score_scale - lse_rows[r]);
                 ds = p * (dot(dout_tile + r * stride, v_tile + key_col * stride, hs) - d_rows[r]);
             }

@@ -17,7 +17,8 @@
 // Document masking (doc_start non-null; attention.cuh's rules and helpers): query t sees key k only
 // when doc_start[t] <= k <= t. The forward and dQ kernels start at the key tile of their block's
 // first document start, the dK/dV kernel stops before the first query whose document starts after
-// its block's last key; what is left is masked elementwise.
+// its block's last key; what is left is masked elementwise (each query row by its first visible key,
+// each key row by its end of visible queries).
 //
 // __launch_bounds__(128, 2): without the minimum-blocks hint ptxas spilled the hs-128 forward
 // kernel on sm_80 at 168 registers; with it the kernels use 93-248 registers and never spill.
@@ -59,8 +60,7 @@ template <int HS> constexpr size_t dq_smem_bytes() {
     return size_t(2 * kBlockRows + 4 * kDqKeys<HS>) * kLd<HS> * sizeof(bf16);
 }
 template <int HS> constexpr size_t dkdv_smem_bytes() {
-    return size_t(2 * kBlockRows + 4 * kDkdvQueries<HS>) * kLd<HS> * sizeof(bf16) + 4 * kDkdvQueries<HS> * sizeof(float) +
-           2 * kDkdvQueries<HS> * sizeof(int);
+    return size_t(2 * kBlockRows + 4 * kDkdvQueries<HS>) * kLd<HS> * sizeof(bf16) + 4 * kDkdvQueries<HS> * sizeof(float);
 }
 
 // Rows [row0, row0 + kRows) of one head (HS values at src + t * src_stride for position t) into
@@ -276,7 +276,6 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
     bf16* dout_tiles = q_tiles + 2 * kQueries * ld;  // [2][kQueries][ld]
     float* lse_rows = reinterpret_cast<float*>(dout_tiles + 2 * kQueries * ld);  // [2][kQueries], base 2
     float* d_rows = lse_rows + 2 * kQueries;                                    // [2][kQueries]
-    int* start_rows = reinterpret_cast<int*>(d_rows + 2 * kQueries);  // [2][kQueries]: first visible keys
 
     const size_t stride = 3 * size_t(C);
     const bf16* q_src = qkv + size_t(b) * T * stride + h * HS;
@@ -285,18 +284,14 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
     const float* d_src = D + (size_t(b) * NH + h) * T;
     const int* doc_row = doc_start != nullptr ? doc_start + size_t(b) * T : nullptr;
     // Query tile `tile` (positions k0 + tile * kQueries ..) into buffer tile % 2: q and dO by cp.async
-    // (the caller commits), lse, D and the first visible keys by plain loads (published by the next
-    // __syncthreads).
+    // (the caller commits), lse and D by plain loads (published by the next __syncthreads).
     auto load_query_tile = [&](int tile) {
         const int q0 = k0 + tile * kQueries, buf = tile % 2;
         load_rows_async<HS, kQueries>(q_tiles + buf * kQueries * ld, q_src, stride, q0, T);
         load_rows_async<HS, kQueries>(dout_tiles + buf * kQueries * ld, dout_src, size_t(C), q0, T);
-        for (int i = int(threadIdx.x); i < 3 * kQueries; i += kThreads) {
-            const int r = i % kQueries, query = q0 + r, at = buf * kQueries + r;
-            if (i < kQueries) lse_rows[at] = query < T ? lse_src[query] * kLog2e : 0.0f;
-            else if (i < 2 * kQueries) d_rows[at] = query < T ? d_src[query] : 0.0f;
-            else start_rows[at] = attention_detail::first_visible_key(doc_row, query, T);
-        }
+        const int r = int(threadIdx.x) % kQueries;
+        if (int(threadIdx.x) < kQueries) lse_rows[buf * kQueries + r] = q0 + r < T ? lse_src[q0 + r] * kLog2e : 0.0f;
+        else if (int(threadIdx.x) < 2 * kQueries) d_rows[buf * kQueries + r] = q0 + r < T ? d_src[q0 + r] : 0.0f;
     };
     load_rows_async<HS, kBlockRows>(k_tile, q_src + C, stride, k0, T);
     load_rows_async<HS, kBlockRows>(v_tile, q_src + 2 * C, stride, k0, T);
@@ -305,6 +300,9 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
 
     const float scale = 1.0f / sqrtf(float(HS)), scale_log2 = scale * kLog2e;
     const int key0 = k0 + warp * kWarpRows + lane / 4;  // this lane's keys: key0 and key0 + 8
+    // Where the queries that see each of them end (<= T; T without document masking).
+    const int key_query_end[2] = {attention_detail::visible_query_end(doc_row, min(key0, T), key0, T),
+                                  attention_detail::visible_query_end(doc_row, min(key0 + 8, T), key0 + 8, T)};
     float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
     const int query_end = attention_detail::visible_query_end(doc_row, k0, min(k0 + kBlockRows, T) - 1, T);
     const int query_tiles = (query_end - k0 + kQueries - 1) / kQueries;
@@ -328,8 +326,8 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
         for (int n = 0; n < kQueries / 8; ++n) {
             TC_UNROLL
             for (int i = 0; i < 4; ++i) {
-                const int col = 8 * n + 2 * (lane % 4) + (i & 1), query = q0 + col, key = key0 + 8 * (i / 2);
-                const bool visible = start_rows[buf * kQueries + col] <= key && key <= query && query < T;
+                const int col = 8 * n + 2 * (lane % 4) + (i & 1), query = q0 + col;
+                const bool visible = key0 + 8 * (i / 2) <= query && query < key_query_end[i / 2];
                 p[n][i] = visible ? exp2f(p[n][i] * scale_log2 - lse_rows[buf * kQueries + col]) : 0.0f;
                 ds[n][i] = p[n][i] * (ds[n][i] - d_rows[buf * kQueries + col]);
             }
