@@ -214,6 +214,8 @@ struct GPT2 {
     int* inputs = nullptr;       // (B, T) on the device
     int* targets = nullptr;      // (B, T) on the device
     std::vector<int> inputs_host;  // the encoder's deterministic backward groups positions by token on the host
+    int* doc_start = nullptr;         // (B, T) document starts (--doc-mask, --doc-positions; host/documents.h)
+    std::vector<int> doc_start_host;  // the same on the host: the encoder's backward groups by restarted position
     int B = 0, T = 0;              // sizes of the last forward pass
     double loss_sum = 0;           // sum of per-token losses of the last forward pass with targets
     int valid_targets = 0;         // targets != -1 in it
@@ -266,6 +268,7 @@ inline MemoryPlan gpt2_memory_plan(const GPT2Config& c, int B, int T, const Shar
     if (options.inference) {  // generation: the keys and values of every layer, for BT positions
         plan.add("kv_cache", "activations", 2 * L * BT * C * X);
         plan.add("inputs", "workspace", BT * I);
+        if (options.uses_documents()) plan.add("doc_start", "workspace", BT * I);
         plan.add("matmul_workspace", "workspace", kMatmulWorkspaceBytes);
         return plan;
     }
@@ -283,9 +286,10 @@ inline MemoryPlan gpt2_memory_plan(const GPT2Config& c, int B, int T, const Shar
                                      global_norm_scratch_floats(shard.optimizer_size()), size_t(1)});
     plan.add("scratch", "workspace", scratch * F);
     plan.add("grad_norm", "workspace", F);
-    plan.add("encoder_scratch", "workspace", encoder_backward_scratch_ints(B, T) * I);
+    plan.add("encoder_scratch", "workspace", encoder_backward_scratch_ints(B, T, options.doc_positions) * I);
     plan.add("inputs", "workspace", BT * I);
     plan.add("targets", "workspace", BT * I);
+    if (options.uses_documents()) plan.add("doc_start", "workspace", BT * I);
     plan.add("matmul_workspace", "workspace", kMatmulWorkspaceBytes);
     return plan;
 }
@@ -302,6 +306,9 @@ inline std::string gpt2_check_build(const GPT2Config& config, int B, int T, int 
         problem = attention_tc_requirements(B, T, config.channels, config.num_heads);
     if (problem.empty() && (zero_stage < 0 || zero_stage > 2))
         problem = "model: ZeRO stage " + std::to_string(zero_stage) + " is not one of 0, 1, 2";
+    if (problem.empty() && options.uses_documents() && (options.eot_token < 0 || options.eot_token >= config.vocab_size))
+        problem = "model: documents (--doc-mask, --doc-positions) start at the end-of-text token " +
+                  std::to_string(options.eot_token) + ", outside the vocabulary of " + std::to_string(config.vocab_size);
     return problem;
 }
 
@@ -353,6 +360,7 @@ inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int 
     model.max_batch = B;
     model.max_tokens = T;
     model.matmul = matmul_create(m.get<void>("matmul_workspace"));
+    model.doc_start = options.uses_documents() ? m.get<int>("doc_start") : nullptr;
     ActivationTensors& a = model.acts;
 #define GPT2_BIND_ACTIVATION(name, type, elements, keep) \
     a.name = kept_copies(keep, config.num_layers, recompute) > 0 ? m.get<type>(#name) : nullptr;
@@ -451,8 +459,9 @@ inline LayerActivations layer_activations(const GPT2& model, int l) {
 // model.options.attention names.
 inline void causal_attention_forward(GPT2& model, const LayerActivations& x) {
     const int B = model.B, T = model.T, C = model.config.channels, NH = model.config.num_heads;
-    if (model.options.attention == Attention::tc) attention_tc_forward(x.atty, x.att_lse, x.qkv, B, T, C, NH, model.stream);
-    else attention_forward(x.atty, x.att_lse, x.qkv, B, T, C, NH, model.stream);
+    const int* doc_mask = model.options.doc_mask ? model.doc_start : nullptr;
+    if (model.options.attention == Attention::tc) attention_tc_forward(x.atty, x.att_lse, x.qkv, B, T, C, NH, model.stream, doc_mask);
+    else attention_forward(x.atty, x.att_lse, x.qkv, B, T, C, NH, model.stream, doc_mask);
 }
 
 // Block l's forward from ln1 (already computed: by the previous block's fused residual + LayerNorm,
@@ -537,12 +546,16 @@ inline double gpt2_forward(GPT2& model, const int* inputs_host, const int* targe
     CUDA_CHECK(cudaMemcpyAsync(model.inputs, inputs_host, BT * sizeof(int), cudaMemcpyHostToDevice, stream));
     if (targets_host)
         CUDA_CHECK(cudaMemcpyAsync(model.targets, targets_host, BT * sizeof(int), cudaMemcpyHostToDevice, stream));
+    if (model.options.uses_documents()) {  // each token's document start (host/documents.h), on the same stream
+        model.doc_start_host = document_starts(inputs_host, B, T, model.options.eot_token);
+        CUDA_CHECK(cudaMemcpyAsync(model.doc_start, model.doc_start_host.data(), BT * sizeof(int), cudaMemcpyHostToDevice, stream));
+    }
 
     ParameterTensors& p = model.params;
     ActivationTensors& a = model.acts;
 
     // Embeddings, then the first LayerNorm; later LayerNorms are fused with the residual add before them.
-    encoder_forward(a.encoded, model.inputs, p.wte, p.wpe, B, T, C, stream);
+    encoder_forward(a.encoded, model.inputs, p.wte, p.wpe, B, T, C, stream, model.options.doc_positions ? model.doc_start : nullptr);
     const LayerActivations first = layer_activations(model, 0);
     layernorm_forward(first.ln1, first.ln1_mean, first.ln1_rstd, a.encoded, p.ln1w, p.ln1b, BT, C, stream);
 
@@ -576,7 +589,8 @@ inline std::vector<float> gpt2_forward_cached(GPT2& model, const int* tokens, in
     const auto fail = [](const std::string& what) { throw TrainGptError("gpt2_forward_cached: " + what); };
     const GPT2Config& cfg = model.config;
     const int C = cfg.channels, NH = cfg.num_heads, V = cfg.vocab_size, Vp = cfg.padded_vocab_size, pos = model.kv_length;
-    if (!model.options.inference || model.max_batch != 1) fail("needs an inference model built for B = 1");
+    if (!model.options.inference || model.max_batch != 1 || model.options.uses_documents())
+        fail("needs an inference model built for B = 1, without document masking or positions");
     if (n < 1 || (pos > 0 && n != 1) || pos + n > model.max_tokens)
         fail(std::to_string(n) + " new tokens after " + std::to_string(pos) + " cached: a prompt first, then one at a time, " +
              std::to_string(model.max_tokens) + " positions in all");
@@ -689,10 +703,11 @@ inline void gpt2_backward(GPT2& model, const std::function<void(int)>& layer_don
         // Attention branch. Recomputation rebuilds ln1 in the buffer ln2 took over (ln2 is no longer read).
         matmul_backward(mm, b.dbuf_c, dw.attprojw, dw.attprojb, b.scratch, b.dresidual, x.atty, w.attprojw, BT, C, C,
                         stream);
+        const int* doc_mask = model.options.doc_mask ? model.doc_start : nullptr;
         if (model.options.attention == Attention::tc)
-            attention_tc_backward(b.dbuf_4c, b.scratch, b.dbuf_c, x.qkv, x.atty, x.att_lse, B, T, C, NH, stream);
+            attention_tc_backward(b.dbuf_4c, b.scratch, b.dbuf_c, x.qkv, x.atty, x.att_lse, B, T, C, NH, stream, doc_mask);
         else
-            attention_backward(b.dbuf_4c, b.scratch, b.dbuf_c, x.qkv, x.atty, x.att_lse, B, T, C, NH, stream);
+            attention_backward(b.dbuf_4c, b.scratch, b.dbuf_c, x.qkv, x.atty, x.att_lse, B, T, C, NH, stream, doc_mask);
         if (model.options.recompute != Recompute::none)
             layernorm_forward(x.ln1, nullptr, nullptr, x.input, w.ln1w, w.ln1b, BT, C, stream);
         matmul_backward(mm, b.dbuf_c, dw.qkvw, dw.qkvb, b.scratch, b.dbuf_4c, x.ln1, w.qkvw, BT, C, 3 * C, stream);
@@ -702,7 +717,8 @@ inline void gpt2_backward(GPT2& model, const std::function<void(int)>& layer_don
         if (layer_done) layer_done(l);
     }
     // Embeddings: deterministic, grouped by token on the host.
-    encoder_backward(g.wte, g.wpe, b.encoder_scratch, b.dresidual, model.inputs_host.data(), B, T, C, stream);
+    encoder_backward(g.wte, g.wpe, b.encoder_scratch, b.dresidual, model.inputs_host.data(), B, T, C, stream,
+                     model.options.doc_positions ? model.doc_start_host.data() : nullptr);
     if (layer_done) layer_done(-1);
 }
 
@@ -924,7 +940,7 @@ inline RunPlan plan_run(const RunConfig& rc, const Distributed& dist) {
     RunPlan p;
     p.world = planned_world_size(rc, dist.world_size);
     p.config = model_config_of(rc.model, rc.seq_len, &p.checkpoint);
-    p.options = {recompute_of(rc.recompute), attention_of(rc.attention, kEmulatedDevice)};
+    p.options = {recompute_of(rc.recompute), attention_of(rc.attention, kEmulatedDevice), rc.doc_mask, rc.doc_positions};
     if (const std::string problem = gpt2_check_build(p.config, rc.batch_size, rc.seq_len, rc.zero_stage, p.options);
         !problem.empty())
         throw std::runtime_error(problem);
@@ -940,7 +956,7 @@ inline RunPlan plan_run(const RunConfig& rc, const Distributed& dist) {
 // --dry-run: the plan, and the largest micro-batch that fits in each recompute mode (rank 0 prints).
 inline void print_dry_run(const RunConfig& rc, const RunPlan& p) {
     const auto fits = [&](Recompute r) {
-        const ModelOptions options{r, p.options.attention};
+        const ModelOptions options{r, p.options.attention, p.options.doc_mask, p.options.doc_positions};
         return largest_fitting_batch([&](int B) { return gpt2_memory_plan(p.config, B, rc.seq_len, p.shard, options).total(); },
                                      p.budget);
     };
@@ -1006,7 +1022,7 @@ inline int generate(const RunConfig& rc, const Distributed& dist) {
     // Forward passes only: one layer's activations at a time (Recompute::full's buffers) and the cache.
     GPT2 model;
     CUDA_CHECK(cudaStreamCreateWithFlags(&model.stream, cudaStreamNonBlocking));
-    const ModelOptions options{Recompute::full, attention_of(rc.attention, kEmulatedDevice), true};
+    const ModelOptions options{.recompute = Recompute::full, .attention = attention_of(rc.attention, kEmulatedDevice), .inference = true};
     gpt2_build(model, config, 1, int(prompt.size()) + count, 0, 1, 0, options);
     if (checkpoint.empty()) gpt2_init_weights(model, uint64_t(rc.seed));
     else load_model_parameters(model, checkpoint);

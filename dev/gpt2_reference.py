@@ -10,6 +10,11 @@ The model (written for this project from the published GPT-2 architecture):
     mlp:  gelu_tanh(h @ fcw^T + fcb) @ fcprojw^T + fcprojb
   x = ln_f(x);  logits = x @ wte[:V]^T  (tied head; only the real vocabulary's columns)
   loss = mean over targets != -1 of cross_entropy(logits, target)
+With documents (the docmask fixture; the trainer's --doc-mask --doc-positions): a row is documents
+packed back to back, each starting at an EOT token (the fixture's documents.eot) or at the row's start.
+doc[t] = the number of EOTs in the row at positions <= t; query i attends to key j only when j <= i
+and doc[j] == doc[i] (an explicit boolean mask), and position embeddings restart at each document:
+x = wte[inputs] + wpe[pos] with pos[t] = 0 where t starts a document, else pos[t-1] + 1.
 LayerNorm eps is 1e-5 everywhere (biased variance). wte has Vp = V rounded up to a multiple of 128
 rows; rows >= V are zero, never reach the softmax, and so get a zero gradient.
 
@@ -26,8 +31,9 @@ AdamW (torch.optim.AdamW semantics, decoupled weight decay; at step t = 1, 2, ..
 lr 1e-3 constant, betas (0.9, 0.95), eps 1e-8, weight decay 0.1 on wte, wpe, qkvw, attprojw, fcw, fcprojw only (the weight matrices
 and embeddings; never biases or LayerNorm parameters). Before each step the gradients are scaled
 by min(1, grad_clip / norm), norm being the L2 norm over all gradients (no epsilon); grad_clip is
-1.0, except 2.2 in the d2_c96 fixtures so that only some of their steps are clipped. Step s
-(0-based) trains on batch s % 2 of `adamw.inputs`/`adamw.targets`; batch 0 is `inputs`/`targets`.
+1.0, except 2.2 in the d2_c96 fixtures and 0.8 in d2_c64_docmask, so that only some of their steps
+are clipped. Step s (0-based) trains on batch s % 2 of `adamw.inputs`/`adamw.targets`; batch 0 is
+`inputs`/`targets`.
 
 File format, version 1 (little-endian):
   header: 256 int32: [0] magic 20261121, [1] version 1, [2] number of tensors N,
@@ -35,6 +41,7 @@ File format, version 1 (little-endian):
   metadata JSON (UTF-8): {"config": {L, C, NH, V, Vp, maxT, B, T},
           "adamw": {lr, beta1, beta2, eps, weight_decay, grad_clip, steps},
           "script_sha256": SHA-256 (hex) of this file's bytes, "torch_version", "seed", "notes"}
+          and, in the docmask fixture only, "documents": {"eot", "eots": [[EOT positions of row b]]}
   N tensor records: int32 name length, name (ASCII), int32 dtype (0 float32, 1 int32),
           int32 ndim, ndim x int64 dims, data (row-major); nothing after the last record.
 Tensors, in file order:
@@ -69,12 +76,19 @@ DECAYED = ("wte", "wpe", "qkvw", "attprojw", "fcw", "fcprojw")  # llm.c decays e
 LN_EPS = 1e-5
 
 FIXTURES = {
-    # name: (config, seed, masked targets?, grad_clip). The grad norms here are 1.4-3, so clip 1.0
-    # scales every step; 2.2 scales only some, which exercises both branches of the rule.
+    # name: (config, seed, masked targets?, grad_clip[, documents]). The grad norms here are 1.4-3,
+    # so clip 1.0 scales every step; 2.2 scales only some, which exercises both branches of the rule.
     "d2_c64": (dict(L=2, C=64, NH=4, V=512, maxT=64, B=2, T=32), 1, False, 1.0),
     "d2_c96_odd": (dict(L=2, C=96, NH=3, V=301, maxT=40, B=3, T=37), 2, False, 2.2),
     # Same config and seed as d2_c96_odd, so the only difference is the ignored targets.
     "d2_c96_masked": (dict(L=2, C=96, NH=3, V=301, maxT=40, B=3, T=37), 2, True, 2.2),
+    # Packed documents (document mask and restarted positions), EOT = V - 1 as in GPT-2. Row 0: EOTs
+    # at 1 (make_batch's V - 1), 2, 31, 32, 50, 64, 65, 99: documents of length 1, boundaries on the
+    # 32-token (SIMT) and 64-token (tensor-core) tile edges and inside tiles; row 1 without EOT; row 2
+    # with EOTs at 40 and 96, so the last query tile skips three key tiles. Its grad norms are 0.6-1.1:
+    # clip 0.8 scales some steps.
+    "d2_c64_docmask": (dict(L=2, C=64, NH=4, V=512, maxT=128, B=3, T=100), 3, False, 0.8,
+                       dict(eot=511, eots=[[1, 2, 31, 32, 50, 64, 65, 99], [], [40, 96]])),
 }
 
 
@@ -110,13 +124,30 @@ def init_parameters(cfg, gen):
     return params
 
 
-def forward(params, inputs, targets, cfg):
+def document_mask_and_positions(inputs, eot):
+    """(B, T, T) attention mask (query, key) and (B, T) positions of packed documents (docstring)."""
+    B, T = inputs.shape
+    doc = torch.cumsum((inputs == eot).long(), dim=1)  # document index of each token in its row
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    mask = causal & (doc[:, :, None] == doc[:, None, :])
+    positions = torch.zeros(B, T, dtype=torch.long)
+    for t in range(1, T):
+        positions[:, t] = torch.where(inputs[:, t] == eot, 0, positions[:, t - 1] + 1)
+    return mask, positions
+
+
+def forward(params, inputs, targets, cfg, documents=None):
     L, C, NH, V = cfg["L"], cfg["C"], cfg["NH"], cfg["V"]
     B, T = inputs.shape
     hs = C // NH
     p = params
-    x = p["wte"][inputs] + p["wpe"][:T]
-    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    if documents is None:
+        x = p["wte"][inputs] + p["wpe"][:T]
+        causal = torch.ones(T, T, dtype=torch.bool).tril()
+    else:
+        mask, positions = document_mask_and_positions(inputs, documents["eot"])
+        x = p["wte"][inputs] + p["wpe"][positions]
+        causal = mask[:, None]  # (B, 1, T, T): the same for every head
     for l in range(L):
         h = F.layer_norm(x, (C,), p["ln1w"][l], p["ln1b"][l], LN_EPS)
         qkv = h @ p["qkvw"][l].T + p["qkvb"][l]
@@ -134,9 +165,9 @@ def forward(params, inputs, targets, cfg):
     return logits, loss
 
 
-def loss_and_grads(params, inputs, targets, cfg):
+def loss_and_grads(params, inputs, targets, cfg, documents=None):
     leaves = {n: t.detach().clone().requires_grad_(True) for n, t in params.items()}
-    logits, loss = forward(leaves, inputs, targets, cfg)
+    logits, loss = forward(leaves, inputs, targets, cfg, documents)
     loss.backward()
     return logits.detach(), loss.detach(), {n: t.grad for n, t in leaves.items()}
 
@@ -156,7 +187,15 @@ def make_batch(cfg, gen, masked, row_mask_fractions):
     return inputs, targets
 
 
-def adamw_run(params, batches, cfg, a):
+def pack_documents(inputs, documents):
+    """Places the EOTs of `documents` (and only those) in a batch's inputs."""
+    eot = documents["eot"]
+    inputs[inputs == eot] = eot - 1
+    for b, row in enumerate(documents["eots"]):
+        inputs[b, row] = eot
+
+
+def adamw_run(params, batches, cfg, a, documents=None):
     """K AdamW steps with global-norm clipping; returns per-step losses, norms, final params."""
     leaves = {n: t.detach().clone().requires_grad_(True) for n, t in params.items()}
     groups = [
@@ -169,7 +208,7 @@ def adamw_run(params, batches, cfg, a):
     for step in range(a["steps"]):
         inputs, targets = batches[step % len(batches)]
         opt.zero_grad(set_to_none=True)
-        _, loss = forward(leaves, inputs, targets, cfg)
+        _, loss = forward(leaves, inputs, targets, cfg, documents)
         loss.backward()
         norm = torch.sqrt(sum((t.grad ** 2).sum() for t in leaves.values()))
         scale = min(1.0, a["grad_clip"] / norm.item())
@@ -204,26 +243,29 @@ def write_fixture(path, meta, tensors):
             f.write(array.tobytes(order="C"))
 
 
-def fp32_differences(params, inputs, targets, cfg, logits64, loss64, grads64):
+def fp32_differences(params, inputs, targets, cfg, logits64, loss64, grads64, documents=None):
     """How far a float32 run of the same model is from the float64 reference (printed only)."""
     p32 = {n: t.float() for n, t in params.items()}
-    logits32, loss32, grads32 = loss_and_grads(p32, inputs, targets, cfg)
+    logits32, loss32, grads32 = loss_and_grads(p32, inputs, targets, cfg, documents)
     worst_grad = max(((grads32[n].double() - g).abs().max() / g.abs().max().clamp_min(1e-30)).item()
                      for n, g in grads64.items())
     return (abs(loss32.item() - loss64.item()), (logits32.double() - logits64).abs().max().item(),
             worst_grad)
 
 
-def build(name, cfg, seed, masked, grad_clip, script_sha256):
+def build(name, cfg, seed, masked, grad_clip, script_sha256, documents=None):
     cfg = dict(cfg, Vp=(cfg["V"] + 127) // 128 * 128)
     gen = torch.Generator().manual_seed(seed)
     params = init_parameters(cfg, gen)
     # Uneven masks: some rows with many ignored targets, one row with none (about 20% overall).
     batch0 = make_batch(cfg, gen, masked, [0.0, 0.4, 0.2])
     batch1 = make_batch(cfg, gen, masked, [0.35, 0.25, 0.0])
-    logits, loss, grads = loss_and_grads(params, *batch0, cfg)
+    if documents is not None:
+        for batch in (batch0, batch1):
+            pack_documents(batch[0], documents)
+    logits, loss, grads = loss_and_grads(params, *batch0, cfg, documents)
     adamw = dict(ADAMW, grad_clip=grad_clip)
-    losses, norms, final = adamw_run(params, [batch0, batch1], cfg, adamw)
+    losses, norms, final = adamw_run(params, [batch0, batch1], cfg, adamw, documents)
     assert losses[0] == loss.item() and all(final["wte"][cfg["V"]:].flatten() == 0)
     # A float32 implementation must take the same clip decision at every step.
     assert all(abs(n / grad_clip - 1) > 0.01 for n in norms), f"{name}: a grad norm is too near the clip {norms}"
@@ -240,14 +282,18 @@ def build(name, cfg, seed, masked, grad_clip, script_sha256):
     meta = {
         "config": cfg, "adamw": adamw, "script_sha256": script_sha256,
         "torch_version": torch.__version__, "seed": seed,
+        **({"documents": documents} if documents is not None else {}),
         "notes": "Computed in float64, stored as float32. Fixture " + name + ". Biases and LayerNorm "
                  "parameters carry N(0,0.02) test noise on top of GPT-2 init. AdamW step s uses "
                  "batch s % 2 of adamw.inputs/adamw.targets; gradients scaled by "
                  "min(1, grad_clip/norm) before each step; weight decay only on "
-                 + ",".join(DECAYED) + ".",
+                 + ",".join(DECAYED) + "." +
+                 (" Documents start at EOT token documents.eot, placed at documents.eots in both batches; "
+                  "attention is masked to the query's document and position embeddings restart at each "
+                  "document (--doc-mask --doc-positions)." if documents is not None else ""),
     }
     ignored = int((batch0[1] == -1).sum())
-    diffs = fp32_differences(params, *batch0, cfg, logits, loss, grads)
+    diffs = fp32_differences(params, *batch0, cfg, logits, loss, grads, documents)
     summary = (f"{name}: loss {loss.item():.6f}, ignored targets {ignored}/{batch0[1].numel()}, "
                f"grad norms {norms[0]:.3f}..{norms[-1]:.3f} (clipped at {sum(n > grad_clip for n in norms)} "
                f"of {len(norms)} steps), final loss {losses[-1]:.6f}\n"
@@ -265,8 +311,8 @@ def main():
     script_sha256 = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for name, (cfg, seed, masked, grad_clip) in FIXTURES.items():
-        meta, tensors, summary = build(name, cfg, seed, masked, grad_clip, script_sha256)
+    for name, (cfg, seed, masked, grad_clip, *documents) in FIXTURES.items():
+        meta, tensors, summary = build(name, cfg, seed, masked, grad_clip, script_sha256, *documents)
         path = out / f"{name}.bin"
         write_fixture(path, meta, tensors)
         print(summary)

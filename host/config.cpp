@@ -42,6 +42,12 @@ inline const std::vector<Option>& options() {
         {"Data and model", 'j', "val-data", &R::val_data, "validation token shards", "GLOB"},
         {"Data and model", 'e', "model", &R::model, kModelHelp, "PATH|PRESET"},
         {"Data and model", 'o', "output-dir", &R::output_dir, "where config.json, metrics.jsonl, checkpoints go", "DIR"},
+        {"Data and model", 0, "doc-mask", &R::doc_mask,
+         "documents packed in a row attend only within themselves: token t's document starts at the last EOT "
+         "(50256) at or before t, or at the row's start (the EOT belongs to the document it opens)"},
+        {"Data and model", 0, "doc-positions", &R::doc_positions,
+         "position embeddings restart at 0 at each document's start (the same documents as --doc-mask; either flag "
+         "works without the other)"},
         {"Batch and schedule", 'b', "batch-size", &R::batch_size, "micro-batch size B (sequences per rank)"},
         {"Batch and schedule", 't', "seq-len", &R::seq_len, "sequence length T"},
         {"Batch and schedule", 'd', "total-batch-tokens", &R::total_batch_tokens,
@@ -91,7 +97,7 @@ inline const std::vector<Option>& options() {
          "start a fresh run in an -o that holds checkpoints, deleting them first"},
         {"Checkpoint", 0, "resume-override", &R::resume_override,
          "with -y: run-identity settings the resume may change (comma-separated: model, seq-len, seed, train-data, "
-         "batch-ramp, tokens-per-step)",
+         "batch-ramp, tokens-per-step, doc-mask, doc-positions)",
          "KEYS"},
         {"Evaluation and sampling", 'v', "val-every", &R::val_every, "validation loss every N steps; 0 = never"},
         {"Evaluation and sampling", 'm', "val-batches", &R::val_batches, "batches per validation"},
@@ -301,6 +307,9 @@ inline void validate(const RunConfig& c) {
                                                                 {"kv-cache", c.kv_cache != defaults.kv_cache}};
     for (const auto& [name, changed] : generation_settings)
         require(c.generate || !changed, flag(name) + " needs " + flag("generate"));
+    require(!c.generate || (!c.doc_mask && !c.doc_positions),
+            flag("generate") + " continues one document (the prompt follows one end-of-text token): " + flag("doc-mask") +
+                " and " + flag("doc-positions") + " do not apply");
     require(c.prompt.empty() || c.prompt_ids.empty(), flag("prompt") + " and " + flag("prompt-ids") + " cannot go together");
     require(!c.generate || (!c.resume && !c.dry_run && !c.profile_step && c.output_dir.empty()),
             flag("generate") + " trains nothing: it cannot go with " + flag("resume") + ", " + flag("dry-run") + ", " +

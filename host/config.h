@@ -28,6 +28,8 @@ struct RunConfig {
     std::string val_data = "data/shakespeare/val_*.bin";
     std::string model = "d12";  // an llm.c model file, or a preset (host/model_config.h kPresetNames)
     std::string output_dir;     // "" = write nothing
+    bool doc_mask = false;       // attend only within the document (host/documents.h)
+    bool doc_positions = false;  // position embeddings restart at each document
     // batch and schedule
     int batch_size = 4;                // B: micro-batch per rank
     int seq_len = 1024;                // T
@@ -94,9 +96,10 @@ struct RunConfig {
 };
 
 // The settings that make a run the run it is: a resume (-y) must keep them, unless --resume-override
-// names them (host/run_identity.h). tokens-per-step is -d resolved for the world size.
-inline constexpr const char* kRunIdentityKeys[] = {"model", "seq-len", "seed", "train-data", "batch-ramp",
-                                                   "tokens-per-step"};
+// names them (host/run_identity.h). tokens-per-step is -d resolved for the world size. doc-mask and
+// doc-positions change what the model computes (and so what it learns), not only how.
+inline constexpr const char* kRunIdentityKeys[] = {"model",      "seq-len",         "seed",     "train-data",
+                                                   "batch-ramp", "tokens-per-step", "doc-mask", "doc-positions"};
 
 // "a,b,,c" -> {"a", "b", "c"}
 inline std::vector<std::string> split_list(const std::string& text) {

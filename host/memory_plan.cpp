@@ -46,14 +46,16 @@ std::string dry_run_report(const RunConfig& rc, const MemoryPlan& plan, size_t n
         const nlohmann::json j = {{"parameters", num_parameters}, {"world_size", world},
                                   {"zero_stage", rc.zero_stage},  {"recompute", rc.recompute},
                                   {"attention", attention},      {"micro_batch", rc.batch_size},
+                                  {"doc_mask", rc.doc_mask},      {"doc_positions", rc.doc_positions},
                                   {"seq_len", rc.seq_len},        {"precision", precision},
                                   {"bytes", bytes_json(plan)},    {"memory_budget_bytes", budget},
                                   {"largest_micro_batch", largest}};
         return j.dump(2) + "\n";
     }
     char line[512];
-    std::snprintf(line, sizeof line, ", %zu parameters, B=%d T=%d, %d rank(s), ZeRO-%d, recompute %s, attention %s, %s\n",
-                  num_parameters, rc.batch_size, rc.seq_len, world, rc.zero_stage, rc.recompute.c_str(), attention, precision);
+    std::snprintf(line, sizeof line, ", %zu parameters, B=%d T=%d, %d rank(s), ZeRO-%d, recompute %s, attention %s%s%s, %s\n",
+                  num_parameters, rc.batch_size, rc.seq_len, world, rc.zero_stage, rc.recompute.c_str(), attention,
+                  rc.doc_mask ? " + doc-mask" : "", rc.doc_positions ? ", doc-positions" : "", precision);
     std::string out = "memory plan per rank: " + rc.model + line + plan.table();
     std::snprintf(line, sizeof line, "largest micro-batch within %.2f GiB: none %d, selective %d, full %d\n",
                   double(budget) / double(size_t(1) << 30), fits.none, fits.selective, fits.full);

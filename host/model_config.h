@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "host/config.h"
+#include "host/documents.h"
 
 struct GPT2Config {
     int max_seq_len;        // maxT: rows of the position embedding
@@ -163,10 +164,17 @@ inline Attention attention_of(const std::string& name, bool emulated) {
 // --attention's default takes on a GPU. The program resolves the flag for the device it runs on.
 inline const Attention kDefaultAttention = attention_of(RunConfig{}.attention, false);
 
-// How the model runs, beyond its shape: what backward recomputes, which attention kernels.
+// How the model runs, beyond its shape: what backward recomputes, which attention kernels, and
+// whether documents packed into a row are kept apart (host/documents.h): --doc-mask lets a token
+// attend only within its document, --doc-positions restarts the position embedding at each
+// document's start. Documents start at the token eot_token (GPT-2's end of text by default).
 struct ModelOptions {
     Recompute recompute = Recompute::none;
     Attention attention = kDefaultAttention;
+    bool doc_mask = false;
+    bool doc_positions = false;
+    int eot_token = kGpt2EotToken;
+    bool uses_documents() const { return doc_mask || doc_positions; }
     // A model that only runs forward passes (--generate): no gradients, optimizer state or backward
     // buffers, and a key/value cache for one sequence of up to the build's B x T positions.
     bool inference = false;

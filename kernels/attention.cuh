@@ -11,6 +11,12 @@
 // (keys part, part+4, ...) and its hs-wide accumulator (float4 groups part, part+4, ...), so
 // per-thread registers are bounded by the kernels' template parameter HS_MAX.
 //
+// Document masking (--doc-mask, host/documents.h): with doc_start (B, T) ints, the start of each
+// token's document within its row, query t sees key k only when doc_start[t] <= k <= t; null is plain
+// causal attention. Document starts never decrease along a row, so a query tile's first query has
+// the smallest start: key tiles before it are skipped, not loaded, and so are, for a key tile, the
+// query tiles from the first query whose document starts after the tile's last key.
+//
 // Shared memory reaches 76 KB per block (dK/dV kernel, hs 128); launchers opt in beyond 48 KB.
 // __launch_bounds__(kThreads, 1): without the minimum-blocks hint ptxas capped registers at
 // 80-128 and spilled a few bytes on sm_80/sm_90; with it the kernels use 130-180 and never spill.
@@ -137,6 +143,36 @@ __device__ inline float row_sum(float v) {
 // its last query (fully masked tiles are never loaded).
 __device__ inline int causal_key_tiles(int q0, int T) { return (min(q0 + kTile, T) + kTile - 1) / kTile; }
 
+// Document masking (see the top of the file). doc_row: the document starts of one row of the batch,
+// or null without document masking. Used by the tensor-core kernels too, with their tile sizes.
+// A query kernel masks with each query's first visible key; a key kernel with each key's end of
+// visible queries: key k is seen by the queries [k, visible_query_end(doc_row, k, k, T)).
+
+// The first key a query sees; rows at or beyond T (a last partial tile's padding) see from key 0.
+__device__ inline int first_visible_key(const int* doc_row, int query, int T) {
+    return doc_row != nullptr && query < T ? doc_row[query] : 0;
+}
+// The first key tile (of `tile` keys) a query tile starting at q0 < T sees: its first query's
+// document start is the smallest of the tile's. Every key tile from there to the diagonal holds a
+// key some query of the tile sees (its first query sees up to q0, each later one itself).
+__device__ inline int first_key_tile(const int* doc_row, int q0, int tile) {
+    return doc_row != nullptr ? doc_row[q0] / tile : 0;
+}
+// The end of the queries that see some key up to last_key: the first query at or after `from`
+// (<= T) whose document starts after last_key, or T. The starts never decrease, so the queries at or
+// after `from` that see such a key are a prefix of them: a binary search over the row (~log2 T
+// cached loads; the threads of a block that search for the same key run the same one).
+__device__ inline int visible_query_end(const int* doc_row, int from, int last_key, int T) {
+    if (doc_row == nullptr) return T;
+    int lo = from, hi = T;  // the answer lies in [lo, hi]
+    while (lo < hi) {
+        const int mid = lo + (hi - lo) / 2;
+        if (doc_row[mid] > last_key) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo;
+}
+
 }  // namespace attention_detail
 
 // ---------------------------------------------------------------------------------------------
@@ -146,7 +182,7 @@ __device__ inline int causal_key_tiles(int q0, int T) { return (min(q0 + kTile, 
 
 template <int HS_MAX>
 static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
-    attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH) {
+    attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, const int* doc_start, int T, int C, int NH) {
     using namespace attention_detail;
     const int hs = C / NH, stride = row_stride(hs);
     const float score_scale = 1.0f / sqrtf(float(hs));
@@ -163,12 +199,14 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
 
     const floatX* q_src = qkv + size_t(b) * T * 3 * C + h * hs;
     load_tile(q_tile, q_src, 3 * size_t(C), q0, T, hs);
+    const int* doc_row = doc_start != nullptr ? doc_start + size_t(b) * T : nullptr;
+    const int first_key = first_visible_key(doc_row, query, T);
 
     float m = -INFINITY, l = 0.0f;  // running max and softmax denominator of this row
     RowShare<HS_MAX> o;
     o.zero();
     const int key_tiles = causal_key_tiles(q0, T);
-    for (int kt = 0; kt < key_tiles; ++kt) {
+    for (int kt = first_key_tile(doc_row, q0, kTile); kt < key_tiles; ++kt) {
         const int k0 = kt * kTile;
         __syncthreads();  // the previous tile's k/v/p reads are done
         load_tile(k_tile, q_src + C, 3 * size_t(C), k0, T, hs);
@@ -178,18 +216,20 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
         float s[kEntriesPerThread];
         float tile_max = -INFINITY;
         for (int j = 0; j < kEntriesPerThread; ++j) {
-            const int key_col = part + kThreadsPerRow * j;
-            s[j] = k0 + key_col <= query ? dot(q_tile + row * stride, k_tile + key_col * stride, hs) * score_scale
-                                         : -INFINITY;
+            const int key_col = part + kThreadsPerRow * j, key = k0 + key_col;
+            s[j] = first_key <= key && key <= query ? dot(q_tile + row * stride, k_tile + key_col * stride, hs) * score_scale
+                                                    : -INFINITY;
             tile_max = fmaxf(tile_max, s[j]);
         }
-        // Key 0 is visible to every row and comes in the first tile, so m_new is finite from
-        // there on; a row's fully masked tile then gives correction 1 and P = 0.
+        // A row's fully masked tile after its first visible key gives correction 1 and P = 0. Before
+        // it (a document that starts later in the query tile) m_new is still -inf: exponents
+        // relative to 0 then keep P = 0 and o = l = 0 (exp(-inf - -inf) would be NaN).
         const float m_new = fmaxf(m, row_max(tile_max));
-        const float correction = expf(m - m_new);  // 0 on the first tile (m = -inf)
+        const float m_ref = m_new == -INFINITY ? 0.0f : m_new;
+        const float correction = expf(m - m_ref);  // 0 on the row's first tile (m = -inf)
         float p_sum = 0.0f;
         for (int j = 0; j < kEntriesPerThread; ++j) {
-            const float p = expf(s[j] - m_new);
+            const float p = expf(s[j] - m_ref);
             p_tile[row * kScoreStride + part + kThreadsPerRow * j] = p;
             p_sum += p;
         }
@@ -233,11 +273,12 @@ static __global__ void attention_backward_rowdot_kernel(float* D, const floatX* 
 }
 
 // dK, dV: grid (key tiles, NH, B). A thread owns a key row (with its 3 siblings) and loops over
-// the query tiles at or after the key tile, the ones the causal mask lets see these keys.
+// the query tiles at or after the key tile, the ones the causal mask lets see these keys, up to
+// the first query whose document starts after the tile's last key.
 template <int HS_MAX>
 static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
     attention_backward_dkdv_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse,
-                                   const float* D, int T, int C, int NH) {
+                                   const float* D, const int* doc_start, int T, int C, int NH) {
     using namespace attention_detail;
     const int hs = C / NH, stride = row_stride(hs);
     const float score_scale = 1.0f / sqrtf(float(hs));
@@ -259,6 +300,9 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
     const size_t qkv_stride = 3 * size_t(C);
     const floatX* q_src = qkv + size_t(b) * T * qkv_stride + h * hs;
     const floatX* dout_src = dout + size_t(b) * T * C + h * hs;
+    const int* doc_row = doc_start != nullptr ? doc_start + size_t(b) * T : nullptr;
+    const int query_end = visible_query_end(doc_row, k0, min(k0 + kTile, T) - 1, T);  // of the whole tile
+    const int key_query_end = visible_query_end(doc_row, min(key, T), key, T);       // of this thread's key (<= T)
     const float* lse_src = lse + (size_t(b) * NH + h) * T;
     const float* d_src = D + (size_t(b) * NH + h) * T;
     load_tile(k_tile, q_src + C, qkv_stride, k0, T, hs);
@@ -267,7 +311,7 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
     RowShare<HS_MAX> dk, dv;
     dk.zero();
     dv.zero();
-    for (int q0 = k0; q0 < T; q0 += kTile) {  // kTile-aligned: query tiles before k0 see none of these keys
+    for (int q0 = k0; q0 < query_end; q0 += kTile) {  // kTile-aligned: query tiles before k0 see none of these keys
         __syncthreads();  // the previous query tile's reads are done
         load_tile(q_tile, q_src, qkv_stride, q0, T, hs);
         load_tile(dout_tile, dout_src, size_t(C), q0, T, hs);
@@ -278,7 +322,7 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
         for (int j = 0; j < kEntriesPerThread; ++j) {
             const int r = part + kThreadsPerRow * j, query = q0 + r;
             float p = 0.0f, ds = 0.0f;
-            if (key <= query && query < T) {
+            if (key <= query && query < key_query_end) {
                 p = expf(dot(q_tile + r * stride, k_tile + key_col * stride, hs) * score_scale - lse_rows[r]);
                 ds = p * (dot(dout_tile + r * stride, v_tile + key_col * stride, hs) - d_rows[r]);
             }
@@ -301,11 +345,11 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
 }
 
 // dQ: grid (query tiles, NH, B). A thread owns a query row (with its 3 siblings) and loops over
-// the key tiles the causal mask lets it see, as the forward pass does.
+// the key tiles the causal and document masks let it see, as the forward pass does.
 template <int HS_MAX>
 static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
     attention_backward_dq_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse,
-                                 const float* D, int T, int C, int NH) {
+                                 const float* D, const int* doc_start, int T, int C, int NH) {
     using namespace attention_detail;
     const int hs = C / NH, stride = row_stride(hs);
     const float score_scale = 1.0f / sqrtf(float(hs));
@@ -329,11 +373,13 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
     load_tile(dout_tile, dout + size_t(b) * T * C + h * hs, size_t(C), q0, T, hs);
     load_row_values(lse_rows, lse + (size_t(b) * NH + h) * T, q0, T);
     load_row_values(d_rows, D + (size_t(b) * NH + h) * T, q0, T);
+    const int* doc_row = doc_start != nullptr ? doc_start + size_t(b) * T : nullptr;
+    const int first_key = first_visible_key(doc_row, query, T);
 
     RowShare<HS_MAX> dq;
     dq.zero();
     const int key_tiles = causal_key_tiles(q0, T);
-    for (int kt = 0; kt < key_tiles; ++kt) {
+    for (int kt = first_key_tile(doc_row, q0, kTile); kt < key_tiles; ++kt) {
         const int k0 = kt * kTile;
         __syncthreads();  // the previous key tile's reads are done
         load_tile(k_tile, q_src + C, qkv_stride, k0, T, hs);
@@ -341,9 +387,9 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
         __syncthreads();
 
         for (int j = 0; j < kEntriesPerThread; ++j) {
-            const int key_col = part + kThreadsPerRow * j;
+            const int key_col = part + kThreadsPerRow * j, key = k0 + key_col;
             float ds = 0.0f;
-            if (k0 + key_col <= query && query < T) {
+            if (first_key <= key && key <= query && query < T) {
                 const float p =
                     expf(dot(q_tile + row * stride, k_tile + key_col * stride, hs) * score_scale - lse_rows[row]);
                 ds = p * (dot(dout_tile + row * stride, v_tile + key_col * stride, hs) - d_rows[row]);
@@ -412,8 +458,9 @@ template <auto Kernel> void allow_smem(size_t bytes) {
 
 }  // namespace attention_detail
 
+// doc_start: (B, T) document starts for document masking (host/documents.h), or null (causal only).
 inline void attention_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH,
-                              cudaStream_t stream) {
+                              cudaStream_t stream, const int* doc_start = nullptr) {
     using namespace attention_detail;
     check_sizes("attention_forward", B, T, C, NH);
     const int hs = C / NH;
@@ -421,14 +468,15 @@ inline void attention_forward(floatX* out, float* lse, const floatX* qkv, int B,
     const size_t smem = forward_smem_floats(hs) * sizeof(float);
     // Per (b, h): a scaled q.k dot for each kept pair; per swept pair the online softmax (max,
     // subtract, exp, add) and a p * v row update. Bytes: qkv read once, out and lse written once;
-    // each key tile is re-read by every query tile at or after it (from L2, not counted).
+    // each key tile is re-read by every query tile at or after it (from L2, not counted). With
+    // document masking these are upper bounds: the pairs and tiles skipped depend on the data.
     const double heads = double(B) * NH, X = sizeof(floatX), btc = double(B) * T * C;
     const KernelCost cost{heads * (causal_pairs(T) * (2.0 * hs + 1) + swept_pairs(T) * (2.0 * hs + 4)),
                           4.0 * btc * X + heads * T * sizeof(float)};
     dispatch_head_size(hs, [&](auto hs_max) {
         constexpr auto kernel = attention_forward_kernel<decltype(hs_max)::value>;
         allow_smem<kernel>(smem);
-        launch<kernel>(cost, grid, dim3(kThreads), smem, stream, out, lse, qkv, T, C, NH);
+        launch<kernel>(cost, grid, dim3(kThreads), smem, stream, out, lse, qkv, doc_start, T, C, NH);
     });
 }
 
@@ -445,7 +493,7 @@ inline void attention_backward_rowdot(float* D, const floatX* dout, const floatX
 
 inline void attention_backward(floatX* dqkv, float* scratch, const floatX* dout, const floatX* qkv,
                                const floatX* out, const float* lse, int B, int T, int C, int NH,
-                               cudaStream_t stream) {
+                               cudaStream_t stream, const int* doc_start = nullptr) {
     using namespace attention_detail;
     check_sizes("attention_backward", B, T, C, NH);
     const int hs = C / NH;
@@ -469,7 +517,9 @@ inline void attention_backward(floatX* dqkv, float* scratch, const floatX* dout,
         constexpr auto dq_kernel = attention_backward_dq_kernel<decltype(hs_max)::value>;
         allow_smem<dkdv_kernel>(dkdv_smem);
         allow_smem<dq_kernel>(dq_smem);
-        launch<dkdv_kernel>(dkdv_cost, grid, dim3(kThreads), dkdv_smem, stream, dqkv, dout, qkv, lse, D, T, C, NH);
-        launch<dq_kernel>(dq_cost, grid, dim3(kThreads), dq_smem, stream, dqkv, dout, qkv, lse, D, T, C, NH);
+        launch<dkdv_kernel>(dkdv_cost, grid, dim3(kThreads), dkdv_smem, stream, dqkv, dout, qkv, lse, D, doc_start, T,
+                            C, NH);
+        launch<dq_kernel>(dq_cost, grid, dim3(kThreads), dq_smem, stream, dqkv, dout, qkv, lse, D, doc_start, T, C,
+                          NH);
     });
 }

@@ -14,6 +14,12 @@
 // tile's rows as its k dimension). Key tiles after a query tile's last query are never loaded.
 // No atomics: dK/dV iterate over query tiles per key block, dQ over key tiles per query block.
 //
+// Document masking (doc_start non-null; attention.cuh's rules and helpers): query t sees key k only
+// when doc_start[t] <= k <= t. The forward and dQ kernels start at the key tile of their block's
+// first document start, the dK/dV kernel stops before the first query whose document starts after
+// its block's last key; what is left is masked elementwise (each query row by its first visible key,
+// each key row by its end of visible queries).
+//
 // __launch_bounds__(128, 2): without the minimum-blocks hint ptxas spilled the hs-128 forward
 // kernel on sm_80 at 168 registers; with it the kernels use 93-248 registers and never spill.
 //
@@ -146,7 +152,8 @@ __device__ inline void store_warp_rows(bf16* dst, size_t dst_stride, bf16* rows,
 
 template <int HS>
 static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
-    attention_tc_forward_kernel(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, int T, int C, int NH) {
+    attention_tc_forward_kernel(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, const int* doc_start, int T,
+                                int C, int NH) {
     using namespace attention_tc_detail;
     constexpr int ld = kLd<HS>, kKeys = kForwardKeys<HS>;
     const int q0 = (int(gridDim.x) - 1 - int(blockIdx.x)) * kBlockRows;  // longest causal rows first
@@ -162,17 +169,21 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
     const bf16* q_src = qkv + size_t(b) * T * stride + h * HS;
     const bf16* k_src = q_src + C;
     const bf16* v_src = q_src + 2 * C;
+    const int* doc_row = doc_start != nullptr ? doc_start + size_t(b) * T : nullptr;
+    const int first_tile = attention_detail::first_key_tile(doc_row, q0, kKeys);
     const int key_tiles = (min(q0 + kBlockRows, T) + kKeys - 1) / kKeys;  // up to the block's last query
     load_rows_async<HS, kBlockRows>(q_tile, q_src, stride, q0, T);
-    load_rows_async<HS, kKeys>(k_tiles, k_src, stride, 0, T);
-    load_rows_async<HS, kKeys>(v_tiles, v_src, stride, 0, T);
+    load_rows_async<HS, kKeys>(k_tiles + (first_tile % 2) * kKeys * ld, k_src, stride, first_tile * kKeys, T);
+    load_rows_async<HS, kKeys>(v_tiles + (first_tile % 2) * kKeys * ld, v_src, stride, first_tile * kKeys, T);
     cp_async_commit();
 
     const float scale_log2 = kLog2e / sqrtf(float(HS));  // scores in base-2 units
     const int row0 = q0 + warp * kWarpRows + lane / 4;   // this lane's rows: row0 and row0 + 8
+    const int first_key[2] = {attention_detail::first_visible_key(doc_row, row0, T),
+                              attention_detail::first_visible_key(doc_row, row0 + 8, T)};
     float o[HS / 8][4] = {};
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this lane's share of the row sums
-    for (int kt = 0; kt < key_tiles; ++kt) {
+    for (int kt = first_tile; kt < key_tiles; ++kt) {
         if (kt + 1 < key_tiles) {  // prefetch the next tile into the other buffer
             const int next = (kt + 1) % 2;
             load_rows_async<HS, kKeys>(k_tiles + next * kKeys * ld, k_src, stride, (kt + 1) * kKeys, T);
@@ -194,17 +205,19 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
             TC_UNROLL
             for (int i = 0; i < 4; ++i) {
                 const int key = kt * kKeys + 8 * n + 2 * (lane % 4) + (i & 1);
-                s[n][i] = key <= row0 + 8 * (i / 2) ? s[n][i] * scale_log2 : -INFINITY;
+                s[n][i] = first_key[i / 2] <= key && key <= row0 + 8 * (i / 2) ? s[n][i] * scale_log2 : -INFINITY;
                 tile_max[i / 2] = fmaxf(tile_max[i / 2], s[n][i]);
             }
         }
-        // Key 0 is visible to every row (also rows beyond T) and comes first, so m is finite from
-        // the first tile on; a fully masked row of a later tile gives correction 1 and P = 0.
-        float correction[2];
+        // A row's fully masked tile after its first visible key gives correction 1 and P = 0. Before
+        // it (a document that starts later in the block) m stays -inf: exponents relative to 0 then
+        // keep P = 0 and o = l = 0 (exp2(-inf - -inf) would be NaN).
+        float correction[2], m_ref[2];
         TC_UNROLL
         for (int r = 0; r < 2; ++r) {
             const float m_new = fmaxf(m[r], attention_detail::row_max(tile_max[r]));
-            correction[r] = exp2f(m[r] - m_new);  // 0 on the first tile (m = -inf)
+            m_ref[r] = m_new == -INFINITY ? 0.0f : m_new;
+            correction[r] = exp2f(m[r] - m_ref[r]);  // 0 on the row's first tile (m = -inf)
             m[r] = m_new;
             l[r] *= correction[r];
         }
@@ -212,7 +225,7 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
         for (int n = 0; n < kKeys / 8; ++n) {
             TC_UNROLL
             for (int i = 0; i < 4; ++i) {
-                s[n][i] = exp2f(s[n][i] - m[i / 2]);
+                s[n][i] = exp2f(s[n][i] - m_ref[i / 2]);
                 l[i / 2] += s[n][i];
             }
         }
@@ -244,11 +257,12 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
 // dK = dS^T Q / sqrt(hs).
 
 // dK, dV: grid (key blocks, NH, B). Each warp owns 16 keys and streams the query tiles at or after
-// the key block (the ones the causal mask lets see it), computing S^T = K Q^T and dP^T = V dO^T.
+// the key block (the ones the causal mask lets see it) up to the first query whose document starts
+// after the block's last key, computing S^T = K Q^T and dP^T = V dO^T.
 template <int HS>
 static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
     attention_tc_backward_dkdv_kernel(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* qkv,
-                                      const float* lse, const float* D, int T, int C, int NH) {
+                                      const float* lse, const float* D, const int* doc_start, int T, int C, int NH) {
     using namespace attention_tc_detail;
     constexpr int ld = kLd<HS>, kQueries = kDkdvQueries<HS>;
     const int k0 = int(blockIdx.x) * kBlockRows;  // the first key blocks see the most queries: first
@@ -268,6 +282,7 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
     const bf16* dout_src = dout + size_t(b) * T * C + h * HS;
     const float* lse_src = lse + (size_t(b) * NH + h) * T;
     const float* d_src = D + (size_t(b) * NH + h) * T;
+    const int* doc_row = doc_start != nullptr ? doc_start + size_t(b) * T : nullptr;
     // Query tile `tile` (positions k0 + tile * kQueries ..) into buffer tile % 2: q and dO by cp.async
     // (the caller commits), lse and D by plain loads (published by the next __syncthreads).
     auto load_query_tile = [&](int tile) {
@@ -285,8 +300,12 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
 
     const float scale = 1.0f / sqrtf(float(HS)), scale_log2 = scale * kLog2e;
     const int key0 = k0 + warp * kWarpRows + lane / 4;  // this lane's keys: key0 and key0 + 8
+    // Where the queries that see each of them end (<= T; T without document masking).
+    const int key_query_end[2] = {attention_detail::visible_query_end(doc_row, min(key0, T), key0, T),
+                                  attention_detail::visible_query_end(doc_row, min(key0 + 8, T), key0 + 8, T)};
     float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
-    const int query_tiles = (T - k0 + kQueries - 1) / kQueries;
+    const int query_end = attention_detail::visible_query_end(doc_row, k0, min(k0 + kBlockRows, T) - 1, T);
+    const int query_tiles = (query_end - k0 + kQueries - 1) / kQueries;
     for (int tile = 0; tile < query_tiles; ++tile) {
         if (tile + 1 < query_tiles) {
             load_query_tile(tile + 1);
@@ -308,7 +327,7 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
             TC_UNROLL
             for (int i = 0; i < 4; ++i) {
                 const int col = 8 * n + 2 * (lane % 4) + (i & 1), query = q0 + col;
-                const bool visible = key0 + 8 * (i / 2) <= query && query < T;
+                const bool visible = key0 + 8 * (i / 2) <= query && query < key_query_end[i / 2];
                 p[n][i] = visible ? exp2f(p[n][i] * scale_log2 - lse_rows[buf * kQueries + col]) : 0.0f;
                 ds[n][i] = p[n][i] * (ds[n][i] - d_rows[buf * kQueries + col]);
             }
@@ -325,11 +344,11 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
 }
 
 // dQ: grid (query blocks, NH, B). Each warp owns 16 queries and streams the key tiles the causal
-// mask lets them see, as the forward pass does.
+// and document masks let them see, as the forward pass does.
 template <int HS>
 static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
     attention_tc_backward_dq_kernel(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* qkv,
-                                    const float* lse, const float* D, int T, int C, int NH) {
+                                    const float* lse, const float* D, const int* doc_start, int T, int C, int NH) {
     using namespace attention_tc_detail;
     constexpr int ld = kLd<HS>, kKeys = kDqKeys<HS>;
     const int q0 = (int(gridDim.x) - 1 - int(blockIdx.x)) * kBlockRows;  // longest causal rows first
@@ -346,24 +365,28 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
     const bf16* q_src = qkv + size_t(b) * T * stride + h * HS;
     const bf16* k_src = q_src + C;
     const bf16* v_src = q_src + 2 * C;
+    const int* doc_row = doc_start != nullptr ? doc_start + size_t(b) * T : nullptr;
+    const int first_tile = attention_detail::first_key_tile(doc_row, q0, kKeys);
     const int key_tiles = (min(q0 + kBlockRows, T) + kKeys - 1) / kKeys;
     load_rows_async<HS, kBlockRows>(q_tile, q_src, stride, q0, T);
     load_rows_async<HS, kBlockRows>(dout_tile, dout + size_t(b) * T * C + h * HS, size_t(C), q0, T);
-    load_rows_async<HS, kKeys>(k_tiles, k_src, stride, 0, T);
-    load_rows_async<HS, kKeys>(v_tiles, v_src, stride, 0, T);
+    load_rows_async<HS, kKeys>(k_tiles + (first_tile % 2) * kKeys * ld, k_src, stride, first_tile * kKeys, T);
+    load_rows_async<HS, kKeys>(v_tiles + (first_tile % 2) * kKeys * ld, v_src, stride, first_tile * kKeys, T);
     cp_async_commit();
 
     const float scale = 1.0f / sqrtf(float(HS)), scale_log2 = scale * kLog2e;
     const int row0 = q0 + warp * kWarpRows + lane / 4;  // this lane's rows: row0 and row0 + 8
     float lse_log2[2], d_row[2];  // rows beyond T are masked below; their values do not matter
+    int first_key[2];
     TC_UNROLL
     for (int r = 0; r < 2; ++r) {
         const int row = row0 + 8 * r;
         lse_log2[r] = row < T ? lse[(size_t(b) * NH + h) * T + row] * kLog2e : 0.0f;
         d_row[r] = row < T ? D[(size_t(b) * NH + h) * T + row] : 0.0f;
+        first_key[r] = attention_detail::first_visible_key(doc_row, row, T);
     }
     float dq[HS / 8][4] = {};
-    for (int kt = 0; kt < key_tiles; ++kt) {
+    for (int kt = first_tile; kt < key_tiles; ++kt) {
         if (kt + 1 < key_tiles) {
             const int next = (kt + 1) % 2;
             load_rows_async<HS, kKeys>(k_tiles + next * kKeys * ld, k_src, stride, (kt + 1) * kKeys, T);
@@ -385,7 +408,8 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
             TC_UNROLL
             for (int i = 0; i < 4; ++i) {
                 const int key = kt * kKeys + 8 * n + 2 * (lane % 4) + (i & 1), row = row0 + 8 * (i / 2);
-                const float p = key <= row && row < T ? exp2f(ds[n][i] * scale_log2 - lse_log2[i / 2]) : 0.0f;
+                const bool visible = first_key[i / 2] <= key && key <= row && row < T;
+                const float p = visible ? exp2f(ds[n][i] * scale_log2 - lse_log2[i / 2]) : 0.0f;
                 ds[n][i] = p * (dp[n][i] - d_row[i / 2]);
             }
         }
@@ -447,7 +471,7 @@ inline double key_block_query_tiles(int T, int tile) {  // dK/dV
 // The element type is a template parameter so that the FP32 build never instantiates the bf16
 // kernels (the launchers refuse it before getting here).
 template <typename T>
-void forward(T* out, float* lse, const T* qkv, int B, int Tn, int C, int NH, cudaStream_t stream) {
+void forward(T* out, float* lse, const T* qkv, int B, int Tn, int C, int NH, cudaStream_t stream, const int* doc_start) {
     if constexpr (std::is_same_v<T, bf16>) {
         const int hs = C / NH;
         const double BNH = double(B) * NH, BTC = double(B) * Tn * C, bf = sizeof(bf16);
@@ -461,14 +485,14 @@ void forward(T* out, float* lse, const T* qkv, int B, int Tn, int C, int NH, cud
                                       kForwardKeys<HS> * HS,
                                   3 * BTC * bf + BTC * bf + BNH * Tn * sizeof(float), WorkKind::tensor_cores};
             launch<kernel>(cost, dim3(ceil_div(Tn, kBlockRows), NH, B), dim3(kThreads), smem, stream, out, lse, qkv,
-                           Tn, C, NH);
+                           doc_start, Tn, C, NH);
         });
     }
 }
 
 template <typename T>
 void backward(T* dqkv, float* scratch, const T* dout, const T* qkv, const T* out, const float* lse, int B, int Tn,
-              int C, int NH, cudaStream_t stream) {
+              int C, int NH, cudaStream_t stream, const int* doc_start) {
     if constexpr (std::is_same_v<T, bf16>) {
         const int hs = C / NH;
         const double BNH = double(B) * NH, BTC = double(B) * Tn * C, bf = sizeof(bf16);
@@ -485,29 +509,33 @@ void backward(T* dqkv, float* scratch, const T* dout, const T* qkv, const T* out
             const dim3 grid(ceil_div(Tn, kBlockRows), NH, B);
             // Each reads q, k, v, dO, lse and D once; dK/dV computes S^T, dP^T, dV and dK (4
             // products), dQ computes S, dP and dQ (3), 2 * 64 * tile * hs FLOPs each per tile pair.
+            // With document masking these are upper bounds (the tiles skipped depend on the data).
             const double reads = 4 * BTC * bf + 2 * row_floats;
             const KernelCost dkdv_cost{BNH * key_block_query_tiles(Tn, kDkdvQueries<HS>) * 8.0 * kBlockRows *
                                            kDkdvQueries<HS> * HS,
                                        reads + 2 * BTC * bf, WorkKind::tensor_cores};
             const KernelCost dq_cost{BNH * query_block_key_tiles(Tn, kDqKeys<HS>) * 6.0 * kBlockRows * kDqKeys<HS> * HS,
                                      reads + BTC * bf, WorkKind::tensor_cores};
-            launch<dkdv_kernel>(dkdv_cost, grid, dim3(kThreads), dkdv_smem, stream, dqkv, dout, qkv, lse, D, Tn, C, NH);
-            launch<dq_kernel>(dq_cost, grid, dim3(kThreads), dq_smem, stream, dqkv, dout, qkv, lse, D, Tn, C, NH);
+            launch<dkdv_kernel>(dkdv_cost, grid, dim3(kThreads), dkdv_smem, stream, dqkv, dout, qkv, lse, D, doc_start,
+                                Tn, C, NH);
+            launch<dq_kernel>(dq_cost, grid, dim3(kThreads), dq_smem, stream, dqkv, dout, qkv, lse, D, doc_start, Tn, C,
+                              NH);
         });
     }
 }
 
 }  // namespace attention_tc_detail
 
+// doc_start: (B, T) document starts for document masking (host/documents.h), or null (causal only).
 inline void attention_tc_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH,
-                                 cudaStream_t stream) {
+                                 cudaStream_t stream, const int* doc_start = nullptr) {
     require_supported("attention_tc_forward", attention_tc_requirements(B, T, C, NH));
-    attention_tc_detail::forward(out, lse, qkv, B, T, C, NH, stream);
+    attention_tc_detail::forward(out, lse, qkv, B, T, C, NH, stream, doc_start);
 }
 
 inline void attention_tc_backward(floatX* dqkv, float* scratch, const floatX* dout, const floatX* qkv,
                                   const floatX* out, const float* lse, int B, int T, int C, int NH,
-                                  cudaStream_t stream) {
+                                  cudaStream_t stream, const int* doc_start = nullptr) {
     require_supported("attention_tc_backward", attention_tc_requirements(B, T, C, NH));
-    attention_tc_detail::backward(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH, stream);
+    attention_tc_detail::backward(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH, stream, doc_start);
 }

@@ -1,6 +1,8 @@
 // GPT-2 embeddings (Radford et al. 2019): a token embedding (wte, V x C) plus a learned position
 // embedding (wpe, maxT x C). The backward pass is deterministic without atomics: the host groups
 // positions by token, and each token's gradient row is summed by one thread per channel group.
+// With --doc-positions (host/documents.h) the position of token t is t - doc_start[t], restarting at
+// each document; its wpe gradient goes to that position, grouped on the host the same way.
 #pragma once
 
 #include <algorithm>
@@ -26,17 +28,18 @@ inline std::string encoder_batch_problem(int B, int T) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Forward: out[b,t,:] = wte[inp[b,t],:] + wpe[t,:], one Packed128 per thread.
+// Forward: out[b,t,:] = wte[inp[b,t],:] + wpe[t - doc_start[b,t],:] (doc_start null: wpe[t,:]), one
+// Packed128 per thread.
 
-static __global__ void encoder_forward_kernel(floatX* out, const int* inp, const floatX* wte, const floatX* wpe, int T,
-                                       int C, size_t total_packs) {
+static __global__ void encoder_forward_kernel(floatX* out, const int* inp, const floatX* wte, const floatX* wpe,
+                                              const int* doc_start, int T, int C, size_t total_packs) {
     using Pack = Packed128<floatX>;
     const size_t pack = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (pack >= total_packs) return;
     const size_t packs_per_row = size_t(C) / Pack::size;
     const size_t position = pack / packs_per_row;  // b * T + t
     const int c = int(pack % packs_per_row) * Pack::size;
-    const int t = int(position % T);
+    const int t = int(position % T) - (doc_start != nullptr ? doc_start[position] : 0);
     const Pack token_part = load128(wte + size_t(inp[position]) * C + c);
     const Pack position_part = load128(wpe + size_t(t) * C + c);
     Pack sum;
@@ -44,8 +47,9 @@ static __global__ void encoder_forward_kernel(floatX* out, const int* inp, const
     store128(out + position * C + c, sum);
 }
 
+// doc_start: (B, T) document starts on the device for --doc-positions, or null.
 inline void encoder_forward(floatX* out, const int* inp, const floatX* wte, const floatX* wpe, int B, int T, int C,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, const int* doc_start = nullptr) {
     require_supported("encoder_forward", encoder_requirements(C));
     require_supported("encoder_forward", encoder_batch_problem(B, T));
     const size_t total_packs = size_t(B) * T * C / Packed128<floatX>::size;
@@ -57,7 +61,7 @@ inline void encoder_forward(floatX* out, const int* inp, const floatX* wte, cons
     const double btc = double(B) * T * C, X = sizeof(floatX);
     const KernelCost cost{btc, double(B) * T * sizeof(int) + 2 * btc * X + double(T) * C * X};
     launch<encoder_forward_kernel>(cost, dim3(ceil_div(total_packs, block)), dim3(block), 0, stream, out, inp, wte, wpe,
-                                   T, C, total_packs);
+                                   doc_start, T, C, total_packs);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -65,12 +69,16 @@ inline void encoder_forward(floatX* out, const int* inp, const floatX* wte, cons
 //   positions[N]        every position b*T+t, grouped by token, increasing within a group
 //   group_start[G + 1]  group g owns positions[group_start[g] .. group_start[g+1])
 //   group_token[G]      the token of group g
-// G (distinct tokens) <= N = B*T, hence 3N + 1 ints at most.
+// G (distinct tokens) <= N = B*T, hence 3N + 1 ints at most. With document positions a second
+// grouping follows, by restarted position (G' <= T groups): N + 2T + 1 ints more.
 
-inline size_t encoder_backward_scratch_ints(int B, int T) { return 3 * size_t(B) * size_t(T) + 1; }
+inline size_t encoder_backward_scratch_ints(int B, int T, bool doc_positions = false) {
+    const size_t N = size_t(B) * size_t(T);
+    return 3 * N + 1 + (doc_positions ? N + 2 * size_t(T) + 1 : 0);
+}
 
-// dwte[token,:] += the token's dout rows summed in increasing position order. grid.x: groups,
-// grid.y * blockDim.x threads of 8 channels each cover C.
+// dgrad[group_token[g],:] += group g's dout rows summed in increasing position order: dwte by token,
+// or dwpe by restarted position. grid.x: groups, grid.y * blockDim.x threads of 8 channels each cover C.
 static __global__ void encoder_backward_wte_kernel(floatX* dwte, const int* positions, const int* group_start,
                                             const int* group_token, const floatX* dout, int C) {
     using Pack = Packed128<floatX>;
@@ -111,8 +119,46 @@ static __global__ void encoder_backward_wpe_kernel(floatX* dwpe, const floatX* d
     store128(dwpe + offset, g);
 }
 
+namespace encoder_detail {
+
+// Appends to `grouping` the positions 0..N-1 grouped by key (keys[i] = key << 32 | position, sorted),
+// as positions[N], group_start[G + 1], group_key[G] (see above); returns G. The largest groups go
+// first: their blocks have the longest sums, and blocks start roughly in blockIdx order, so this
+// balances the GPU. Ties keep key order (deterministic).
+inline int append_grouping(std::vector<int>& grouping, const std::vector<uint64_t>& keys) {
+    const int N = int(keys.size());
+    std::vector<int> run_start;  // start of each key's run in keys
+    for (int i = 0; i < N; ++i)
+        if (i == 0 || keys[i] >> 32 != keys[i - 1] >> 32) run_start.push_back(i);
+    const int G = int(run_start.size());
+    run_start.push_back(N);
+    std::vector<int> order(G);
+    for (int g = 0; g < G; ++g) order[g] = g;
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+        return run_start[a + 1] - run_start[a] > run_start[b + 1] - run_start[b];
+    });
+    const size_t base = grouping.size();
+    grouping.resize(base + size_t(N) + 2 * size_t(G) + 1);
+    int* positions = grouping.data() + base;
+    int* group_start = positions + N;
+    int* group_key = group_start + G + 1;
+    int filled = 0;
+    for (int g = 0; g < G; ++g) {
+        const int run = order[g];
+        group_start[g] = filled;
+        group_key[g] = int(keys[run_start[run]] >> 32);
+        for (int i = run_start[run]; i < run_start[run + 1]; ++i) positions[filled++] = int(uint32_t(keys[i]));
+    }
+    group_start[G] = filled;
+    return G;
+}
+
+}  // namespace encoder_detail
+
+// doc_start_host: (B, T) document starts on the host for --doc-positions (dwpe by restarted
+// position), or null (dwpe by t).
 inline void encoder_backward(floatX* dwte, floatX* dwpe, int* scratch, const floatX* dout, const int* inp_host, int B,
-                             int T, int C, cudaStream_t stream) {
+                             int T, int C, cudaStream_t stream, const int* doc_start_host = nullptr) {
     require_supported("encoder_backward", encoder_requirements(C));
     require_supported("encoder_backward", encoder_batch_problem(B, T));
     const int N = B * T;
@@ -127,31 +173,20 @@ inline void encoder_backward(floatX* dwte, floatX* dwpe, int* scratch, const flo
         keys[i] = uint64_t(uint32_t(inp_host[i])) << 32 | uint32_t(i);
     }
     std::sort(keys.begin(), keys.end());
-    std::vector<int> run_start;  // start of each token's run in keys
-    for (int i = 0; i < N; ++i)
-        if (i == 0 || keys[i] >> 32 != keys[i - 1] >> 32) run_start.push_back(i);
-    const int G = int(run_start.size());
-    run_start.push_back(N);
-
-    // The most frequent tokens go first: their blocks have the longest sums, and blocks start
-    // roughly in blockIdx order, so this balances the GPU. Ties keep token order (deterministic).
-    std::vector<int> order(G);
-    for (int g = 0; g < G; ++g) order[g] = g;
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
-        return run_start[a + 1] - run_start[a] > run_start[b + 1] - run_start[b];
-    });
-    std::vector<int> grouping(size_t(N) + 2 * size_t(G) + 1);
-    int* positions = grouping.data();
-    int* group_start = positions + N;
-    int* group_token = group_start + G + 1;
-    int filled = 0;
-    for (int g = 0; g < G; ++g) {
-        const int run = order[g];
-        group_start[g] = filled;
-        group_token[g] = int(keys[run_start[run]] >> 32);
-        for (int i = run_start[run]; i < run_start[run + 1]; ++i) positions[filled++] = int(uint32_t(keys[i]));
+    std::vector<int> grouping;
+    const int G = encoder_detail::append_grouping(grouping, keys);
+    int G_positions = 0;  // groups of restarted positions
+    if (doc_start_host != nullptr) {
+        for (int i = 0; i < N; ++i) {
+            const int position = i % T - doc_start_host[i];
+            if (position < 0 || doc_start_host[i] < 0)
+                require_supported("encoder_backward", "doc_start_host[" + std::to_string(i) + "] = " +
+                                                          std::to_string(doc_start_host[i]) + " is not a start in [0, t]");
+            keys[i] = uint64_t(uint32_t(position)) << 32 | uint32_t(i);
+        }
+        std::sort(keys.begin(), keys.end());
+        G_positions = encoder_detail::append_grouping(grouping, keys);
     }
-    group_start[G] = filled;
 
     // From pageable memory, cudaMemcpyAsync returns once the source is staged (CUDA Runtime API,
     // "API synchronization behavior"), and it first waits for the stream, so neither the host
@@ -164,10 +199,21 @@ inline void encoder_backward(floatX* dwte, floatX* dwpe, int* scratch, const flo
     // wte: every dout row added once into its token's sum, then G rows of dwte read, added, written;
     // the grouping's ints read once.
     const double X = sizeof(floatX), btc = double(N) * C;
-    const KernelCost wte_cost{btc + double(G) * C, btc * X + 2.0 * G * C * X + double(grouping.size()) * sizeof(int)};
+    const size_t wte_grouping_ints = size_t(N) + 2 * size_t(G) + 1;
+    const KernelCost wte_cost{btc + double(G) * C, btc * X + 2.0 * G * C * X + double(wte_grouping_ints) * sizeof(int)};
     launch<encoder_backward_wte_kernel>(wte_cost, dim3(G, ceil_div(threads_per_row, block)), dim3(block), 0, stream,
                                         dwte, device_positions, device_positions + N, device_positions + N + G + 1, dout,
                                         C);
+    if (doc_start_host != nullptr) {
+        // wpe by restarted position: the same grouped sums, G' rows of dwpe.
+        const int* by_position = device_positions + wte_grouping_ints;
+        const KernelCost cost{btc + double(G_positions) * C,
+                              btc * X + 2.0 * G_positions * C * X + double(grouping.size() - wte_grouping_ints) * sizeof(int)};
+        launch<encoder_backward_wte_kernel>(cost, dim3(G_positions, ceil_div(threads_per_row, block)), dim3(block), 0,
+                                            stream, dwpe, by_position, by_position + N, by_position + N + G_positions + 1,
+                                            dout, C);
+        return;
+    }
     // wpe: dout read once (B additions per element), dwpe read and written once.
     const size_t wpe_packs = size_t(T) * C / Packed128<floatX>::size;
     const KernelCost wpe_cost{btc, btc * X + 2.0 * T * C * X};

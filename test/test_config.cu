@@ -109,6 +109,8 @@ const std::vector<FlagCase> flag_cases = {
     {"val-data", 'j', "fineweb/val_*.bin", "fineweb/val_*.bin"},
     {"model", 'e', "tiny", "tiny"},
     {"output-dir", 'o', "runs/a", "runs/a"},
+    {"doc-mask", 0, nullptr, true},
+    {"doc-positions", 0, nullptr, true},
     {"batch-size", 'b', "8", 8},
     {"seq-len", 't', "256", 256},
     {"total-batch-tokens", 'd', "-1", -1, {"-d", "8192"}},  // back to -1: a negative value is taken as the argument
@@ -346,6 +348,7 @@ TEST_CASE("bad values name the flag", "[config]") {
         {{"--max-tokens", "9"}, "--max-tokens needs --generate"},
         {{"--generate", "--prompt", "a", "--prompt-ids", "1"}, "--prompt and --prompt-ids cannot go together"},
         {{"--generate", "-o", "out"}, "--generate trains nothing"},
+        {{"--generate", "--doc-mask"}, "--doc-mask and --doc-positions do not apply"},
         {{"--top-k", "-1"}, "--top-k must be >= 0"},
         {{"--log-every", "0"}, "--log-every must be > 0"},
         {{"-e", ""}, "-e/--model must not be empty"},
@@ -374,7 +377,7 @@ TEST_CASE("contradictory flags are errors naming every flag involved", "[config]
     CHECK(contains(error_of({"-o", "out", "--resume-override", "seed"}), "--resume-override needs -y/--resume"));
     CHECK(contains(error_of({"-o", "out", "-y", "--resume-override", "seed,lr"}),
                    "--resume-override: 'lr' is not a run-identity setting (model, seq-len, seed, train-data, batch-ramp, "
-                   "tokens-per-step)"));
+                   "tokens-per-step, doc-mask, doc-positions)"));
     CHECK(contains(error_of({"--keep-last", "2", "-o", "out"}), "--keep-last needs -n/--checkpoint-every > 0"));
     CHECK(contains(error_of({"--on-divergence", "rollback", "-o", "out"}),
                    "--on-divergence rollback needs checkpoints to roll back to (-n/--checkpoint-every > 0)"));

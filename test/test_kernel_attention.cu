@@ -1,10 +1,12 @@
 // Causal flash attention (kernels/attention.cuh) against a plain double-precision reference that
 // builds the full T x T softmax: out and lse forward; dq, dk, dv as the analytic gradient of
-// sum(out * G) for a random G.
+// sum(out * G) for a random G. Then with document masks (packed rows), fully masked tiles skipped,
+// and the document starts computed from the tokens (host/documents.h).
 #include "test_util.h"
 
 #include "attention_reference.h"
 
+#include "host/documents.h"
 #include "kernels/attention.cuh"
 
 #include <cmath>
@@ -12,6 +14,13 @@
 #include <random>
 
 using namespace attention_reference;
+
+// Tolerances relative to each tensor's max |ref|: out and dv, dq and dk, lse (see the first test).
+struct Tolerances {
+    double out, dqk, lse;
+};
+constexpr Tolerances kTolerances = std::is_same_v<floatX, float> ? Tolerances{5e-6, 5e-6, 1e-6}
+                                                                 : Tolerances{0x1p-8 + 5e-6, 1e-2, 1e-6};
 
 TEST_CASE("attention forward and backward match a double reference") {
     const Sizes cases[] = {
@@ -42,18 +51,86 @@ TEST_CASE("attention forward and backward match a double reference") {
         // 2^-8 of the element, itself <= the scale); measured out <= 1.98e-3, dv <= 2.8e-3. dq and dk
         // also inherit the rounding of out through D = rowsum(dO * out), which backward reads from
         // the stored bf16 out as FlashAttention-2 does: measured <= 5.8e-3 (dk, hs 16). lse stays float.
-        double out_tol, lse_tol, dqk_tol;
-        if constexpr (std::is_same_v<floatX, float>) {
-            out_tol = 5e-6, lse_tol = 1e-6, dqk_tol = 5e-6;
-        } else {
-            out_tol = 0x1p-8 + 5e-6, lse_tol = 1e-6, dqk_tol = 1e-2;
-        }
-        CHECK(tensor_error(got.out, ref.out) <= out_tol);
-        CHECK(tensor_error(got.lse, ref.lse) <= lse_tol);
-        CHECK(tensor_error(dq, dq_ref) <= dqk_tol);
-        CHECK(tensor_error(dk, dk_ref) <= dqk_tol);
-        CHECK(tensor_error(dv, dv_ref) <= out_tol);  // dv = P^T dO: no D, only accumulation and rounding
+        CHECK(tensor_error(got.out, ref.out) <= kTolerances.out);
+        CHECK(tensor_error(got.lse, ref.lse) <= kTolerances.lse);
+        CHECK(tensor_error(dq, dq_ref) <= kTolerances.dqk);
+        CHECK(tensor_error(dk, dk_ref) <= kTolerances.dqk);
+        CHECK(tensor_error(dv, dv_ref) <= kTolerances.out);  // dv = P^T dO: no D, only accumulation and rounding
     }
+}
+
+TEST_CASE("document-masked attention matches a double reference with an explicit mask") {
+    // Documents shorten the rows, so the errors are those of the causal test or smaller: measured
+    // over these cases (the same under every schedule), FP32 out 1.7e-6 (the sharp rows), lse
+    // 1.5e-7, dq 6.0e-7, dk 7.4e-7, dv 5.3e-7; BF16 out 1.95e-3, lse 1.0e-7, dq 2.6e-3, dk 4.7e-3,
+    // dv 3.7e-3. Its tolerances apply unchanged.
+    for (const DocumentCase& c : document_cases()) {
+        const Sizes& s = c.s;
+        CAPTURE(c.what, s.B, s.T, s.C, s.NH);
+        std::mt19937 rng(777 + s.T * 7 + s.C);
+        const std::vector<floatX> qkv = random_qkv(s, rng);
+        const std::vector<floatX> dout = random_floatX(size_t(s.B) * s.T * s.C, 1.0f, rng);
+        const std::vector<int> docs = packed_rows(s.T, c.eots);
+
+        const Reference ref = reference_attention(qkv, dout, s, &docs);
+        const Results got = run_attention(Kernels::simt, qkv, dout, s, &docs);
+        const auto [dq, dk, dv] = split_qkv(got.dqkv, s.C);
+        const auto [dq_ref, dk_ref, dv_ref] = split_qkv(ref.dqkv, s.C);
+        CHECK(tensor_error(got.out, ref.out) <= kTolerances.out);
+        CHECK(tensor_error(got.lse, ref.lse) <= kTolerances.lse);
+        CHECK(tensor_error(dq, dq_ref) <= kTolerances.dqk);
+        CHECK(tensor_error(dk, dk_ref) <= kTolerances.dqk);
+        CHECK(tensor_error(dv, dv_ref) <= kTolerances.out);
+        // The mask matters in every case: plain causal attention is far from it.
+        CHECK(tensor_error(got.out, reference_attention(qkv, dout, s).out).value > 10 * kTolerances.out);
+    }
+}
+
+// A key tile that lies wholly before a query tile's documents, or a query tile wholly after the
+// documents of a key tile, is skipped, not loaded and masked: NaN planted in one document (q, k, v
+// and dout) reaches no result of the other, though masking would multiply it by a probability of 0.
+TEST_CASE("document masking skips fully masked tiles: NaN in one document stays out of the other") {
+    const Sizes s{1, 128, 128, 2, 2.0f};
+    const std::vector<int> docs = packed_rows(s.T, {{64}});  // documents [0, 64) and [64, 128): tile edges
+    for (const bool poison_first : {true, false}) {
+        CAPTURE(poison_first);
+        std::mt19937 rng(31);
+        std::vector<floatX> qkv = random_qkv(s, rng), dout = random_floatX(size_t(s.T) * s.C, 1.0f, rng);
+        const int from = poison_first ? 0 : 64, to = from + 64, kept = poison_first ? 64 : 0;
+        poison_positions(qkv, dout, s, 0, from, to);
+        const Reference ref = reference_attention(qkv, dout, s, &docs);
+        const Results got = run_attention(Kernels::simt, qkv, dout, s, &docs);
+        auto kept_rows = [&](const auto& x, int width) { return positions_of(x, s, width, 0, kept, kept + 64); };
+        CHECK(tensor_error(kept_rows(got.out, s.C), kept_rows(ref.out, s.C)) <= kTolerances.out);
+        CHECK(tensor_error(lse_positions_of(got.lse, s, 0, kept, kept + 64), lse_positions_of(ref.lse, s, 0, kept, kept + 64)) <=
+              kTolerances.lse);
+        const auto grad = split_qkv(got.dqkv, s.C);
+        const auto grad_ref = split_qkv(ref.dqkv, s.C);
+        for (int part = 0; part < 3; ++part) {
+            CAPTURE(part);
+            CHECK(tensor_error(kept_rows(grad[part], s.C), kept_rows(grad_ref[part], s.C)) <= kTolerances.dqk);
+        }
+    }
+}
+
+TEST_CASE("document_starts: each token's document starts at the last EOT at or before it, else at the row's start") {
+    constexpr int E = kGpt2EotToken, T = 9;
+    const std::vector<int> tokens = {
+        5, 6, E, 7, E, E, 8, 9, E,  // EOTs mid-row, twice in a row, last
+        E, 1, 2, 3, 4, 5, 6, 7, 8,  // one at the row's start
+        1, 2, 3, 4, 5, 6, 7, 8, 9,  // none: the row is one document
+    };
+    const std::vector<int> starts = document_starts(tokens.data(), 3, T, E);
+    CHECK(starts == std::vector<int>{0, 0, 2, 2, 4, 5, 5, 5, 8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0});
+    // Against the brute force of the tests' reference, on random rows.
+    std::mt19937 rng(5);
+    std::vector<int> random_tokens(4 * 100);
+    std::vector<std::vector<int>> eots(4);
+    for (size_t i = 0; i < random_tokens.size(); ++i) {
+        random_tokens[i] = rng() % 5 == 0 ? E : int(rng() % 1000);
+        if (random_tokens[i] == E) eots[i / 100].push_back(int(i % 100));
+    }
+    CHECK(document_starts(random_tokens.data(), 4, 100, E) == packed_rows(100, eots));
 }
 
 TEST_CASE("attention is bitwise deterministic, also across more emulator threads") {

@@ -1,6 +1,7 @@
 // Tensor-core causal flash attention (kernels/attention_tc.cuh) against a plain double-precision
 // reference that builds the full T x T softmax, and against the SIMT kernels (attention.cuh):
-// out and lse forward; dq, dk, dv as the analytic gradient of sum(out * G) for a random G.
+// out and lse forward; dq, dk, dv as the analytic gradient of sum(out * G) for a random G; then
+// with document masks (packed rows), and fully masked tiles skipped.
 // precision: BF16 only (the kernels take BF16 operands; the Makefile and test/tests.cmake read this
 // line and build no FP32 twin; the FP32 build's refusal is tested in test_kernel_attention.cu).
 #include "test_util.h"
@@ -9,6 +10,7 @@
 
 #include "kernels/attention_tc.cuh"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -63,6 +65,71 @@ TEST_CASE("tensor-core attention matches a double reference and the SIMT kernels
         CHECK(tensor_error(tc.out, simt.out) <= 2 * out_tol);
         CHECK(tensor_error(tc.lse, simt.lse) <= 2 * lse_tol);
         for (int part = 0; part < 3; ++part) CHECK(tensor_error(grad[part], grad_simt[part]) <= 2 * grad_tol);
+    }
+}
+
+TEST_CASE("document-masked tensor-core attention matches a double reference with an explicit mask") {
+    // Tolerances of the causal test above. Measured over these cases (the same under every schedule):
+    // out 3.0e-3, lse 1.7e-7, dq 4.0e-3, dk 5.5e-3, dv 3.9e-3; against the SIMT kernels out 3.9e-3,
+    // lse 1.8e-7, dq 5.7e-3, dk 7.0e-3, dv 7.7e-3. Where the exact gradient is zero (every query
+    // seeing only itself: dS = P (dP - D) with P = 1 and D = dP), the reference's errors are absolute
+    // (both kernels within 2.4e-7) and the two kernels' rounding noise is not compared.
+    const double out_tol = 0x1p-8 + 1e-3, lse_tol = 1e-6, grad_tol = 1e-2;
+    for (const DocumentCase& c : document_cases()) {
+        const Sizes& s = c.s;
+        if (attention_tc_requirements(s.B, s.T, s.C, s.NH) != "") continue;  // hs 16, 32, 64, 128 only
+        CAPTURE(c.what, s.B, s.T, s.C, s.NH);
+        std::mt19937 rng(888 + s.T * 7 + s.C);
+        const std::vector<floatX> qkv = random_qkv(s, rng);
+        const std::vector<floatX> dout = random_floatX(size_t(s.B) * s.T * s.C, 1.0f, rng);
+        const std::vector<int> docs = packed_rows(s.T, c.eots);
+
+        const Reference ref = reference_attention(qkv, dout, s, &docs);
+        const Results tc = run_attention(Kernels::tensor_core, qkv, dout, s, &docs);
+        const Results simt = run_attention(Kernels::simt, qkv, dout, s, &docs);
+        const auto grad = split_qkv(tc.dqkv, s.C), grad_simt = split_qkv(simt.dqkv, s.C);
+        const auto grad_ref = split_qkv(ref.dqkv, s.C);
+        CHECK(tensor_error(tc.out, ref.out) <= out_tol);
+        CHECK(tensor_error(tc.lse, ref.lse) <= lse_tol);
+        CHECK(tensor_error(grad[0], grad_ref[0]) <= grad_tol);
+        CHECK(tensor_error(grad[1], grad_ref[1]) <= grad_tol);
+        CHECK(tensor_error(grad[2], grad_ref[2]) <= out_tol);
+        CHECK(tensor_error(tc.out, simt.out) <= 2 * out_tol);
+        CHECK(tensor_error(tc.lse, simt.lse) <= 2 * lse_tol);
+        for (int part = 0; part < 3; ++part) {
+            const bool zero = std::all_of(grad_ref[part].begin(), grad_ref[part].end(), [](double g) { return g == 0.0; });
+            if (!zero) CHECK(tensor_error(grad[part], grad_simt[part]) <= 2 * grad_tol);
+        }
+        // The mask matters in every case: plain causal attention is far from it.
+        CHECK(tensor_error(tc.out, reference_attention(qkv, dout, s).out).value > 10 * out_tol);
+    }
+}
+
+// As for the SIMT kernels (test_kernel_attention.cu): NaN planted in one document reaches no result
+// of the other, so key tiles before a block's documents (forward, dQ) and query tiles after a key
+// block's (dK/dV) are skipped, not masked. hs 64 streams 64-row tiles, hs 128 32-row ones in backward.
+TEST_CASE("tensor-core document masking skips fully masked tiles: NaN in one document stays out of the other") {
+    for (const Sizes& s : {Sizes{1, 128, 128, 2, 2.0f}, Sizes{1, 128, 256, 2, 1.5f}}) {
+        const std::vector<int> docs = packed_rows(s.T, {{64}});  // documents [0, 64) and [64, 128): tile edges
+        for (const bool poison_first : {true, false}) {
+            CAPTURE(s.C, poison_first);
+            std::mt19937 rng(32);
+            std::vector<floatX> qkv = random_qkv(s, rng), dout = random_floatX(size_t(s.T) * s.C, 1.0f, rng);
+            const int from = poison_first ? 0 : 64, kept = poison_first ? 64 : 0;
+            poison_positions(qkv, dout, s, 0, from, from + 64);
+            const Reference ref = reference_attention(qkv, dout, s, &docs);
+            const Results got = run_attention(Kernels::tensor_core, qkv, dout, s, &docs);
+            auto kept_rows = [&](const auto& x) { return positions_of(x, s, s.C, 0, kept, kept + 64); };
+            CHECK(tensor_error(kept_rows(got.out), kept_rows(ref.out)) <= 0x1p-8 + 1e-3);
+            CHECK(tensor_error(lse_positions_of(got.lse, s, 0, kept, kept + 64), lse_positions_of(ref.lse, s, 0, kept, kept + 64)) <=
+                  1e-6);
+            const auto grad = split_qkv(got.dqkv, s.C);
+            const auto grad_ref = split_qkv(ref.dqkv, s.C);
+            for (int part = 0; part < 3; ++part) {
+                CAPTURE(part);
+                CHECK(tensor_error(kept_rows(grad[part]), kept_rows(grad_ref[part])) <= 1e-2);
+            }
+        }
     }
 }
 

@@ -1,10 +1,12 @@
 // Encoder (token + position embeddings) forward and backward against plain double loops fed the
 // same floatX-rounded inputs: repeated tokens, every position one token, tokens that never occur,
-// wpe rows past T, += semantics, the documented summation order (bitwise), determinism, size checks.
+// wpe rows past T, += semantics, the documented summation order (bitwise), determinism, size checks;
+// each also with positions restarting at every document (--doc-positions).
 #include "test_util.h"
 
 #include "kernels/encoder.cuh"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -118,26 +120,50 @@ std::vector<Case> backward_cases() {
     return cases;
 }
 
+// Positions of the tokens: t, or with documents (--doc-positions) t minus the start of t's document,
+// which starts at the last `eot` at or before t, or at the row's start (host/documents.h), by brute
+// force. The cases' EOT is row 0's second token: in "every position one token" every position is 0.
+std::vector<int> positions_of(const Case& s, bool documents) {
+    const int eot = s.tokens[1];
+    std::vector<int> positions;
+    for (int b = 0; b < s.B; ++b)
+        for (int t = 0; t < s.T; ++t) {
+            int start = 0;
+            for (int p = 0; p <= t && documents; ++p)
+                if (s.tokens[size_t(b) * s.T + p] == eot) start = p;
+            positions.push_back(t - start);
+        }
+    return positions;
+}
+std::vector<int> starts_of(const Case& s, bool documents) {
+    std::vector<int> starts = positions_of(s, documents);
+    for (size_t i = 0; i < starts.size(); ++i) starts[i] = int(i % s.T) - starts[i];
+    return starts;
+}
+
 }  // namespace
 
-TEST_CASE("encoder_forward adds the token's wte row and the position's wpe row") {
+TEST_CASE("encoder_forward adds the token's wte row and the position's wpe row, positions restarting per document") {
     std::mt19937 rng(1);
+    for (const bool documents : {false, true})
     for (const Case& s : backward_cases()) {
-        INFO(s.name << ": B = " << s.B << ", T = " << s.T << ", C = " << s.C);
+        INFO(s.name << ": B = " << s.B << ", T = " << s.T << ", C = " << s.C << (documents ? ", document positions" : ""));
         const int maxT = s.T + 3;
         const auto wte = random_floatX(size_t(s.V) * s.C, -1.0f, 1.0f, rng);
         const auto wpe = random_floatX(size_t(maxT) * s.C, -0.3f, 0.3f, rng);
-        DeviceBuffer<int> d_inp(s.tokens);
+        const std::vector<int> positions = positions_of(s, documents);
+        DeviceBuffer<int> d_inp(s.tokens), d_starts(starts_of(s, documents));
         DeviceBuffer<floatX> d_wte(wte), d_wpe(wpe), d_out(s.tokens.size() * s.C);
         d_out.fill_bytes(0xFF);
-        encoder_forward(d_out.ptr, d_inp.ptr, d_wte.ptr, d_wpe.ptr, s.B, s.T, s.C, nullptr);
+        encoder_forward(d_out.ptr, d_inp.ptr, d_wte.ptr, d_wpe.ptr, s.B, s.T, s.C, nullptr, documents ? d_starts.ptr : nullptr);
         // One float addition of two floatX values, then one rounding: within the store unit.
         std::vector<double> want(d_out.count), bound(d_out.count);
         for (int b = 0; b < s.B; ++b)
             for (int t = 0; t < s.T; ++t)
                 for (int c = 0; c < s.C; ++c) {
                     const size_t i = (size_t(b) * s.T + t) * s.C + c;
-                    const double e = value(wte[size_t(s.tokens[b * s.T + t]) * s.C + c]), p = value(wpe[size_t(t) * s.C + c]);
+                    const double e = value(wte[size_t(s.tokens[b * s.T + t]) * s.C + c]),
+                                 p = value(wpe[size_t(positions[size_t(b) * s.T + t]) * s.C + c]);
                     want[i] = e + p;
                     bound[i] = kFp32Unit * (std::abs(e) + std::abs(p));  // the float sum's rounding (BF16 build)
                 }
@@ -147,18 +173,22 @@ TEST_CASE("encoder_forward adds the token's wte row and the position's wpe row")
 
 TEST_CASE("encoder_backward accumulates dwte per token and dwpe per position, deterministically") {
     std::mt19937 rng(2);
+    for (const bool documents : {false, true})
     for (const Case& s : backward_cases()) {
-        INFO(s.name << ": B = " << s.B << ", T = " << s.T << ", C = " << s.C << ", V = " << s.V);
+        INFO(s.name << ": B = " << s.B << ", T = " << s.T << ", C = " << s.C << ", V = " << s.V
+                    << (documents ? ", document positions" : ""));
         const int maxT = s.T + 3, N = s.B * s.T;
+        const std::vector<int> positions = positions_of(s, documents), starts = starts_of(s, documents);
         const auto dout = random_floatX(size_t(N) * s.C, -1.0f, 1.0f, rng);
         // Non-zero gradients already in place: the kernels must add to them.
         const auto dwte_init = random_floatX(size_t(s.V) * s.C, -2.0f, 2.0f, rng);
         const auto dwpe_init = random_floatX(size_t(maxT) * s.C, -2.0f, 2.0f, rng);
         DeviceBuffer<floatX> d_dout(dout), d_dwte(dwte_init), d_dwpe(dwpe_init);
-        DeviceBuffer<int> d_scratch(encoder_backward_scratch_ints(s.B, s.T));  // exact size: ASan sees overruns
+        DeviceBuffer<int> d_scratch(encoder_backward_scratch_ints(s.B, s.T, documents));  // exact size: ASan sees overruns
         d_scratch.fill_bytes(0xFF);
         auto run = [&] {
-            encoder_backward(d_dwte.ptr, d_dwpe.ptr, d_scratch.ptr, d_dout.ptr, s.tokens.data(), s.B, s.T, s.C, nullptr);
+            encoder_backward(d_dwte.ptr, d_dwpe.ptr, d_scratch.ptr, d_dout.ptr, s.tokens.data(), s.B, s.T, s.C, nullptr,
+                             documents ? starts.data() : nullptr);
         };
         auto references = [&](const std::vector<floatX>& dwte0, const std::vector<floatX>& dwpe0) {
             GradReference wte(dwte0), wpe(dwpe0);
@@ -167,10 +197,13 @@ TEST_CASE("encoder_backward accumulates dwte per token and dwpe per position, de
                 wte.add_row(s.tokens[p], &dout[size_t(p) * s.C], s.C);
                 wte_order.add_row(s.tokens[p], &dout[size_t(p) * s.C], s.C);
             }
+            // dwpe: increasing b for each t; with documents grouped by restarted position like dwte,
+            // so increasing b * T + t within a position's sum (the same order for equal positions).
             for (int b = 0; b < s.B; ++b)
                 for (int t = 0; t < s.T; ++t) {
-                    wpe.add_row(t, &dout[(size_t(b) * s.T + t) * s.C], s.C);
-                    wpe_order.add_row(t, &dout[(size_t(b) * s.T + t) * s.C], s.C);
+                    const size_t p = size_t(b) * s.T + t;
+                    wpe.add_row(positions[p], &dout[p * s.C], s.C);
+                    wpe_order.add_row(positions[p], &dout[p * s.C], s.C);
                 }
             return std::tuple(wte, wpe, wte_order.applied_to(dwte0), wpe_order.applied_to(dwpe0));
         };
@@ -195,6 +228,11 @@ TEST_CASE("encoder_backward accumulates dwte per token and dwpe per position, de
             CHECK(std::memcmp(&dwte1[size_t(v) * s.C], &dwte_init[size_t(v) * s.C], s.C * sizeof(floatX)) == 0);
         }
         CHECK(std::memcmp(&dwpe1[size_t(s.T) * s.C], &dwpe_init[size_t(s.T) * s.C], 3 * s.C * sizeof(floatX)) == 0);
+        for (int t = 0; t < s.T; ++t) {  // and, with documents, positions no document reaches
+            if (std::find(positions.begin(), positions.end(), t) != positions.end()) continue;
+            INFO("position " << t << " does not occur");
+            CHECK(std::memcmp(&dwpe1[size_t(t) * s.C], &dwpe_init[size_t(t) * s.C], s.C * sizeof(floatX)) == 0);
+        }
 
         // A second call adds the same gradients onto the first call's results.
         run();
@@ -217,4 +255,5 @@ TEST_CASE("encoder_requirements accepts positive multiples of 8 and names a bad 
     CHECK(encoder_requirements(100) == "encoder: C = 100 is not a positive multiple of 8");
     CHECK(encoder_requirements(0).find("C = 0") != std::string::npos);
     CHECK(encoder_backward_scratch_ints(4, 1024) == 3 * 4096 + 1);
+    CHECK(encoder_backward_scratch_ints(4, 1024, true) == 3 * 4096 + 1 + 4096 + 2 * 1024 + 1);
 }

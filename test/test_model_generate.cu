@@ -19,7 +19,7 @@ constexpr double kLogitsTolerance = kFP32 ? 5e-6 : 1.5e-2;
 struct InferenceModel {
     GPT2 model;
     InferenceModel(const Fixture& fx, Attention attention, int T) {
-        gpt2_build(model, config_of(fx.config), 1, T, 0, 1, 0, ModelOptions{Recompute::full, attention, true});
+        gpt2_build(model, config_of(fx.config), 1, T, 0, 1, 0, ModelOptions{.recompute = Recompute::full, .attention = attention, .inference = true});
         load_parameters(model, fx);
     }
     ~InferenceModel() { gpt2_free(model); }
@@ -142,7 +142,7 @@ TEST_CASE("an inference model allocates no gradients or optimizer state, and pla
     REQUIRE(small_preset("tiny", 64, &config));
     const ShardLayout shard = shard_layout(gpt2_num_parameters(config), 0, 1, 0);
     const MemoryPlan training = gpt2_memory_plan(config, 1, 64, shard, ModelOptions{Recompute::full});
-    const MemoryPlan inference = gpt2_memory_plan(config, 1, 64, shard, ModelOptions{Recompute::full, kDefaultAttention, true});
+    const MemoryPlan inference = gpt2_memory_plan(config, 1, 64, shard, ModelOptions{.recompute = Recompute::full, .inference = true});
     const auto has = [](const MemoryPlan& plan, const char* name) {
         return std::any_of(plan.items.begin(), plan.items.end(), [&](const MemoryItem& i) { return i.name == name; });
     };

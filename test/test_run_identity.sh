@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run identity (host/run_identity.h), through the real program: (1) a fresh run in an output dir that
 # holds checkpoints refuses to start, naming -y and --overwrite; (2) -y with a changed run-identity
-# setting (--seed, -t) refuses with one line per setting; (3) --resume-override names it and the
+# setting (--seed, -t, --doc-mask) refuses with one line per setting; (3) --resume-override names it and the
 # resume goes on; (4) other changed settings (-l) resume, reported; the run id carries over;
 # (5) --overwrite deletes the old checkpoints and starts afresh.
 # Usage: test_run_identity.sh TRAIN_BINARY
@@ -22,10 +22,11 @@ test -n "$first_id" || { echo "no run id in the banner"; cat "$dir/first.log"; e
 "$here/expect_failure.sh" "holds checkpoints \(newest: step 2\): resume them with -y, or delete them with --overwrite" \
     "$bin" "${common[@]}" -x 4
 # (2) changed run-identity settings: refused, each named
-"$here/expect_failure.sh" "belongs to another run \(run $first_id\)" "$bin" "${common[@]}" -x 4 -y --seed 7 -t 16
-err=$("$bin" "${common[@]}" -x 4 -y --seed 7 -t 16 2>&1 >/dev/null || true)
+"$here/expect_failure.sh" "belongs to another run \(run $first_id\)" "$bin" "${common[@]}" -x 4 -y --seed 7 -t 16 --doc-mask
+err=$("$bin" "${common[@]}" -x 4 -y --seed 7 -t 16 --doc-mask 2>&1 >/dev/null || true)
 grep -q -- "--seed: 1337 in the checkpoint, 7 now" <<<"$err" || { echo "the seed change is not named"; echo "$err"; exit 1; }
 grep -q -- "-t/--seq-len: 32 in the checkpoint, 16 now" <<<"$err" || { echo "the T change is not named"; echo "$err"; exit 1; }
+grep -q -- "--doc-mask: false in the checkpoint, true now" <<<"$err" || { echo "the --doc-mask change is not named"; echo "$err"; exit 1; }
 grep -q "tokens per step (-d, resolved for the ranks): 64 in the checkpoint, 32 now" <<<"$err" ||
     { echo "the tokens-per-step change is not named"; echo "$err"; exit 1; }
 test ! -e "$dir/run/model_00000004.bin" || { echo "a refused resume trained"; exit 1; }

@@ -2,6 +2,7 @@
 # 20 training steps of a tiny GPT-2 on a small repetitive corpus: the loss must fall (by at least
 # a third), and the program's outputs must be there (config.json, metrics.jsonl with 20 steps, two
 # validations and two HellaSwag evaluations of the 3-example fixture).
+# Then a short run with packed documents masked and positions restarted (--doc-mask --doc-positions).
 # Then the defaults that give way with a note, and the mistakes that stay errors: samples longer than
 # -t are clipped; no validation shard without -v turns validation off, with -v it is an error; an
 # unknown preset is named with the list.
@@ -40,6 +41,21 @@ json.load(open(f"{sys.argv[1]}/config.json"))
 print(f"smoke: loss {losses[0]:.3f} -> {losses[-1]:.3f}, val {vals[0]:.3f} -> {vals[-1]:.3f}")
 PY
 
+# Documents of 7 to 40 tokens (EOT first), so most rows hold several.
+python3 - "$dir" <<'PY'
+import random, struct, sys
+random.seed(3)
+tokens = []
+while len(tokens) < 4000:
+    tokens += [50256] + [random.randrange(50256) for _ in range(random.randint(6, 39))]
+with open(f"{sys.argv[1]}/docs_000000.bin", "wb") as f:
+    f.write(struct.pack("<256i", 20240520, 1, len(tokens), *([0] * 253)))
+    f.write(struct.pack(f"<{len(tokens)}H", *tokens))
+PY
+"$bin" -e tiny -b 2 -t 64 -x 2 -v 0 -s 0 -i "$dir/docs_*.bin" --doc-mask --doc-positions > "$dir/docs.log"
+grep -q "attention simt + doc-mask, doc-positions," "$dir/docs.log" || { echo "smoke: no doc-mask in the first line"; cat "$dir/docs.log"; exit 1; }
+grep -q "^step 2/2 " "$dir/docs.log" || { echo "smoke: the document-masked run did not train"; cat "$dir/docs.log"; exit 1; }
+
 "$bin" -e tiny -b 2 -t 32 -x 1 -s 1 -i "$dir/train_*.bin" -j "$dir/none_*.bin" > "$dir/notes.log"
 grep -q "note: samples are 31 tokens, not -g/--gen-tokens 64: a sample fits one -t/--seq-len 32 window" "$dir/notes.log" ||
     { echo "smoke: no note for the clipped sample length"; cat "$dir/notes.log"; exit 1; }
@@ -50,4 +66,4 @@ grep -q "^step 1/1 " "$dir/notes.log" || { echo "smoke: the run with notes did n
     "$bin" -e tiny -b 2 -t 32 -x 1 -s 0 -v 5 -i "$dir/train_*.bin" -j "$dir/none_*.bin"
 "$(dirname "$0")/expect_failure.sh" "-e/--model 'd13' is neither a preset \(d12\|d24\|d36\|d48\|tiny\|mini\) nor an existing model file" \
     "$bin" -e d13 -b 2 -t 32 -x 1 -i "$dir/train_*.bin"
-echo "smoke: notes for a clipped sample and absent validation shards; errors for -v without shards and an unknown preset"
+echo "smoke: a document-masked run; notes for a clipped sample and absent validation shards; errors for -v without shards and an unknown preset"
