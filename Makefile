@@ -85,7 +85,7 @@ FP32_TEST_NAMES := $(addsuffix _fp32,$(BOTH_PRECISION_TESTS))
 ALL_TEST_NAMES := $(TEST_NAMES) $(FP32_TEST_NAMES)
 GPU_TEST_NAMES := $(filter-out test_emu_%,$(ALL_TEST_NAMES))
 CATCH_MAIN_TESTS := $(filter-out test_mpi_%,$(ALL_TEST_NAMES))
-# dev/forward_logits.cu in both precisions, which test/test_hf_interop.sh runs (rules below gemm_limit's).
+# dev/forward_logits.cu in both precisions, which test/test_hf_interop.py runs (rules below gemm_limit's).
 FORWARD_LOGITS := forward_logits forward_logits_fp32
 
 # A test may have a second translation unit, test/second_unit_<name>.cu, compiled apart and linked into
@@ -306,7 +306,7 @@ cpu-bench: deps-if-missing $(DATA_DIR)/tokenizer.bin
 	scripts/cpu_bench.sh $(BUILD)/cpu $(BUILD)/cpu-fp32
 
 # The forward pass's logits for given tokens from an llm.c model file (dev/forward_logits.cu), in FP32
-# (forward_logits_fp32) and in PRECISION (forward_logits): test/test_hf_interop.sh compares them with
+# (forward_logits_fp32) and in PRECISION (forward_logits): test/test_hf_interop.py compares them with
 # transformers' GPT-2. make test builds both, like the test binaries.
 $(addprefix $(CPU_DIR)/,$(addsuffix .o,$(FORWARD_LOGITS))): $(CPU_DIR)/%.o: dev/forward_logits.cu $(DEPS_TRACKED) | deps-if-missing
 	@mkdir -p $(@D)
@@ -318,7 +318,7 @@ $(addprefix $(CPU_DIR)/,$(FORWARD_LOGITS)): $(CPU_DIR)/%: $(CPU_DIR)/%.o $$(call
 $(addprefix $(GPU_DIR)/,$(FORWARD_LOGITS)): $(GPU_DIR)/%: dev/forward_logits.cu $(DEPS_TRACKED) \
   $$(call host_lib,$(GPU_DIR),$$(call precision_of,$$*)) | deps-if-missing
 	@mkdir -p $(@D)
-	$(NVCC) $(NVCCFLAGS) $(DEPFLAGS) -x cu $< $(call host_lib,$(GPU_DIR),$(call precision_of,$*)) $(GPU_LDLIBS) -o $@ \
+	$(NVCC) $(NVCCFLAGS) $(DEPFLAGS) -x cu $< -L$(GPU_DIR) -lhost-$(call precision_of,$*) $(GPU_LDLIBS) -o $@ \
 	  2> $@.ptxas.log || { cat $@.ptxas.log; exit 1; }
 	@scripts/check_spills.sh $@.ptxas.log
 $(GPU_DIR)/forward_logits_fp32: PRECISION_DEFINE = -DPRECISION_FP32

@@ -1,5 +1,5 @@
 // Our forward pass's logits for given tokens, from an llm.c model file: what the Hugging Face interop
-// test (test/test_hf_interop.sh) compares with transformers' GPT2LMHeadModel. The model is loaded and
+// test (test/test_hf_interop.py) compares with transformers' GPT2LMHeadModel. The model is loaded and
 // run by train_gpt.cu's own code (load_model_parameters, gpt2_forward), nothing re-implemented here.
 //
 //   build/cpu/forward_logits_fp32 MODEL.bin TOKENS.bin B LOGITS.bin
