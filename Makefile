@@ -85,6 +85,8 @@ FP32_TEST_NAMES := $(addsuffix _fp32,$(BOTH_PRECISION_TESTS))
 ALL_TEST_NAMES := $(TEST_NAMES) $(FP32_TEST_NAMES)
 GPU_TEST_NAMES := $(filter-out test_emu_%,$(ALL_TEST_NAMES))
 CATCH_MAIN_TESTS := $(filter-out test_mpi_%,$(ALL_TEST_NAMES))
+# dev/forward_logits.cu in both precisions, which test/test_hf_interop.py runs (rules below gemm_limit's).
+FORWARD_LOGITS := forward_logits forward_logits_fp32
 
 # A test may have a second translation unit, test/second_unit_<name>.cu, compiled apart and linked into
 # test_<name> (test_linkage: two units that both include every header). $(1): test name, $(2): build folder.
@@ -185,7 +187,8 @@ endef
 $(CPU_DIR)/CTestTestfile.cmake: FORCE
 	$(call ctest_file,$(CPU_DIR),OFF,OFF)
 
-test: deps-if-missing $(addprefix $(CPU_DIR)/,$(ALL_TEST_NAMES)) $(CPU_DIR)/train_gpt_cpu $(CPU_DIR)/CTestTestfile.cmake
+test: deps-if-missing $(addprefix $(CPU_DIR)/,$(ALL_TEST_NAMES) $(FORWARD_LOGITS)) $(CPU_DIR)/train_gpt_cpu \
+  $(CPU_DIR)/CTestTestfile.cmake
 	ctest --test-dir $(CPU_DIR) --output-on-failure -j2
 ifeq ($(HAVE_NVCC),yes)
 	$(MAKE) --no-print-directory train_gpt
@@ -235,7 +238,7 @@ $(GPU_DIR)/test_%: $(GPU_DIR)/test_%.o $$(call second_unit_of,test_$$*,$(GPU_DIR
 	$(NVCC) $< $(call second_unit_of,test_$*,$(GPU_DIR)) $(if $(filter mpi_%,$*),,$(GPU_DIR)/catch_main.o) $(call host_lib,$(GPU_DIR),$(call precision_of,test_$*)) \
 	  $(GPU_LDLIBS) -o $@
 
-test-gpu: deps-if-missing $(addprefix $(GPU_DIR)/,$(GPU_TEST_NAMES)) $(GPU_DIR)/train_gpt
+test-gpu: deps-if-missing $(addprefix $(GPU_DIR)/,$(GPU_TEST_NAMES) $(FORWARD_LOGITS)) $(GPU_DIR)/train_gpt
 	$(call ctest_file,$(GPU_DIR),ON,OFF)
 	ctest --test-dir $(GPU_DIR) --output-on-failure
 
@@ -301,6 +304,24 @@ cpu-bench: deps-if-missing $(DATA_DIR)/tokenizer.bin
 	$(MAKE) --no-print-directory PRECISION=BF16 $(BUILD)/cpu/train_gpt_cpu $(BUILD)/cpu/gemm_limit
 	$(MAKE) --no-print-directory PRECISION=FP32 $(BUILD)/cpu-fp32/train_gpt_cpu $(BUILD)/cpu-fp32/gemm_limit
 	scripts/cpu_bench.sh $(BUILD)/cpu $(BUILD)/cpu-fp32
+
+# The forward pass's logits for given tokens from an llm.c model file (dev/forward_logits.cu), in FP32
+# (forward_logits_fp32) and in PRECISION (forward_logits): test/test_hf_interop.py compares them with
+# transformers' GPT-2. make test builds both, like the test binaries.
+$(addprefix $(CPU_DIR)/,$(addsuffix .o,$(FORWARD_LOGITS))): $(CPU_DIR)/%.o: dev/forward_logits.cu $(DEPS_TRACKED) | deps-if-missing
+	@mkdir -p $(@D)
+	$(CXX) $(CPU_CXXFLAGS) $(DEPFLAGS) -x c++ -c $< -o $@
+$(CPU_DIR)/forward_logits_fp32.o: PRECISION_DEFINE = -DPRECISION_FP32
+$(addprefix $(CPU_DIR)/,$(FORWARD_LOGITS)): $(CPU_DIR)/%: $(CPU_DIR)/%.o $$(call host_lib,$(CPU_DIR),$$(call precision_of,$$*)) \
+  $(CPU_DIR)/libcuemu.a
+	$(CXX) $^ $(CPU_LDLIBS) -o $@
+$(addprefix $(GPU_DIR)/,$(FORWARD_LOGITS)): $(GPU_DIR)/%: dev/forward_logits.cu $(DEPS_TRACKED) \
+  $$(call host_lib,$(GPU_DIR),$$(call precision_of,$$*)) | deps-if-missing
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) $(DEPFLAGS) -x cu $< -L$(GPU_DIR) -lhost-$(call precision_of,$*) $(GPU_LDLIBS) -o $@ \
+	  2> $@.ptxas.log || { cat $@.ptxas.log; exit 1; }
+	@scripts/check_spills.sh $@.ptxas.log
+$(GPU_DIR)/forward_logits_fp32: PRECISION_DEFINE = -DPRECISION_FP32
 
 # The roofline of one training step at full size (dev/roofline.cu; dev/README.md has examples).
 .PHONY: roofline kernel-report

