@@ -360,6 +360,7 @@ inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int 
     model.max_batch = B;
     model.max_tokens = T;
     model.matmul = matmul_create(m.get<void>("matmul_workspace"));
+    model.matmul.autotune = options.matmul_autotune;
     model.doc_start = options.uses_documents() ? m.get<int>("doc_start") : nullptr;
     ActivationTensors& a = model.acts;
 #define GPT2_BIND_ACTIVATION(name, type, elements, keep) \
@@ -940,7 +941,8 @@ inline RunPlan plan_run(const RunConfig& rc, const Distributed& dist) {
     RunPlan p;
     p.world = planned_world_size(rc, dist.world_size);
     p.config = model_config_of(rc.model, rc.seq_len, &p.checkpoint);
-    p.options = {recompute_of(rc.recompute), attention_of(rc.attention, kEmulatedDevice), rc.doc_mask, rc.doc_positions};
+    p.options = {.recompute = recompute_of(rc.recompute), .attention = attention_of(rc.attention, kEmulatedDevice),
+                 .doc_mask = rc.doc_mask, .doc_positions = rc.doc_positions, .matmul_autotune = rc.matmul_autotune};
     if (const std::string problem = gpt2_check_build(p.config, rc.batch_size, rc.seq_len, rc.zero_stage, p.options);
         !problem.empty())
         throw std::runtime_error(problem);
@@ -1022,7 +1024,8 @@ inline int generate(const RunConfig& rc, const Distributed& dist) {
     // Forward passes only: one layer's activations at a time (Recompute::full's buffers) and the cache.
     GPT2 model;
     CUDA_CHECK(cudaStreamCreateWithFlags(&model.stream, cudaStreamNonBlocking));
-    const ModelOptions options{.recompute = Recompute::full, .attention = attention_of(rc.attention, kEmulatedDevice), .inference = true};
+    const ModelOptions options{.recompute = Recompute::full, .attention = attention_of(rc.attention, kEmulatedDevice),
+                               .inference = true, .matmul_autotune = rc.matmul_autotune};
     gpt2_build(model, config, 1, int(prompt.size()) + count, 0, 1, 0, options);
     if (checkpoint.empty()) gpt2_init_weights(model, uint64_t(rc.seed));
     else load_model_parameters(model, checkpoint);

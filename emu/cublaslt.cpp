@@ -667,13 +667,20 @@ cublasStatus_t run_matmul(const MatmulDesc& desc, const Problem& p, float alpha,
         }
         // BGRADB: "The bias size corresponds to the number of columns of the matrix D. The
         // reduction happens over the GEMM's k dimension": bias[j] = sum over l of op(B)(l, j).
+        // Each column's sum runs over l in order; with op(B) stored row by row (TRANSB = T) the
+        // rows are added whole, so the loads are contiguous and the adds vectorize.
         if (e.bgrad_b) {
             const bool t = p.transb == CblasTrans;
-            for (size_t j = 0; j < n; ++j) {
-                float sum = 0.0f;
-                for (size_t l = 0; l < size_t(p.k); ++l) sum += load(b, p.b->type, t ? l * p.b->ld + j : j * p.b->ld + l);
-                narrow(&sum, offset(bias, p.bias_type, j), p.bias_type, 1);
+            std::vector<float> sums(n, 0.0f), row(n);
+            for (size_t l = 0; l < size_t(p.k); ++l) {
+                if (t) {
+                    widen(offset(b, p.b->type, l * p.b->ld), p.b->type, row.data(), n);
+                } else {
+                    for (size_t j = 0; j < n; ++j) row[j] = load(b, p.b->type, j * p.b->ld + l);
+                }
+                for (size_t j = 0; j < n; ++j) sums[j] += row[j];
             }
+            narrow(sums.data(), bias, p.bias_type, n);
         }
     }
     return CUBLAS_STATUS_SUCCESS;
@@ -774,7 +781,9 @@ cublasStatus_t cublasLtMatmulDescGetAttribute(cublasLtMatmulDesc_t desc, cublasL
 }
 
 // ---------------------------------------------------------------------------------------------
-// Heuristic preferences and the heuristic: one algorithm, no workspace, for any supported problem
+// Heuristic preferences and the heuristic: two alike algorithms, no workspace, for any supported problem
+
+constexpr int kEmulatedAlgorithms = 2;
 
 cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* pref) {
     return create<cublasLtMatmulPreferenceOpaque_t>("cublasLtMatmulPreferenceCreate", pref, Preference{});
@@ -818,11 +827,18 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
                       Bdesc ? impl<Layout>(Bdesc) : nullptr, Cdesc ? impl<Layout>(Cdesc) : nullptr,
                       Ddesc ? impl<Layout>(Ddesc) : nullptr, &problem);
     if (status != CUBLAS_STATUS_SUCCESS) return status;
-    results[0] = {};
-    results[0].workspaceSize = 0;
-    results[0].state = CUBLAS_STATUS_SUCCESS;
-    results[0].wavesCount = 1.0f;
-    *returned_count = 1;
+    // Two candidates that compute alike (the library offers several; a caller that times them and
+    // keeps one, as matmul.cuh's autotune does, runs its choosing here too). The first word of
+    // algo.data numbers them.
+    const int count = std::min(requested_count, kEmulatedAlgorithms);
+    for (int i = 0; i < count; ++i) {
+        results[i] = {};
+        results[i].algo.data[0] = uint64_t(i);
+        results[i].workspaceSize = 0;
+        results[i].state = CUBLAS_STATUS_SUCCESS;
+        results[i].wavesCount = 1.0f;
+    }
+    *returned_count = count;
     return CUBLAS_STATUS_SUCCESS;
 }
 

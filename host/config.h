@@ -58,6 +58,7 @@ struct RunConfig {
     int world_size = 0;       // 0 = the launched ranks
     double max_memory = 0.0;  // GiB; 0 = the device's
     std::string attention = "auto";  // resolved by attention_of (host/model_config.h)
+    bool matmul_autotune = false;    // time cuBLASLt's candidates per GEMM shape (kernels/matmul.cuh)
     // checkpoints
     int64_t checkpoint_every = 0;  // 0 = never
     int keep_last = 0;             // 0 = keep all

@@ -178,4 +178,5 @@ struct ModelOptions {
     // A model that only runs forward passes (--generate): no gradients, optimizer state or backward
     // buffers, and a key/value cache for one sequence of up to the build's B x T positions.
     bool inference = false;
+    bool matmul_autotune = false;  // Matmul::autotune (kernels/matmul.cuh)
 };

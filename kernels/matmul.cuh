@@ -25,7 +25,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <initializer_list>
+#include <map>
+#include <memory>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -43,11 +46,24 @@ inline std::string matmul_requirements(int C, int OC) {
     return "";
 }
 
-// The cuBLASLt handle and its workspace: owned by whoever runs matmuls (the model owns one), and
-// passed to every matmul. No global state: two models, or a test beside a model, never share one.
+namespace matmul_detail {
+struct PlanCache;
+}
+
+// The cuBLASLt handle, its workspace and the plans made for each GEMM shape: owned by whoever runs
+// matmuls (the model owns one), and passed to every matmul. No global state: two models, or a test
+// beside a model, never share one.
 struct Matmul {
     cublasLtHandle_t handle = nullptr;
     void* workspace = nullptr;  // kMatmulWorkspaceBytes of device memory, the owner's
+    // At a shape's first use, time the heuristic's candidates and keep the fastest (--matmul-autotune);
+    // off: the heuristic's first. Timing picks can differ between runs and ranks, and so can the
+    // last bits of the results: off keeps runs bitwise repeatable.
+    bool autotune = false;
+    // The bias gradient in the weight gradient's GEMM (EPILOGUE_BGRADB) where cuBLASLt has an algorithm
+    // for it; else, or when false, our column-sum kernels (bias_grad_*_kernel below).
+    bool fuse_bias_grad = true;
+    std::shared_ptr<matmul_detail::PlanCache> plans;  // made by matmul_create
 };
 
 namespace matmul_detail {
@@ -93,28 +109,137 @@ inline KernelCost gemm_cost(const Gemm& g) {
     return {flops, bytes, WorkKind::matmul};
 }
 
-// `name` labels the GEMM in launch records (launch_record.h).
-inline void run(const Matmul& mm, const Gemm& g, cudaStream_t stream, const std::string& name) {
-    cublasLtMatmulDesc_t desc;
-    CUBLASLT_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+// Everything that decides a GEMM's cuBLASLt objects and algorithm: the shape, the layouts, the
+// epilogue and the operands' alignments (the heuristic reads them: MIN_ALIGNMENT_*_BYTES, and the
+// bias and aux pointers' values, BIAS_POINTER doc). Not the pointers themselves: those are set on
+// the cached descriptor at every call.
+struct PlanKey {
+    int transa, transb, m, n, k, lda, ldb, ldd;
+    bool accumulate;
+    uint32_t epilogue;
+    int bias_type;  // -1 without a bias
+    uint32_t align_a, align_b, align_d, align_bias, align_aux;
+    auto operator<=>(const PlanKey&) const = default;
+};
+
+// One shape's objects, made at its first use and kept until matmul_destroy: a GPT-2 step runs a
+// dozen shapes hundreds of times, and creating descriptors, layouts and asking the heuristic at
+// every call costs host time a GPU step cannot hide.
+struct Plan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    bool supported = false;  // the heuristic found an algorithm
+    int candidates = 0;      // how many it offered (autotune times up to kAutotuneCandidates)
+    int chosen = 0;          // which of them runs
+};
+
+struct PlanCache {
+    std::map<PlanKey, Plan> plans;
+    int misses = 0;  // plans made (tests count them)
+    PlanCache() = default;
+    PlanCache(const PlanCache&) = delete;
+    PlanCache& operator=(const PlanCache&) = delete;
+    ~PlanCache() {
+        for (auto& [key, plan] : plans) {
+            if (plan.d) cublasLtMatrixLayoutDestroy(plan.d);
+            if (plan.b) cublasLtMatrixLayoutDestroy(plan.b);
+            if (plan.a) cublasLtMatrixLayoutDestroy(plan.a);
+            if (plan.desc) cublasLtMatmulDescDestroy(plan.desc);
+        }
+    }
+};
+
+constexpr int kAutotuneCandidates = 8;   // the heuristic's best few
+constexpr int kAutotuneRepetitions = 3;  // timed runs per candidate, after one untimed
+
+// Sets the per-call pointers on a plan's descriptor.
+inline void set_pointers(const Plan& plan, const Gemm& g, const void* bias) {
+    if (bias) CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    if (g.aux) CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.aux, sizeof g.aux));
+}
+
+inline cublasStatus_t launch_gemm(const Matmul& mm, const Plan& plan, const cublasLtMatmulAlgo_t& algo, const Gemm& g,
+                                  cudaStream_t stream) {
+    const float alpha = 1.0f;
+    return cublasLtMatmul(mm.handle, plan.desc, &alpha, g.a, plan.a, g.b, plan.b, &g.beta, g.d, plan.d, g.d, plan.d, &algo,
+                          mm.workspace, kMatmulWorkspaceBytes, stream);
+}
+
+// Times each candidate on the call's own operands and returns the fastest's index. The candidates
+// write D (and the aux or bias output) as the real call will; where the GEMM accumulates onto D
+// (beta = 1) they would add to it too, so D is saved first and put back after. Where no memory is
+// left for that copy, the heuristic's first is kept, with a note.
+inline int fastest_candidate(const Matmul& mm, const Plan& plan, const cublasLtMatmulHeuristicResult_t* candidates,
+                             int count, const Gemm& g, cudaStream_t stream) {
+    const size_t d_bytes = (size_t(g.ldd) * size_t(g.n - 1) + size_t(g.m)) * sizeof(floatX);
+    void* saved = nullptr;
+    if (g.beta != 0.0f) {
+        if (cudaMalloc(&saved, d_bytes) != cudaSuccess) {
+            (void)cudaGetLastError();
+            std::fprintf(stderr, "note: matmul autotune: no %zu bytes to save D (m %d, n %d, k %d): the heuristic's first algorithm\n",
+                         d_bytes, g.m, g.n, g.k);
+            return 0;
+        }
+        CUDA_CHECK(cudaMemcpyAsync(saved, g.d, d_bytes, cudaMemcpyDeviceToDevice, stream));
+    }
+    cudaEvent_t start, stop;
+    CUDA_CHECK(cudaEventCreate(&start));
+    CUDA_CHECK(cudaEventCreate(&stop));
+    int best = 0;
+    float best_ms = -1.0f;
+    for (int i = 0; i < count; ++i) {
+        if (launch_gemm(mm, plan, candidates[i].algo, g, stream) != CUBLAS_STATUS_SUCCESS) continue;  // untimed warm-up
+        CUDA_CHECK(cudaEventRecord(start, stream));
+        bool ok = true;
+        for (int r = 0; r < kAutotuneRepetitions && ok; ++r)
+            ok = launch_gemm(mm, plan, candidates[i].algo, g, stream) == CUBLAS_STATUS_SUCCESS;
+        CUDA_CHECK(cudaEventRecord(stop, stream));
+        CUDA_CHECK(cudaEventSynchronize(stop));
+        float ms = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+        if (ok && (best_ms < 0.0f || ms < best_ms)) best = i, best_ms = ms;
+    }
+    CUDA_CHECK(cudaEventDestroy(start));
+    CUDA_CHECK(cudaEventDestroy(stop));
+    if (saved) {
+        CUDA_CHECK(cudaMemcpyAsync(g.d, saved, d_bytes, cudaMemcpyDeviceToDevice, stream));
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+        CUDA_CHECK(cudaFree(saved));
+    }
+    return best;
+}
+
+// The plan for this GEMM: cached, or made now (descriptor, layouts, the heuristic's algorithm, or
+// the fastest of its candidates under autotune).
+inline const Plan& plan_for(const Matmul& mm, const Gemm& g, const void* bias, int bias_type, cudaStream_t stream) {
+    const PlanKey key{int(g.transa), int(g.transb), g.m, g.n, g.k, g.lda, g.ldb, g.ldd, g.beta != 0.0f, uint32_t(g.epilogue),
+                      bias ? bias_type : -1, alignment_of(g.a), alignment_of(g.b), alignment_of(g.d),
+                      bias ? alignment_of(bias) : 0u, g.aux ? alignment_of(g.aux) : 0u};
+    if (const auto found = mm.plans->plans.find(key); found != mm.plans->plans.end()) return found->second;
+    ++mm.plans->misses;
+    Plan plan;
+    CUBLASLT_CHECK(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const int32_t transa = g.transa, transb = g.transb;  // attribute types from cublasLt.h
     const uint32_t epilogue = g.epilogue;
-    CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &transa, sizeof transa));
-    CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &transb, sizeof transb));
-    CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
-    // Set before the heuristic: it reads these pointers' values for their alignment (BIAS_POINTER doc).
-    if (g.bias) CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias));
+    CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &transa, sizeof transa));
+    CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &transb, sizeof transb));
+    CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+    if (bias) {
+        const int32_t type = bias_type;  // BIAS_DATA_TYPE: the bias, or the bias gradient BGRAD* writes
+        CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &type, sizeof type));
+    }
     if (g.aux) {
         const int64_t aux_ld = g.ldd;  // EPILOGUE_AUX_LD: a multiple of 8, at least D's rows
-        CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.aux, sizeof g.aux));
-        CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
+        CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
     }
+    // Set before the heuristic: it reads these pointers' values for their alignment (BIAS_POINTER doc).
+    set_pointers(plan, g, bias);
     // Layouts: rows x cols of the matrix as stored (before op), column-major.
-    cublasLtMatrixLayout_t a_layout, b_layout, d_layout;
     const bool ta = g.transa != CUBLAS_OP_N, tb = g.transb != CUBLAS_OP_N;
-    CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&a_layout, kFloatXType, ta ? g.k : g.m, ta ? g.m : g.k, g.lda));
-    CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&b_layout, kFloatXType, tb ? g.n : g.k, tb ? g.k : g.n, g.ldb));
-    CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&d_layout, kFloatXType, g.m, g.n, g.ldd));
+    CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&plan.a, kFloatXType, ta ? g.k : g.m, ta ? g.m : g.k, g.lda));
+    CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&plan.b, kFloatXType, tb ? g.n : g.k, tb ? g.k : g.n, g.ldb));
+    CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&plan.d, kFloatXType, g.m, g.n, g.ldd));
 
     cublasLtMatmulPreference_t preference;
     CUBLASLT_CHECK(cublasLtMatmulPreferenceCreate(&preference));
@@ -123,33 +248,47 @@ inline void run(const Matmul& mm, const Gemm& g, cudaStream_t stream, const std:
                                                         &workspace_bytes, sizeof workspace_bytes));
     // MIN_ALIGNMENT_*_BYTES docs: the heuristic assumes 256-byte aligned matrices by default;
     // slices of the parameter and activation buffers may be less aligned, so say what they are.
-    const uint32_t align_a = alignment_of(g.a), align_b = alignment_of(g.b), align_d = alignment_of(g.d);
-    CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof align_a));
-    CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof align_b));
-    CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d, sizeof align_d));
-    CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof align_d));
+    CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key.align_a, sizeof key.align_a));
+    CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key.align_b, sizeof key.align_b));
+    CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key.align_d, sizeof key.align_d));
+    CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.align_d, sizeof key.align_d));
 
-    cublasLtMatmulHeuristicResult_t heuristic{};
-    int found = 0;
-    CUBLASLT_CHECK(cublasLtMatmulAlgoGetHeuristic(mm.handle, desc, a_layout, b_layout, d_layout, d_layout, preference, 1,
-                                                  &heuristic, &found));
-    if (found == 0)
+    cublasLtMatmulHeuristicResult_t candidates[kAutotuneCandidates] = {};
+    const int requested = mm.autotune ? kAutotuneCandidates : 1;
+    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(mm.handle, plan.desc, plan.a, plan.b, plan.d, plan.d,
+                                                                 preference, requested, candidates, &plan.candidates);
+    cublasLtMatmulPreferenceDestroy(preference);
+    // No algorithm for this problem: NOT_SUPPORTED from the call, or success with none returned.
+    if (status != CUBLAS_STATUS_NOT_SUPPORTED) CUBLASLT_CHECK(status);
+    if (status != CUBLAS_STATUS_SUCCESS) plan.candidates = 0;
+    plan.supported = plan.candidates > 0;
+    if (plan.supported) {
+        plan.chosen = plan.candidates > 1 ? fastest_candidate(mm, plan, candidates, plan.candidates, g, stream) : 0;
+        plan.algo = candidates[plan.chosen].algo;
+    }
+    return mm.plans->plans.emplace(key, plan).first->second;
+}
+
+// Runs one GEMM through its plan; false (and nothing run) where cuBLASLt has no algorithm for it.
+// `bias` is g.bias, or the bias gradient's output for BGRAD* epilogues, of type `bias_type`.
+inline bool try_run(const Matmul& mm, const Gemm& g, const void* bias, int bias_type, cudaStream_t stream,
+                    const std::string& name) {
+    const Plan& plan = plan_for(mm, g, bias, bias_type, stream);
+    if (!plan.supported) return false;
+    set_pointers(plan, g, bias);
+    const KernelCost cost = gemm_cost(g);
+    launch_record::Scope recorded(name, cost.kind, cost.flops, cost.bytes, stream);
+    CUBLASLT_CHECK(launch_gemm(mm, plan, plan.algo, g, stream));
+    return true;
+}
+
+// `name` labels the GEMM in launch records (launch_record.h).
+inline void run(const Matmul& mm, const Gemm& g, cudaStream_t stream, const std::string& name) {
+    if (!try_run(mm, g, g.bias, kFloatXType, stream, name))
         require_supported("cublasLtMatmulAlgoGetHeuristic",
                           "matmul: cuBLASLt has no algorithm for m = " + std::to_string(g.m) + ", n = " +
                               std::to_string(g.n) + ", k = " + std::to_string(g.k) + ", epilogue " +
-                              std::to_string(epilogue));
-    const float alpha = 1.0f;
-    {
-        const KernelCost cost = gemm_cost(g);
-        launch_record::Scope recorded(name, cost.kind, cost.flops, cost.bytes, stream);
-        CUBLASLT_CHECK(cublasLtMatmul(mm.handle, desc, &alpha, g.a, a_layout, g.b, b_layout, &g.beta, g.d, d_layout, g.d,
-                                      d_layout, &heuristic.algo, mm.workspace, kMatmulWorkspaceBytes, stream));
-    }
-    cublasLtMatmulPreferenceDestroy(preference);
-    cublasLtMatrixLayoutDestroy(d_layout);
-    cublasLtMatrixLayoutDestroy(b_layout);
-    cublasLtMatrixLayoutDestroy(a_layout);
-    cublasLtMatmulDescDestroy(desc);
+                              std::to_string(uint32_t(g.epilogue)));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -217,7 +356,7 @@ struct NamedPointer {
 };
 inline void check_arguments(const Matmul& mm, const char* launcher, int N, int C, int OC,
                             std::initializer_list<NamedPointer> pointers) {
-    require_supported(launcher, mm.handle == nullptr ? "matmul: the Matmul has no handle (matmul_create)" : "");
+    require_supported(launcher, mm.handle == nullptr || !mm.plans ? "matmul: the Matmul has no handle (matmul_create)" : "");
     require_supported(launcher, N < 0 ? "matmul: N = " + std::to_string(N) + " is negative" : "");
     require_supported(launcher, matmul_requirements(C, OC));
     for (const NamedPointer& p : pointers) {
@@ -238,10 +377,12 @@ inline Matmul matmul_create(void* workspace) {
     Matmul mm;
     CUBLASLT_CHECK(cublasLtCreate(&mm.handle));
     mm.workspace = workspace;
+    mm.plans = std::make_shared<matmul_detail::PlanCache>();
     return mm;
 }
 
 inline void matmul_destroy(Matmul& mm) {
+    mm.plans.reset();  // its descriptors and layouts before the handle
     if (mm.handle != nullptr) CUBLASLT_CHECK(cublasLtDestroy(mm.handle));
     mm = Matmul{};
 }
@@ -284,18 +425,37 @@ inline void matmul_backward(const Matmul& mm, floatX* dinp, floatX* dweight, flo
 
     Gemm weight_grad{CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, inp, C, dout, OC, dweight, C};
     weight_grad.beta = 1.0f;
-    run(mm, weight_grad, stream, record_name("matmul_backward_dweight", C, OC, {}));
-
-    if (dbias) {
+    const std::string weight_grad_name = record_name("matmul_backward_dweight", C, OC, {});
+    if (!dbias) {
+        run(mm, weight_grad, stream, weight_grad_name);
+        return;
+    }
+    // Fused: BGRADB sums op(B) = dout (N x OC) over k = N into one FP32 value per column of D, i.e.
+    // per output feature ("bias size = columns of D; the reduction happens over the GEMM's k
+    // dimension"), while the GEMM reads dout anyway. It overwrites its output, so it goes to
+    // scratch and the finishing kernel adds it into dbias (+=, one rounding), as after the partials.
+    const int threads = 128;
+    const double X = sizeof(floatX);
+    if (mm.fuse_bias_grad) {
+        Gemm fused = weight_grad;
+        fused.epilogue = CUBLASLT_EPILOGUE_BGRADB;
+        if (try_run(mm, fused, scratch, CUDA_R_32F, stream, record_name("matmul_backward_dweight", C, OC, {"dbias"}))) {
+            const KernelCost finish_cost{double(OC), double(OC) * sizeof(float) + 2.0 * OC * X};
+            launch<bias_grad_finish_kernel>(finish_cost, dim3(ceil_div(OC / kPack, threads)), dim3(threads), 0, stream, dbias,
+                                            (const float*)scratch, 1, OC);
+            return;
+        }
+    }
+    run(mm, weight_grad, stream, weight_grad_name);
+    {
         const int chunks = bias_grad_chunks(N), rows_per_chunk = int(ceil_div(N, chunks));
         const int used_chunks = int(ceil_div(N, rows_per_chunk));
         // Column sums: one add per dout element, read once; one partial row per chunk written. Then
         // the partials read once and added into dbias (read and written).
-        const double X = sizeof(floatX), partial_floats = double(used_chunks) * OC;
+        const double partial_floats = double(used_chunks) * OC;
         const KernelCost partial_cost{double(N) * OC, double(N) * OC * X + partial_floats * sizeof(float)};
         launch<bias_grad_partial_kernel>(partial_cost, dim3(ceil_div(OC, kBiasColumnsPerBlock), used_chunks),
                                          dim3(32, kBiasRowThreads), 0, stream, scratch, dout, N, OC, rows_per_chunk);
-        const int threads = 128;
         const KernelCost finish_cost{partial_floats + OC, partial_floats * sizeof(float) + 2.0 * OC * X};
         launch<bias_grad_finish_kernel>(finish_cost, dim3(ceil_div(OC / kPack, threads)), dim3(threads), 0, stream, dbias,
                                         (const float*)scratch, used_chunks, OC);

@@ -138,6 +138,7 @@ const std::vector<FlagCase> flag_cases = {
     {"world-size", 0, "8", 8},
     {"max-memory", 0, "40.5", 40.5},
     {"attention", 0, "tc", "tc"},
+    {"matmul-autotune", 0, nullptr, true},
     {"checkpoint-every", 'n', "1000", 1000, {"-o", "out"}},
     {"keep-last", 0, "3", 3, {"-o", "out", "-n", "100"}},
     {"resume", 'y', nullptr, true, {"-o", "out"}},

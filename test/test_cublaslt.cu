@@ -558,16 +558,20 @@ TEST_CASE("cublasLt: misuse returns the documented status") {
         MatmulDesc tf32(CUBLAS_COMPUTE_32F_FAST_TF32);
         CHECK(matmul(handle, tf32, 1, A, B, 0, D, D) == CUBLAS_STATUS_NOT_SUPPORTED);
     }
-    SECTION("emulator: the heuristic offers one algorithm without workspace") {
+    SECTION("emulator: the heuristic offers two alike algorithms without workspace") {
         Layout a(A), b(B), d(D);
         cublasLtMatmulPreference_t pref;
         LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
         cublasLtMatmulHeuristicResult_t results[4] = {};
         int count = 0;
         LT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle.h, desc.d, a.l, b.l, d.l, d.l, pref, 4, results, &count));
+        CHECK(count == 2);
+        for (int i = 0; i < count; ++i) {
+            CHECK(results[i].state == CUBLAS_STATUS_SUCCESS);
+            CHECK(results[i].workspaceSize == 0);
+        }
+        LT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle.h, desc.d, a.l, b.l, d.l, d.l, pref, 1, results, &count));
         CHECK(count == 1);
-        CHECK(results[0].state == CUBLAS_STATUS_SUCCESS);
-        CHECK(results[0].workspaceSize == 0);
         cublasLtMatmulPreferenceDestroy(pref);
     }
 #endif

@@ -139,9 +139,27 @@ struct BackwardResult {
     std::vector<floatX> dinp, dweight, dbias;
 };
 
-void check_backward(const Size s, bool with_gelu, bool with_bias) {
-    INFO("N " << s.N << ", C " << s.C << ", OC " << s.OC << (with_gelu ? ", DGELU" : "") << (with_bias ? ", bias" : ""));
+// How the Matmul runs: the bias gradient fused into the weight gradient's GEMM (BGRADB) or by our
+// column-sum kernels; the heuristic's first algorithm or the fastest of its candidates (autotune).
+struct Mode {
+    bool fuse_bias_grad = true;
+    bool autotune = false;
+};
+
+// The plans of the Matmul's cache with this epilogue that found an algorithm.
+int supported_plans(const Matmul& mm, cublasLtEpilogue_t epilogue) {
+    int count = 0;
+    for (const auto& [key, plan] : mm.plans->plans) count += key.epilogue == uint32_t(epilogue) && plan.supported;
+    return count;
+}
+
+void check_backward(const Size s, bool with_gelu, bool with_bias, Mode mode = {}) {
+    INFO("N " << s.N << ", C " << s.C << ", OC " << s.OC << (with_gelu ? ", DGELU" : "") << (with_bias ? ", bias" : "")
+              << (mode.fuse_bias_grad ? ", fused bias gradient" : ", bias-gradient kernels")
+              << (mode.autotune ? ", autotune" : ""));
     MatmulLibrary library;
+    library.mm.fuse_bias_grad = mode.fuse_bias_grad;
+    library.mm.autotune = mode.autotune;
     std::mt19937 rng(s.N * 104729 + s.C);
     const auto dout = random_values(size_t(s.N) * s.OC, 1.0f, rng), inp = random_values(size_t(s.N) * s.C, 1.0f, rng),
                weight = random_values(size_t(s.OC) * s.C, 1.0f, rng),
@@ -232,6 +250,8 @@ void check_backward(const Size s, bool with_gelu, bool with_bias) {
     CHECK(bitwise_equal(again.dinp, first.dinp));
     CHECK(bitwise_equal(again.dweight, first.dweight));
     CHECK(bitwise_equal(again.dbias, first.dbias));
+    // The path asked for is the path taken (the emulated cuBLASLt has BGRADB for these layouts).
+    CHECK(supported_plans(library.mm, CUBLASLT_EPILOGUE_BGRADB) == (with_bias && mode.fuse_bias_grad ? 1 : 0));
 }
 
 }  // namespace
@@ -262,6 +282,53 @@ TEST_CASE("matmul_backward: dinp (plain and through DGELU), dweight and dbias ac
     for (const Size& s : kSizes)
         for (bool with_gelu : {false, true}) check_backward(s, with_gelu, /*with_bias=*/true);
     check_backward(kSizes[1], false, /*with_bias=*/false);
+}
+
+TEST_CASE("matmul_backward: the bias gradient by our kernels (cuBLASLt without BGRADB) matches the same reference") {
+    for (const Size& s : kSizes) check_backward(s, /*with_gelu=*/true, /*with_bias=*/true, Mode{.fuse_bias_grad = false});
+}
+
+// Autotune runs every candidate on the call's own operands: the weight gradient's GEMM accumulates
+// (beta = 1), so without saving and restoring dweight each candidate's run would add to it again;
+// the reference check above fails then. The emulated candidates compute alike, so the result must
+// also equal the untuned one bit for bit.
+TEST_CASE("matmul autotune: candidates timed on live operands leave the results as one run leaves them") {
+    for (const Size& s : kSizes) check_backward(s, /*with_gelu=*/true, /*with_bias=*/true, Mode{.autotune = true});
+    const Size s = kSizes[0];
+    std::mt19937 rng(11);
+    const auto dout = random_values(size_t(s.N) * s.OC, 1.0f, rng), inp = random_values(size_t(s.N) * s.C, 1.0f, rng),
+               weight = random_values(size_t(s.OC) * s.C, 1.0f, rng), start = random_values(size_t(s.OC) * s.C, 1.0f, rng);
+    std::vector<std::vector<floatX>> dweights;
+    for (bool autotune : {false, true}) {
+        MatmulLibrary library;
+        library.mm.autotune = autotune;
+        DeviceBuffer<floatX> d_dout(dout), d_inp(inp), d_weight(weight), d_dinp(size_t(s.N) * s.C), d_dweight(start);
+        matmul_backward(library.mm, d_dinp.ptr, d_dweight.ptr, nullptr, nullptr, d_dout.ptr, d_inp.ptr, d_weight.ptr, s.N,
+                        s.C, s.OC, library.stream);
+        dweights.push_back(d_dweight.download());
+        for (const auto& [key, plan] : library.mm.plans->plans) CHECK(plan.candidates == (autotune ? 2 : 1));
+    }
+    CHECK(bitwise_equal(dweights[0], dweights[1]));
+}
+
+TEST_CASE("matmul plans: made once per shape and reused") {
+    const Size s = kSizes[0];
+    MatmulLibrary library;
+    std::mt19937 rng(3);
+    DeviceBuffer<floatX> inp(random_values(size_t(s.N) * s.C, 1.0f, rng)), weight(random_values(size_t(s.OC) * s.C, 1.0f, rng)),
+        bias(random_values(s.OC, 1.0f, rng)), out(size_t(s.N) * s.OC), out2(size_t(s.N) * s.OC);
+    for (int i = 0; i < 3; ++i) matmul_forward(library.mm, out.ptr, inp.ptr, weight.ptr, bias.ptr, s.N, s.C, s.OC, library.stream);
+    CHECK(library.mm.plans->misses == 1);
+    const auto first = out.download();
+    // Other pointers with the same alignment: the same plan, with the call's pointers.
+    matmul_forward(library.mm, out2.ptr, inp.ptr, weight.ptr, bias.ptr, s.N, s.C, s.OC, library.stream);
+    CHECK(library.mm.plans->misses == 1);
+    CHECK(bitwise_equal(out2.download(), first));
+    // Another shape, another epilogue: new plans.
+    matmul_forward(library.mm, out.ptr, inp.ptr, weight.ptr, bias.ptr, s.N - 1, s.C, s.OC, library.stream);
+    matmul_forward(library.mm, out.ptr, inp.ptr, weight.ptr, nullptr, s.N, s.C, s.OC, library.stream);
+    CHECK(library.mm.plans->misses == 3);
+    CHECK(library.mm.plans->plans.size() == 3);
 }
 
 TEST_CASE("matmul_requirements rejects sizes that are not multiples of 8") {
