@@ -519,10 +519,12 @@ template <typename Attend> inline void gpt2_blocks_forward(GPT2& model, Attend&&
 // computed, and when grad_scale > 0 the classifier also leaves dlogits = grad_scale * dloss/dlogits in
 // the logits buffer for the backward pass. grad_scale is 1 / (valid targets of the whole optimizer
 // step), known before backward, so the step's loss is a mean over tokens, never a mean of means.
-// Returns the sum of the per-token losses (0 without targets).
+// gpt2_forward_queue queues it on model.stream and returns without waiting for the device (the
+// losses are in acts.losses when the stream gets there); gpt2_forward waits and returns the sum of
+// the per-token losses (0 without targets).
 
-inline double gpt2_forward(GPT2& model, const int* inputs_host, const int* targets_host, int B, int T,
-                           float grad_scale) {
+inline void gpt2_forward_queue(GPT2& model, const int* inputs_host, const int* targets_host, int B, int T,
+                               float grad_scale) {
     const auto fail = [](const std::string& what) { throw TrainGptError("gpt2_forward: " + what); };
     if (B < 1 || B > model.max_batch || T < 1 || T > model.max_tokens)
         fail("B = " + std::to_string(B) + ", T = " + std::to_string(T) + " exceed the allocated " +
@@ -564,21 +566,31 @@ inline double gpt2_forward(GPT2& model, const int* inputs_host, const int* targe
 
     // Tied output head: logits = lnf @ wte^T over the padded vocabulary.
     matmul_forward(mm, a.logits, a.lnf, p.wte, nullptr, BT, C, Vp, stream);
-    if (!targets_host) return 0.0;
+    if (!targets_host) return;
 
     fused_classifier(a.logits, a.losses, model.targets, grad_scale, BT, V, Vp, grad_scale > 0.0f, stream);
-    std::vector<float> losses(BT);
-    CUDA_CHECK(cudaMemcpyAsync(losses.data(), a.losses, BT * sizeof(float), cudaMemcpyDeviceToHost, stream));
-    CUDA_CHECK(cudaStreamSynchronize(stream));
-    double sum = 0.0;  // in position order: deterministic
     int valid = 0;
-    for (int i = 0; i < BT; ++i) {
-        sum += losses[i];
-        valid += targets_host[i] != -1;
-    }
-    model.loss_sum = sum;
+    for (int i = 0; i < BT; ++i) valid += targets_host[i] != -1;
     model.valid_targets = valid;
+}
+
+// The sum of n per-token losses copied to the host, in position order (double: deterministic).
+inline double sum_of_losses(const float* losses, size_t n) {
+    double sum = 0.0;
+    for (size_t i = 0; i < n; ++i) sum += losses[i];
     return sum;
+}
+
+inline double gpt2_forward(GPT2& model, const int* inputs_host, const int* targets_host, int B, int T,
+                           float grad_scale) {
+    gpt2_forward_queue(model, inputs_host, targets_host, B, T, grad_scale);
+    if (!targets_host) return 0.0;
+    const size_t BT = size_t(B) * T;
+    std::vector<float> losses(BT);
+    CUDA_CHECK(cudaMemcpyAsync(losses.data(), model.acts.losses, BT * sizeof(float), cudaMemcpyDeviceToHost, model.stream));
+    CUDA_CHECK(cudaStreamSynchronize(model.stream));
+    model.loss_sum = sum_of_losses(losses.data(), BT);
+    return model.loss_sum;
 }
 
 // Generation with a key/value cache (an inference model): the forward pass of n new tokens of one
@@ -734,7 +746,24 @@ struct Trainer {
     floatX* reduce_receive = nullptr;  // ZeRO-2: where a reduced slice of this rank's shard arrives
     cudaEvent_t layer_buffer_free[2] = {nullptr, nullptr};
     Watchdog* watchdog = nullptr;      // told of progress (host/watchdog.h); null: none
+    // Each micro-step's per-token losses, copied here as the stream reaches them and read once the
+    // step's backward passes are queued: page-locked (cudaMallocHost), so the copies do not make
+    // the host wait, and it queues the next micro-step while the device computes this one.
+    float* step_losses = nullptr;
+    size_t step_losses_capacity = 0;  // floats
 };
+
+// Room for n floats of losses (the previous step's copies are done: train_step waits for them).
+inline float* reserve_step_losses(Trainer& tr, size_t n) {
+    if (n > tr.step_losses_capacity) {
+        if (tr.step_losses) CUDA_CHECK(cudaFreeHost(tr.step_losses));
+        tr.step_losses = nullptr;
+        tr.step_losses_capacity = 0;
+        CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&tr.step_losses), n * sizeof(float)));
+        tr.step_losses_capacity = n;
+    }
+    return tr.step_losses;
+}
 
 // Progress for the watchdog: `what` (a string literal) at optimizer step `step`.
 inline void progress(Trainer& tr, const char* what, int64_t step) {
@@ -759,6 +788,9 @@ inline void trainer_build(Trainer& tr, const Distributed& dist, const GPT2Config
 inline void trainer_start(Trainer& tr) { optimizer_start(tr.optimizer, tr.model.params_memory, tr.model.stream); }
 
 inline void trainer_free(Trainer& tr) {
+    if (tr.step_losses) CUDA_CHECK(cudaFreeHost(tr.step_losses));
+    tr.step_losses = nullptr;
+    tr.step_losses_capacity = 0;
     for (cudaEvent_t& e : tr.layer_buffer_free) CUDA_CHECK(cudaEventDestroy(e));
     gpt2_free(tr.model);
     CUDA_CHECK(cudaStreamDestroy(tr.model.stream));
@@ -832,11 +864,12 @@ inline StepResult train_step(Trainer& tr, const std::vector<const int*>& inputs,
     const float grad_scale = float(sh.world_size) / float(result.valid_targets);
 
     gpt2_zero_grad(m);
-    double loss_sum = 0;
-    const size_t micro_steps = inputs.size();
+    const size_t micro_steps = inputs.size(), BT = size_t(B) * T;
+    float* losses = reserve_step_losses(tr, micro_steps * BT);
     for (size_t s = 0; s < micro_steps; ++s) {
         progress(tr, "a training step", tr.optimizer.step + 1);
-        loss_sum += gpt2_forward(m, inputs[s], targets[s], B, T, grad_scale);
+        gpt2_forward_queue(m, inputs[s], targets[s], B, T, grad_scale);
+        CUDA_CHECK(cudaMemcpyAsync(losses + s * BT, m.acts.losses, BT * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
         // Stages 0-1 accumulate full gradients over the micro-steps and reduce after the last one;
         // stage 2 keeps no full gradients, so it reduces after every micro-step.
         const bool reduce = sh.zero_stage == 2 || s + 1 == micro_steps;
@@ -850,6 +883,9 @@ inline StepResult train_step(Trainer& tr, const std::vector<const int*>& inputs,
         CUDA_CHECK(cudaEventRecord(tr.dist.comm_done, tr.dist.comm_stream));
         CUDA_CHECK(cudaStreamWaitEvent(m.stream, tr.dist.comm_done, 0));
     }
+    CUDA_CHECK(cudaStreamSynchronize(m.stream));  // the step's one wait before its norm: the losses are here
+    double loss_sum = 0;
+    for (size_t s = 0; s < micro_steps; ++s) loss_sum += sum_of_losses(losses + s * BT, BT);  // as micro-step sums
     result.loss = all_ranks_sum(tr.dist, loss_sum) / double(result.valid_targets);
     result.grad_norm = global_gradient_norm(tr);
     static const DivergenceGuard finite_only(DivergenceSettings{});

@@ -160,6 +160,11 @@ struct ExecutorStats {
     uint64_t fibers_started, switches, launches;
 };
 ExecutorStats executor_stats();
+// Times the host waited for the device, as it would with a GPU: cudaStreamSynchronize,
+// cudaDeviceSynchronize, cudaEventSynchronize, cudaMemcpy, and cudaMemcpyAsync into pageable host
+// memory (it returns only once the copy is done; into cudaMallocHost memory it does not wait).
+// Work runs synchronously here, so this is the only way a test sees where a GPU would stall.
+uint64_t host_waits();
 
 template <typename T> inline uint64_t to_bits(T v) {
     static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>, "warp collectives move at most 8 bytes");

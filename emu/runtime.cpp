@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <new>
 #include <string>
@@ -65,6 +66,29 @@ void reset_peak_memory() {
     std::lock_guard<std::mutex> lock(a.mutex);
     a.peak = a.current;
 }
+
+namespace {
+std::atomic<uint64_t> host_wait_count{0};
+struct PinnedAllocations {  // cudaMallocHost's blocks by start: an address is pinned if one holds it
+    std::mutex mutex;
+    std::map<const char*, size_t> blocks;
+};
+PinnedAllocations& pinned_allocations() {
+    static PinnedAllocations* p = new PinnedAllocations;  // never destroyed, as allocations()
+    return *p;
+}
+bool is_pinned(const void* p) {
+    PinnedAllocations& pinned = pinned_allocations();
+    std::lock_guard<std::mutex> lock(pinned.mutex);
+    auto it = pinned.blocks.upper_bound(static_cast<const char*>(p));
+    if (it == pinned.blocks.begin()) return false;
+    --it;
+    return static_cast<const char*>(p) < it->first + it->second;
+}
+}  // namespace
+
+uint64_t host_waits() { return host_wait_count.load(); }
+void count_host_wait() { ++host_wait_count; }
 
 bool is_device_allocation(const void* p) {
     Allocations& a = allocations();
@@ -155,10 +179,19 @@ cudaError_t cudaFree(void* ptr) {
 cudaError_t cudaMallocHost(void** ptr, size_t size) {
     if (ptr == nullptr) return record_error(cudaErrorInvalidValue);
     *ptr = std::malloc(size == 0 ? 1 : size);
-    return *ptr ? cudaSuccess : record_error(cudaErrorMemoryAllocation);
+    if (*ptr == nullptr) return record_error(cudaErrorMemoryAllocation);
+    cuemu::PinnedAllocations& pinned = cuemu::pinned_allocations();
+    std::lock_guard<std::mutex> lock(pinned.mutex);
+    pinned.blocks[static_cast<const char*>(*ptr)] = size == 0 ? 1 : size;
+    return cudaSuccess;
 }
 
 cudaError_t cudaFreeHost(void* ptr) {
+    {
+        cuemu::PinnedAllocations& pinned = cuemu::pinned_allocations();
+        std::lock_guard<std::mutex> lock(pinned.mutex);
+        pinned.blocks.erase(static_cast<const char*>(ptr));
+    }
     std::free(ptr);
     return cudaSuccess;
 }
@@ -188,6 +221,9 @@ const char* copy_name(bool synchronous, cudaMemcpyKind kind) {
 cudaError_t copy_bytes(const char* name, void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t stream,
                        bool synchronous) {
     if (count && (dst == nullptr || src == nullptr)) return record_error(cudaErrorInvalidValue);
+    const bool into_host = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyHostToHost ||
+                           (kind == cudaMemcpyDefault && !cuemu::is_device_allocation(dst));
+    if (synchronous || (into_host && !cuemu::is_pinned(dst))) cuemu::count_host_wait();
     if (count && cuemu::race::enabled()) {
         const cuemu::MemoryAccess accesses[] = {{src, count, false, false}, {dst, count, true, false}};
         cuemu::race::operation(copy_name(synchronous, kind), stream, accesses, 2);
@@ -259,6 +295,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+    cuemu::count_host_wait();
     cuemu::race::host_waits_for_stream(stream);
     return cudaSuccess;
 }
@@ -268,6 +305,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
     return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize() {
+    cuemu::count_host_wait();
     cuemu::race::host_waits_for_device();
     return cudaSuccess;
 }
@@ -297,6 +335,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+    cuemu::count_host_wait();
     cuemu::race::host_waits_for_event(event);
     return cudaSuccess;
 }

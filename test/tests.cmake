@@ -48,6 +48,9 @@ if(NOT GPU)
   set_tests_properties(test_emu_executor_2threads PROPERTIES ENVIRONMENT "CUEMU_THREADS=2")
   # The cross-stream race detector: planted stream-ordering bugs are caught, their fixed twins are not.
   add_test(test_emu_racecheck ${TEST_BIN}/test_emu_racecheck)
+  # Where a GPU's host would wait (cuemu::host_waits): a training step's waits do not grow with micro-steps.
+  add_test(test_emu_host_waits ${TEST_BIN}/test_emu_host_waits)
+  set_tests_properties(test_emu_host_waits PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
 endif()
 
 # NCCL collectives across ranks (skipped, exit 77, on a GPU node with fewer GPUs than ranks), and on one.
