@@ -213,9 +213,22 @@ struct GPT2 {
     size_t layer_grad_size = 0;  // parameters of one transformer block
     int* inputs = nullptr;       // (B, T) on the device
     int* targets = nullptr;      // (B, T) on the device
-    std::vector<int> inputs_host;  // the encoder's deterministic backward groups positions by token on the host
-    int* doc_start = nullptr;         // (B, T) document starts (--doc-mask, --doc-positions; host/documents.h)
-    std::vector<int> doc_start_host;  // the same on the host: the encoder's backward groups by restarted position
+    int* doc_start = nullptr;      // (B, T) document starts (--doc-mask, --doc-positions; host/documents.h)
+    // What each forward pass uploads (token ids, targets, document starts) and the encoder backward's
+    // grouping of its tokens, in page-locked host memory, so the copies do not make the host wait.
+    // Two slots, used in turn: the host fills one while the device may still copy from the other;
+    // `copied` is recorded after a slot's last copy, and the host waits on it only when the device is
+    // two forward passes behind.
+    struct UploadSlot {
+        int* inputs = nullptr;
+        int* targets = nullptr;
+        int* doc_start = nullptr;
+        int* grouping = nullptr;  // encoder_backward_scratch_ints
+        EncoderGrouping encoder;  // made from `inputs` for the backward pass (count 0: not yet)
+        cudaEvent_t copied = nullptr;
+    };
+    UploadSlot uploads[2];
+    int upload_slot = 0;  // the slot of the last forward pass
     int B = 0, T = 0;              // sizes of the last forward pass
     double loss_sum = 0;           // sum of per-token losses of the last forward pass with targets
     int valid_targets = 0;         // targets != -1 in it
@@ -360,6 +373,13 @@ inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int 
     model.max_batch = B;
     model.max_tokens = T;
     model.matmul = matmul_create(m.get<void>("matmul_workspace"));
+    const size_t BT = size_t(B) * T, grouping_ints = encoder_backward_scratch_ints(B, T, options.doc_positions);
+    for (GPT2::UploadSlot& up : model.uploads) {  // page-locked host memory: not in the device plan
+        int* block = nullptr;
+        CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&block), (3 * BT + grouping_ints) * sizeof(int)));
+        up = {block, block + BT, block + 2 * BT, block + 3 * BT};
+        CUDA_CHECK(cudaEventCreateWithFlags(&up.copied, cudaEventDisableTiming));
+    }
     model.matmul.autotune = options.matmul_autotune;
     model.doc_start = options.uses_documents() ? m.get<int>("doc_start") : nullptr;
     ActivationTensors& a = model.acts;
@@ -407,6 +427,12 @@ inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int 
 }
 
 inline void gpt2_free(GPT2& model) {
+    for (GPT2::UploadSlot& up : model.uploads) {
+        if (up.copied) CUDA_CHECK(cudaEventSynchronize(up.copied));  // no copy still reads the block
+        if (up.inputs) CUDA_CHECK(cudaFreeHost(up.inputs));
+        if (up.copied) CUDA_CHECK(cudaEventDestroy(up.copied));
+        up = {};
+    }
     matmul_destroy(model.matmul);
     model.memory.free_all();
     model.params_memory = model.grads_memory = nullptr;
@@ -514,6 +540,22 @@ template <typename Attend> inline void gpt2_blocks_forward(GPT2& model, Attend&&
     }
 }
 
+// The upload slot the next forward pass fills: the other one than last time, once the device has
+// done that slot's copies (cudaEventQuery first: no wait when it has, the usual case).
+inline GPT2::UploadSlot& next_upload_slot(GPT2& model) {
+    model.upload_slot ^= 1;
+    GPT2::UploadSlot& up = model.uploads[model.upload_slot];
+    const cudaError_t state = cudaEventQuery(up.copied);
+    if (state == cudaErrorNotReady) CUDA_CHECK(cudaEventSynchronize(up.copied));
+    else CUDA_CHECK(state);
+    up.encoder = EncoderGrouping{};
+    return up;
+}
+
+inline EncoderGrouping encoder_grouping_of(const GPT2& model, const GPT2::UploadSlot& up) {
+    return encoder_backward_grouping(up.grouping, up.inputs, model.B, model.T, model.options.doc_positions ? up.doc_start : nullptr);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Forward pass. targets may be null (inference: logits only). With targets, the per-token losses are
 // computed, and when grad_scale > 0 the classifier also leaves dlogits = grad_scale * dloss/dlogits in
@@ -543,16 +585,23 @@ inline void gpt2_forward_queue(GPT2& model, const int* inputs_host, const int* t
     }
     model.B = B;
     model.T = T;
-    model.inputs_host.assign(inputs_host, inputs_host + BT);
     cudaStream_t stream = model.stream;
     const Matmul& mm = model.matmul;
-    CUDA_CHECK(cudaMemcpyAsync(model.inputs, inputs_host, BT * sizeof(int), cudaMemcpyHostToDevice, stream));
-    if (targets_host)
-        CUDA_CHECK(cudaMemcpyAsync(model.targets, targets_host, BT * sizeof(int), cudaMemcpyHostToDevice, stream));
-    if (model.options.uses_documents()) {  // each token's document start (host/documents.h), on the same stream
-        model.doc_start_host = document_starts(inputs_host, B, T, model.options.eot_token);
-        CUDA_CHECK(cudaMemcpyAsync(model.doc_start, model.doc_start_host.data(), BT * sizeof(int), cudaMemcpyHostToDevice, stream));
+    GPT2::UploadSlot& up = next_upload_slot(model);
+    std::copy(inputs_host, inputs_host + BT, up.inputs);
+    CUDA_CHECK(cudaMemcpyAsync(model.inputs, up.inputs, BT * sizeof(int), cudaMemcpyHostToDevice, stream));
+    if (targets_host) {
+        std::copy(targets_host, targets_host + BT, up.targets);
+        CUDA_CHECK(cudaMemcpyAsync(model.targets, up.targets, BT * sizeof(int), cudaMemcpyHostToDevice, stream));
     }
+    if (model.options.uses_documents()) {  // each token's document start (host/documents.h), on the same stream
+        const std::vector<int> starts = document_starts(inputs_host, B, T, model.options.eot_token);
+        std::copy(starts.begin(), starts.end(), up.doc_start);
+        CUDA_CHECK(cudaMemcpyAsync(model.doc_start, up.doc_start, BT * sizeof(int), cudaMemcpyHostToDevice, stream));
+    }
+    // A backward pass follows (dlogits are written): its grouping now, while the device runs ahead.
+    if (grad_scale > 0.0f) up.encoder = encoder_grouping_of(model, up);
+    CUDA_CHECK(cudaEventRecord(up.copied, stream));
 
     ParameterTensors& p = model.params;
     ActivationTensors& a = model.acts;
@@ -729,9 +778,11 @@ inline void gpt2_backward(GPT2& model, const std::function<void(int)>& layer_don
                            BT, C, stream);
         if (layer_done) layer_done(l);
     }
-    // Embeddings: deterministic, grouped by token on the host.
-    encoder_backward(g.wte, g.wpe, b.encoder_scratch, b.dresidual, model.inputs_host.data(), B, T, C, stream,
-                     model.options.doc_positions ? model.doc_start_host.data() : nullptr);
+    // Embeddings: deterministic, grouped by token on the host (made by the forward pass that wrote dlogits).
+    GPT2::UploadSlot& up = model.uploads[model.upload_slot];
+    if (up.encoder.count == 0) up.encoder = encoder_grouping_of(model, up);
+    encoder_backward(g.wte, g.wpe, b.encoder_scratch, b.dresidual, up.encoder, B, T, C, stream);
+    CUDA_CHECK(cudaEventRecord(up.copied, stream));
     if (layer_done) layer_done(-1);
 }
 

@@ -160,9 +160,11 @@ struct ExecutorStats {
     uint64_t fibers_started, switches, launches;
 };
 ExecutorStats executor_stats();
-// Times the host waited for the device, as it would with a GPU: cudaStreamSynchronize,
-// cudaDeviceSynchronize, cudaEventSynchronize, cudaMemcpy, and cudaMemcpyAsync into pageable host
-// memory (it returns only once the copy is done; into cudaMallocHost memory it does not wait).
+// Times the host waited, or may have waited, for the device, as it would with a GPU:
+// cudaStreamSynchronize, cudaDeviceSynchronize, cudaEventSynchronize, cudaMemcpy, and cudaMemcpyAsync
+// to or from pageable host memory (into it, the call returns only once the copy is done; out of it,
+// "the driver may synchronize with the stream" to stage it: CUDA Runtime API, "API synchronization
+// behavior"). With cudaMallocHost memory on the host side, cudaMemcpyAsync does not wait.
 // Work runs synchronously here, so this is the only way a test sees where a GPU would stall.
 uint64_t host_waits();
 

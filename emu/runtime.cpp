@@ -223,7 +223,9 @@ cudaError_t copy_bytes(const char* name, void* dst, const void* src, size_t coun
     if (count && (dst == nullptr || src == nullptr)) return record_error(cudaErrorInvalidValue);
     const bool into_host = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyHostToHost ||
                            (kind == cudaMemcpyDefault && !cuemu::is_device_allocation(dst));
-    if (synchronous || (into_host && !cuemu::is_pinned(dst))) cuemu::count_host_wait();
+    const bool from_host = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyHostToHost ||
+                           (kind == cudaMemcpyDefault && !cuemu::is_device_allocation(src));
+    if (synchronous || (into_host && !cuemu::is_pinned(dst)) || (from_host && !cuemu::is_pinned(src))) cuemu::count_host_wait();
     if (count && cuemu::race::enabled()) {
         const cuemu::MemoryAccess accesses[] = {{src, count, false, false}, {dst, count, true, false}};
         cuemu::race::operation(copy_name(synchronous, kind), stream, accesses, 2);

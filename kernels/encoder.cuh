@@ -155,15 +155,21 @@ inline int append_grouping(std::vector<int>& grouping, const std::vector<uint64_
 
 }  // namespace encoder_detail
 
-// doc_start_host: (B, T) document starts on the host for --doc-positions (dwpe by restarted
-// position), or null (dwpe by t).
-inline void encoder_backward(floatX* dwte, floatX* dwpe, int* scratch, const floatX* dout, const int* inp_host, int B,
-                             int T, int C, cudaStream_t stream, const int* doc_start_host = nullptr) {
-    require_supported("encoder_backward", encoder_requirements(C));
+// The grouping of one micro-batch's token ids (and, with doc_start_host, (B, T) document starts for
+// --doc-positions, its restarted positions), written to `grouping` (room for
+// encoder_backward_scratch_ints ints). It needs only the host's copy of the batch, so it is made when
+// the batch is known, and the backward pass only copies it.
+struct EncoderGrouping {
+    const int* ints = nullptr;  // host memory: by token, then (doc positions) by restarted position
+    size_t count = 0;           // ints used
+    int groups = 0;             // G
+    int position_groups = -1;   // G'; -1: dwpe by t (no document positions)
+};
+
+inline EncoderGrouping encoder_backward_grouping(int* grouping, const int* inp_host, int B, int T,
+                                                 const int* doc_start_host = nullptr) {
     require_supported("encoder_backward", encoder_batch_problem(B, T));
     const int N = B * T;
-    if (N == 0) return;
-
     // Sort (token, position) pairs: positions of one token become contiguous and increasing.
     std::vector<uint64_t> keys(N);
     for (int i = 0; i < N; ++i) {
@@ -173,9 +179,9 @@ inline void encoder_backward(floatX* dwte, floatX* dwpe, int* scratch, const flo
         keys[i] = uint64_t(uint32_t(inp_host[i])) << 32 | uint32_t(i);
     }
     std::sort(keys.begin(), keys.end());
-    std::vector<int> grouping;
-    const int G = encoder_detail::append_grouping(grouping, keys);
-    int G_positions = 0;  // groups of restarted positions
+    std::vector<int> built;
+    EncoderGrouping g;
+    g.groups = encoder_detail::append_grouping(built, keys);
     if (doc_start_host != nullptr) {
         for (int i = 0; i < N; ++i) {
             const int position = i % T - doc_start_host[i];
@@ -185,13 +191,28 @@ inline void encoder_backward(floatX* dwte, floatX* dwpe, int* scratch, const flo
             keys[i] = uint64_t(uint32_t(position)) << 32 | uint32_t(i);
         }
         std::sort(keys.begin(), keys.end());
-        G_positions = encoder_detail::append_grouping(grouping, keys);
+        g.position_groups = encoder_detail::append_grouping(built, keys);
     }
+    std::copy(built.begin(), built.end(), grouping);
+    g.ints = grouping;
+    g.count = built.size();
+    return g;
+}
 
-    // From pageable memory, cudaMemcpyAsync returns once the source is staged (CUDA Runtime API,
-    // "API synchronization behavior"), and it first waits for the stream, so neither the host
-    // vector's lifetime nor a previous use of `scratch` on this stream is a hazard.
-    CUDA_CHECK(cudaMemcpyAsync(scratch, grouping.data(), grouping.size() * sizeof(int), cudaMemcpyHostToDevice, stream));
+// dwte (and dwpe) from a grouping made by encoder_backward_grouping. Its ints are copied to `scratch`
+// on the stream with cudaMemcpyAsync: from page-locked memory (cudaMallocHost) the host does not wait,
+// and the memory must stay unchanged until the stream has done the copy; from pageable memory the copy
+// is staged before the call returns, and the driver may first wait for the stream (CUDA Runtime API,
+// "API synchronization behavior").
+inline void encoder_backward(floatX* dwte, floatX* dwpe, int* scratch, const floatX* dout, const EncoderGrouping& grouping,
+                             int B, int T, int C, cudaStream_t stream) {
+    require_supported("encoder_backward", encoder_requirements(C));
+    require_supported("encoder_backward", encoder_batch_problem(B, T));
+    const int N = B * T;
+    if (N == 0) return;
+    const int G = grouping.groups, G_positions = grouping.position_groups;
+    const bool by_restarted_position = G_positions >= 0;
+    CUDA_CHECK(cudaMemcpyAsync(scratch, grouping.ints, grouping.count * sizeof(int), cudaMemcpyHostToDevice, stream));
 
     const unsigned threads_per_row = ceil_div(C, kEncoderChannelsPerThread);
     const unsigned block = std::min(256u, ceil_div(threads_per_row, 32) * 32);
@@ -204,11 +225,11 @@ inline void encoder_backward(floatX* dwte, floatX* dwpe, int* scratch, const flo
     launch<encoder_backward_wte_kernel>(wte_cost, dim3(G, ceil_div(threads_per_row, block)), dim3(block), 0, stream,
                                         dwte, device_positions, device_positions + N, device_positions + N + G + 1, dout,
                                         C);
-    if (doc_start_host != nullptr) {
+    if (by_restarted_position) {
         // wpe by restarted position: the same grouped sums, G' rows of dwpe.
         const int* by_position = device_positions + wte_grouping_ints;
         const KernelCost cost{btc + double(G_positions) * C,
-                              btc * X + 2.0 * G_positions * C * X + double(grouping.size() - wte_grouping_ints) * sizeof(int)};
+                              btc * X + 2.0 * G_positions * C * X + double(grouping.count - wte_grouping_ints) * sizeof(int)};
         launch<encoder_backward_wte_kernel>(cost, dim3(G_positions, ceil_div(threads_per_row, block)), dim3(block), 0,
                                             stream, dwpe, by_position, by_position + N, by_position + N + G_positions + 1,
                                             dout, C);
@@ -219,4 +240,14 @@ inline void encoder_backward(floatX* dwte, floatX* dwpe, int* scratch, const flo
     const KernelCost wpe_cost{btc, btc * X + 2.0 * T * C * X};
     launch<encoder_backward_wpe_kernel>(wpe_cost, dim3(ceil_div(wpe_packs, 256)), dim3(256), 0, stream, dwpe, dout, B, T,
                                         C);
+}
+
+// The grouping made here, from pageable memory (tests and callers without staging memory of their own).
+inline void encoder_backward(floatX* dwte, floatX* dwpe, int* scratch, const floatX* dout, const int* inp_host, int B,
+                             int T, int C, cudaStream_t stream, const int* doc_start_host = nullptr) {
+    require_supported("encoder_backward", encoder_batch_problem(B, T));
+    if (B * T == 0) return;
+    std::vector<int> grouping(encoder_backward_scratch_ints(B, T, doc_start_host != nullptr));
+    const EncoderGrouping g = encoder_backward_grouping(grouping.data(), inp_host, B, T, doc_start_host);
+    encoder_backward(dwte, dwpe, scratch, dout, g, B, T, C, stream);
 }

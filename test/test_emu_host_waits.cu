@@ -1,7 +1,8 @@
 // Where the host waits for the device (cuemu::host_waits, emu/cuda_emu.h): the emulator runs every
 // stream synchronously, so a stall that would idle a GPU cannot show in timings here; the count of
-// calls that make a real host wait can. A training step reads its micro-steps' losses once, after
-// the last backward pass is queued, so its waits must not grow with the number of micro-steps.
+// calls that make a real host wait can. A training step uploads each micro-batch and the encoder
+// backward's grouping from page-locked memory and reads its micro-steps' losses once, after the last
+// backward pass is queued, so its waits must not grow with the number of micro-steps.
 // (No GPU build: the counter is the emulator's.)
 #define TRAIN_GPT_NO_MAIN
 #include "../train_gpt.cu"
@@ -46,30 +47,36 @@ TEST_CASE("host waits: synchronizations and copies into pageable memory count, c
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     const uint64_t start = cuemu::host_waits();
     CUDA_CHECK(cudaMemcpyAsync(pinned + 10, device.ptr, 100 * sizeof(float), cudaMemcpyDeviceToHost, stream));  // inside the block
-    CUDA_CHECK(cudaMemcpyAsync(device.ptr, pageable.data(), 256 * sizeof(float), cudaMemcpyHostToDevice, stream));  // staged
+    CUDA_CHECK(cudaMemcpyAsync(device.ptr, pinned, 256 * sizeof(float), cudaMemcpyHostToDevice, stream));
     CHECK(cuemu::host_waits() == start);
     CUDA_CHECK(cudaMemcpyAsync(pageable.data(), device.ptr, 256 * sizeof(float), cudaMemcpyDeviceToHost, stream));
     CHECK(cuemu::host_waits() == start + 1);
+    CUDA_CHECK(cudaMemcpyAsync(device.ptr, pageable.data(), 256 * sizeof(float), cudaMemcpyHostToDevice, stream));  // staged
+    CHECK(cuemu::host_waits() == start + 2);
     CUDA_CHECK(cudaStreamSynchronize(stream));
     CUDA_CHECK(cudaMemcpy(pageable.data(), device.ptr, 4, cudaMemcpyDeviceToHost));
     CUDA_CHECK(cudaDeviceSynchronize());
-    CHECK(cuemu::host_waits() == start + 4);
+    CHECK(cuemu::host_waits() == start + 5);
     CUDA_CHECK(cudaFreeHost(pinned));
     // Freed: the same address, now pageable (or reused by malloc), no longer counts as pinned.
     std::vector<float> after(256);
     CUDA_CHECK(cudaMemcpyAsync(after.data(), device.ptr, 256 * sizeof(float), cudaMemcpyDeviceToHost, stream));
-    CHECK(cuemu::host_waits() == start + 5);
+    CHECK(cuemu::host_waits() == start + 6);
     CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
 TEST_CASE("host waits: a training step waits as often with 4 micro-steps as with 1, and its loss is the mean of all") {
     const GPT2Config config{64, 512, 512, 2, 4, 64};
     const int B = 2, T = 32;
-    for (int zero_stage : {0, 2}) {
-        INFO("ZeRO-" << zero_stage);
+    // Documents (token 5 ends one here): their starts are uploaded too, and the grouping is by
+    // restarted position as well.
+    const ModelOptions documents{.doc_mask = true, .doc_positions = true, .eot_token = 5};
+    const std::pair<int, ModelOptions> setups[] = {{0, ModelOptions{}}, {2, ModelOptions{}}, {1, documents}};
+    for (const auto& [zero_stage, options] : setups) {
+        INFO("ZeRO-" << zero_stage << (options.doc_mask ? ", documents" : ""));
         Distributed dist = lone_rank();
         Trainer tr;
-        trainer_build(tr, dist, config, B, T, zero_stage, OptimizerConfig{});
+        trainer_build(tr, dist, config, B, T, zero_stage, OptimizerConfig{}, options);
         gpt2_init_weights(tr.model, 7);
         trainer_start(tr);
         std::vector<std::vector<int>> tokens(4, std::vector<int>(size_t(B) * T));
