@@ -546,8 +546,12 @@ inline GPT2::UploadSlot& next_upload_slot(GPT2& model) {
     model.upload_slot ^= 1;
     GPT2::UploadSlot& up = model.uploads[model.upload_slot];
     const cudaError_t state = cudaEventQuery(up.copied);
-    if (state == cudaErrorNotReady) CUDA_CHECK(cudaEventSynchronize(up.copied));
-    else CUDA_CHECK(state);
+    if (state == cudaErrorNotReady) {
+        (void)cudaGetLastError();  // "not actually an error" (cudaErrorNotReady doc), but recorded as the last one
+        CUDA_CHECK(cudaEventSynchronize(up.copied));
+    } else {
+        CUDA_CHECK(state);
+    }
     up.encoder = EncoderGrouping{};
     return up;
 }
