@@ -250,8 +250,11 @@ void check_backward(const Size s, bool with_gelu, bool with_bias, Mode mode = {}
     CHECK(bitwise_equal(again.dinp, first.dinp));
     CHECK(bitwise_equal(again.dweight, first.dweight));
     CHECK(bitwise_equal(again.dbias, first.dbias));
-    // The path asked for is the path taken (the emulated cuBLASLt has BGRADB for these layouts).
-    CHECK(supported_plans(library.mm, CUBLASLT_EPILOGUE_BGRADB) == (with_bias && mode.fuse_bias_grad ? 1 : 0));
+    // The path asked for is the path taken: the emulated cuBLASLt has BGRADB for these layouts; a GPU's
+    // may not, and then our kernels ran (and met the same reference above).
+    const int fused_plans = supported_plans(library.mm, CUBLASLT_EPILOGUE_BGRADB);
+    if (kEmulatedDevice) CHECK(fused_plans == (with_bias && mode.fuse_bias_grad ? 1 : 0));
+    else CHECK(fused_plans <= (with_bias && mode.fuse_bias_grad ? 1 : 0));
 }
 
 }  // namespace
@@ -290,7 +293,7 @@ TEST_CASE("matmul_backward: the bias gradient by our kernels (cuBLASLt without B
 
 // Autotune runs every candidate on the call's own operands: the weight gradient's GEMM accumulates
 // (beta = 1), so without saving and restoring dweight each candidate's run would add to it again;
-// the reference check above fails then. The emulated candidates compute alike, so the result must
+// the reference check fails then. The emulated candidates compute alike, so there the result must
 // also equal the untuned one bit for bit.
 TEST_CASE("matmul autotune: candidates timed on live operands leave the results as one run leaves them") {
     for (const Size& s : kSizes) check_backward(s, /*with_gelu=*/true, /*with_bias=*/true, Mode{.autotune = true});
@@ -306,9 +309,14 @@ TEST_CASE("matmul autotune: candidates timed on live operands leave the results 
         matmul_backward(library.mm, d_dinp.ptr, d_dweight.ptr, nullptr, nullptr, d_dout.ptr, d_inp.ptr, d_weight.ptr, s.N,
                         s.C, s.OC, library.stream);
         dweights.push_back(d_dweight.download());
-        for (const auto& [key, plan] : library.mm.plans->plans) CHECK(plan.candidates == (autotune ? 2 : 1));
+        for (const auto& [key, plan] : library.mm.plans->plans) {
+            if (kEmulatedDevice) CHECK(plan.candidates == (autotune ? 2 : 1));  // the emulated heuristic offers two
+            CHECK(plan.candidates >= 1);
+            CHECK(plan.candidates <= (autotune ? matmul_detail::kAutotuneCandidates : 1));
+        }
     }
-    CHECK(bitwise_equal(dweights[0], dweights[1]));
+    // A GPU's candidates may sum in other orders: there each result met the reference (above) instead.
+    if (kEmulatedDevice) CHECK(bitwise_equal(dweights[0], dweights[1]));
 }
 
 TEST_CASE("matmul plans: made once per shape and reused") {
