@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The checks that need a GPU, in one go: build train_gpt (nvcc), run the test suite on the GPU
-# (make test-gpu), train GPT-2 124M (d12) for 20 steps, then profile one step (--profile-step:
-# every kernel's measured time, TFLOP/s and GB/s beside its H100 roofline estimate). Prints the
-# run's median tokens/s and MFU at the end.
+# (make test-gpu), train GPT-2 124M (d12) for 20 steps, and 20 more with --matmul-autotune, then
+# profile one step (--profile-step: every kernel's measured time, TFLOP/s and GB/s beside its H100
+# roofline estimate). Prints each run's median tokens/s and MFU at the end.
 #   scripts/gpu_check.sh
 # Environment:
 #   B            micro-batch (default 16; d12 at B=64, T=1024 needs about 30 GB)
@@ -56,23 +56,27 @@ fi
 echo "== 20 training steps: d12, B=$B, T=$T"
 ./train_gpt -e d12 -b "$B" -t "$T" -x 20 -l 6e-4 -u 5 -v 0 -s 0 -i "$train" 2>&1 | tee "$out/train.log"
 
+echo "== 20 training steps with --matmul-autotune (each GEMM shape's fastest cuBLASLt candidate)"
+./train_gpt -e d12 -b "$B" -t "$T" -x 20 -l 6e-4 -u 5 -v 0 -s 0 -i "$train" --matmul-autotune 2>&1 | tee "$out/train_autotune.log"
+
 echo "== --profile-step: d12, B=$B, T=$T"
 ./train_gpt -e d12 -b "$B" -t "$T" -v 0 -s 0 -i "$train" --profile-step 2>&1 | tee "$out/profile.log"
 
 # Step lines: "step 12/20 | loss ... | 812.3 ms | 64,512 tok/s | MFU 41.2% | ETA 6m12s". The
 # median over steps 3-20 leaves out the first steps' start-up (cuBLASLt heuristics, clocks).
-python3 - "$out/train.log" <<'PY'
+python3 - "$out/train.log" "$out/train_autotune.log" <<'PY'
 import re, statistics, sys
-rates, mfus = [], []
-for line in open(sys.argv[1]):
-    m = re.match(r"step (\d+)/\d+ .*\| ([\d,]+) tok/s \| MFU ([\d.]+|n/a)%?", line)
-    if m and int(m.group(1)) >= 3:
-        rates.append(float(m.group(2).replace(",", "")))
-        if m.group(3) != "n/a":
-            mfus.append(float(m.group(3)))
-if not rates:
-    sys.exit("gpu_check.sh: no step lines in the training log")
-mfu = f"{statistics.median(mfus):.1f}%" if mfus else "n/a (unknown GPU peak)"
-print(f"== result: d12 training, median of steps 3-20: {statistics.median(rates):,.0f} tokens/s, MFU {mfu}")
+for path, label in zip(sys.argv[1:], ["", " with --matmul-autotune"]):
+    rates, mfus = [], []
+    for line in open(path):
+        m = re.match(r"step (\d+)/\d+ .*\| ([\d,]+) tok/s \| MFU ([\d.]+|n/a)%?", line)
+        if m and int(m.group(1)) >= 3:
+            rates.append(float(m.group(2).replace(",", "")))
+            if m.group(3) != "n/a":
+                mfus.append(float(m.group(3)))
+    if not rates:
+        sys.exit(f"gpu_check.sh: no step lines in {path}")
+    mfu = f"{statistics.median(mfus):.1f}%" if mfus else "n/a (unknown GPU peak)"
+    print(f"== result: d12 training{label}, median of steps 3-20: {statistics.median(rates):,.0f} tokens/s, MFU {mfu}")
 PY
 grep -E "^(measured|H100 SXM roofline estimate)" "$out/profile.log" || true
