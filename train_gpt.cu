@@ -377,7 +377,10 @@ inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int 
     for (GPT2::UploadSlot& up : model.uploads) {  // page-locked host memory: not in the device plan
         int* block = nullptr;
         CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&block), (3 * BT + grouping_ints) * sizeof(int)));
-        up = {block, block + BT, block + 2 * BT, block + 3 * BT};
+        up.inputs = block;
+        up.targets = block + BT;
+        up.doc_start = block + 2 * BT;
+        up.grouping = block + 3 * BT;
         CUDA_CHECK(cudaEventCreateWithFlags(&up.copied, cudaEventDisableTiming));
     }
     model.matmul.autotune = options.matmul_autotune;
