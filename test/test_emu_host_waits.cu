@@ -21,19 +21,10 @@ void ensure_mpi() {
     std::atexit([] { MPI_Finalize(); });
 }
 
-// One rank on its own (MPI_COMM_SELF; a singleton MPI needs no mpirun).
+// One rank on its own (parallel/process_groups.h; a singleton MPI needs no mpirun).
 Distributed lone_rank() {
     ensure_mpi();
-    Distributed d;
-    d.mpi = MPI_COMM_SELF;
-    d.world_size = 1;
-    ncclUniqueId id;
-    NCCL_CHECK(ncclGetUniqueId(&id));
-    NCCL_CHECK(ncclCommInitRank(&d.nccl, 1, id, 0));
-    CUDA_CHECK(cudaStreamCreate(&d.comm_stream));
-    CUDA_CHECK(cudaEventCreateWithFlags(&d.compute_done, cudaEventDisableTiming));
-    CUDA_CHECK(cudaEventCreateWithFlags(&d.comm_done, cudaEventDisableTiming));
-    return d;
+    return distributed_single(Distributed{});
 }
 
 }  // namespace
