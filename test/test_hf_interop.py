@@ -88,6 +88,16 @@ def relative_error(np, a, b):
     return float(np.abs(a - b).max() / np.abs(b).max())
 
 
+def check_logits(np, build, model, tokens, theirs, work, what):
+    """Our FP32 and BF16 builds' logits for a model file against transformers' (theirs), within bounds."""
+    fp32 = relative_error(np, ours(np, build, "forward_logits_fp32", model, tokens, work), theirs)
+    bf16 = relative_error(np, ours(np, build, "forward_logits", model, tokens, work), theirs)
+    print(f"hf_interop: {what}: logits max |ours - transformers'| / max |logit|: FP32 build {fp32:.2e}, "
+          f"BF16 build {bf16:.2e} (max logit {np.abs(theirs).max():.3f})")
+    assert fp32 <= FP32_TOLERANCE, f"FP32 logits differ by {fp32:.2e} > {FP32_TOLERANCE}"
+    assert bf16 <= BF16_TOLERANCE, f"BF16 logits differ by {bf16:.2e} > {BF16_TOLERANCE}"
+
+
 def hf_logits(torch, model, tokens):
     with torch.no_grad():
         return model(torch.from_numpy(tokens).long()).logits.float().numpy()
@@ -121,12 +131,7 @@ def checks(np, torch, transformers, load_file, save_file, load_torch, rng, build
     model = load(exported)
     tokens = rng.integers(0, 50257, size=(2, 64))  # every position of maxT = 64
     theirs = hf_logits(torch, model, tokens)
-    fp32 = relative_error(np, ours(np, build, "forward_logits_fp32", trained, tokens, work), theirs)
-    bf16 = relative_error(np, ours(np, build, "forward_logits", trained, tokens, work), theirs)
-    print(f"hf_interop: export: logits max |ours - transformers'| / max |logit|: FP32 build {fp32:.2e}, "
-          f"BF16 build {bf16:.2e} (max logit {np.abs(theirs).max():.3f})")
-    assert fp32 <= FP32_TOLERANCE, f"FP32 logits differ by {fp32:.2e} > {FP32_TOLERANCE}"
-    assert bf16 <= BF16_TOLERANCE, f"BF16 logits differ by {bf16:.2e} > {BF16_TOLERANCE}"
+    check_logits(np, build, trained, tokens, theirs, work, "export")
 
     # ---- 2. import of the export ----
     back = os.path.join(work, "back.bin")
@@ -178,12 +183,7 @@ def checks(np, torch, transformers, load_file, save_file, load_torch, rng, build
         assert np.array_equal(hf_logits(torch, load(folder), tokens), theirs), f"transformers reloads {folder} differently"
     hub_bin = os.path.join(work, "hub.bin")
     convert("import", hub, hub_bin)
-    fp32 = relative_error(np, ours(np, build, "forward_logits_fp32", hub_bin, tokens, work), theirs)
-    bf16 = relative_error(np, ours(np, build, "forward_logits", hub_bin, tokens, work), theirs)
-    print(f"hf_interop: import of transformers' model: logits max |ours - transformers'| / max |logit|: FP32 build "
-          f"{fp32:.2e}, BF16 build {bf16:.2e} (max logit {np.abs(theirs).max():.3f})")
-    assert fp32 <= FP32_TOLERANCE, f"FP32 logits differ by {fp32:.2e} > {FP32_TOLERANCE}"
-    assert bf16 <= BF16_TOLERANCE, f"BF16 logits differ by {bf16:.2e} > {BF16_TOLERANCE}"
+    check_logits(np, build, hub_bin, tokens, theirs, work, "import of transformers' model")
     sharded_bin = os.path.join(work, "sharded.bin")
     convert("import", sharded, sharded_bin)
     assert open(sharded_bin, "rb").read() == open(hub_bin, "rb").read(), "the two layouts import differently"
