@@ -19,6 +19,7 @@ Needs numpy and safetensors (dev/requirements.txt); never the network, torch or 
 are one line, "hf_convert: FILE: what", and exit status 1.
 """
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -218,18 +219,25 @@ def write_llmc(path, shape, version, tensors):
     write_atomically(path, header.tobytes() + body)
 
 
-def write_atomically(path, data):
+@contextlib.contextmanager
+def replaced_atomically(path):
+    """Yields a temporary name beside path to write; path becomes that file when the block ends, and
+    on any failure the temporary file is removed and path is left as it was."""
     tmp = f"{path}.tmp"
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        yield tmp
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def write_atomically(path, data):
+    with replaced_atomically(path) as tmp, open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 # ---- Hugging Face folders ----
@@ -278,17 +286,11 @@ def write_safetensors(path, tensors):
     specs = {name: TensorSpec(dtype="float32" if a.dtype == np.float32 else "bfloat16", shape=list(a.shape),
                               data_ptr=a.ctypes.data, data_len=a.nbytes)
              for name, a in arrays.items()}
-    tmp = f"{path}.tmp"
-    try:
+    with replaced_atomically(path) as tmp:
         serialize_file(specs, tmp, metadata={"format": "pt"})  # "pt": what transformers' loader expects
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # the package creates it private; a model folder is for sharing
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def export(model_path, out_dir):
