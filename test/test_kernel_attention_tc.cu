@@ -22,6 +22,20 @@ static_assert(std::is_same_v<floatX, __nv_bfloat16>, "the tensor-core kernels ta
 
 using namespace attention_reference;
 
+// Relative to each tensor's max |ref| (measured errors beside the causal test): out and dv, lse, dq and dk.
+constexpr double kOutTolerance = 0x1p-8 + 1e-3, kLseTolerance = 1e-6, kGradTolerance = 1e-2;
+
+// out, lse, dq, dk and dv of the tensor-core kernels against the reference, within the tolerances.
+void check_against_reference(const Results& tc, const Reference& ref, int C) {
+    const auto grad = split_qkv(tc.dqkv, C);
+    const auto grad_ref = split_qkv(ref.dqkv, C);
+    CHECK(tensor_error(tc.out, ref.out) <= kOutTolerance);
+    CHECK(tensor_error(tc.lse, ref.lse) <= kLseTolerance);
+    CHECK(tensor_error(grad[0], grad_ref[0]) <= kGradTolerance);
+    CHECK(tensor_error(grad[1], grad_ref[1]) <= kGradTolerance);
+    CHECK(tensor_error(grad[2], grad_ref[2]) <= kOutTolerance);
+}
+
 }  // namespace
 
 TEST_CASE("tensor-core attention matches a double reference and the SIMT kernels") {
@@ -46,7 +60,6 @@ TEST_CASE("tensor-core attention matches a double reference and the SIMT kernels
         const Results tc = run_attention(Kernels::tensor_core, qkv, dout, s);
         const Results simt = run_attention(Kernels::simt, qkv, dout, s);
         const auto grad = split_qkv(tc.dqkv, s.C), grad_simt = split_qkv(simt.dqkv, s.C);
-        const auto grad_ref = split_qkv(ref.dqkv, s.C);
 
         // Errors relative to each tensor's max |ref|, measured over these cases (the same under every
         // schedule order): out 2.8e-3, lse 1.4e-7, dq 4.8e-3, dk 5.6e-3, dv 3.6e-3 (SIMT kernels: out
@@ -54,17 +67,12 @@ TEST_CASE("tensor-core attention matches a double reference and the SIMT kernels
         // an element at most); dq and dk also inherit the rounding of out through D = rowsum(dO * out);
         // beyond that the tensor cores take P and dS rounded to bf16 (2^-9 relative, averaging out over
         // a row). lse stays float: bf16 products are exact and accumulate in FP32.
-        const double out_tol = 0x1p-8 + 1e-3, lse_tol = 1e-6, grad_tol = 1e-2;
-        CHECK(tensor_error(tc.out, ref.out) <= out_tol);
-        CHECK(tensor_error(tc.lse, ref.lse) <= lse_tol);
-        CHECK(tensor_error(grad[0], grad_ref[0]) <= grad_tol);
-        CHECK(tensor_error(grad[1], grad_ref[1]) <= grad_tol);
-        CHECK(tensor_error(grad[2], grad_ref[2]) <= out_tol);
+        check_against_reference(tc, ref, s.C);
         // Against the SIMT kernels, each within the tolerances above of the exact result; measured
         // out 4.0e-3 (neighbouring bf16 values), lse 1.6e-7, dq 6.1e-3, dk 5.7e-3, dv 5.3e-3.
-        CHECK(tensor_error(tc.out, simt.out) <= 2 * out_tol);
-        CHECK(tensor_error(tc.lse, simt.lse) <= 2 * lse_tol);
-        for (int part = 0; part < 3; ++part) CHECK(tensor_error(grad[part], grad_simt[part]) <= 2 * grad_tol);
+        CHECK(tensor_error(tc.out, simt.out) <= 2 * kOutTolerance);
+        CHECK(tensor_error(tc.lse, simt.lse) <= 2 * kLseTolerance);
+        for (int part = 0; part < 3; ++part) CHECK(tensor_error(grad[part], grad_simt[part]) <= 2 * kGradTolerance);
     }
 }
 
@@ -74,7 +82,6 @@ TEST_CASE("document-masked tensor-core attention matches a double reference with
     // lse 1.8e-7, dq 5.7e-3, dk 7.0e-3, dv 7.7e-3. Where the exact gradient is zero (every query
     // seeing only itself: dS = P (dP - D) with P = 1 and D = dP), the reference's errors are absolute
     // (both kernels within 2.4e-7) and the two kernels' rounding noise is not compared.
-    const double out_tol = 0x1p-8 + 1e-3, lse_tol = 1e-6, grad_tol = 1e-2;
     for (const DocumentCase& c : document_cases()) {
         const Sizes& s = c.s;
         if (attention_tc_requirements(s.B, s.T, s.C, s.NH) != "") continue;  // hs 16, 32, 64, 128 only
@@ -89,19 +96,15 @@ TEST_CASE("document-masked tensor-core attention matches a double reference with
         const Results simt = run_attention(Kernels::simt, qkv, dout, s, &docs);
         const auto grad = split_qkv(tc.dqkv, s.C), grad_simt = split_qkv(simt.dqkv, s.C);
         const auto grad_ref = split_qkv(ref.dqkv, s.C);
-        CHECK(tensor_error(tc.out, ref.out) <= out_tol);
-        CHECK(tensor_error(tc.lse, ref.lse) <= lse_tol);
-        CHECK(tensor_error(grad[0], grad_ref[0]) <= grad_tol);
-        CHECK(tensor_error(grad[1], grad_ref[1]) <= grad_tol);
-        CHECK(tensor_error(grad[2], grad_ref[2]) <= out_tol);
-        CHECK(tensor_error(tc.out, simt.out) <= 2 * out_tol);
-        CHECK(tensor_error(tc.lse, simt.lse) <= 2 * lse_tol);
+        check_against_reference(tc, ref, s.C);
+        CHECK(tensor_error(tc.out, simt.out) <= 2 * kOutTolerance);
+        CHECK(tensor_error(tc.lse, simt.lse) <= 2 * kLseTolerance);
         for (int part = 0; part < 3; ++part) {
             const bool zero = std::all_of(grad_ref[part].begin(), grad_ref[part].end(), [](double g) { return g == 0.0; });
-            if (!zero) CHECK(tensor_error(grad[part], grad_simt[part]) <= 2 * grad_tol);
+            if (!zero) CHECK(tensor_error(grad[part], grad_simt[part]) <= 2 * kGradTolerance);
         }
         // The mask matters in every case: plain causal attention is far from it.
-        CHECK(tensor_error(tc.out, reference_attention(qkv, dout, s).out).value > 10 * out_tol);
+        CHECK(tensor_error(tc.out, reference_attention(qkv, dout, s).out).value > 10 * kOutTolerance);
     }
 }
 
