@@ -58,13 +58,15 @@ __host__ __device__ inline uint32_t rounding_bits(uint64_t seed, uint64_t step, 
 // carry reaches bf16's last bit with probability dropped / 2^16 (exactly the fraction of an ulp
 // that x lies above its lower neighbour in magnitude); a carry out of the mantissa gives the
 // next binade's first value, which is the correct upper neighbour (and +-inf past the largest
-// finite value, as round-to-nearest would). NaN would truncate to inf, so it is converted as is.
+// finite value, as round-to-nearest would). A NaN could carry into inf, so it becomes the
+// canonical BF16 NaN 0x7FFF (what __float2bfloat16 gives). A select, not a branch: the CPU
+// build's loop over a chunk then vectorizes.
 __host__ __device__ inline __nv_bfloat16 stochastic_round_bf16(float x, uint32_t random_bits) {
     uint32_t bits;
     memcpy(&bits, &x, sizeof(bits));
-    if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return __float2bfloat16(x);  // NaN
-    bits += random_bits >> 16;
-    return __ushort_as_bfloat16(static_cast<unsigned short>(bits >> 16));
+    const bool nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
+    const uint32_t rounded = (bits + (random_bits >> 16)) >> 16;
+    return __ushort_as_bfloat16(static_cast<unsigned short>(nan ? 0x7FFFu : rounded));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 // gradients (floatX), 16-byte vector access, conversions, and warp/block reductions.
 #pragma once
 
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -19,10 +20,23 @@ constexpr const char* kPrecisionName = "BF16";
 __host__ __device__ inline float to_float(float x) { return x; }
 __host__ __device__ inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 
-// Rounds to nearest even (deterministic). Stochastic rounding is the optimizer's business.
+// Rounds to nearest even (deterministic); a NaN becomes the canonical BF16 NaN 0x7FFF, as both
+// cvt.rn.bf16.f32 and cuda_bf16.hpp's host __float2bfloat16 give. Stochastic rounding is the
+// optimizer's business. The host form (the CPU build runs kernels there) computes the same bits
+// without branches, so that the loops around it vectorize; cuda_bf16.hpp's host version branches.
 template <typename T> __host__ __device__ inline T from_float(float x);
 template <> __host__ __device__ inline float from_float<float>(float x) { return x; }
-template <> __host__ __device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+template <> __host__ __device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+#ifdef __CUDA_ARCH__
+    return __float2bfloat16(x);
+#else
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof(bits));
+    const uint32_t nearest_even = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+    const bool nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
+    return __ushort_as_bfloat16(static_cast<unsigned short>(nan ? 0x7FFFu : nearest_even));
+#endif
+}
 
 // ---------------------------------------------------------------------------------------------
 // 16 bytes of T moved as one vector (one 128-bit load/store instruction on the GPU). Pointers

@@ -39,16 +39,6 @@ std::vector<floatX> random_grads(size_t n, std::mt19937& rng) {
     return g;
 }
 
-uint32_t float_bits(float x) {
-    uint32_t b;
-    std::memcpy(&b, &x, sizeof(b));
-    return b;
-}
-float float_from_bits(uint32_t b) {
-    float x;
-    std::memcpy(&x, &b, sizeof(x));
-    return x;
-}
 float bf16_value(__nv_bfloat16 x) { return __bfloat162float(x); }
 
 // The bf16 values next to x: truncated toward zero, and one bf16 ulp further out (equal when x is

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -20,6 +21,23 @@
 // The exit code of a test executable that cannot run in this configuration: test/tests.cmake gives
 // such tests SKIP_RETURN_CODE 77, so CTest reports them skipped, never passed.
 constexpr int kSkipReturnCode = 77;
+
+// Bit patterns, for tests that compare exactly (NaN payloads, signed zeros, rounding).
+inline uint32_t float_bits(float x) {
+    uint32_t b;
+    std::memcpy(&b, &x, sizeof(b));
+    return b;
+}
+inline float float_from_bits(uint32_t b) {
+    float x;
+    std::memcpy(&x, &b, sizeof(x));
+    return x;
+}
+inline uint16_t bf16_bits(__nv_bfloat16 x) {
+    uint16_t b;
+    std::memcpy(&b, &x, sizeof(b));
+    return b;
+}
 
 // A device buffer that frees itself.
 template <typename T> struct DeviceBuffer {
