@@ -1,11 +1,13 @@
 // Measures what the emulator costs: ns per fiber switch, per thread of an elementwise kernel,
-// per lane-shuffle of a warp reduction, against plain C++ loops doing the same arithmetic, and per
-// emulated mma.sync (m16n8k16 BF16, 4096 FLOPs).
+// per lane-shuffle of a warp reduction (and per lane of the kernels' warp_sum, whose five
+// shuffles the emulator runs as one collective), against plain C++ loops doing the same
+// arithmetic, and per emulated mma.sync (m16n8k16 BF16, 4096 FLOPs).
 //   make emu-bench        (runs with CUEMU_THREADS=1 so the numbers are per core)
 #include <chrono>
 #include <cstdio>
 #include <vector>
 
+#include "kernels/common.cuh"
 #include "kernels/cuda_common.h"
 #include "kernels/tensor_core.cuh"
 
@@ -43,6 +45,14 @@ __global__ void warp_sum_kernel(const float* x, float* out, int rows) {
     if (warp >= rows) return;
     float v = x[size_t(warp) * 32 + lane];
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0) out[warp] = v;
+}
+
+// The same sums through kernels/common.cuh's warp_sum (one emulated collective for the chain).
+__global__ void warp_sum_chain_kernel(const float* x, float* out, int rows) {
+    int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (warp >= rows) return;
+    const float v = warp_sum(x[size_t(warp) * 32 + lane]);
     if (lane == 0) out[warp] = v;
 }
 
@@ -92,6 +102,9 @@ int main() {
     double t_shfl = best_of(3, [&] { launch<warp_sum_kernel>(dim3(rows * 32 / 256), dim3(256), 0, nullptr, in, out, rows); });
     std::printf("shuffle: %.1f ns per lane-shuffle (%d rows x 32 lanes x 5 shuffles)\n", 1e9 * t_shfl / (double(rows) * 32 * 5),
                 rows);
+    double t_chain = best_of(3, [&] { launch<warp_sum_chain_kernel>(dim3(rows * 32 / 256), dim3(256), 0, nullptr, in, out, rows); });
+    std::printf("warp_sum: %.1f ns per lane (%.1f per lane-shuffle it replaces; kernels/common.cuh, one collective)\n",
+                1e9 * t_chain / (double(rows) * 32), 1e9 * t_chain / (double(rows) * 32 * 5));
 
     // 4. Tensor-core instructions: per emulated mma.sync of a warp (a collective plus the product).
     const int mma_warps = 64, mma_count = 200;

@@ -240,6 +240,31 @@ namespace cuemu {
 using WarpExchangeFn = const char* (*)(const void* const inputs[32], void* const outputs[32], unsigned members);
 void warp_exchange(unsigned mask, const void* input, void* output, WarpExchangeFn combine, const char* name);
 
+// A chain of full-warp __shfl_xor_sync steps, v = op(v, __shfl_xor_sync(0xffffffff, v, offset))
+// for each offset in turn, as one warp collective (kernels/common.cuh's warp_xor_chain): the same
+// operations in the same order as the chain of shuffles, with one fiber switch per lane instead
+// of one per lane and step. As with the shuffles, a lane that does not exist in a partial warp
+// reads as NaN bits.
+template <typename Op, int... Offsets>
+const char* xor_chain_combine(const void* const inputs[32], void* const outputs[32], unsigned members) {
+    float v[32];
+    for (unsigned l = 0; l < 32; ++l) v[l] = ((members >> l) & 1u) ? *static_cast<const float*>(inputs[l]) : from_bits<float>(~0ull);
+    for (int offset : {Offsets...}) {
+        float next[32];
+        for (unsigned l = 0; l < 32; ++l) next[l] = Op{}(v[l], v[l ^ unsigned(offset)]);
+        for (unsigned l = 0; l < 32; ++l) v[l] = next[l];
+    }
+    for (unsigned l = 0; l < 32; ++l)
+        if ((members >> l) & 1u) *static_cast<float*>(outputs[l]) = v[l];
+    return nullptr;
+}
+template <typename Op, int... Offsets> float warp_xor_chain(float v) {
+    static_assert(sizeof...(Offsets) > 0 && ((Offsets > 0 && Offsets < 32) && ...), "xor offsets are lanes 1..31");
+    float result;
+    warp_exchange(0xffffffffu, &v, &result, &xor_chain_combine<Op, Offsets...>, "__shfl_xor_sync chain");
+    return result;
+}
+
 // mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (all 32 lanes): d = a * b + c, fragments
 // as the PTX ISA lays them out. d may alias c.
 void mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]);

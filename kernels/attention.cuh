@@ -130,14 +130,8 @@ template <int HS_MAX> struct RowShare {
 };
 
 // Combines a value over the 4 threads of a row (adjacent lanes of one warp).
-__device__ inline float row_max(float v) {
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
-__device__ inline float row_sum(float v) {
-    v += __shfl_xor_sync(0xffffffffu, v, 1);
-    return v + __shfl_xor_sync(0xffffffffu, v, 2);
-}
+__device__ inline float row_max(float v) { return warp_xor_chain<MaxOp, 1, 2>(v); }
+__device__ inline float row_sum(float v) { return warp_xor_chain<AddOp, 1, 2>(v); }
 
 // Key tiles a query tile starting at q0 sees under the causal mask: those starting at or before
 // its last query (fully masked tiles are never loaded).

@@ -85,11 +85,22 @@ struct MaxOp {
     __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
 
-// Butterfly reduction over the 32 lanes of a warp; every lane gets the result.
-template <typename Op> __device__ inline float warp_reduce(float v, Op op) {
-    for (int offset = 16; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
+// v = op(v, __shfl_xor_sync(0xffffffff, v, offset)) for each of Offsets in turn, in all lanes of
+// a warp: a butterfly, whose lanes end equal within each group the offsets span. The CPU build
+// runs the whole chain as one warp collective with the same operations in the same order
+// (emu/cuda_emu.h): there a shuffle costs a fiber switch per lane, and these chains are most of
+// a training step's shuffles.
+template <typename Op, int... Offsets> __device__ inline float warp_xor_chain(float v) {
+#ifdef __CUDACC__
+    ((v = Op{}(v, __shfl_xor_sync(0xffffffffu, v, Offsets))), ...);
     return v;
+#else
+    return cuemu::warp_xor_chain<Op, Offsets...>(v);
+#endif
 }
+
+// Butterfly reduction over the 32 lanes of a warp; every lane gets the result.
+template <typename Op> __device__ inline float warp_reduce(float v, Op) { return warp_xor_chain<Op, 16, 8, 4, 2, 1>(v); }
 __device__ inline float warp_sum(float v) { return warp_reduce(v, AddOp{}); }
 __device__ inline float warp_max(float v) { return warp_reduce(v, MaxOp{}); }
 

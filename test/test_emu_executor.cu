@@ -3,6 +3,8 @@
 // (No GPU build: these test emu/ itself.)
 #include "test_util.h"
 
+#include "kernels/common.cuh"
+
 #include <cmath>
 #include <set>
 
@@ -166,6 +168,42 @@ TEST_CASE("a barrier some threads never reach is reported as an error, and the e
         REQUIRE(try_launch<fine_kernel>(dim3(4), dim3(64), 0, nullptr, out.ptr) == cudaSuccess);
         auto r = out.download();
         for (int t = 0; t < 64; ++t) REQUIRE(r[t] == float((t % 32) < 31 ? t + 1 : t));
+    }
+}
+
+// warp_xor_chain (kernels/common.cuh) is one emulated collective: in a partial warp it reads the
+// missing lanes as NaN bits, as the shuffles it stands for do; lanes of one warp that meet at it
+// and at a plain shuffle are divergent collectives, as two different shuffles would be.
+__global__ void partial_warp_chain_kernel(float* out) {
+    const float v = float(threadIdx.x);
+    float shuffled = v;
+    for (int o = 16; o > 0; o >>= 1) shuffled += __shfl_xor_sync(0xffffffffu, shuffled, o);
+    out[2 * threadIdx.x] = warp_xor_chain<AddOp, 16, 8, 4, 2, 1>(v);
+    out[2 * threadIdx.x + 1] = shuffled;
+}
+
+__global__ void chain_beside_shuffle_kernel(float* out) {
+    const float v = float(threadIdx.x);
+    out[threadIdx.x] = threadIdx.x < 16 ? warp_sum(v) : __shfl_xor_sync(0xffffffffu, v, 1);
+}
+
+TEST_CASE("warp_xor_chain in a partial warp reads missing lanes as the shuffles do; mixed with a shuffle it is an error") {
+    ScheduleGuard guard;
+    constexpr int kThreads = 40;  // the second warp has 8 lanes
+    for (int o = 0; o < 3; ++o) {
+        DYNAMIC_SECTION(kOrderNames[o]) {
+            cuemu::set_schedule(kOrders[o], 31);
+            DeviceBuffer<float> out(2 * kThreads);
+            launch<partial_warp_chain_kernel>(dim3(1), dim3(kThreads), 0, nullptr, out.ptr);
+            const auto r = out.download();
+            for (int t = 0; t < 32; ++t) REQUIRE(r[2 * t] == 496.0f);  // 0 + 1 + ... + 31, exact
+            for (int t = 32; t < kThreads; ++t) {
+                REQUIRE(std::isnan(r[2 * t]));
+                REQUIRE(float_bits(r[2 * t]) == float_bits(r[2 * t + 1]));
+            }
+            REQUIRE(try_launch<chain_beside_shuffle_kernel>(dim3(1), dim3(32), 0, nullptr, out.ptr) ==
+                    cudaErrorLaunchFailure);
+        }
     }
 }
 

@@ -10,7 +10,10 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <random>
 #include <set>
+
+#include "kernels/common.cuh"
 
 // ---------------------------------------------------------------------------------------------
 // Warp shuffles
@@ -443,4 +446,63 @@ TEST_CASE("math and bit intrinsics, bf16 rounding") {
     REQUIRE(ih[3] == 1);
     REQUIRE(ih[4] == 3);
     REQUIRE(ih[5] == -7);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The kernels' warp helpers (kernels/common.cuh). warp_xor_chain is one collective in the CPU
+// build; it must give, bit for bit, what its chain of __shfl_xor_sync gives. The values span
+// magnitudes so that another order of additions would round differently.
+
+__global__ void xor_chain_kernel(float* chain, float* shuffles, const float* x) {
+    const int t = threadIdx.x;
+    const float v = x[t];
+    chain[4 * t + 0] = warp_xor_chain<AddOp, 16, 8, 4, 2, 1>(v);
+    chain[4 * t + 1] = warp_xor_chain<AddOp, 1, 2>(v);
+    chain[4 * t + 2] = warp_xor_chain<MaxOp, 16, 8, 4, 2, 1>(v);
+    chain[4 * t + 3] = warp_sum(v);
+    float a = v, b = v, c = v;
+    for (int o = 16; o > 0; o >>= 1) a = a + __shfl_xor_sync(0xffffffffu, a, o);
+    for (int o = 1; o <= 2; o <<= 1) b = b + __shfl_xor_sync(0xffffffffu, b, o);
+    for (int o = 16; o > 0; o >>= 1) c = fmaxf(c, __shfl_xor_sync(0xffffffffu, c, o));
+    shuffles[4 * t + 0] = a;
+    shuffles[4 * t + 1] = b;
+    shuffles[4 * t + 2] = c;
+    shuffles[4 * t + 3] = a;
+}
+
+TEST_CASE("warp_xor_chain and warp_sum give their shuffle chains' bits in every lane") {
+    constexpr int kThreads = 128;
+    std::mt19937 rng(11);
+    std::uniform_real_distribution<float> mantissa(-1.0f, 1.0f);
+    std::vector<float> x(kThreads);
+    for (int t = 0; t < kThreads; ++t) x[t] = std::ldexp(mantissa(rng), int(rng() % 40) - 20);
+    // Warp 0: 1 and 31 quarter-ulps of 1. Added in lane order each is rounded away; the butterfly
+    // pairs them up first, so its sum exceeds 1.
+    for (int t = 0; t < 32; ++t) x[t] = t == 0 ? 1.0f : std::ldexp(1.0f, -25);
+    DeviceBuffer<float> in(x), chain(4 * kThreads), shuffles(4 * kThreads);
+    launch<xor_chain_kernel>(dim3(1), dim3(kThreads), 0, nullptr, chain.ptr, shuffles.ptr, in.ptr);
+    const auto got = chain.download(), want = shuffles.download();
+    for (int i = 0; i < 4 * kThreads; ++i) {
+        INFO("thread " << i / 4 << " form " << i % 4);
+        REQUIRE(std::isfinite(want[i]));
+        REQUIRE(float_bits(got[i]) == float_bits(want[i]));
+    }
+    // The orders differ: summed in lane order, warp 0 gives 1; the butterfly gives more.
+    REQUIRE(std::accumulate(x.begin(), x.begin() + 32, 0.0f) == 1.0f);
+    REQUIRE(want[0] > 1.0f);
+}
+
+// from_float<__nv_bfloat16>'s host form (branch-free, used by the CPU build's kernels) against
+// cuda_bf16.hpp's host __float2bfloat16: every sign and exponent, random mantissas, the ties,
+// infinities and NaNs.
+TEST_CASE("from_float<bf16> rounds like __float2bfloat16, NaN included") {
+    std::mt19937 rng(5);
+    std::vector<uint32_t> patterns = {0x00000000u, 0x80000000u, 0x7F800000u, 0xFF800000u, 0x7F800001u, 0xFFC00000u,
+                                      0x7FFFFFFFu, 0x3F808000u, 0x3F818000u, 0x7F7FFFFFu, 0x00008000u, 0x00018000u};
+    for (int i = 0; i < (1 << 20); ++i) patterns.push_back(rng());
+    for (uint32_t bits : patterns) {
+        const float x = float_from_bits(bits);
+        INFO("x bits " << std::hex << bits);
+        REQUIRE(bf16_bits(from_float<__nv_bfloat16>(x)) == bf16_bits(__float2bfloat16(x)));
+    }
 }
