@@ -290,9 +290,11 @@ struct Worker {
     uint3 block_idx{};
     unsigned nthreads = 0;
     std::vector<Fiber> fibers;
-    std::vector<unsigned> order;  // start order of threads (the schedule)
+    std::vector<unsigned> order;  // start order of threads (the schedule); empty: 0, 1, 2, ...
+    bool one_dimensional = true;  // blockDim.y == blockDim.z == 1: threadIdx.x is the linear index
     unsigned next_unstarted = 0;
     std::vector<unsigned> ready;  // released fibers: ready[ready_head..] runs in order
+    std::vector<unsigned> released;  // a completed barrier's threads (kept to reuse its memory)
     size_t ready_head = 0;
     unsigned block_arrived = 0, done = 0;
     uint64_t block_serial = 0;  // counts the blocks this worker has run (emu_internal.h)
@@ -325,6 +327,10 @@ struct Worker {
             put_stack(release_pending);
             release_pending = nullptr;
         }
+    }
+    uint3 thread_index(unsigned t) const {
+        const dim3 b = launch->block;
+        return {t % b.x, (t / b.x) % b.y, t / (b.x * b.y)};
     }
     bool has_ready() const { return ready_head < ready.size(); }
     unsigned pop_ready() {
@@ -438,14 +444,22 @@ void runner(Stack* my_stack) {
     asan_finish(nullptr);
 #endif
     w.release_pending_stack();
+    void (*const thread_main)(const void*) = w.launch->thread_main;
+    const void* const params = w.launch->params;
     while (w.next_unstarted < w.nthreads && !w.has_ready()) {
-        Fiber& f = w.fibers[w.order[w.next_unstarted++]];
+        const unsigned t = w.order.empty() ? w.next_unstarted : w.order[w.next_unstarted];
+        ++w.next_unstarted;
+        Fiber& f = w.fibers[t];
         f.state = FiberState::running;
         f.stack = my_stack;
+        // threadIdx from the local value: reading back f.tid's two just-written halves as one
+        // 8-byte load would stall store forwarding (a third of an elementwise thread's cost).
+        const uint3 tid = w.one_dimensional ? uint3{t, 0, 0} : w.thread_index(t);
+        f.tid = tid;
         w.current = &f;
-        set_builtins(f);
+        threadIdx = tid;
         ++w.started;
-        w.launch->thread_main(w.launch->params);
+        thread_main(params);
         // The thread is finished. If it blocked on the way, we are back on the stack it owned,
         // which is free again; either way this loop may go on with the next thread.
         Fiber& done = *w.current;
@@ -474,20 +488,21 @@ void suspend_current(Worker& w) {
 
 // Queues released fibers in schedule order: behind the fibers already released, or (run_first)
 // ahead of them, to run next.
-void release_in_schedule_order(Worker& w, std::vector<unsigned>& ids, bool run_first = false) {
+void release_in_schedule_order(Worker& w, unsigned* ids, size_t count, bool run_first = false) {
+    unsigned* const end = ids + count;
     switch (settings().schedule) {
         case Schedule::forward: break;
-        case Schedule::reverse: std::reverse(ids.begin(), ids.end()); break;
-        case Schedule::random: std::shuffle(ids.begin(), ids.end(), w.rng); break;
+        case Schedule::reverse: std::reverse(ids, end); break;
+        case Schedule::random: std::shuffle(ids, end, w.rng); break;
     }
-    for (unsigned t : ids) w.fibers[t].state = FiberState::ready;
+    for (unsigned* t = ids; t != end; ++t) w.fibers[*t].state = FiberState::ready;
     if (!run_first) {
-        w.ready.insert(w.ready.end(), ids.begin(), ids.end());
-    } else if (w.ready_head >= ids.size()) {  // into the slots already run: no element moves
-        w.ready_head -= ids.size();
-        std::copy(ids.begin(), ids.end(), w.ready.begin() + std::ptrdiff_t(w.ready_head));
+        w.ready.insert(w.ready.end(), ids, end);
+    } else if (w.ready_head >= count) {  // into the slots already run: no element moves
+        w.ready_head -= count;
+        std::copy(ids, end, w.ready.begin() + std::ptrdiff_t(w.ready_head));
     } else {
-        w.ready.insert(w.ready.begin() + std::ptrdiff_t(w.ready_head), ids.begin(), ids.end());
+        w.ready.insert(w.ready.begin() + std::ptrdiff_t(w.ready_head), ids, end);
     }
 }
 
@@ -549,11 +564,12 @@ void complete_warp_group(Worker& w, unsigned warp, const WarpGroup& g) {
             }
         }
     }
-    std::vector<unsigned> ids;
+    unsigned ids[32];
+    size_t count = 0;
     for (unsigned l = 0; l < 32; ++l)
-        if ((members >> l) & 1u) ids.push_back(warp * 32 + l);
+        if ((members >> l) & 1u) ids[count++] = warp * 32 + l;
     // reverse and random let this warp run ahead of the others (see the top of this file)
-    release_in_schedule_order(w, ids, settings().schedule != Schedule::forward);
+    release_in_schedule_order(w, ids, count, settings().schedule != Schedule::forward);
 }
 
 const char* op_name(WarpOp op) {
@@ -599,10 +615,13 @@ int block_barrier(int op, int predicate) {
             default: break;
         }
         w.block_arrived = 0;
-        std::vector<unsigned> ids(w.nthreads);
-        for (unsigned t = 0; t < w.nthreads; ++t) ids[t] = t;
-        for (unsigned t : ids) w.fibers[t].result = result;
-        release_in_schedule_order(w, ids);
+        std::vector<unsigned>& ids = w.released;
+        ids.resize(w.nthreads);
+        for (unsigned t = 0; t < w.nthreads; ++t) {
+            ids[t] = t;
+            w.fibers[t].result = result;
+        }
+        release_in_schedule_order(w, ids.data(), ids.size());
     }
     suspend_current(w);
     return int(f.result);
@@ -719,19 +738,25 @@ void run_block(Worker& w, const KernelLaunch& L, unsigned block_linear) {
     blockDim = block;
     gridDim = grid;
     w.nthreads = block.x * block.y * block.z;
+    w.one_dimensional = block.y == 1 && block.z == 1;
+    // Per thread only what a start needs; threadIdx is worked out when the thread starts (the
+    // divisions of a 2D or 3D block would cost as much as a short thread).
     w.fibers.resize(w.nthreads);
     for (unsigned t = 0; t < w.nthreads; ++t) {
         Fiber& f = w.fibers[t];
         f.linear = t;
-        f.tid = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
         f.state = FiberState::unstarted;
         f.stack = nullptr;
         f.value = 0;
         f.exchange_fn = nullptr;
     }
-    w.order.resize(w.nthreads);
-    for (unsigned t = 0; t < w.nthreads; ++t) w.order[t] = t;
+    // The start order: empty means 0, 1, 2, ... (forward), so the common case builds no table.
     const Settings& s = settings();
+    w.order.clear();
+    if (s.schedule != Schedule::forward) {
+        w.order.resize(w.nthreads);
+        for (unsigned t = 0; t < w.nthreads; ++t) w.order[t] = t;
+    }
     if (s.schedule == Schedule::reverse) std::reverse(w.order.begin(), w.order.end());
     if (s.schedule == Schedule::random) {
         w.rng.seed(s.seed * 0x9E3779B97F4A7C15ull + block_linear);
