@@ -30,6 +30,7 @@
 #include <cstring>
 #include <mutex>
 #include <new>
+#include <memory>
 #include <vector>
 
 struct cublasLtContext {
@@ -616,7 +617,13 @@ cublasStatus_t run_matmul(const MatmulDesc& desc, const Problem& p, float alpha,
     if (!bf16_inputs && sgemm == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
     const Epilogue& e = p.epilogue;
     const size_t m = size_t(p.m), n = size_t(p.n);
-    std::vector<float> product, bias_grad;
+    std::vector<float> bias_grad;
+    // The FP32 product, kept between calls and never cleared: the classifier's weight gradient
+    // needs 154 MB, which a fresh zero-filled vector per call paid for in page faults and a memset
+    // (a third of that GEMM's time). Every element is written by the GEMM (or the k == 0 fill)
+    // before the epilogue reads it.
+    thread_local std::unique_ptr<float[]> product_buffer;
+    thread_local size_t product_capacity = 0;
 
     for (int batch = 0; batch < p.batches; ++batch) {
         const void* a = offset(A, p.a->type, batch * p.a->batch_stride);
@@ -633,12 +640,15 @@ cublasStatus_t run_matmul(const MatmulDesc& desc, const Problem& p, float alpha,
         // element before it writes it, so C may be D.
         const bool direct = p.d->type == CUDA_R_32F && p.k > 0 && (!bf16_inputs || c == nullptr);
         const bool elementwise = !direct || e.add_bias || e.gelu || e.store_aux || e.dgelu || e.bgrad_d;
-        if (!direct) product.resize(m * n);
-        float* out = direct ? static_cast<float*>(d) : product.data();
+        if (!direct && product_capacity < m * n) {
+            product_buffer.reset(new float[m * n]);
+            product_capacity = m * n;
+        }
+        float* out = direct ? static_cast<float*>(d) : product_buffer.get();
         const size_t out_ld = direct ? size_t(p.d->ld) : m;
         if (m > 0 && n > 0) {
             if (p.k == 0) {
-                std::fill(product.begin(), product.end(), 0.0f);
+                for (size_t j = 0; j < n; ++j) std::fill_n(out + j * out_ld, m, 0.0f);
             } else if (bf16_inputs) {
                 if (cublasStatus_t s = gemm_bf16(p, alpha, a, b, out, out_ld); s != CUBLAS_STATUS_SUCCESS) return s;
             } else {

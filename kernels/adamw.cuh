@@ -101,7 +101,10 @@ __device__ inline floatX adamw_param_from_master(float master, const AdamWStepCo
     }
 }
 
-constexpr int kAdamWChunk = 8;  // elements per vector work item: one Packed128 of BF16, two of FP32
+// Elements per vector work item: two Packed128 of BF16, four of FP32. 16 rather than 8 halves the
+// threads, whose start is what the CPU emulator pays per thread (AdamW 114 -> 78 ms per d12 step
+// there); 88 registers on sm_90, no spills.
+constexpr int kAdamWChunk = 16;
 constexpr int kAdamWBlock = 256;
 
 template <typename T> __device__ inline void adamw_load_chunk(float (&out)[kAdamWChunk], const T* p) {
@@ -136,10 +139,9 @@ static __global__ void __launch_bounds__(kAdamWBlock)
         adamw_load_chunk(mm, m + first);
         adamw_load_chunk(vv, v + first);
         floatX p[kAdamWChunk];
-        for (int k = 0; k < kAdamWChunk; ++k) {
-            adamw_update_element(g[k], w[k], mm[k], vv[k], c);
-            p[k] = adamw_param_from_master(w[k], c, first + k);
-        }
+        // Two loops: g++ vectorizes the FP32 update and the 64-bit rounding hash each at its width.
+        for (int k = 0; k < kAdamWChunk; ++k) adamw_update_element(g[k], w[k], mm[k], vv[k], c);
+        for (int k = 0; k < kAdamWChunk; ++k) p[k] = adamw_param_from_master(w[k], c, first + k);
         adamw_store_chunk(master + first, w);
         adamw_store_chunk(m + first, mm);
         adamw_store_chunk(v + first, vv);

@@ -232,7 +232,13 @@ static __global__ void __launch_bounds__(1024) layernorm_backward_kernel(floatX*
 
 // Column sums of the partials (blocks x 2C): 32 columns per block, blockDim.y slices of the
 // partial rows summed in a fixed interleaving, then the slices in order; then += into the grads.
+// Slices in parallel pay only for many partial rows: one per 32 rows, at most 16 (a function of
+// the row count alone, so the sums' order is too).
 constexpr int kLayernormReduceSlices = 16;
+constexpr int kLayernormRowsPerSlice = 32;
+inline int layernorm_reduce_slices(int partial_rows) {
+    return std::clamp(partial_rows / kLayernormRowsPerSlice, 1, kLayernormReduceSlices);
+}
 
 static __global__ void layernorm_param_grads_kernel(floatX* dweight, floatX* dbias, const float* partials, int blocks, int C) {
     __shared__ float slice_sums[kLayernormReduceSlices][32];
@@ -240,12 +246,12 @@ static __global__ void layernorm_param_grads_kernel(floatX* dweight, floatX* dbi
     const bool in_range = column < 2 * C;
     float sum = 0.0f;
     if (in_range)
-        for (int b = int(threadIdx.y); b < blocks; b += kLayernormReduceSlices) sum += partials[size_t(b) * 2 * C + column];
+        for (int b = int(threadIdx.y); b < blocks; b += int(blockDim.y)) sum += partials[size_t(b) * 2 * C + column];
     slice_sums[threadIdx.y][threadIdx.x] = sum;
     __syncthreads();
     if (threadIdx.y != 0 || !in_range) return;
     float total = 0.0f;
-    for (int s = 0; s < kLayernormReduceSlices; ++s) total += slice_sums[s][threadIdx.x];
+    for (int s = 0; s < int(blockDim.y); ++s) total += slice_sums[s][threadIdx.x];
     floatX* grad = column < C ? dweight + column : dbias + (column - C);
     *grad = from_float<floatX>(to_float(*grad) + total);
 }
@@ -265,6 +271,6 @@ inline void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias, flo
                                       mean, rstd, N, C);
     // The partials summed (one add each) and added into dweight and dbias (read and written).
     const KernelCost reduce_cost{partial_floats + 2.0 * C, partial_floats * sizeof(float) + 4.0 * C * X};
-    launch<layernorm_param_grads_kernel>(reduce_cost, dim3(ceil_div(2 * size_t(C), 32)), dim3(32, kLayernormReduceSlices),
+    launch<layernorm_param_grads_kernel>(reduce_cost, dim3(ceil_div(2 * size_t(C), 32)), dim3(32, layernorm_reduce_slices(blocks)),
                                          0, stream, dweight, dbias, scratch, blocks, C);
 }
