@@ -358,6 +358,7 @@ inline float __tanhf(float x) { return std::tanh(x); }
 inline float exp2f_fast(float x) { return std::exp2(x); }
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 inline float __fadd_rn(float a, float b) { return a + b; }
+
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __frcp_rn(float x) { return 1.0f / x; }
 inline float __fsqrt_rn(float x) { return std::sqrt(x); }
@@ -392,6 +393,36 @@ inline float min(float a, float b) { return std::fmin(a, b); }
 inline float max(float a, float b) { return std::fmax(a, b); }
 inline double min(double a, double b) { return std::fmin(a, b); }
 inline double max(double a, double b) { return std::fmax(a, b); }
+
+// Kernels' vector of expf (kernels/common.cuh's expf_each).
+#ifdef __AVX2__
+#include <immintrin.h>
+extern "C" __m256 _ZGVdN8v_expf(__m256);  // glibc's libmvec (the CPU build links -lmvec)
+#endif
+namespace cuemu {
+
+// out[i] = expf(in[i]) for a thread's chunk of n values (kernels/common.cuh's expf_each): 8 at a
+// time through libmvec's AVX2 expf, the last group padded, so a value's result does not depend on
+// n or its position. g++ does not vectorize such short loops itself (it unrolls them first, and
+// SLP does not use SIMD clones). Like CUDA's expf (2 ulp, Programming Guide) neither libmvec's nor
+// glibc's scalar expf is correctly rounded; tests hold kernels to tolerances against a double
+// reference. Without AVX2, the scalar expf.
+inline void expf_each(float* out, const float* in, int n) {
+#ifdef __AVX2__
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _ZGVdN8v_expf(_mm256_loadu_ps(in + i)));
+    if (i < n) {
+        alignas(32) float padded[8] = {};
+        for (int k = i; k < n; ++k) padded[k - i] = in[k];
+        _mm256_store_ps(padded, _ZGVdN8v_expf(_mm256_load_ps(padded)));
+        for (int k = i; k < n; ++k) out[k] = padded[k - i];
+    }
+#else
+    for (int i = 0; i < n; ++i) out[i] = std::exp(in[i]);
+#endif
+}
+
+}  // namespace cuemu
 
 // ---------------------------------------------------------------------------------------------
 // Recording for the roofline tool (dev/launch_record.h, dev/roofline.cu).

@@ -213,12 +213,12 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
             const int key_col = part + kThreadsPerRow * j, key = k0 + key_col;
             s[j] = first_key <= key && key <= query ? dot(q_tile + row * stride, k_tile + key_col * stride, hs) * score_scale
                                                     : -INFINITY;
-            tile_max = fmaxf(tile_max, s[j]);
+            tile_max = max_number(tile_max, s[j]);
         }
         // A row's fully masked tile after its first visible key gives correction 1 and P = 0. Before
         // it (a document that starts later in the query tile) m_new is still -inf: exponents
         // relative to 0 then keep P = 0 and o = l = 0 (exp(-inf - -inf) would be NaN).
-        const float m_new = fmaxf(m, row_max(tile_max));
+        const float m_new = max_number(m, row_max(tile_max));
         const float m_ref = m_new == -INFINITY ? 0.0f : m_new;
         const float correction = expf(m - m_ref);  // 0 on the row's first tile (m = -inf)
         float p_sum = 0.0f;

@@ -40,13 +40,17 @@ static __global__ void __launch_bounds__(kClassifierBlockSize)
     float running_max = -INFINITY, running_sum = 0.0f;
     for (int j = threadIdx.x * kPack; j < V; j += blockDim.x * kPack) {
         const Packed128<floatX> x = load128(row + j);  // the padding past V is in bounds (Vp % 8 == 0)
+        // Columns past V count as -inf: no effect on the max, exp(-inf) = 0 added exactly. Loops
+        // without branches and the exponentials apart from the in-order sum: vectors on the CPU.
+        float values[kPack], exps[kPack];
+        for (int k = 0; k < kPack; ++k) values[k] = j + k < V ? to_float(x[k]) : -INFINITY;
         float chunk_max = -INFINITY;
-        for (int k = 0; k < kPack; ++k)
-            if (j + k < V) chunk_max = fmaxf(chunk_max, to_float(x[k]));
-        const float new_max = fmaxf(running_max, chunk_max);
+        for (int k = 0; k < kPack; ++k) chunk_max = max_number(chunk_max, values[k]);
+        const float new_max = max_number(running_max, chunk_max);
         running_sum *= expf(running_max - new_max);  // exp(-inf) = 0 on the first chunk
-        for (int k = 0; k < kPack; ++k)
-            if (j + k < V) running_sum += expf(to_float(x[k]) - new_max);
+        for (int k = 0; k < kPack; ++k) values[k] -= new_max;
+        expf_each(exps, values);
+        for (int k = 0; k < kPack; ++k) running_sum += exps[k];
         running_max = new_max;
     }
     // Combine (m_t, s_t): M = max m_t, S = sum s_t exp(m_t - M). Threads without columns add 0.
@@ -61,9 +65,12 @@ static __global__ void __launch_bounds__(kClassifierBlockSize)
     for (int j = threadIdx.x * kPack; j < Vp; j += blockDim.x * kPack) {
         const Packed128<floatX> x = load128cs(row + j);  // the last read of these logits
         Packed128<floatX> grad;
+        float shifted[kPack], exps[kPack];
+        for (int k = 0; k < kPack; ++k) shifted[k] = to_float(x[k]) - row_max;
+        expf_each(exps, shifted);
         for (int k = 0; k < kPack; ++k) {
             const int column = j + k;
-            const float probability = expf(to_float(x[k]) - row_max) * inverse_sum;
+            const float probability = exps[k] * inverse_sum;
             const float indicator = column == target ? 1.0f : 0.0f;
             grad[k] = from_float<floatX>(column < V ? scale * (probability - indicator) : 0.0f);
         }

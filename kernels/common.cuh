@@ -38,6 +38,26 @@ template <> __host__ __device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(f
 #endif
 }
 
+// fmaxf: IEEE 754 maxNum, a NaN operand gives the other one. On the host (the CPU build runs kernels
+// there) a compare and select, which g++ inlines and vectorizes; glibc's fmaxf is a call.
+__host__ __device__ inline float max_number(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return fmaxf(a, b);
+#else
+    return (a > b || b != b) ? a : b;
+#endif
+}
+
+// out[k] = expf(in[k]) for a thread's N values. The CPU build takes them 8 at a time through
+// glibc's vector expf (emu/cuda_emu.h); g++ would make N scalar calls.
+template <int N> __device__ inline void expf_each(float (&out)[N], const float (&in)[N]) {
+#ifdef __CUDACC__
+    for (int k = 0; k < N; ++k) out[k] = expf(in[k]);
+#else
+    cuemu::expf_each(out, in, N);
+#endif
+}
+
 // ---------------------------------------------------------------------------------------------
 // 16 bytes of T moved as one vector (one 128-bit load/store instruction on the GPU). Pointers
 // must be 16-byte aligned: kernels require the relevant dimensions to be multiples of
@@ -82,7 +102,7 @@ struct AddOp {
     __device__ float operator()(float a, float b) const { return a + b; }
 };
 struct MaxOp {
-    __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+    __device__ float operator()(float a, float b) const { return max_number(a, b); }
 };
 
 // v = op(v, __shfl_xor_sync(0xffffffff, v, offset)) for each of Offsets in turn, in all lanes of

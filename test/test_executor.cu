@@ -506,3 +506,48 @@ TEST_CASE("from_float<bf16> rounds like __float2bfloat16, NaN included") {
         REQUIRE(bf16_bits(from_float<__nv_bfloat16>(x)) == bf16_bits(__float2bfloat16(x)));
     }
 }
+
+// expf_each (kernels/common.cuh): within a few ulp of the double exp (CUDA's expf: 2 ulp; the CPU
+// build's libmvec expf is not correctly rounded either), and a value's result does not depend on
+// where in the chunk it stands or on the chunk's length (the CPU build pads the last group of 8).
+__global__ void expf_each_kernel(float* out8, float* out4, float* out12, const float* x) {
+    float a[8], b[4], c[12], ea[8], eb[4], ec[12];
+    for (int k = 0; k < 8; ++k) a[k] = x[k];
+    for (int k = 0; k < 4; ++k) b[k] = x[7 - k];
+    for (int k = 0; k < 12; ++k) c[k] = x[k % 8];
+    expf_each(ea, a);
+    expf_each(eb, b);
+    expf_each(ec, c);
+    for (int k = 0; k < 8; ++k) out8[k] = ea[k];
+    for (int k = 0; k < 4; ++k) out4[k] = eb[k];
+    for (int k = 0; k < 12; ++k) out12[k] = ec[k];
+}
+
+TEST_CASE("expf_each is expf to a few ulp, whatever the value's place in the chunk") {
+    const std::vector<float> x = {-87.0f, -20.5f, -1.0f, -1e-3f, 0.0f, 0.6931472f, 10.25f, 88.0f};
+    DeviceBuffer<float> in(x), out8(8), out4(4), out12(12);
+    launch<expf_each_kernel>(dim3(1), dim3(1), 0, nullptr, out8.ptr, out4.ptr, out12.ptr, in.ptr);
+    const auto e8 = out8.download(), e4 = out4.download(), e12 = out12.download();
+    for (int k = 0; k < 8; ++k) {
+        INFO("x = " << x[k]);
+        const double want = std::exp(double(x[k]));
+        REQUIRE(std::isfinite(e8[k]));
+        REQUIRE(std::fabs(e8[k] - want) <= 4.0 * double(std::nextafter(float(want), INFINITY) - float(want)));
+        REQUIRE(float_bits(e12[k]) == float_bits(e8[k]));
+        REQUIRE(float_bits(e12[8 + k % 4]) == float_bits(e8[k % 4]));
+    }
+    for (int k = 0; k < 4; ++k) REQUIRE(float_bits(e4[k]) == float_bits(e8[7 - k]));
+}
+
+// warp_max has fmaxf's NaN rule (IEEE maxNum: a NaN operand gives the other one), which the CPU
+// build's max_number spells as a compare and select: a NaN lane does not win.
+__global__ void warp_max_nan_kernel(float* out) {
+    const float v = threadIdx.x == 5 ? __int_as_float(0x7fc00000) : float(threadIdx.x % 29);
+    out[threadIdx.x] = warp_max(v);
+}
+
+TEST_CASE("warp_max ignores a NaN lane, as fmaxf does") {
+    DeviceBuffer<float> out(32);
+    launch<warp_max_nan_kernel>(dim3(1), dim3(32), 0, nullptr, out.ptr);
+    for (float r : out.download()) REQUIRE(r == 28.0f);
+}
