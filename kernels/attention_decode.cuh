@@ -24,10 +24,10 @@ namespace attention_decode_detail {
 constexpr int kThreads = 128;
 constexpr int kValuePack = Packed128<floatX>::size;  // value elements one thread reads as a vector
 // Shared memory, in floats: the query (hs), the scores (n), the groups' partial output rows and the
-// reductions' 32 floats.
+// reductions' scratch (kBlockReduceScratch).
 inline size_t smem_floats(int n, int hs) {
     const int groups = kThreads / (hs / kValuePack);
-    return size_t(hs) + size_t(n) + size_t(groups) * hs + 32;
+    return size_t(hs) + size_t(n) + size_t(groups) * hs + kBlockReduceScratch;
 }
 }  // namespace attention_decode_detail
 
@@ -73,7 +73,7 @@ static __global__ void __launch_bounds__(attention_decode_detail::kThreads)
     float* q = smem;                // hs
     float* scores = q + hs;         // n: scores, then unnormalized probabilities
     float* partial = scores + n;    // groups x hs
-    float* reduce = partial + size_t(groups) * hs;  // 32
+    float* reduce = partial + size_t(groups) * hs;  // kBlockReduceScratch
 
     const float score_scale = 1.0f / sqrtf(float(hs));  // as the flash attention kernels scale
     for (int d = tid; d < hs; d += kThreads) q[d] = to_float(qkv[h * hs + d]);

@@ -24,7 +24,7 @@ static __global__ void __launch_bounds__(kClassifierBlockSize)
     fused_classifier_kernel(floatX* logits, float* losses, const int* targets, float dloss, int V, int Vp,
                             bool write_dlogits) {
     constexpr int kPack = Packed128<floatX>::size;
-    __shared__ float reduce_scratch[32];
+    __shared__ float reduce_scratch[kBlockReduceScratch];
     floatX* row = logits + size_t(blockIdx.x) * Vp;
     const int target = targets[blockIdx.x];
 

@@ -125,16 +125,25 @@ __device__ inline float warp_sum(float v) { return warp_reduce(v, AddOp{}); }
 __device__ inline float warp_max(float v) { return warp_reduce(v, MaxOp{}); }
 
 // Reduction over the block, returned to every thread. blockDim.x must be a multiple of 32 (at most
-// 1024); `scratch` is 32 floats of shared memory, free again when this returns.
+// 1024); `scratch` is kBlockReduceScratch floats of shared memory, which the next block_reduce over
+// the same scratch may reuse at once (any other use needs a barrier first). Warp 0 alone reduces
+// the warps' sums and leaves the result in scratch[32]: the other warps wait at two barriers and
+// no second shuffle chain (the CPU emulator's cost per thread is a switch per wait).
+constexpr int kBlockReduceScratch = 33;
 template <typename Op> __device__ inline float block_reduce(float v, float* scratch, float identity, Op op) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
     v = warp_reduce(v, op);
     if (lane == 0) scratch[warp] = v;
     __syncthreads();
-    v = lane < nwarps ? scratch[lane] : identity;
-    v = warp_reduce(v, op);
-    __syncthreads();  // scratch may be reused right after
-    return v;
+    if (warp == 0) {
+        v = warp_reduce(lane < nwarps ? scratch[lane] : identity, op);
+        if (lane == 0) scratch[32] = v;
+    }
+    // Also orders warp 0's reads of scratch[0..31] before any thread's next write there, and every
+    // thread's read of scratch[32] comes before it reaches the next reduction's first barrier, after
+    // which alone scratch[32] is written again.
+    __syncthreads();
+    return scratch[32];
 }
 __device__ inline float block_sum(float v, float* scratch) { return block_reduce(v, scratch, 0.0f, AddOp{}); }
 // (the classifier's softmax)

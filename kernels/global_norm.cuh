@@ -36,7 +36,7 @@ inline size_t global_norm_scratch_floats(size_t n) { return global_norm_blocks(n
 // latency-bound wherever a thread runs alone, as in the CPU emulator), added in a fixed order.
 static __global__ void __launch_bounds__(kGlobalNormBlock)
     global_norm_partials_kernel(float* partials, const floatX* values, size_t n, size_t head, size_t vectors) {
-    __shared__ float scratch[32];
+    __shared__ float scratch[kBlockReduceScratch];
     constexpr int width = Packed128<floatX>::size;
     const size_t stride = size_t(gridDim.x) * blockDim.x;
     const size_t thread = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -65,7 +65,7 @@ static __global__ void __launch_bounds__(kGlobalNormBlock)
 // One block, a multiple of 32 threads >= count: thread i takes partial i.
 static __global__ void __launch_bounds__(kGlobalNormMaxBlocks)
     global_norm_finish_kernel(float* out, const float* partials, int count) {
-    __shared__ float scratch[32];
+    __shared__ float scratch[kBlockReduceScratch];
     const float partial = int(threadIdx.x) < count ? partials[threadIdx.x] : 0.0f;
     const float total = block_sum(partial, scratch);
     if (threadIdx.x == 0) *out = total;
