@@ -356,8 +356,8 @@ kernel-report: $(GPU_DIR)/train_gpt $(GPU_DIR)/launches_tc.json $(GPU_DIR)/launc
 # loss and a text sample; writes out/mini_shakespeare/ (config.json, metrics.jsonl, checkpoints).
 HAVE_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 TRAIN_BIN := $(if $(HAVE_GPU),./train_gpt,./train_gpt_cpu)$(ROOT_SUFFIX)
-TRAIN_FLAGS ?= -e mini -b 8 -t 64 -x 600 -l 2e-3 -u 30 -q 0.1 -c 0.1 -v 100 -m 8 -s 600 -g 48 --top-k 40 \
-               -n 600 -o out/mini_shakespeare
+TRAIN_FLAGS ?= -e mini -b 8 -t 64 -x 1500 -l 2e-3 -u 30 -q 0.1 -c 0.1 -v 250 -m 8 -s 1500 -g 48 --top-k 40 \
+               -n 500 -o out/mini_shakespeare
 
 $(DATA_DIR)/tokenizer.bin: | deps-if-missing
 	python3 data/prepare.py --out $(DATA_DIR)
