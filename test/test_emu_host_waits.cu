@@ -7,23 +7,16 @@
 #define TRAIN_GPT_NO_MAIN
 #include "../train_gpt.cu"
 
+#include "mpi_test_util.h"
 #include "test_util.h"
 
 #include <cstdlib>
 
 namespace {
 
-void ensure_mpi() {
-    int initialized = 0;
-    MPI_Initialized(&initialized);
-    if (initialized) return;
-    MPI_Init(nullptr, nullptr);
-    std::atexit([] { MPI_Finalize(); });
-}
-
 // One rank on its own (parallel/process_groups.h; a singleton MPI needs no mpirun).
 Distributed lone_rank() {
-    ensure_mpi();
+    mpi_init_once();
     return distributed_single(Distributed{});
 }
 

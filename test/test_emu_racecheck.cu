@@ -6,6 +6,7 @@
 #define TRAIN_GPT_NO_MAIN
 #include "../train_gpt.cu"
 
+#include "mpi_test_util.h"
 #include "test_util.h"
 
 #include <sys/wait.h>
@@ -226,12 +227,7 @@ TEST_CASE("racecheck: labeled ranges of one allocation used by two streams at on
 }
 
 TEST_CASE("racecheck: NCCL on a communication stream without an event races with the compute stream") {
-    int initialized = 0;
-    MPI_CHECK(MPI_Initialized(&initialized));
-    if (!initialized) {
-        MPI_CHECK(MPI_Init(nullptr, nullptr));
-        std::atexit([] { MPI_Finalize(); });
-    }
+    mpi_init_once();
     CollectRaces races;
     ncclUniqueId id;
     NCCL_CHECK(ncclGetUniqueId(&id));

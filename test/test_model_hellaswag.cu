@@ -8,6 +8,7 @@
 
 #include "host/hellaswag.h"
 #include "model_test_util.h"
+#include "mpi_test_util.h"
 
 namespace {
 
@@ -214,12 +215,7 @@ namespace {
 
 // MPI once per process (hellaswag_accuracy sums over the run's ranks): this process alone.
 Distributed single_process() {
-    int initialized = 0;
-    MPI_CHECK(MPI_Initialized(&initialized));
-    if (!initialized) {
-        MPI_CHECK(MPI_Init(nullptr, nullptr));
-        std::atexit([] { MPI_Finalize(); });
-    }
+    mpi_init_once();
     Distributed d;
     d.mpi = MPI_COMM_SELF;
     return d;

@@ -11,20 +11,13 @@
 #include <cstdlib>
 #include <map>
 
+#include "mpi_test_util.h"
 #include "test_util.h"
 
 namespace {
 
 // MPI for the host-side sums of the step (MPI_COMM_SELF) and the emulated NCCL of an executed
 // step; a singleton MPI needs no mpirun.
-void ensure_mpi() {
-    int initialized = 0;
-    MPI_Initialized(&initialized);
-    if (initialized) return;
-    MPI_Init(nullptr, nullptr);
-    std::atexit([] { MPI_Finalize(); });
-}
-
 void set_record_only(bool on) {
 #ifdef __CUDACC__
     REQUIRE_FALSE(on);  // the emulator's mode; the nvcc build executes everything
@@ -36,7 +29,7 @@ void set_record_only(bool on) {
 // Rank 0 of `world_size` on its own: MPI_COMM_SELF for the host-side sums, and an NCCL
 // communicator of world_size ranks (more than one only in record-only mode: no peers exist).
 Distributed lone_rank(int world_size) {
-    ensure_mpi();
+    mpi_init_once();
     Distributed d;
     d.mpi = MPI_COMM_SELF;
     d.world_size = world_size;
