@@ -602,8 +602,7 @@ inline void gpt2_forward_queue(GPT2& model, const int* inputs_host, const int* t
         CUDA_CHECK(cudaMemcpyAsync(model.targets, up.targets, BT * sizeof(int), cudaMemcpyHostToDevice, stream));
     }
     if (model.options.uses_documents()) {  // each token's document start (host/documents.h), on the same stream
-        const std::vector<int> starts = document_starts(inputs_host, B, T, model.options.eot_token);
-        std::copy(starts.begin(), starts.end(), up.doc_start);
+        document_starts(up.doc_start, inputs_host, B, T, model.options.eot_token);
         CUDA_CHECK(cudaMemcpyAsync(model.doc_start, up.doc_start, BT * sizeof(int), cudaMemcpyHostToDevice, stream));
     }
     // A backward pass follows (dlogits are written): its grouping now, while the device runs ahead.

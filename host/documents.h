@@ -21,8 +21,8 @@ constexpr int kGpt2EotToken = 50256;
 // The document start of every token of B rows of T tokens (row-major, as the tokens): the position
 // within its row where token t's document starts (see above). One pass per row; non-decreasing
 // along a row, and at most t.
-inline std::vector<int> document_starts(const int* tokens, int B, int T, int eot) {
-    std::vector<int> starts(size_t(B) * size_t(T));
+// Written to `starts` (B * T ints: the forward pass's upload buffer), or returned.
+inline void document_starts(int* starts, const int* tokens, int B, int T, int eot) {
     for (int b = 0; b < B; ++b) {
         int start = 0;
         for (int t = 0; t < T; ++t) {
@@ -31,5 +31,9 @@ inline std::vector<int> document_starts(const int* tokens, int B, int T, int eot
             starts[i] = start;
         }
     }
+}
+inline std::vector<int> document_starts(const int* tokens, int B, int T, int eot) {
+    std::vector<int> starts(size_t(B) * size_t(T));
+    document_starts(starts.data(), tokens, B, T, eot);
     return starts;
 }

@@ -121,11 +121,14 @@ static __global__ void encoder_backward_wpe_kernel(floatX* dwpe, const floatX* d
 
 namespace encoder_detail {
 
-// Appends to `grouping` the positions 0..N-1 grouped by key (keys[i] = key << 32 | position, sorted),
-// as positions[N], group_start[G + 1], group_key[G] (see above); returns G. The largest groups go
+// The ints of one grouping of N positions into G groups: positions[N], group_start[G + 1], group_key[G].
+inline size_t grouping_ints(int N, int G) { return size_t(N) + 2 * size_t(G) + 1; }
+
+// Writes at `out` the positions 0..N-1 grouped by key (keys[i] = key << 32 | position, sorted), as
+// positions[N], group_start[G + 1], group_key[G] (see above); returns G. The largest groups go
 // first: their blocks have the longest sums, and blocks start roughly in blockIdx order, so this
 // balances the GPU. Ties keep key order (deterministic).
-inline int append_grouping(std::vector<int>& grouping, const std::vector<uint64_t>& keys) {
+inline int write_grouping(int* out, const std::vector<uint64_t>& keys) {
     const int N = int(keys.size());
     std::vector<int> run_start;  // start of each key's run in keys
     for (int i = 0; i < N; ++i)
@@ -137,9 +140,7 @@ inline int append_grouping(std::vector<int>& grouping, const std::vector<uint64_
     std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
         return run_start[a + 1] - run_start[a] > run_start[b + 1] - run_start[b];
     });
-    const size_t base = grouping.size();
-    grouping.resize(base + size_t(N) + 2 * size_t(G) + 1);
-    int* positions = grouping.data() + base;
+    int* positions = out;
     int* group_start = positions + N;
     int* group_key = group_start + G + 1;
     int filled = 0;
@@ -179,9 +180,10 @@ inline EncoderGrouping encoder_backward_grouping(int* grouping, const int* inp_h
         keys[i] = uint64_t(uint32_t(inp_host[i])) << 32 | uint32_t(i);
     }
     std::sort(keys.begin(), keys.end());
-    std::vector<int> built;
     EncoderGrouping g;
-    g.groups = encoder_detail::append_grouping(built, keys);
+    g.ints = grouping;
+    g.groups = encoder_detail::write_grouping(grouping, keys);
+    g.count = encoder_detail::grouping_ints(N, g.groups);
     if (doc_start_host != nullptr) {
         for (int i = 0; i < N; ++i) {
             const int position = i % T - doc_start_host[i];
@@ -191,11 +193,9 @@ inline EncoderGrouping encoder_backward_grouping(int* grouping, const int* inp_h
             keys[i] = uint64_t(uint32_t(position)) << 32 | uint32_t(i);
         }
         std::sort(keys.begin(), keys.end());
-        g.position_groups = encoder_detail::append_grouping(built, keys);
+        g.position_groups = encoder_detail::write_grouping(grouping + g.count, keys);
+        g.count += encoder_detail::grouping_ints(N, g.position_groups);
     }
-    std::copy(built.begin(), built.end(), grouping);
-    g.ints = grouping;
-    g.count = built.size();
     return g;
 }
 
@@ -220,7 +220,7 @@ inline void encoder_backward(floatX* dwte, floatX* dwpe, int* scratch, const flo
     // wte: every dout row added once into its token's sum, then G rows of dwte read, added, written;
     // the grouping's ints read once.
     const double X = sizeof(floatX), btc = double(N) * C;
-    const size_t wte_grouping_ints = size_t(N) + 2 * size_t(G) + 1;
+    const size_t wte_grouping_ints = encoder_detail::grouping_ints(N, G);
     const KernelCost wte_cost{btc + double(G) * C, btc * X + 2.0 * G * C * X + double(wte_grouping_ints) * sizeof(int)};
     launch<encoder_backward_wte_kernel>(wte_cost, dim3(G, ceil_div(threads_per_row, block)), dim3(block), 0, stream,
                                         dwte, device_positions, device_positions + N, device_positions + N + G + 1, dout,
