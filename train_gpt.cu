@@ -230,8 +230,7 @@ struct GPT2 {
     UploadSlot uploads[2];
     int upload_slot = 0;  // the slot of the last forward pass
     int B = 0, T = 0;              // sizes of the last forward pass
-    double loss_sum = 0;           // sum of per-token losses of the last forward pass with targets
-    int valid_targets = 0;         // targets != -1 in it
+    int valid_targets = 0;         // targets != -1 in the last forward pass with targets
     cudaStream_t stream = nullptr;
     Matmul matmul;  // the cuBLASLt handle and workspace of this model's matmuls
     // Inference models (ModelOptions::inference): layer l's cached keys and values are (max_tokens, C)
@@ -644,8 +643,7 @@ inline double gpt2_forward(GPT2& model, const int* inputs_host, const int* targe
     std::vector<float> losses(BT);
     CUDA_CHECK(cudaMemcpyAsync(losses.data(), model.acts.losses, BT * sizeof(float), cudaMemcpyDeviceToHost, model.stream));
     CUDA_CHECK(cudaStreamSynchronize(model.stream));
-    model.loss_sum = sum_of_losses(losses.data(), BT);
-    return model.loss_sum;
+    return sum_of_losses(losses.data(), BT);
 }
 
 // Generation with a key/value cache (an inference model): the forward pass of n new tokens of one

@@ -10,7 +10,6 @@
 #include "mpi_test_util.h"
 #include "test_util.h"
 
-#include <cstdlib>
 
 namespace {
 

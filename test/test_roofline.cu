@@ -8,7 +8,6 @@
 #define TRAIN_GPT_NO_MAIN
 #include "../train_gpt.cu"
 
-#include <cstdlib>
 #include <map>
 
 #include "mpi_test_util.h"
@@ -16,8 +15,6 @@
 
 namespace {
 
-// MPI for the host-side sums of the step (MPI_COMM_SELF) and the emulated NCCL of an executed
-// step; a singleton MPI needs no mpirun.
 void set_record_only(bool on) {
 #ifdef __CUDACC__
     REQUIRE_FALSE(on);  // the emulator's mode; the nvcc build executes everything
