@@ -31,21 +31,46 @@ endif
 endif
 
 HAVE_NVCC := $(shell command -v $(NVCC) >/dev/null 2>&1 && echo yes)
-DEPS_OK := $(shell scripts/deps.sh --check >/dev/null 2>&1 && echo yes)
+
+# Builds for machines without Debian's -dev packages or a network (a lent GPU node; scripts/gpu_check.sh):
+#   MPI=0             no MPI library: parallel/single_process_mpi.h, one process (one GPU); mpirun refused
+#   DEPS_PREFIX=DIR   the header-only C++ dependencies (cxxopts, nlohmann-json, Catch2) from DIR/usr/include,
+#                     unpacked there by scripts/gpu_deps.sh; nothing is installed (no apt-get)
+#   NCCL_HOME=DIR     NCCL's DIR/include/nccl.h and DIR/lib/libnccl.so.2 (e.g. the nvidia-nccl-cu13 Python
+#                     package's nvidia/nccl folder), found at run time through the binary's rpath
+MPI ?= 1
+ifneq ($(MPI),1)
+ifneq ($(MPI),0)
+$(error MPI must be 1 or 0, got '$(MPI)')
+endif
+endif
+DEPS_OK := $(if $(DEPS_PREFIX),yes,$(shell scripts/deps.sh --check >/dev/null 2>&1 && echo yes))
 
 # MPI flags (evaluated lazily: `make deps` may have to install MPI first)
+ifeq ($(MPI),1)
 MPI_INC = $(addprefix -I,$(shell mpicxx --showme:incdirs))
 MPI_LIB = $(addprefix -L,$(shell mpicxx --showme:libdirs)) $(addprefix -l,$(shell mpicxx --showme:libs))
+MPI_DEFINE :=
+MPI_SUFFIX :=
+else
+MPI_INC =
+MPI_LIB =
+MPI_DEFINE := -DTRAIN_GPT_NO_MPI
+MPI_SUFFIX := -nompi
+endif
+DEPS_INC = $(if $(DEPS_PREFIX),-isystem $(abspath $(DEPS_PREFIX))/usr/include)
+NCCL_INC = $(if $(NCCL_HOME),-I$(NCCL_HOME)/include)
+NCCL_LIB = $(if $(NCCL_HOME),-L$(NCCL_HOME)/lib -Xlinker -l:libnccl.so.2 -Xlinker -rpath -Xlinker $(NCCL_HOME)/lib,-lnccl)
 
-# One folder per precision, so switching PRECISION never links objects of the other one.
+# One folder per precision (and MPI choice), so switching PRECISION never links objects of the other one.
 PRECISION_SUFFIX := $(if $(filter FP32,$(PRECISION)),-fp32,)
-CPU_DIR  := $(BUILD)/cpu$(PRECISION_SUFFIX)
-GPU_DIR  := $(BUILD)/gpu$(PRECISION_SUFFIX)
-ASAN_DIR := $(BUILD)/asan$(PRECISION_SUFFIX)
+CPU_DIR  := $(BUILD)/cpu$(PRECISION_SUFFIX)$(MPI_SUFFIX)
+GPU_DIR  := $(BUILD)/gpu$(PRECISION_SUFFIX)$(MPI_SUFFIX)
+ASAN_DIR := $(BUILD)/asan$(PRECISION_SUFFIX)$(MPI_SUFFIX)
 
 # Target-specific overrides give the _fp32 test variants FP32 whatever PRECISION says.
 PRECISION_DEFINE = -DPRECISION_$(PRECISION)
-COMMON_FLAGS = -std=c++20 -I. -I$(CUDA_HOME)/include $(PRECISION_DEFINE)
+COMMON_FLAGS = -std=c++20 -I. $(NCCL_INC) -I$(CUDA_HOME)/include $(DEPS_INC) $(MPI_DEFINE) $(PRECISION_DEFINE)
 WARN := -Wall -Wextra -Wno-unused-parameter
 # The CPU build runs the kernels: -O3 vectorizes their per-thread loops (AdamW, LayerNorm, attention
 # tiles); -fno-math-errno lets sqrtf vectorize (no result changes: errno is all it drops).
@@ -61,7 +86,7 @@ CPU_LDLIBS = $(MPI_LIB) $(EMU_LDLIBS) -ldl -pthread
 # sm_80 and sm_90 machine code, plus PTX for newer GPUs.
 GPU_ARCH := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=[sm_90,compute_90]
 NVCCFLAGS = $(COMMON_FLAGS) -O3 $(GPU_ARCH) -Xptxas -v -Xcompiler -pthread $(MPI_INC)
-GPU_LDLIBS = -L$(CUDA_HOME)/lib64 -lcublasLt -lnccl $(MPI_LIB)
+GPU_LDLIBS = -L$(CUDA_HOME)/lib64 -lcublasLt $(NCCL_LIB) $(MPI_LIB)
 
 EMU_SRC := $(wildcard emu/*.cpp)
 HOST_SRC := $(wildcard host/*.cpp)
@@ -116,7 +141,7 @@ endef
 # one by one: a bare .SECONDARY would also make the dependency-list stamp secondary, and a missing
 # secondary prerequisite does not force a rebuild.
 .SECONDARY: $(foreach dir,$(CPU_DIR) $(GPU_DIR) $(ASAN_DIR),$(addprefix $(dir)/,$(addsuffix .o,$(ALL_TEST_NAMES) $(SECOND_UNITS))))
-.PHONY: FORCE all train_gpt train_gpt_cpu test test-gpu test-asan deps deps-if-missing train clean emu-bench
+.PHONY: FORCE all train_gpt train_gpt_cpu test test-gpu test-gpu-binaries test-asan deps deps-if-missing train clean emu-bench
 
 all: train_gpt_cpu
 
@@ -183,15 +208,34 @@ $(CPU_DIR)/test_mpi_%: $(CPU_DIR)/test_mpi_%.o $$(call host_lib,$(CPU_DIR),$$(ca
 # CTest reads the suite from test/tests.cmake (shared with CMakeLists.txt).
 define ctest_file
 	@mkdir -p $(1)
-	@printf 'set(TEST_BIN %s)\nset(GPU %s)\nset(ASAN %s)\nset(MPIRUN mpirun --allow-run-as-root --oversubscribe)\ninclude(%s/test/tests.cmake)\n' \
-	  "$(abspath $(1))" "$(2)" "$(3)" "$(CURDIR)" > $(1)/CTestTestfile.cmake
+	@printf 'set(TEST_BIN %s)\nset(GPU %s)\nset(ASAN %s)\nset(MPI %s)\nset(MPIRUN mpirun --allow-run-as-root --oversubscribe)\nset(NO_MPI_BUILD %s)\ninclude(%s/test/tests.cmake)\n' \
+	  "$(abspath $(1))" "$(2)" "$(3)" "$(if $(filter 1,$(MPI)),ON,OFF)" "$(abspath $(NO_MPI_CHECK))/cpu-nompi" "$(CURDIR)" \
+	  > $(1)/CTestTestfile.cmake
 endef
 
 $(CPU_DIR)/CTestTestfile.cmake: FORCE
 	$(call ctest_file,$(CPU_DIR),OFF,OFF)
 
+# Every header a build read, system ones included (g++ -M of the program, the host library and the
+# Catch2 main): test/test_no_mpi_build.sh checks where the dependencies' headers came from.
+$(CPU_DIR)/headers.txt: train_gpt.cu $(HOST_SRC) test/catch_main.cpp $(DEPS_TRACKED) | deps-if-missing
+	@mkdir -p $(@D)
+	$(CXX) $(CPU_CXXFLAGS) -M -x c++ train_gpt.cu > $@
+	$(foreach f,$(HOST_SRC) test/catch_main.cpp,$(CXX) $(CPU_CXXFLAGS) -M $(f) >> $@ &&) true
+
+# The offline build as a GPU node without packages or a network makes it (scripts/gpu_check.sh): no
+# MPI (MPI=0) and the header-only dependencies from a prefix (scripts/gpu_deps.sh, here from the
+# installed packages). test/test_no_mpi_build.sh runs what it builds.
+NO_MPI_CHECK := $(BUILD)/no-mpi-check
+$(NO_MPI_CHECK)/deps/PACKAGES: scripts/gpu_deps.sh scripts/deps.sh | deps-if-missing
+	scripts/gpu_deps.sh --from-installed $(NO_MPI_CHECK)/deps > /dev/null
+.PHONY: no-mpi-check-build
+no-mpi-check-build: $(NO_MPI_CHECK)/deps/PACKAGES
+	$(MAKE) --no-print-directory MPI=0 DEPS_PREFIX=$(NO_MPI_CHECK)/deps BUILD=$(NO_MPI_CHECK) \
+	  $(addprefix $(NO_MPI_CHECK)/cpu-nompi/,train_gpt_cpu test_config test_mpi_nccl headers.txt)
+
 test: deps-if-missing $(addprefix $(CPU_DIR)/,$(ALL_TEST_NAMES) $(FORWARD_LOGITS)) $(CPU_DIR)/train_gpt_cpu \
-  $(CPU_DIR)/CTestTestfile.cmake
+  $(CPU_DIR)/CTestTestfile.cmake no-mpi-check-build
 	ctest --test-dir $(CPU_DIR) --output-on-failure -j2
 ifeq ($(HAVE_NVCC),yes)
 	$(MAKE) --no-print-directory train_gpt
@@ -241,8 +285,13 @@ $(GPU_DIR)/test_%: $(GPU_DIR)/test_%.o $$(call second_unit_of,test_$$*,$(GPU_DIR
 	$(NVCC) $< $(call second_unit_of,test_$*,$(GPU_DIR)) $(if $(filter mpi_%,$*),,$(GPU_DIR)/catch_main.o) $(call host_lib,$(GPU_DIR),$(call precision_of,test_$*)) \
 	  $(GPU_LDLIBS) -o $@
 
-test-gpu: deps-if-missing $(addprefix $(GPU_DIR)/,$(GPU_TEST_NAMES) $(FORWARD_LOGITS)) $(GPU_DIR)/train_gpt
+$(GPU_DIR)/CTestTestfile.cmake: FORCE
 	$(call ctest_file,$(GPU_DIR),ON,OFF)
+
+# The binaries alone (scripts/gpu_check.sh builds them in one stage and runs them in the next).
+test-gpu-binaries: deps-if-missing $(addprefix $(GPU_DIR)/,$(GPU_TEST_NAMES) $(FORWARD_LOGITS)) $(GPU_DIR)/train_gpt
+
+test-gpu: test-gpu-binaries $(GPU_DIR)/CTestTestfile.cmake
 	ctest --test-dir $(GPU_DIR) --output-on-failure
 
 # ---------------------------------------------------------------------------------------------

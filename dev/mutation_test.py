@@ -8,6 +8,7 @@ Each file in dev/mutations/*.mut plants one fault, as sed expressions applied to
     sed: s/k0 + key_col <= query/k0 + key_col <= query + 1/
     lines: 1                       # lines the fault changes (default 1); anything else is an error
     build: test_kernel_attention test_kernel_attention_fp32     # make targets, in build/cpu/
+                                   # (make:NAME: the plain make target NAME, e.g. make:no-mpi-check-build)
     tests: ^test_kernel_attention(_fp32)?_(forward|reverse|random)$   # the CTest names that should notice
 
 For each mutant: a scratch copy of the tree (build/mutation/tree: git's tracked and untracked,
@@ -107,7 +108,7 @@ def restore(rel):
 
 
 def build(targets, log):
-    paths = [f"{BUILD_DIR}/{t}" for t in targets]
+    paths = [t.removeprefix("make:") if t.startswith("make:") else f"{BUILD_DIR}/{t}" for t in targets]
     return run(["make", "--no-print-directory", "-C", str(TREE), "BUILD=build", "PRECISION=BF16", *paths], log) == 0
 
 

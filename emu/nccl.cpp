@@ -24,8 +24,7 @@
 // moves, to the emulator's work observer. In record-only mode ncclCommInitRank makes a
 // communicator of nranks with no MPI peers (MPI need not be initialized): its collectives check
 // their arguments and report, but move nothing.
-#define OMPI_SKIP_MPICXX 1  // the C API only; the C++ bindings are deprecated and warn
-#include <mpi.h>
+#include "parallel/mpi_api.h"
 #include <nccl.h>
 
 #include "cuda_emu.h"

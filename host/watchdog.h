@@ -5,8 +5,7 @@
 // GPU collective in flight returns) and the MPI job (MPI_Abort: every rank exits non-zero).
 #pragma once
 
-#define OMPI_SKIP_MPICXX 1
-#include <mpi.h>
+#include "parallel/mpi_api.h"
 #include <nccl.h>
 #include <unistd.h>
 

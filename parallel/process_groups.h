@@ -3,8 +3,7 @@
 // Works without mpirun too (one rank). Today every rank is a data-parallel rank (parallel/zero.h).
 #pragma once
 
-#define OMPI_SKIP_MPICXX 1  // the deprecated MPI C++ bindings: unused, and noisy under -Wextra
-#include <mpi.h>
+#include "parallel/mpi_api.h"
 #include <nccl.h>
 
 #include <cstdio>

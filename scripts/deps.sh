@@ -3,15 +3,24 @@
 #   scripts/deps.sh           install what is missing (apt-get; run as root)
 #   scripts/deps.sh --check   exit 1 and list what is missing, install nothing
 #   scripts/deps.sh --fuzz    also clang (libFuzzer), for make fuzz
+#   scripts/deps.sh --header-only-packages   print the header-only C++ packages (scripts/gpu_deps.sh
+#                             unpacks them for machines that cannot install packages)
 # The CUDA toolkit (nvcc, cuBLASLt, NCCL) is not a Debian package here: when nvcc is absent,
 # only the CPU build (train_gpt_cpu) is built and tested.
 set -euo pipefail
+header_only=(
+  libcxxopts-dev nlohmann-json3-dev # CLI and JSON config
+  catch2                            # tests (Catch2 2.x: one header)
+)
+if [ "${1:-}" = "--header-only-packages" ]; then
+  echo "${header_only[@]}"
+  exit 0
+fi
 packages=(
   g++ make cmake pkg-config         # compilers, CTest
   libopenmpi-dev openmpi-bin        # MPI: process launch, and the emulated NCCL's transport
   libopenblas-dev libdnnl-dev       # the emulated cuBLASLt's GEMMs: FP32 (OpenBLAS), BF16 (oneDNN)
-  libcxxopts-dev nlohmann-json3-dev # CLI and JSON config
-  catch2                            # tests
+  "${header_only[@]}"
   procps                            # pgrep/pkill: the tests that signal the program (not in minimal images)
 )
 [ "${1:-}" = "--fuzz" ] && packages+=(clang)  # libFuzzer and its sanitizer runtimes (make fuzz)

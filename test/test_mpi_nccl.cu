@@ -6,8 +6,7 @@
 // FP32 in rank order 0..n-1 and rounds once, exactly as the host does here, so the CPU build
 // compares exactly; real NCCL reduces in ring/tree order, rounds bf16 partial sums at each hop
 // and premultiplies by 1/n for ncclAvg, so the GPU build allows the bound in `tolerance`.
-#define OMPI_SKIP_MPICXX 1  // MPI's C API only
-#include <mpi.h>
+#include "parallel/mpi_api.h"
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 #include <nccl.h>

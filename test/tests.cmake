@@ -2,6 +2,22 @@
 # writes. Expects TEST_BIN (folder of the test executables), GPU (ON for the nvcc build) and
 # MPIRUN (an mpirun command line that may run as root and oversubscribe).
 
+# MPI (ON unless the build has no MPI library, make MPI=0): without it, MPIRUN is test/no_mpi_launch.sh,
+# which runs one-rank commands directly and reports anything of more ranks skipped (77); the tests that
+# signal mpirun itself are skipped outright.
+if(NOT DEFINED MPI)
+  set(MPI ON)
+endif()
+if(NOT MPI)
+  set(MPIRUN ${CMAKE_CURRENT_LIST_DIR}/no_mpi_launch.sh)
+endif()
+set(launched_tests)  # tests that run MPIRUN: skipped (77) past one rank without MPI (set at the end)
+# A test that cannot run at all in this configuration: registered, and reported skipped with the reason.
+function(add_skipped_test name reason)
+  add_test(${name} sh -c "echo 'skipped: ${reason}'; exit 77")
+  set_tests_properties(${name} PROPERTIES SKIP_RETURN_CODE 77)
+endfunction()
+
 # Every test executable fails a test case that executes no assertion (test/catch_main.cpp and the
 # MPI tests' mains), and one that cannot run in a configuration exits with 77: CTest reports it
 # skipped, never passed.
@@ -115,6 +131,7 @@ foreach(config IN LISTS train_configs)
     endif()
     set(name test_mpi_train${suffix}_np${np}_zero${zero}_accum${accum})
     add_test(${name} ${MPIRUN} -np ${np} ${TEST_BIN}/test_mpi_train${suffix})
+    list(APPEND launched_tests ${name})
     set_tests_properties(${name} PROPERTIES
       ENVIRONMENT "CUEMU_RACECHECK=1;TRAIN_ZERO=${zero};TRAIN_ACCUM=${accum};TRAIN_GPT_ROOT=${CMAKE_CURRENT_LIST_DIR}/..")
   endforeach()
@@ -129,6 +146,7 @@ endif()
 string(REPLACE ";" " " mpirun_line "${MPIRUN}")
 if(NOT ASAN)  # 2 min under ASan; its file code runs there in test_checkpoint, the program in test_train_smoke
   add_test(test_resume ${CMAKE_CURRENT_LIST_DIR}/test_resume.sh ${train_binary} "${mpirun_line}")
+  list(APPEND launched_tests test_resume)
 endif()
 add_test(test_train_smoke ${CMAKE_CURRENT_LIST_DIR}/test_train_smoke.sh ${train_binary})
 # Run identity across resumes (host/run_identity.h): a fresh run over checkpoints, changed identity
@@ -139,7 +157,9 @@ if(NOT ASAN)  # six short runs of the program
 endif()
 # Preemption (host/preemption.h): SIGTERM, or SIGUSR1 through mpirun and scripts/run_gpt2.sh, stops
 # after the step with a checkpoint and exit status 75; -y resumes there.
-if(NOT ASAN)  # program runs stopped by signals; ~7 s
+if(NOT MPI)
+  add_skipped_test(preemption "its second half signals mpirun; this build has no MPI (make MPI=0)")
+elseif(NOT ASAN)  # program runs stopped by signals; ~7 s
   add_test(preemption ${CMAKE_CURRENT_LIST_DIR}/test_preemption.sh ${train_binary} "${mpirun_line}")
   set_tests_properties(preemption PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
 endif()
@@ -158,10 +178,13 @@ endif()
 if(NOT ASAN)  # ~20 interrupted program runs: ~35 s here
   add_test(kill_resume ${CMAKE_CURRENT_LIST_DIR}/test_kill_resume.sh ${train_binary} "${mpirun_line}")
   set_tests_properties(kill_resume PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
+  list(APPEND launched_tests kill_resume)
 endif()
 # The watchdog (host/watchdog.h): one of 2 ranks stopped with SIGSTOP ends the whole job, non-zero,
 # within --collective-timeout 3 s + 10 s, naming the rank and the operation.
-if(NOT ASAN)
+if(NOT MPI)
+  add_skipped_test(watchdog "it stops one of 2 ranks; this build has no MPI (make MPI=0)")
+elseif(NOT ASAN)
   add_test(watchdog ${CMAKE_CURRENT_LIST_DIR}/test_watchdog.sh ${train_binary} "${mpirun_line}")
   set_tests_properties(watchdog PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
 endif()
@@ -178,6 +201,14 @@ endif()
 if(NOT ASAN)
   add_test(hf_interop python3 ${CMAKE_CURRENT_LIST_DIR}/test_hf_interop.py ${TEST_BIN} ${train_binary})
   set_tests_properties(hf_interop PROPERTIES SKIP_RETURN_CODE 77 ENVIRONMENT "CUEMU_RACECHECK=1")
+endif()
+# The offline build (make MPI=0 with the dependencies' headers from a prefix, as scripts/gpu_check.sh
+# builds on a GPU node without packages; the Makefile's no-mpi-check-build): no libmpi linked, no MPI or
+# dependency header read from /usr/include, the same model as this build after 3 steps, byte for byte,
+# its tests pass on one rank, and mpirun with 2 ranks is refused with one line. Make's CPU suite only.
+if(DEFINED NO_MPI_BUILD AND MPI AND NOT GPU AND NOT ASAN)
+  add_test(no_mpi_build ${CMAKE_CURRENT_LIST_DIR}/test_no_mpi_build.sh ${NO_MPI_BUILD} ${train_binary} "${mpirun_line}")
+  set_tests_properties(no_mpi_build PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
 endif()
 # Every token of the data below the vocabulary, checked before the first step (DataLoader::check_tokens).
 add_test(data_check ${CMAKE_CURRENT_LIST_DIR}/test_data_check.sh ${train_binary})
@@ -218,3 +249,7 @@ endif()
 # rule that no longer matches would plant nothing. (The score itself rebuilds once per fault: not
 # run here; the README has the last one.)
 add_test(mutations_apply python3 ${CMAKE_CURRENT_LIST_DIR}/../dev/mutation_test.py --check)
+
+if(NOT MPI AND launched_tests)
+  set_tests_properties(${launched_tests} PROPERTIES SKIP_RETURN_CODE 77)
+endif()
