@@ -1,43 +1,174 @@
 #!/usr/bin/env bash
-# The checks that need a GPU, in one go: build train_gpt (nvcc), run the test suite on the GPU
-# (make test-gpu), train GPT-2 124M (d12) for 20 steps, and 20 more with --matmul-autotune, then
-# profile one step (--profile-step: every kernel's measured time, TFLOP/s and GB/s beside its H100
-# roofline estimate). Prints each run's median tokens/s and MFU at the end.
-#   scripts/gpu_check.sh
+# The checks that need a GPU, in stages of at most 8 minutes each, every figure written as JSON:
+#   scripts/gpu_check.sh [STAGE...]       the stages named, in the order given (default: all, in order)
+# Stages:
+#   build     train_gpt and the GPU test binaries (nvcc, every core); fails on a register spill
+#   test      the suite on the GPU (make test-gpu's CTest file): passed, failed, skipped, by name
+#   train     GPT-2 124M (d12) for 20 steps, and 20 more with --matmul-autotune: median tokens/s, MFU
+#   profile   --profile-step: every kernel's measured time beside its H100 roofline estimate
+#   sanitize  compute-sanitizer memcheck, racecheck and synccheck over a short training run and the
+#             kernel tests
+# Each stage writes $GPU_CHECK_OUT/<stage>.json ({"stage", "ok", "seconds", ...figures}) and its logs
+# under $GPU_CHECK_LOGS; env.json (the machine, the toolchain, how the build was configured) comes with
+# every call. A stage that fails records why in its JSON and the script exits non-zero after the
+# stages asked for; a stage past its time limit (STAGE_TIMEOUT) is stopped and recorded as such.
+#
+# Machines without MPI, Debian's -dev packages or a network (the lent H100/H200 nodes: nvcc 13, CMake,
+# PyTorch, ncu, compute-sanitizer, NCCL only as the nvidia-nccl-cu13 Python package). Found here, no
+# flags needed:
+#   - MPI: without mpicxx the build is make MPI=0 (parallel/single_process_mpi.h: one process, one GPU);
+#     the multi-rank tests then report themselves skipped.
+#   - cxxopts, nlohmann-json, Catch2 (header-only): /usr/include, or else the prefix build/gpu_deps.
+#     Prepare it beforehand on a machine with Debian's package archive, in the repository's root:
+#       scripts/gpu_deps.sh          # apt-get download + dpkg -x into build/gpu_deps (5.6 MB)
+#     and carry build/gpu_deps to the GPU node with the working tree (it is git-ignored).
+#   - NCCL: the CUDA toolkit's nccl.h and libnccl when there, else the nvidia.nccl Python package's
+#     include/ and lib/ (make NCCL_HOME=...; the binaries find libnccl.so.2 through their rpath).
+# MPI=0|1, DEPS_PREFIX=DIR and NCCL_HOME=DIR in the environment override what is found.
+# With the device tool: run(carry=["build/gpu_deps"], command="scripts/gpu_check.sh build test") and
+# then "scripts/gpu_check.sh train profile sanitize", with GPU_CHECK_OUT=$OUT to get the JSON back.
+#
 # Environment:
-#   B            micro-batch (default 16; d12 at B=64, T=1024 needs about 30 GB)
-#   T            sequence length (default 1024)
-#   TRAIN_DATA   token-shard glob (default data/shakespeare/train_*.bin, prepared by `make train`'s
-#                data step, data/prepare.py; when missing and it cannot be prepared offline, a
-#                synthetic shard is written to a temporary folder: the timing does not depend on
-#                the tokens)
-#   SKIP_TESTS=1 skip make test-gpu
-# Writes its logs to ${OUT:-out/gpu_check}/.
-set -euo pipefail
+#   GPU_CHECK_OUT   folder of the JSON files (default out/gpu_check)
+#   GPU_CHECK_LOGS  folder of the logs (default out/gpu_check/logs: apart from the JSON, so a folder that
+#                   brings back only a few files, like the device tool's $OUT, gets the JSON whole)
+#   STAGE_TIMEOUT   seconds a stage may run (default 470: under 8 minutes)
+#   B, T            micro-batch and sequence length of train/profile (default 16, 1024; d12 at B=64 needs
+#                   about 30 GB)
+#   TRAIN_DATA      token-shard glob (default data/shakespeare/train_*.bin, prepared by data/prepare.py
+#                   when it can be; else a synthetic shard of random tokens: the timing does not depend
+#                   on the tokens)
+set -uo pipefail
 cd "$(dirname "$0")/.."
+out=${GPU_CHECK_OUT:-out/gpu_check}
+logs=${GPU_CHECK_LOGS:-out/gpu_check/logs}
+stage_timeout=${STAGE_TIMEOUT:-470}
 B=${B:-16}
 T=${T:-1024}
-out=${OUT:-out/gpu_check}
-mkdir -p "$out"
+mkdir -p "$out" "$logs"
+all_stages=(build test train profile sanitize)
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=("${all_stages[@]}")
+for s in "${stages[@]}"; do
+  [[ " ${all_stages[*]} " == *" $s "* ]] || { echo "gpu_check.sh: unknown stage '$s' (stages: ${all_stages[*]})" >&2; exit 2; }
+done
 nvidia-smi -L >/dev/null 2>&1 || { echo "gpu_check.sh: no GPU (nvidia-smi -L failed)" >&2; exit 1; }
 
-echo "== build: make train_gpt"
-make train_gpt
-
-if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  echo "== tests: make test-gpu"
-  make test-gpu 2>&1 | tee "$out/test_gpu.log"
+# ---- how to build here --------------------------------------------------------------------------
+nvcc_path=$(command -v nvcc || true)
+[ -n "$nvcc_path" ] || { echo "gpu_check.sh: nvcc is not on PATH" >&2; exit 1; }
+cuda_home=${CUDA_HOME:-$(dirname "$(dirname "$(readlink -f "$nvcc_path")")")}
+make_vars=(CUDA_HOME="$cuda_home")
+mpi=${MPI:-1}
+if [ -z "${MPI:-}" ] && { ! command -v mpicxx >/dev/null 2>&1 || ! command -v mpirun >/dev/null 2>&1; }; then
+  mpi=0
 fi
-
-echo "== data"
-train=${TRAIN_DATA:-data/shakespeare/train_*.bin}
-if ! compgen -G "$train" >/dev/null; then
-  if [ -z "${TRAIN_DATA:-}" ] && python3 data/prepare.py --out data/shakespeare >"$out/prepare.log" 2>&1; then
-    echo "prepared data/shakespeare (data/prepare.py)"
+[ "$mpi" = 0 ] && make_vars+=(MPI=0)
+deps_prefix=${DEPS_PREFIX:-}
+[ -n "$deps_prefix" ] && make_vars+=(DEPS_PREFIX="$deps_prefix")
+missing_headers=()
+for h in cxxopts.hpp nlohmann/json.hpp catch2/catch.hpp; do [ -f "/usr/include/$h" ] || missing_headers+=("$h"); done
+if [ -z "$deps_prefix" ] && [ ${#missing_headers[@]} -gt 0 ]; then
+  if [ -f build/gpu_deps/usr/include/cxxopts.hpp ]; then
+    deps_prefix=build/gpu_deps
+    make_vars+=(DEPS_PREFIX="$deps_prefix")
   else
-    synthetic=$(mktemp -d)
-    trap 'rm -rf "$synthetic"' EXIT
-    python3 - "$synthetic" <<'PY'
+    echo "gpu_check.sh: ${missing_headers[*]} not in /usr/include and no build/gpu_deps: run scripts/gpu_deps.sh on a machine with Debian's archive and carry build/gpu_deps" >&2
+    exit 1
+  fi
+fi
+nccl_home=${NCCL_HOME:-}
+if [ -z "$nccl_home" ] && ! [ -f "$cuda_home/include/nccl.h" ] && ! [ -f /usr/include/nccl.h ]; then
+  nccl_home=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null || true)
+  if [ -z "$nccl_home" ] || ! [ -f "$nccl_home/include/nccl.h" ]; then
+    echo "gpu_check.sh: no nccl.h in $cuda_home/include, /usr/include or the nvidia.nccl Python package" >&2
+    exit 1
+  fi
+fi
+[ -n "$nccl_home" ] && make_vars+=(NCCL_HOME="$nccl_home")
+gpu_dir=build/gpu$([ "$mpi" = 0 ] && echo -nompi)
+# cuBLASLt from the toolkit that compiled the binaries, whatever the loader's default path holds.
+export LD_LIBRARY_PATH="$cuda_home/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+# One JSON object from key=value words (a value that parses as JSON stays JSON, else it is a string).
+write_json() {
+  local file=$1; shift
+  python3 - "$file" "$@" <<'PY'
+import json, sys
+obj = {}
+for word in sys.argv[2:]:
+    key, _, value = word.partition("=")
+    try:
+        obj[key] = json.loads(value)
+    except ValueError:
+        obj[key] = value
+json.dump(obj, open(sys.argv[1], "w"), indent=1)
+PY
+}
+
+write_json "$out/env.json" stage=env \
+  gpu="$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1)" \
+  nvcc="$(nvcc --version | tail -1)" cuda_home="$cuda_home" mpi="$([ $mpi = 1 ] && echo true || echo false)" \
+  deps_prefix="$deps_prefix" nccl_home="$nccl_home" make_vars="$(printf '%s ' "${make_vars[@]}")" \
+  cores="$(nproc)" compute_sanitizer="$(command -v compute-sanitizer || true)" ncu="$(command -v ncu || true)" \
+  commit="$(git rev-parse HEAD 2>/dev/null || echo unknown)" dirty="$(git status --porcelain 2>/dev/null | grep -qv '^??' && echo true || echo false)"
+echo "gpu_check.sh: make ${make_vars[*]}"
+
+# Runs "$@" under the stage's time limit, its output to the log $1 (and the terminal).
+run_logged() {
+  local log=$1; shift
+  timeout --signal=TERM --kill-after=10 "$stage_timeout" "$@" > >(tee "$log") 2>&1
+}
+
+# ---- stages -------------------------------------------------------------------------------------
+stage_build() {
+  local start=$SECONDS rc=0
+  run_logged "$logs/build.log" make --no-print-directory "${make_vars[@]}" train_gpt test-gpu-binaries || rc=$?
+  local spills
+  spills=$(cat "$gpu_dir"/*.ptxas.log "$gpu_dir"/train_gpt.ptxas.log 2>/dev/null | grep -cE "[1-9][0-9]* bytes spill (stores|loads)" || true)
+  write_json "$out/build.json" stage=build ok="$([ $rc = 0 ] && echo true || echo false)" exit_code=$rc \
+    seconds=$((SECONDS - start)) timed_out="$([ $rc = 124 ] && echo true || echo false)" spill_lines="$spills" \
+    binaries="$(find "$gpu_dir" -maxdepth 1 -type f -executable \( -name 'test_*' -o -name train_gpt -o -name 'forward_logits*' \) | wc -l)" \
+    error_tail="$([ $rc = 0 ] || tail -5 "$logs/build.log")"
+  return $rc
+}
+
+stage_test() {
+  local start=$SECONDS rc=0
+  [ -x "$gpu_dir/train_gpt" ] || { write_json "$out/test.json" stage=test ok=false error="no $gpu_dir/train_gpt: run the build stage first"; return 1; }
+  make --no-print-directory "${make_vars[@]}" "$gpu_dir/CTestTestfile.cmake" >/dev/null || return 1
+  run_logged "$logs/test.log" ctest --test-dir "$gpu_dir" --output-on-failure --timeout 300 || rc=$?
+  python3 - "$logs/test.log" "$out/test.json" "$rc" "$((SECONDS - start))" <<'PY'
+import json, re, sys
+log, dest, rc, seconds = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+passed, failed, skipped = [], [], []
+for line in open(log, errors="replace"):
+    m = re.search(r"Test\s+#\d+: (\S+) \.+\s*(\*\*\*)?(Passed|Failed|Not Run|Exception|Timeout|\*\*\*Skipped|Skipped)?", line)
+    if not m:
+        continue
+    name, status = m.group(1), line
+    if "Passed" in status:
+        passed.append(name)
+    elif "Skipped" in status:
+        skipped.append(name)
+    else:
+        failed.append(name)
+json.dump({"stage": "test", "ok": rc == 0 and not failed and bool(passed), "exit_code": rc, "seconds": seconds,
+           "timed_out": rc == 124, "passed": len(passed), "failed": failed, "skipped": skipped}, open(dest, "w"), indent=1)
+PY
+  [ $rc = 0 ]
+}
+
+# Training data: the prepared Shakespeare shards, or a synthetic shard (echoes the glob).
+training_data() {
+  local train=${TRAIN_DATA:-data/shakespeare/train_*.bin}
+  if compgen -G "$train" >/dev/null; then echo "$train"; return; fi
+  if [ -z "${TRAIN_DATA:-}" ] && python3 data/prepare.py --out data/shakespeare >"$logs/prepare.log" 2>&1; then
+    echo "$train"; return
+  fi
+  local synthetic=build/gpu_check_data
+  mkdir -p "$synthetic"
+  python3 - "$synthetic" <<'PY'
 import random, struct, sys
 random.seed(1337)
 tokens = []
@@ -48,35 +179,89 @@ with open(f"{sys.argv[1]}/train_000000.bin", "wb") as f:
     f.write(struct.pack("<256i", 20240520, 1, len(tokens), *([0] * 253)))
     f.write(struct.pack(f"<{len(tokens)}H", *tokens))
 PY
-    train="$synthetic/train_*.bin"
-    echo "no prepared data: using a synthetic shard of random tokens ($train)"
-  fi
-fi
+  echo "$synthetic/train_*.bin"
+}
 
-echo "== 20 training steps: d12, B=$B, T=$T"
-./train_gpt -e d12 -b "$B" -t "$T" -x 20 -l 6e-4 -u 5 -v 0 -s 0 -i "$train" 2>&1 | tee "$out/train.log"
-
-echo "== 20 training steps with --matmul-autotune (each GEMM shape's fastest cuBLASLt candidate)"
-./train_gpt -e d12 -b "$B" -t "$T" -x 20 -l 6e-4 -u 5 -v 0 -s 0 -i "$train" --matmul-autotune 2>&1 | tee "$out/train_autotune.log"
-
-echo "== --profile-step: d12, B=$B, T=$T"
-./train_gpt -e d12 -b "$B" -t "$T" -v 0 -s 0 -i "$train" --profile-step 2>&1 | tee "$out/profile.log"
-
-# Step lines: "step 12/20 | loss ... | 812.3 ms | 64,512 tok/s | MFU 41.2% | ETA 6m12s". The
-# median over steps 3-20 leaves out the first steps' start-up (cuBLASLt heuristics, clocks).
-python3 - "$out/train.log" "$out/train_autotune.log" <<'PY'
-import re, statistics, sys
-for path, label in zip(sys.argv[1:], ["", " with --matmul-autotune"]):
-    rates, mfus = [], []
-    for line in open(path):
-        m = re.match(r"step (\d+)/\d+ .*\| ([\d,]+) tok/s \| MFU ([\d.]+|n/a)%?", line)
-        if m and int(m.group(1)) >= 3:
-            rates.append(float(m.group(2).replace(",", "")))
-            if m.group(3) != "n/a":
-                mfus.append(float(m.group(3)))
-    if not rates:
-        sys.exit(f"gpu_check.sh: no step lines in {path}")
-    mfu = f"{statistics.median(mfus):.1f}%" if mfus else "n/a (unknown GPU peak)"
-    print(f"== result: d12 training{label}, median of steps 3-20: {statistics.median(rates):,.0f} tokens/s, MFU {mfu}")
+# Median tokens/s, MFU and ms of steps 3-20 of a run's metrics.jsonl (the first steps hold start-up:
+# cuBLASLt heuristics, autotuning, clocks), as key=value words for write_json.
+median_figures() {
+  python3 - "$1" "$2" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+rows = [r for r in rows if r.get("step", 0) >= 3 and r.get("tokens_per_second")]
+p = sys.argv[2]
+if rows:
+    mfus = [r["mfu"] for r in rows if r.get("mfu") is not None]
+    print(f"{p}tokens_per_s={statistics.median(r['tokens_per_second'] for r in rows):.0f}",
+          f"{p}ms_per_step={statistics.median(r['ms'] for r in rows):.2f}",
+          f"{p}mfu={statistics.median(mfus) if mfus else 'null'}", f"{p}final_loss={rows[-1].get('loss')}")
 PY
-grep -E "^(measured|H100 SXM roofline estimate)" "$out/profile.log" || true
+}
+
+stage_train() {
+  local start=$SECONDS rc=0 rc2=0 train
+  train=$(training_data)
+  local common=(-e d12 -b "$B" -t "$T" -x 20 -l 6e-4 -u 5 -v 0 -s 0 -n 0 -i "$train" --overwrite)
+  rm -rf build/gpu_check_runs
+  run_logged "$logs/train.log" "$gpu_dir/train_gpt" "${common[@]}" -o build/gpu_check_runs/plain || rc=$?
+  run_logged "$logs/train_autotune.log" "$gpu_dir/train_gpt" "${common[@]}" -o build/gpu_check_runs/autotune \
+    --matmul-autotune || rc2=$?
+  # shellcheck disable=SC2046
+  write_json "$out/train.json" stage=train ok="$([ $rc = 0 ] && [ $rc2 = 0 ] && echo true || echo false)" \
+    exit_code=$rc autotune_exit_code=$rc2 seconds=$((SECONDS - start)) B="$B" T="$T" data="$train" \
+    $(median_figures build/gpu_check_runs/plain/metrics.jsonl "" 2>/dev/null) \
+    $(median_figures build/gpu_check_runs/autotune/metrics.jsonl autotune_ 2>/dev/null)
+  [ $rc = 0 ] && [ $rc2 = 0 ]
+}
+
+stage_profile() {
+  local start=$SECONDS rc=0 train
+  train=$(training_data)
+  run_logged "$logs/profile.log" "$gpu_dir/train_gpt" -e d12 -b "$B" -t "$T" -v 0 -s 0 -i "$train" --profile-step || rc=$?
+  python3 - "$logs/profile.log" "$out/profile.json" "$rc" "$((SECONDS - start))" "$B" "$T" <<'PY'
+import json, sys
+log, dest, rc, seconds, b, t = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+lines = [l.rstrip("\n") for l in open(log, errors="replace")]
+summary = [l for l in lines if l.startswith(("measured", "H100 SXM roofline estimate"))]
+json.dump({"stage": "profile", "ok": rc == 0 and len(summary) == 2, "exit_code": rc, "seconds": seconds, "B": b, "T": t,
+           "summary": summary, "report": lines[-200:]}, open(dest, "w"), indent=1)
+PY
+  [ $rc = 0 ]
+}
+
+stage_sanitize() {
+  local start=$SECONDS train results=() ok=true
+  command -v compute-sanitizer >/dev/null || { write_json "$out/sanitize.json" stage=sanitize ok=false error="no compute-sanitizer"; return 1; }
+  train=$(training_data)
+  # A short run of the small preset (sanitizers slow kernels 10-100x), then kernel tests.
+  local run=("$gpu_dir/train_gpt" -e tiny -b 2 -t 64 -x 2 -v 0 -s 0 -n 0 -i "$train")
+  for tool in memcheck racecheck synccheck; do
+    local targets=("train:${run[*]}")
+    for t in "$gpu_dir"/test_kernel_layernorm "$gpu_dir"/test_kernel_attention; do
+      [ -x "$t" ] && targets+=("$(basename "$t"):$t")
+    done
+    for target in "${targets[@]}"; do
+      local name=${target%%:*} cmd=${target#*:} rc=0 t0=$SECONDS
+      # shellcheck disable=SC2086
+      timeout --kill-after=10 $((stage_timeout / 9)) compute-sanitizer --tool "$tool" --error-exitcode 99 $cmd \
+        > "$logs/sanitize_${tool}_$name.log" 2>&1 || rc=$?
+      local summary
+      summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$logs/sanitize_${tool}_$name.log" | tail -1)
+      results+=("${tool}_${name}={\"exit_code\": $rc, \"seconds\": $((SECONDS - t0)), \"summary\": $(python3 -c 'import json,sys; print(json.dumps(sys.argv[1]))' "$summary")}")
+      [ $rc = 0 ] || ok=false
+    done
+  done
+  write_json "$out/sanitize.json" stage=sanitize ok=$ok seconds=$((SECONDS - start)) "${results[@]}"
+  [ $ok = true ]
+}
+
+failed=()
+for s in "${stages[@]}"; do
+  echo "== gpu_check.sh: $s"
+  "stage_$s" || failed+=("$s")
+done
+echo "== gpu_check.sh: JSON in $out: $(cd "$out" && ls ./*.json | tr '\n' ' ')"
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "gpu_check.sh: failed stages: ${failed[*]}" >&2
+  exit 1
+fi
