@@ -50,6 +50,7 @@ struct LaunchRecord {
     cudaStream_t stream = nullptr;
     double ms = -1;               // measured device time; -1 when not timed
     const void* event = nullptr;  // event_record, stream_wait: the event
+    int gemm_m = 0, gemm_n = 0, gemm_k = 0;  // a cuBLASLt GEMM's m, n, k (dev/roofline.h's efficiency); 0 otherwise
 };
 
 namespace launch_record {
@@ -155,6 +156,14 @@ public:
     }
     Scope(const Scope&) = delete;
     Scope& operator=(const Scope&) = delete;
+
+    // The record is a GEMM of this shape.
+    void gemm(int m, int n, int k) {
+        State& s = state();
+        if (index_ == kNone || index_ >= s.records.size()) return;
+        LaunchRecord& r = s.records[index_];
+        r.gemm_m = m, r.gemm_n = n, r.gemm_k = k;
+    }
 
 private:
     static constexpr size_t kNone = size_t(-1);

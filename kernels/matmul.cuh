@@ -278,6 +278,7 @@ inline bool try_run(const Matmul& mm, const Gemm& g, const void* bias, int bias_
     set_pointers(plan, g, bias);
     const KernelCost cost = gemm_cost(g);
     launch_record::Scope recorded(name, cost.kind, cost.flops, cost.bytes, stream);
+    recorded.gemm(g.m, g.n, g.k);
     CUBLASLT_CHECK(launch_gemm(mm, plan, plan.algo, g, stream));
     return true;
 }

@@ -215,8 +215,11 @@ TEST_CASE("record-only mode: memory is only reserved and nothing executes") {
 
 TEST_CASE("roofline: per-launch estimates, the stream replay and MFU") {
     const double ms = 1e-3;
-    LaunchRecord gemm{"gemm", WorkKind::matmul, dim3(0, 0, 0), dim3(0, 0, 0), 0, 0.75 * 989e12 * ms, 1e6};
-    LaunchRecord stream_kernel{"copy_kernel", WorkKind::cuda_cores, dim3(1), dim3(256), 0, 1e6, 0.8 * 3.35e12 * ms};
+    // An 8192^3 GEMM runs at the 798 TFLOP/s measured on an H100 SXM; a kernel of 132 blocks or more
+    // streams at 80% of 3.35 TB/s.
+    LaunchRecord gemm{"gemm", WorkKind::matmul, dim3(0, 0, 0), dim3(0, 0, 0), 0, 798e12 * ms, 1e6};
+    gemm.gemm_m = gemm.gemm_n = gemm.gemm_k = 8192;
+    LaunchRecord stream_kernel{"copy_kernel", WorkKind::cuda_cores, dim3(132), dim3(256), 0, 1e6, 0.8 * 3.35e12 * ms};
     // One millisecond of each roof, plus the 3 us launch overhead (dev/roofline.h's figures).
     CHECK(roofline_time(gemm).seconds == Approx(ms + 3e-6).epsilon(1e-9));
     CHECK(roofline_time(stream_kernel).seconds == Approx(ms + 3e-6).epsilon(1e-9));
@@ -256,3 +259,54 @@ TEST_CASE("roofline: per-launch estimates, the stream replay and MFU") {
     CHECK(table.find("copy_kernel") != std::string::npos);
     CHECK(table.find("total (all streams)") != std::string::npos);
 }
+
+TEST_CASE("roofline calibration: the measured GEMM, wave quantization, small grids") {
+    // The anchor: an 8192^3 product at the 798 TFLOP/s measured on this workplace's H100 SXM.
+    CHECK(H100Model::gemm_efficiency(8192, 8192) * H100Model::kTensorFlops == Approx(798e12).epsilon(1e-12));
+    // One output tile past a full wave (132 tiles of 128 x 256) costs a whole second wave.
+    const double one_wave = H100Model::gemm_efficiency(128 * 132, 256), two_waves = H100Model::gemm_efficiency(128 * 133, 256);
+    CHECK(one_wave == Approx(H100Model::gemm_peak_fraction()));
+    CHECK(two_waves == Approx(one_wave * 133.0 / 264.0));
+    CHECK(H100Model::gemm_efficiency(256, 128 * 133) == Approx(two_waves));  // either orientation
+    // A grid of 33 blocks keeps a quarter of the SMs, and their share of the bandwidth, busy.
+    LaunchRecord small{"small_kernel", WorkKind::cuda_cores, dim3(33), dim3(256), 0, 0, 0.8 * 3.35e12 * 1e-3};
+    CHECK(roofline_time(small).memory_s == Approx(4e-3));
+}
+
+// llm.c's only published end-to-end H100 figure: GPT-2 1.5B (d48), 8x H100 SXM, B=16, T=1024,
+// 1,048,576 tokens per step (8 micro-steps), ZeRO-1, 2.75 s per step. dev/roofline.h fits the share
+// a roofline misses on it; this holds the estimate of that configuration within 5% as kernels and
+// cost formulas change. BF16 only: the tensor-core attention it models llm.c's (cuDNN) with.
+TEST_CASE("roofline calibration: llm.c's GPT-2 1.5B step within 5% of its published 2.75 s") {
+    if constexpr (std::is_same_v<floatX, __nv_bfloat16>) {
+        set_record_only(true);
+        std::string no_checkpoint;
+        const GPT2Config d48 = model_config_of("d48", 1024, &no_checkpoint);
+        constexpr int B = 16, T = 1024, kMicroSteps = 8;
+        Distributed dist = lone_rank(8);
+        Trainer tr;
+        trainer_build(tr, dist, d48, B, T, 1, OptimizerConfig{}, ModelOptions{Recompute::none, Attention::tc});
+        std::vector<std::vector<int>> tokens(kMicroSteps, std::vector<int>(size_t(B) * T));
+        std::vector<const int*> inputs;
+        for (int m = 0; m < kMicroSteps; ++m) {
+            for (size_t i = 0; i < tokens[m].size(); ++i) tokens[m][i] = int((i * 7919 + size_t(m) * 104729) % 50257);
+            inputs.push_back(tokens[m].data());
+        }
+        launch_record::start(false);
+        train_step(tr, inputs, inputs, B, T, 1e-4f);
+        const std::vector<LaunchRecord> records = launch_record::stop();
+        trainer_free(tr);
+        distributed_release(dist);
+        set_record_only(false);
+        const double as_llmc = replay_streams(records, H100Model::kCudnnAttention).estimate_s();
+        const double ours = replay_streams(records).estimate_s();
+        CHECK(as_llmc == Approx(2.75).epsilon(0.05));
+        // Ours runs FlashAttention-2-class attention, slower than cuDNN's, and nothing else differs.
+        CHECK(ours > as_llmc);
+        CHECK(ours < as_llmc * 1.2);
+    } else {
+        CHECK(std::is_same_v<floatX, float>);  // FP32 builds have no tensor-core attention to model llm.c's with
+        WARN("skipped: llm.c's calibration needs the BF16 build's tensor-core attention");
+    }
+}
+
