@@ -20,6 +20,16 @@
 // MPI path computes for one rank: a single FP32 term rounds back to the value it came from, and
 // ncclAvg divides it by 1.
 //
+// Point to point (ncclSend, ncclRecv): as NCCL, a send waits for its matching receive (MPI_Issend,
+// a rendezvous), messages between two ranks match in the order they were issued, and inside
+// ncclGroupStart/End the operations are only issued at the outermost ncclGroupEnd, all at once, so
+// their order within the group does not matter. Where NCCL would hang, this reports by name
+// instead: a receive whose sender sends a different number of bytes, and operations still
+// unmatched after CUEMU_NCCL_P2P_TIMEOUT seconds (default 300: a deadlock, or send/recv orders that
+// do not match across ranks), listed with their peers and sizes. Sends to and receives from the
+// rank itself pair up in order within one group (a copy); alone, outside a group, they could never
+// complete and are an error.
+//
 // Recording (cuda_emu.h): every collective reports itself, with its stream and the bytes this rank
 // moves, to the emulator's work observer. In record-only mode ncclCommInitRank makes a
 // communicator of nranks with no MPI peers (MPI need not be initialized): its collectives check
@@ -36,8 +46,11 @@
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -53,6 +66,12 @@ namespace {
 
 // ---- errors: one line on stderr naming the call, and an ncclResult_t ----
 
+// The last message of this thread, for ncclGetLastError.
+std::string& last_error() {
+    thread_local std::string message;
+    return message;
+}
+
 [[gnu::format(printf, 3, 4)]] ncclResult_t fail(ncclResult_t status, const char* call, const char* format, ...) {
     char message[512];
     va_list args;
@@ -64,6 +83,7 @@ namespace {
     MPI_Finalized(&finalized);
     if (initialized && !finalized) MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
     std::fprintf(stderr, "%s: %s (emulated NCCL, MPI rank %d)\n", call, message, world_rank);
+    last_error() = std::string(call) + ": " + message;
     return status;
 }
 
@@ -424,6 +444,9 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
     return ncclSuccess;
 }
 
+// The last error's message on this thread (real NCCL keeps it per communicator or globally).
+const char* ncclGetLastError(ncclComm_t) { return last_error().c_str(); }
+
 ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
     if (comm == nullptr) return fail(ncclInvalidArgument, "ncclCommCount", "comm is NULL");
     if (count == nullptr) return fail(ncclInvalidArgument, "ncclCommCount", "count is NULL");
@@ -615,6 +638,171 @@ ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, nccl
     });
 }
 
+// ---------------------------------------------------------------------------------------------
+// Point to point
+
+namespace {
+
+struct PointToPoint {
+    bool send;
+    const char* call;  // "ncclSend" or "ncclRecv"
+    void* buffer;      // the send buffer (read) or the receive buffer (written)
+    size_t bytes;
+    int peer;
+    ncclComm* comm;
+    cudaStream_t stream;
+};
+thread_local std::vector<PointToPoint> group_point_to_point;  // issued at the outermost ncclGroupEnd
+
+double point_to_point_timeout_s() {
+    const char* v = std::getenv("CUEMU_NCCL_P2P_TIMEOUT");
+    const double seconds = v ? std::atof(v) : 0.0;
+    return seconds > 0 ? seconds : 300.0;
+}
+
+std::string describe(const PointToPoint& op) {
+    char text[160];
+    std::snprintf(text, sizeof text, "%s of %zu bytes %s rank %d", op.call, op.bytes, op.send ? "to" : "from", op.peer);
+    return text;
+}
+
+void report(const PointToPoint& op, double ms) {
+    cuemu::report_work({op.call, cuemu::WorkReport::communication, double(op.bytes), op.stream, ms});
+}
+
+// Issues `ops` (all of one thread's group, or one operation alone) and waits for all of them.
+ncclResult_t run_point_to_point(std::vector<PointToPoint>& ops, const char* call) {
+    const auto begin = std::chrono::steady_clock::now();
+    // The rank's own: the k-th send to itself on a communicator feeds its k-th receive from itself.
+    std::vector<bool> done(ops.size(), false);
+    for (size_t i = 0; i < ops.size(); ++i) {
+        const PointToPoint& op = ops[i];
+        if (op.send || op.peer != op.comm->rank || op.comm->mpi == MPI_COMM_NULL) continue;
+        size_t j = 0;
+        while (j < ops.size() && (done[j] || !ops[j].send || ops[j].comm != op.comm || ops[j].peer != op.comm->rank)) ++j;
+        if (j == ops.size())
+            return fail(ncclInvalidUsage, call, "%s: no ncclSend to itself in the same group to match it (it would wait "
+                        "forever)", describe(op).c_str());
+        if (ops[j].bytes != op.bytes)
+            return fail(ncclInvalidUsage, call, "%s: its matching ncclSend to itself sends %zu bytes",
+                        describe(op).c_str(), ops[j].bytes);
+        if (op.bytes) std::memmove(op.buffer, ops[j].buffer, op.bytes);
+        done[i] = done[j] = true;
+    }
+    for (size_t i = 0; i < ops.size(); ++i)
+        if (!done[i] && ops[i].peer == ops[i].comm->rank && ops[i].comm->mpi != MPI_COMM_NULL)
+            return fail(ncclInvalidUsage, call, "%s: no ncclRecv from itself in the same group to match it (it would "
+                        "wait forever)", describe(ops[i]).c_str());
+    // The others over MPI: every receive posted first, then every send (MPI_Issend completes only once
+    // the peer's receive has matched it, as an NCCL send waits for its receive).
+    std::vector<MPI_Request> requests(ops.size(), MPI_REQUEST_NULL);
+    // On an error: the operations still in flight are cancelled, so none completes into a buffer later.
+    auto abandon = [&requests](ncclResult_t r) {
+        for (MPI_Request& request : requests)
+            if (request != MPI_REQUEST_NULL) {
+                MPI_Cancel(&request);
+                MPI_Request_free(&request);
+            }
+        return r;
+    };
+    for (int pass = 0; pass < 2; ++pass)
+        for (size_t i = 0; i < ops.size(); ++i) {
+            PointToPoint& op = ops[i];
+            if (done[i] || op.comm->mpi == MPI_COMM_NULL || op.send != (pass == 1)) continue;
+            const int rc = op.send ? MPI_Issend(op.buffer, int(op.bytes), MPI_BYTE, op.peer, 0, op.comm->mpi, &requests[i])
+                                   : MPI_Irecv(op.buffer, int(op.bytes), MPI_BYTE, op.peer, 0, op.comm->mpi, &requests[i]);
+            if (rc != MPI_SUCCESS) return abandon(mpi_failed(call, op.send ? "MPI_Issend" : "MPI_Irecv", rc));
+        }
+    const double timeout_s = point_to_point_timeout_s();
+    int idle_us = 1;
+    for (;;) {
+        bool pending = false, progressed = false;
+        for (size_t i = 0; i < ops.size(); ++i) {
+            if (requests[i] == MPI_REQUEST_NULL) continue;
+            int flag = 0;
+            MPI_Status status;
+            const int rc = MPI_Test(&requests[i], &flag, &status);
+            const PointToPoint& op = ops[i];
+            if (rc != MPI_SUCCESS)  // a larger message than the receive expects (MPI_ERR_TRUNCATE), or worse
+                return abandon(fail(ncclInvalidUsage, call, "%s: the message from rank %d does not fit (its ncclSend sends "
+                            "more bytes): sends and receives between two ranks must match in order and size",
+                            describe(op).c_str(), op.peer));
+            if (!flag) {
+                pending = true;
+                continue;
+            }
+            progressed = true;
+            if (!op.send) {
+                int received = 0;
+                MPI_Get_count(&status, MPI_BYTE, &received);
+                if (size_t(received) != op.bytes)
+                    return abandon(fail(ncclInvalidUsage, call, "%s: rank %d's matching ncclSend sent %d bytes: sends "
+                                        "and receives between two ranks must match in order and size",
+                                        describe(op).c_str(), op.peer, received));
+            }
+        }
+        if (!pending) break;
+        const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+        if (waited > timeout_s) {
+            std::string unmatched;
+            for (size_t i = 0; i < ops.size(); ++i)
+                if (requests[i] != MPI_REQUEST_NULL) unmatched += (unmatched.empty() ? "" : ", ") + describe(ops[i]);
+            return abandon(fail(ncclInvalidUsage, call, "deadlock: after %g s (CUEMU_NCCL_P2P_TIMEOUT) still unmatched: "
+                                "%s; every rank waiting, or send/recv orders that do not match across ranks", timeout_s,
+                                unmatched.c_str()));
+        }
+        if (progressed) idle_us = 1;
+        else {  // back off up to 1 ms between polls
+            std::this_thread::sleep_for(std::chrono::microseconds(idle_us));
+            idle_us = std::min(1000, idle_us * 2);
+        }
+    }
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin).count();
+    for (const PointToPoint& op : ops) report(op, ms);
+    return ncclSuccess;
+}
+
+ncclResult_t point_to_point(bool send, const void* buffer, size_t count, ncclDataType_t datatype, int peer,
+                            ncclComm_t comm, cudaStream_t stream) {
+    const char* call = send ? "ncclSend" : "ncclRecv";
+    if (comm == nullptr) return fail(ncclInvalidArgument, call, "comm is NULL");
+    if (ncclResult_t r = check_type(call, datatype); r != ncclSuccess) return r;
+    if (ncclResult_t r = check_count(call, count, type_size(datatype), 1); r != ncclSuccess) return r;
+    if (ncclResult_t r = check_pointer(call, send ? "sendbuff" : "recvbuff", buffer, count); r != ncclSuccess) return r;
+    if (peer < 0 || peer >= comm->nranks)
+        return fail(ncclInvalidArgument, call, "peer %d is outside 0..%d", peer, comm->nranks - 1);
+    const size_t bytes = count * type_size(datatype);
+    if (bytes > size_t(INT32_MAX))
+        return fail(ncclInvalidArgument, call, "%zu bytes: the emulation moves at most 2 GiB per call", bytes);
+    PointToPoint op{send, call, const_cast<void*>(buffer), bytes, peer, comm, stream};
+    if (comm->mpi != MPI_COMM_NULL && cuemu::race::enabled()) {
+        const cuemu::MemoryAccess access{buffer, bytes, !send, false};
+        cuemu::race::operation(call, stream, &access, 1);
+    }
+    if (comm->mpi == MPI_COMM_NULL) {  // record-only: nothing moves
+        report(op, 0.0);
+        return ncclSuccess;
+    }
+    if (group_depth > 0) {
+        group_point_to_point.push_back(op);
+        return ncclSuccess;
+    }
+    std::vector<PointToPoint> alone{op};
+    return run_point_to_point(alone, call);
+}
+
+}  // namespace
+
+ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+                      cudaStream_t stream) {
+    return point_to_point(true, sendbuff, count, datatype, peer, comm, stream);
+}
+
+ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+                      cudaStream_t stream) {
+    return point_to_point(false, recvbuff, count, datatype, peer, comm, stream);
+}
+
 ncclResult_t ncclGroupStart() {
     ++group_depth;
     return ncclSuccess;
@@ -622,6 +810,8 @@ ncclResult_t ncclGroupStart() {
 
 ncclResult_t ncclGroupEnd() {
     if (group_depth == 0) return fail(ncclInvalidUsage, "ncclGroupEnd", "no ncclGroupStart to end");
-    --group_depth;
-    return ncclSuccess;
+    if (--group_depth > 0 || group_point_to_point.empty()) return ncclSuccess;
+    std::vector<PointToPoint> ops;
+    ops.swap(group_point_to_point);
+    return run_point_to_point(ops, "ncclGroupEnd");
 }

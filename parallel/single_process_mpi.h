@@ -42,6 +42,13 @@ inline constexpr MPI_Errhandler MPI_ERRORS_RETURN = 1;
 inline constexpr MPI_Datatype MPI_BYTE = 101, MPI_INT = 4, MPI_FLOAT = 104, MPI_DOUBLE = 8, MPI_LONG_LONG = 108,
                                MPI_INT64_T = 208;
 inline constexpr MPI_Op MPI_SUM = 1, MPI_MIN = 2, MPI_MAX = 3;
+// Point to point: a world of one has no peer (the emulated NCCL pairs a rank's messages to itself
+// without MPI), so these only fail.
+using MPI_Request = int;
+inline constexpr MPI_Request MPI_REQUEST_NULL = 0;
+struct MPI_Status {
+    int MPI_SOURCE = 0, MPI_TAG = 0, MPI_ERROR = 0;
+};
 #define MPI_IN_PLACE (reinterpret_cast<void*>(static_cast<std::uintptr_t>(1)))
 
 namespace single_process_mpi {
@@ -135,7 +142,7 @@ inline int MPI_Comm_free(MPI_Comm* comm) {
 }
 inline int MPI_Comm_set_errhandler(MPI_Comm, MPI_Errhandler) { return MPI_SUCCESS; }
 inline int MPI_Error_string(int code, char* text, int* length) {
-    *length = std::snprintf(text, MPI_MAX_ERROR_STRING, "single-process MPI: error %d (an unknown datatype or a negative count)", code);
+    *length = std::snprintf(text, MPI_MAX_ERROR_STRING, "single-process MPI: error %d (an unknown datatype, a negative count, or a message to another rank in a world of one)", code);
     return MPI_SUCCESS;
 }
 
@@ -156,4 +163,20 @@ inline int MPI_Allgather(const void* send, int send_count, MPI_Datatype send_typ
 inline int MPI_Alltoall(const void* send, int send_count, MPI_Datatype send_type, void* recv, int recv_count,
                         MPI_Datatype recv_type, MPI_Comm comm) {
     return MPI_Allgather(send, send_count, send_type, recv, recv_count, recv_type, comm);
+}
+inline int MPI_Issend(const void*, int, MPI_Datatype, int, int, MPI_Comm, MPI_Request*) { return MPI_ERR_OTHER; }
+inline int MPI_Irecv(void*, int, MPI_Datatype, int, int, MPI_Comm, MPI_Request*) { return MPI_ERR_OTHER; }
+inline int MPI_Test(MPI_Request* request, int* flag, MPI_Status*) {
+    *flag = 1;
+    *request = MPI_REQUEST_NULL;
+    return MPI_SUCCESS;
+}
+inline int MPI_Get_count(const MPI_Status*, MPI_Datatype, int* count) {
+    *count = 0;
+    return MPI_SUCCESS;
+}
+inline int MPI_Cancel(MPI_Request*) { return MPI_SUCCESS; }
+inline int MPI_Request_free(MPI_Request* request) {
+    *request = MPI_REQUEST_NULL;
+    return MPI_SUCCESS;
 }

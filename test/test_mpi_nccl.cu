@@ -11,6 +11,7 @@
 #include <catch2/catch.hpp>
 #include <nccl.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -565,7 +566,122 @@ TEST_CASE("invalid arguments are rejected, and the communicator still works afte
     run(c, AllReduce<float>(7, ncclSum, false, 700));
 }
 
+// ---- point to point ----
+
+TEST_CASE("point to point: a ring inside a group, several messages per pair in order, FP32 and BF16") {
+    Comm c;
+    const int next = (world_rank + 1) % world_size, prev = (world_rank + world_size - 1) % world_size;
+    const std::vector<float> a = input<float>(world_rank, 1000, 900), b = input<float>(world_rank, 37, 901);
+    const std::vector<__nv_bfloat16> h = input<__nv_bfloat16>(world_rank, 64, 902);
+    DeviceBuffer<float> send_a(a), send_b(b), recv_a(1000), recv_b(37);
+    DeviceBuffer<__nv_bfloat16> send_h(h), recv_h(64);
+    recv_a.fill_bytes(0xff);
+    recv_b.fill_bytes(0xff);
+    recv_h.fill_bytes(0xff);
+    auto sends = [&] {
+        CHECK_NCCL(ncclSend(send_a.ptr, 1000, ncclFloat32, next, c.comm, c.stream));
+        CHECK_NCCL(ncclSend(send_b.ptr, 37, ncclFloat32, next, c.comm, c.stream));
+        CHECK_NCCL(ncclSend(send_h.ptr, 64, ncclBfloat16, next, c.comm, c.stream));
+    };
+    auto receives = [&] {
+        CHECK_NCCL(ncclRecv(recv_a.ptr, 1000, ncclFloat32, prev, c.comm, c.stream));
+        CHECK_NCCL(ncclRecv(recv_b.ptr, 37, ncclFloat32, prev, c.comm, c.stream));
+        CHECK_NCCL(ncclRecv(recv_h.ptr, 64, ncclBfloat16, prev, c.comm, c.stream));
+    };
+    // Inside a group the order of sends and receives does not matter: odd ranks receive first.
+    CHECK_NCCL(ncclGroupStart());
+    if (world_rank % 2) {
+        receives();
+        sends();
+    } else {
+        sends();
+        receives();
+    }
+    CHECK_NCCL(ncclGroupEnd());
+    c.sync();
+    check_same_bytes(recv_a.download(), input<float>(prev, 1000, 900), "ring: first message from rank " + std::to_string(prev));
+    check_same_bytes(recv_b.download(), input<float>(prev, 37, 901), "ring: second message");
+    check_same_bytes(recv_h.download(), input<__nv_bfloat16>(prev, 64, 902), "ring: third message (bf16)");
+    check_same_bytes(send_a.download(), a, "ring: sendbuff afterwards");
+}
+
+TEST_CASE("point to point: pairs exchange outside a group, one side sending first") {
+    Comm c;
+    const int partner = world_rank ^ 1;
+    if (partner >= world_size) {  // the last rank of an odd world has no partner
+        CHECK(world_size % 2 == 1);
+        return;
+    }
+    const std::vector<float> mine = input<float>(world_rank, 513, 910);
+    DeviceBuffer<float> send(mine), recv(513);
+    recv.fill_bytes(0xff);
+    if (world_rank % 2 == 0) {
+        CHECK_NCCL(ncclSend(send.ptr, 513, ncclFloat32, partner, c.comm, c.stream));
+        CHECK_NCCL(ncclRecv(recv.ptr, 513, ncclFloat32, partner, c.comm, c.stream));
+    } else {
+        CHECK_NCCL(ncclRecv(recv.ptr, 513, ncclFloat32, partner, c.comm, c.stream));
+        CHECK_NCCL(ncclSend(send.ptr, 513, ncclFloat32, partner, c.comm, c.stream));
+    }
+    c.sync();
+    check_same_bytes(recv.download(), input<float>(partner, 513, 910), "pair exchange with rank " + std::to_string(partner));
+}
+
 #ifndef __CUDACC__
+// Where real NCCL would hang or corrupt, the emulation names the mistake and returns an error.
+TEST_CASE("emulation: point-to-point mistakes are reported, a deadlock after CUEMU_NCCL_P2P_TIMEOUT, not hung") {
+    Comm c;
+    DeviceBuffer<float> send(std::vector<float>(16, 1.0f)), recv(16);
+    std::fprintf(stderr, "[rank %d] the error messages below are expected\n", world_rank);
+    CHECK(ncclSend(send.ptr, 16, ncclFloat32, world_size, c.comm, c.stream) == ncclInvalidArgument);
+    CHECK(ncclRecv(recv.ptr, 16, ncclFloat32, -1, c.comm, c.stream) == ncclInvalidArgument);
+    // To itself outside a group: nothing could ever match it.
+    CHECK(ncclSend(send.ptr, 16, ncclFloat32, world_rank, c.comm, c.stream) == ncclInvalidUsage);
+    CHECK(std::string(ncclGetLastError(c.comm)).find("wait forever") != std::string::npos);
+    // To itself inside a group with sizes that differ.
+    CHECK_NCCL(ncclGroupStart());
+    CHECK_NCCL(ncclSend(send.ptr, 8, ncclFloat32, world_rank, c.comm, c.stream));
+    CHECK_NCCL(ncclRecv(recv.ptr, 16, ncclFloat32, world_rank, c.comm, c.stream));
+    CHECK(ncclGroupEnd() == ncclInvalidUsage);
+    // Pairs (0, 1), (2, 3), ...: the last rank of an odd world has no partner and only joins the barriers.
+    const int partner = world_rank ^ 1;
+    const bool paired = partner < world_size;
+    DeviceBuffer<float> large(std::vector<float>(32, 2.0f));
+    // The receiver (the odd rank) expects 16 floats: 8 arrive, then 32 do not fit.
+    for (size_t sent : {size_t(8), size_t(32)}) {
+        if (paired && world_rank % 2 == 0) {
+            CHECK(ncclSend(large.ptr, sent, ncclFloat32, partner, c.comm, c.stream) == ncclSuccess);
+        } else if (paired) {
+            CHECK(ncclRecv(recv.ptr, 16, ncclFloat32, partner, c.comm, c.stream) == ncclInvalidUsage);
+            CHECK(std::string(ncclGetLastError(c.comm)).find("must match in order and size") != std::string::npos);
+        }
+        MPI_Barrier(MPI_COMM_WORLD);
+    }
+    // Both of a pair receive first, outside a group: a deadlock in NCCL; here an error on both after
+    // the timeout, naming what is unmatched.
+    if (paired) {
+        setenv("CUEMU_NCCL_P2P_TIMEOUT", "1", 1);
+        const auto begin = std::chrono::steady_clock::now();
+        CHECK(ncclRecv(recv.ptr, 16, ncclFloat32, partner, c.comm, c.stream) == ncclInvalidUsage);
+        const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+        unsetenv("CUEMU_NCCL_P2P_TIMEOUT");
+        const std::string message = ncclGetLastError(c.comm);
+        CHECK(message.find("deadlock") != std::string::npos);
+        CHECK(message.find("ncclRecv of 64 bytes from rank " + std::to_string(partner)) != std::string::npos);
+        CHECK(waited >= 1.0);
+        CHECK(waited < 30.0);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    std::fprintf(stderr, "[rank %d] end of expected error messages\n", world_rank);
+    // The communicator still works: a ring inside a group.
+    const int next = (world_rank + 1) % world_size, prev = (world_rank + world_size - 1) % world_size;
+    DeviceBuffer<float> ring_send(input<float>(world_rank, 16, 920)), ring_recv(16);
+    CHECK_NCCL(ncclGroupStart());
+    CHECK_NCCL(ncclRecv(ring_recv.ptr, 16, ncclFloat32, prev, c.comm, c.stream));
+    CHECK_NCCL(ncclSend(ring_send.ptr, 16, ncclFloat32, next, c.comm, c.stream));
+    CHECK_NCCL(ncclGroupEnd());
+    check_same_bytes(ring_recv.download(), input<float>(prev, 16, 920), "ring after the mistakes");
+}
+
 // What the emulation adds: real NCCL supports more ops and types, and hangs where ranks disagree.
 TEST_CASE("emulation: unsupported or inconsistent calls fail on every rank instead of hanging") {
     Comm c;
