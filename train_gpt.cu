@@ -1031,12 +1031,13 @@ struct RunPlan {
 inline RunPlan plan_run(const RunConfig& rc, const Distributed& dist) {
     RunPlan p;
     p.world = planned_world_size(rc, dist.world_size);
-    p.config = model_config_of(rc.model, rc.seq_len, &p.checkpoint);
+    p.config = with_shape_flags(model_config_of(rc.model, rc.seq_len, &p.checkpoint), rc.layers, rc.heads, rc.channels,
+                                p.checkpoint);
     p.options = {.recompute = recompute_of(rc.recompute), .attention = attention_of(rc.attention, kEmulatedDevice),
                  .doc_mask = rc.doc_mask, .doc_positions = rc.doc_positions, .matmul_autotune = rc.matmul_autotune};
     if (const std::string problem = gpt2_check_build(p.config, rc.batch_size, rc.seq_len, rc.zero_stage, p.options);
-        !problem.empty())
-        throw std::runtime_error(problem);
+        !problem.empty())  // named with the shape flags where they made the shape
+        throw std::runtime_error(model_label(rc) == rc.model ? problem : "-e " + model_label(rc) + ": " + problem);
     p.num_parameters = gpt2_num_parameters(p.config);
     p.shard = shard_layout(p.num_parameters, dist.rank % p.world, p.world, rc.zero_stage);
     p.memory = gpt2_memory_plan(p.config, rc.batch_size, rc.seq_len, p.shard, p.options);
@@ -1097,7 +1098,8 @@ inline int generate(const RunConfig& rc, const Distributed& dist) {
     if (dist.world_size != 1)
         throw std::runtime_error("--generate runs one sequence on one rank, not " + std::to_string(dist.world_size));
     std::string checkpoint;
-    const GPT2Config config = model_config_of(generation_model(rc.model), rc.seq_len, &checkpoint);
+    const GPT2Config config = with_shape_flags(model_config_of(generation_model(rc.model), rc.seq_len, &checkpoint),
+                                               rc.layers, rc.heads, rc.channels, checkpoint);
     const std::optional<Tokenizer> tokenizer = tokenizer_beside(rc.train_data);
     const int eot = tokenizer ? tokenizer->eot_token() : int(Tokenizer::kGpt2Eot), context = config.max_seq_len;
     std::vector<int> prompt = {eot};  // as every document of the training data begins

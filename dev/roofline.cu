@@ -29,13 +29,14 @@ struct Options {
     std::string model = "d12", recompute = "none", launches_json;
     std::string attention = RunConfig{}.attention;  // train_gpt's default (host/config.h)
     int B = 4, T = 1024, zero_stage = 1, world_size = 8;
+    int layers = 0, heads = 0, channels = 0;  // a preset's shape changed, as train_gpt's flags (0 = keep)
     int64_t total_batch_tokens = 1048576;  // llm.c's GPT-2 1.5B run: 8 ranks x 16 x 1024 x 8 micro-steps
 };
 
 const char* kUsage =
     "usage: roofline [-e d12|d24|d36|d48|tiny|mini] [-b B] [-t T] [-z ZERO_STAGE] [-w WORLD_SIZE]\n"
     "                [-r none|selective|full] [--attention auto|tc|simt] [-d TOTAL_BATCH_TOKENS]\n"
-    "                [--launches-json FILE]\n"
+    "                [--layers L] [--heads NH] [--channels C] [--launches-json FILE]\n"
     "defaults: -e d12 -b 4 -t 1024 -z 1 -w 8 -r none --attention auto (tc; simt in the FP32 build) -d 1048576\n";
 
 [[noreturn]] void usage_error(const std::string& message) {
@@ -68,6 +69,9 @@ Options parse(int argc, char** argv) {
         else if (flag == "-d" || flag == "--total-batch-tokens") o.total_batch_tokens = parse_int(flag, value);
         else if (flag == "-r" || flag == "--recompute") o.recompute = value;
         else if (flag == "--attention") o.attention = value;
+        else if (flag == "--layers") o.layers = int(parse_int(flag, value));
+        else if (flag == "--heads") o.heads = int(parse_int(flag, value));
+        else if (flag == "--channels") o.channels = int(parse_int(flag, value));
         else if (flag == "--launches-json") o.launches_json = value;
         else usage_error("unknown flag " + flag);
     }
@@ -138,7 +142,7 @@ int main(int argc, char** argv) {
     GPT2Config config;
     ModelOptions options;
     try {
-        config = model_config_of(o.model, o.T, &checkpoint);
+        config = with_shape_flags(model_config_of(o.model, o.T, &checkpoint), o.layers, o.heads, o.channels, checkpoint);
         options = {recompute_of(o.recompute), attention_of(o.attention, false)};  // an H100's choice
         o.attention = attention_name(options.attention);  // "auto" resolved, as printed and in the JSON
     } catch (const std::exception& e) {
@@ -167,9 +171,9 @@ int main(int argc, char** argv) {
 
     const StepTimeline one_timeline = replay_streams(one), timeline = replay_streams(step);
     const int L = config.num_layers, C = config.channels;
-    std::printf("roofline: %s, %s parameters, B=%d T=%d, ZeRO-%d on %d rank(s) (recorded: rank 0), recompute %s, "
-                "attention %s, %s\n",
-                o.model.c_str(), with_thousands(int64_t(m.num_parameters)).c_str(), o.B, o.T, o.zero_stage,
+    std::printf("roofline: %s (L=%d, NH=%d, C=%d), %s parameters, B=%d T=%d, ZeRO-%d on %d rank(s) (recorded: rank 0), "
+                "recompute %s, attention %s, %s\n",
+                o.model.c_str(), config.num_layers, config.num_heads, config.channels, with_thousands(int64_t(m.num_parameters)).c_str(), o.B, o.T, o.zero_stage,
                 o.world_size, recompute_name(options.recompute), o.attention.c_str(), kPrecisionName);
     std::printf("step: %d micro-step(s) x %d x %d tokens x %d rank(s) = %s tokens; memory plan %.2f GiB per rank\n",
                 micro_steps, o.B, o.T, o.world_size, with_thousands(o.total_batch_tokens).c_str(),

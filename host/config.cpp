@@ -41,6 +41,13 @@ inline const std::vector<Option>& options() {
         {"Data and model", 'i', "train-data", &R::train_data, "training token shards", "GLOB"},
         {"Data and model", 'j', "val-data", &R::val_data, "validation token shards", "GLOB"},
         {"Data and model", 'e', "model", &R::model, kModelHelp, "PATH|PRESET"},
+        {"Data and model", 0, "layers", &R::layers,
+         "transformer blocks L of a preset's shape, changed (trained from scratch; a model file's shape is its own); "
+         "0 = the preset's", "N"},
+        {"Data and model", 0, "heads", &R::heads, "attention heads NH of a preset's shape, changed; 0 = the preset's", "N"},
+        {"Data and model", 0, "channels", &R::channels,
+         "channels C of a preset's shape, changed (a multiple of the heads; head size C/NH as the attention kernels "
+         "allow); 0 = the preset's", "N"},
         {"Data and model", 'o', "output-dir", &R::output_dir, "where config.json, metrics.jsonl, checkpoints go", "DIR"},
         {"Data and model", 0, "doc-mask", &R::doc_mask,
          "documents packed in a row attend only within themselves: token t's document starts at the last EOT "
@@ -257,6 +264,9 @@ inline void validate(const RunConfig& c) {
     }
     check(!c.train_data.empty(), "train-data", c.train_data, "must not be empty");
     check(!c.model.empty(), "model", c.model, "must not be empty");
+    check(c.layers >= 0, "layers", c.layers, "must be >= 0");
+    check(c.heads >= 0, "heads", c.heads, "must be >= 0");
+    check(c.channels >= 0, "channels", c.channels, "must be >= 0");
     check(c.batch_size > 0, "batch-size", c.batch_size, "must be > 0");
     check(c.seq_len > 0, "seq-len", c.seq_len, "must be > 0");
     check(c.total_batch_tokens == -1 || c.total_batch_tokens > 0, "total-batch-tokens", c.total_batch_tokens,

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "host/divergence.h"
@@ -27,6 +28,7 @@ struct RunConfig {
     std::string train_data = "data/shakespeare/train_*.bin";  // glob of token shards
     std::string val_data = "data/shakespeare/val_*.bin";
     std::string model = "d12";  // an llm.c model file, or a preset (host/model_config.h kPresetNames)
+    int layers = 0, heads = 0, channels = 0;  // a preset's shape changed (host/model_config.h); 0 = the preset's
     std::string output_dir;     // "" = write nothing
     bool doc_mask = false;       // attend only within the document (host/documents.h)
     bool doc_positions = false;  // position embeddings restart at each document
@@ -96,11 +98,21 @@ struct RunConfig {
     }
 };
 
+// -e as given, and the shape flags that changed it ("d12 --layers 24"), for the lines that name the model.
+inline std::string model_label(const RunConfig& rc) {
+    std::string label = rc.model;
+    const std::pair<const char*, int> shape[] = {{"layers", rc.layers}, {"heads", rc.heads}, {"channels", rc.channels}};
+    for (const auto& [flag, value] : shape)
+        if (value) label += " --" + std::string(flag) + " " + std::to_string(value);
+    return label;
+}
+
 // The settings that make a run the run it is: a resume (-y) must keep them, unless --resume-override
 // names them (host/run_identity.h). tokens-per-step is -d resolved for the world size. doc-mask and
 // doc-positions change what the model computes (and so what it learns), not only how.
-inline constexpr const char* kRunIdentityKeys[] = {"model",      "seq-len",         "seed",     "train-data",
-                                                   "batch-ramp", "tokens-per-step", "doc-mask", "doc-positions"};
+inline constexpr const char* kRunIdentityKeys[] = {"model",      "layers",          "heads",    "channels",
+                                                   "seq-len",    "seed",            "train-data", "batch-ramp",
+                                                   "tokens-per-step", "doc-mask",   "doc-positions"};
 
 // "a,b,,c" -> {"a", "b", "c"}
 inline std::vector<std::string> split_list(const std::string& text) {

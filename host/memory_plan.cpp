@@ -43,7 +43,7 @@ std::string dry_run_report(const RunConfig& rc, const MemoryPlan& plan, size_t n
                            size_t budget, const LargestBatches& fits, const char* precision, const char* attention) {
     if (rc.json) {
         const nlohmann::json largest = {{"none", fits.none}, {"selective", fits.selective}, {"full", fits.full}};
-        const nlohmann::json j = {{"parameters", num_parameters}, {"world_size", world},
+        const nlohmann::json j = {{"model", model_label(rc)},       {"parameters", num_parameters}, {"world_size", world},
                                   {"zero_stage", rc.zero_stage},  {"recompute", rc.recompute},
                                   {"attention", attention},      {"micro_batch", rc.batch_size},
                                   {"doc_mask", rc.doc_mask},      {"doc_positions", rc.doc_positions},
@@ -56,7 +56,7 @@ std::string dry_run_report(const RunConfig& rc, const MemoryPlan& plan, size_t n
     std::snprintf(line, sizeof line, ", %zu parameters, B=%d T=%d, %d rank(s), ZeRO-%d, recompute %s, attention %s%s%s, %s\n",
                   num_parameters, rc.batch_size, rc.seq_len, world, rc.zero_stage, rc.recompute.c_str(), attention,
                   rc.doc_mask ? " + doc-mask" : "", rc.doc_positions ? ", doc-positions" : "", precision);
-    std::string out = "memory plan per rank: " + rc.model + line + plan.table();
+    std::string out = "memory plan per rank: " + model_label(rc) + line + plan.table();
     std::snprintf(line, sizeof line, "largest micro-batch within %.2f GiB: none %d, selective %d, full %d\n",
                   double(budget) / double(size_t(1) << 30), fits.none, fits.selective, fits.full);
     return out + line;

@@ -70,6 +70,27 @@ inline std::string shape_problem(const GPT2Config& c) {
     return "";
 }
 
+// A preset's shape with --layers, --heads, --channels applied (0 = keep). A model file's shape is its
+// own: `checkpoint` names it, and a flag there must be 0 or equal the file's. Throws ConfigError naming
+// the flag, or the flags when the shape they make is inconsistent.
+inline GPT2Config with_shape_flags(GPT2Config c, int layers, int heads, int channels, const std::string& checkpoint) {
+    const struct {
+        const char* flag;
+        int value;
+        int* field;
+    } flags[] = {{"layers", layers, &c.num_layers}, {"heads", heads, &c.num_heads}, {"channels", channels, &c.channels}};
+    for (const auto& f : flags) {
+        if (f.value == 0 || f.value == *f.field) continue;
+        if (!checkpoint.empty())
+            throw ConfigError("--" + std::string(f.flag) + " " + std::to_string(f.value) + ": the model file '" + checkpoint +
+                              "' has " + std::to_string(*f.field) + " (a model file's shape is its own)");
+        *f.field = f.value;
+    }
+    if (const std::string problem = shape_problem(c); !problem.empty())
+        throw ConfigError("--layers/--heads/--channels: " + problem);
+    return c;
+}
+
 // The parameter tensors, in llm.c's checkpoint order; weights stored (out, in) like torch.nn.Linear.
 constexpr int kNumParameterTensors = 16;
 constexpr const char* kParameterNames[kNumParameterTensors] = {

@@ -108,6 +108,9 @@ const std::vector<FlagCase> flag_cases = {
     {"train-data", 'i', "fineweb/train_*.bin", "fineweb/train_*.bin"},
     {"val-data", 'j', "fineweb/val_*.bin", "fineweb/val_*.bin"},
     {"model", 'e', "tiny", "tiny"},
+    {"layers", 0, "24", 24},
+    {"heads", 0, "16", 16},
+    {"channels", 0, "2048", 2048},
     {"output-dir", 'o', "runs/a", "runs/a"},
     {"doc-mask", 0, nullptr, true},
     {"doc-positions", 0, nullptr, true},
@@ -326,6 +329,9 @@ TEST_CASE("bad values name the flag", "[config]") {
         {{"--eps", "0"}, "--eps must be > 0"},
         {{"--grad-clip", "-1"}, "--grad-clip must be >= 0"},
         {{"--seed", "-3"}, "--seed must be >= 0"},
+        {{"--layers", "-1"}, "--layers must be >= 0"},
+        {{"--heads", "-2"}, "--heads must be >= 0"},
+        {{"--channels", "-8"}, "--channels must be >= 0"},
         {{"--collective-timeout", "-1"}, "--collective-timeout must be >= 0"},
         {{"--skip-loss-z", "-1"}, "--skip-loss-z must be >= 0"},
         {{"--skip-norm-z", "-0.5"}, "--skip-norm-z must be >= 0"},
@@ -377,8 +383,8 @@ TEST_CASE("contradictory flags are errors naming every flag involved", "[config]
     CHECK(contains(error_of({"--overwrite"}), "--overwrite needs -o/--output-dir"));
     CHECK(contains(error_of({"-o", "out", "--resume-override", "seed"}), "--resume-override needs -y/--resume"));
     CHECK(contains(error_of({"-o", "out", "-y", "--resume-override", "seed,lr"}),
-                   "--resume-override: 'lr' is not a run-identity setting (model, seq-len, seed, train-data, batch-ramp, "
-                   "tokens-per-step, doc-mask, doc-positions)"));
+                   "--resume-override: 'lr' is not a run-identity setting (model, layers, heads, channels, seq-len, seed, "
+                   "train-data, batch-ramp, tokens-per-step, doc-mask, doc-positions)"));
     CHECK(contains(error_of({"--keep-last", "2", "-o", "out"}), "--keep-last needs -n/--checkpoint-every > 0"));
     CHECK(contains(error_of({"--on-divergence", "rollback", "-o", "out"}),
                    "--on-divergence rollback needs checkpoints to roll back to (-n/--checkpoint-every > 0)"));

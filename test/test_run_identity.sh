@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run identity (host/run_identity.h), through the real program: (1) a fresh run in an output dir that
 # holds checkpoints refuses to start, naming -y and --overwrite; (2) -y with a changed run-identity
-# setting (--seed, -t, --doc-mask) refuses with one line per setting; (3) --resume-override names it and the
+# setting (--seed, -t, --doc-mask, --layers) refuses with one line per setting; (3) --resume-override names it and the
 # resume goes on; (4) other changed settings (-l) resume, reported; the run id carries over;
 # (5) --overwrite deletes the old checkpoints and starts afresh.
 # Usage: test_run_identity.sh TRAIN_BINARY
@@ -29,6 +29,8 @@ grep -q -- "-t/--seq-len: 32 in the checkpoint, 16 now" <<<"$err" || { echo "the
 grep -q -- "--doc-mask: false in the checkpoint, true now" <<<"$err" || { echo "the --doc-mask change is not named"; echo "$err"; exit 1; }
 grep -q "tokens per step (-d, resolved for the ranks): 64 in the checkpoint, 32 now" <<<"$err" ||
     { echo "the tokens-per-step change is not named"; echo "$err"; exit 1; }
+# A changed model shape (--layers) is a run-identity change too.
+"$here/expect_failure.sh" "^  --layers: 0 in the checkpoint, 3 now" "$bin" "${common[@]}" -x 4 -y --layers 3
 test ! -e "$dir/run/model_00000004.bin" || { echo "a refused resume trained"; exit 1; }
 # (3) overridden: it resumes; (4) -l changed: reported, allowed; the run id carries over
 "$bin" "${common[@]}" -x 4 -y --seed 7 --resume-override seed -l 5e-4 > "$dir/resumed.log"

@@ -5,7 +5,8 @@
 # Then a short run with packed documents masked and positions restarted (--doc-mask --doc-positions).
 # Then the defaults that give way with a note, and the mistakes that stay errors: samples longer than
 # -t are clipped; no validation shard without -v turns validation off, with -v it is an error; an
-# unknown preset is named with the list.
+# unknown preset is named with the list. Then --layers/--heads/--channels: a preset reshaped to tiny's
+# shape trains tiny's model byte for byte; bad shapes and a model file reshaped are one-line errors.
 # Usage: test_train_smoke.sh TRAIN_BINARY
 set -euo pipefail
 bin=$1
@@ -66,4 +67,19 @@ grep -q "^step 1/1 " "$dir/notes.log" || { echo "smoke: the run with notes did n
     "$bin" -e tiny -b 2 -t 32 -x 1 -s 0 -v 5 -i "$dir/train_*.bin" -j "$dir/none_*.bin"
 "$(dirname "$0")/expect_failure.sh" "-e/--model 'd13' is neither a preset \(d12\|d24\|d36\|d48\|tiny\|mini\) nor an existing model file" \
     "$bin" -e d13 -b 2 -t 32 -x 1 -i "$dir/train_*.bin"
-echo "smoke: a document-masked run; notes for a clipped sample and absent validation shards; errors for -v without shards and an unknown preset"
+# Shape flags (--layers, --heads, --channels): mini (4 layers, 128 channels) made tiny's shape (2, 64)
+# is tiny: the same initialization and steps write the same model file, byte for byte.
+"$bin" -e tiny -b 2 -t 64 -x 2 -v 0 -s 0 -n 2 -i "$dir/train_*.bin" -o "$dir/tiny" > "$dir/tiny.log"
+"$bin" -e mini --layers 2 --channels 64 -b 2 -t 64 -x 2 -v 0 -s 0 -n 2 -i "$dir/train_*.bin" -o "$dir/shaped" > "$dir/shaped.log"
+grep -q "^train_gpt: mini --layers 2 --channels 64 on " "$dir/shaped.log" ||
+    { echo "smoke: the banner does not name the shape flags"; cat "$dir/shaped.log"; exit 1; }
+cmp "$dir/tiny/model_00000002.bin" "$dir/shaped/model_00000002.bin" ||
+    { echo "smoke: mini --layers 2 --channels 64 did not train tiny's model"; exit 1; }
+"$(dirname "$0")/expect_failure.sh" "--layers/--heads/--channels: channels 66 is not a multiple of num_heads 4" \
+    "$bin" -e tiny --channels 66 -b 2 -t 32 -x 1 -i "$dir/train_*.bin"
+"$(dirname "$0")/expect_failure.sh" "^train_gpt: -e tiny --channels 100: encoder: C = 100 is not a positive multiple of 8" \
+    "$bin" -e tiny --channels 100 -b 2 -t 32 -x 1 -i "$dir/train_*.bin"
+"$(dirname "$0")/expect_failure.sh" "--layers 3: the model file '.*model_00000002.bin' has 2 \(a model file's shape is its own\)" \
+    "$bin" -e "$dir/tiny/model_00000002.bin" --layers 3 -b 2 -t 32 -x 1 -i "$dir/train_*.bin"
+echo "smoke: a document-masked run; notes for a clipped sample and absent validation shards; errors for -v without shards and an unknown preset; shape flags"
+

@@ -227,6 +227,11 @@ endif()
 add_test(test_memory_plan ${TEST_BIN}/test_memory_plan)
 add_test(dry_run_d48 ${train_binary} -e d48 -b 16 -t 1024 --world-size 8 -z 1 -r full --dry-run --json)
 set_tests_properties(dry_run_d48 PROPERTIES PASS_REGULAR_EXPRESSION "\"parameters\": 1557686400")
+# --layers/--heads/--channels reshape a preset: 24 x 2048 channels has 50304 x 2048 + 1024 x 2048 +
+# 24 x (12 x 2048^2 + 13 x 2048) + 2 x 2048 = 1,313,722,368 parameters (GPT-2's per-layer count).
+add_test(dry_run_shape_flags ${train_binary} -e d12 --layers 24 --heads 16 --channels 2048 -b 8 -t 1024 --world-size 8
+         -z 1 --dry-run --json)
+set_tests_properties(dry_run_shape_flags PROPERTIES PASS_REGULAR_EXPRESSION "\"parameters\": 1313722368")
 add_test(plan_does_not_fit ${CMAKE_CURRENT_LIST_DIR}/expect_failure.sh "more than the .* available"
          ${train_binary} -e tiny -b 4 -t 64 --max-memory 0.01)
 
