@@ -27,6 +27,7 @@
 #include "host/memory_plan.h"
 #include "host/metrics.h"
 #include "host/model_config.h"
+#include "host/pipeline_schedule.h"
 #include "host/preemption.h"
 #include "host/rng.h"
 #include "dev/roofline.h"
@@ -1154,6 +1155,23 @@ inline int generate(const RunConfig& rc, const Distributed& dist) {
 // for preemption. Returns the exit status.
 inline int run(const RunConfig& rc, Distributed& dist) {
     const bool main_rank = dist.rank == 0;
+    if (rc.pp_print_schedule) {  // the pipeline's schedule for this step's micro-batches (host/pipeline_schedule.h)
+        const int world = planned_world_size(rc, dist.world_size);
+        if (world % rc.pp != 0)
+            throw std::runtime_error("--pp " + std::to_string(rc.pp) + " does not divide the " + std::to_string(world) +
+                                     " ranks (--world-size or those launched)");
+        const int data_ranks = world / rc.pp;
+        const int64_t micro_batches =
+            total_batch_tokens_for(rc, data_ranks) / (int64_t(rc.batch_size) * rc.seq_len * data_ranks);
+        const PipelineSchedule schedule = pipeline_schedule_of(rc.pp_schedule);
+        if (const std::string problem = pipeline_problem(schedule, rc.pp, int(micro_batches), rc.pp_virtual); !problem.empty())
+            throw std::runtime_error(problem);
+        if (main_rank)
+            std::printf("%d ranks = %d data x %d pipeline; %lld micro-batches of %d x %d per data rank and step\n%s", world,
+                        data_ranks, rc.pp, (long long)micro_batches, rc.batch_size, rc.seq_len,
+                        pipeline_schedule_table(schedule, rc.pp, int(micro_batches), rc.pp_virtual).c_str());
+        return 0;
+    }
     const RunPlan p = plan_run(rc, dist);
     if (rc.dry_run) {
         if (main_rank) print_dry_run(rc, p);

@@ -90,6 +90,17 @@ inline const std::vector<Option>& options() {
          nullptr, {"stop", "rollback"}},
         {"Divergence", 0, "max-rollbacks", &R::max_rollbacks, "rollbacks a run may take before it stops; 0 = none"},
         {"Parallelism and memory", 'z', "zero-stage", &R::zero_stage, "ZeRO stage: 0, 1 or 2"},
+        {"Parallelism and memory", 0, "pp", &R::pp,
+         "pipeline stages: layers split over this many ranks (world = data x pipeline); training across stages is "
+         "not built yet: with --pp-print-schedule it prints the schedule", "N"},
+        {"Parallelism and memory", 0, "pp-schedule", &R::pp_schedule,
+         "pipeline schedule: afab (all forwards, then all backwards), 1f1b, interleaved (--pp-virtual chunks per rank)",
+         nullptr, {"afab", "1f1b", "interleaved"}},
+        {"Parallelism and memory", 0, "pp-virtual", &R::pp_virtual, "model chunks per rank (interleaved schedule)", "V"},
+        {"Parallelism and memory", 0, "pp-print-schedule", &R::pp_print_schedule,
+         "print the pipeline schedule (one row per rank, F/B and the micro-batch per time slot, the bubble measured "
+         "beside the formula's, the activations each rank holds) and exit; the micro-batches are the step's "
+         "accumulation count per data rank"},
         {"Parallelism and memory", 'r', "recompute", &R::recompute, "activation recomputation", nullptr,
          {"none", "selective", "full"}},
         {"Parallelism and memory", 0, "world-size", &R::world_size,
@@ -290,6 +301,8 @@ inline void validate(const RunConfig& c) {
     check(c.max_rollbacks >= 0, "max-rollbacks", c.max_rollbacks, "must be >= 0");
     check(c.zero_stage >= 0 && c.zero_stage <= 2, "zero-stage", c.zero_stage, "must be 0, 1 or 2");
     check(c.world_size >= 0, "world-size", c.world_size, "must be >= 0");
+    check(c.pp >= 1, "pp", c.pp, "must be >= 1");
+    check(c.pp_virtual >= 1, "pp-virtual", c.pp_virtual, "must be >= 1");
     check(c.max_memory >= 0, "max-memory", c.max_memory, "must be >= 0");
     check(c.checkpoint_every >= 0, "checkpoint-every", c.checkpoint_every, "must be >= 0");
     check(c.keep_last >= 0, "keep-last", c.keep_last, "must be >= 0");
@@ -310,6 +323,11 @@ inline void validate(const RunConfig& c) {
             flag("total-batch-tokens") + " " + std::to_string(c.total_batch_tokens) + " must be a multiple of " +
                 flag("batch-size") + " * " + flag("seq-len") + " = " + std::to_string(bt));
     require(!c.json || c.dry_run, flag("json") + " needs " + flag("dry-run"));
+    require(c.pp == 1 || c.pp_print_schedule,
+            flag("pp") + " " + std::to_string(c.pp) + ": training across pipeline stages is not built yet (issue 15); " +
+                flag("pp-print-schedule") + " prints the schedule it will run");
+    require(c.pp_virtual == 1 || c.pp_schedule == "interleaved",
+            flag("pp-virtual") + " " + std::to_string(c.pp_virtual) + " needs " + flag("pp-schedule") + " interleaved");
     require(!c.resume || !c.output_dir.empty(), flag("resume") + " needs " + flag("output-dir") + " (where checkpoints are)");
     require(!c.overwrite || !c.resume, flag("overwrite") + " starts a fresh run: it cannot go with " + flag("resume"));
     require(!c.overwrite || !c.output_dir.empty(), flag("overwrite") + " needs " + flag("output-dir"));

@@ -56,6 +56,10 @@ struct RunConfig {
     int64_t max_rollbacks = 3;
     // parallelism and memory
     int zero_stage = 0;
+    int pp = 1;                          // pipeline stages (host/pipeline_schedule.h)
+    std::string pp_schedule = "1f1b";    // afab | 1f1b | interleaved
+    int pp_virtual = 1;                  // model chunks per rank (interleaved)
+    bool pp_print_schedule = false;      // print the pipeline schedule and exit
     std::string recompute = "none";
     int world_size = 0;       // 0 = the launched ranks
     double max_memory = 0.0;  // GiB; 0 = the device's
@@ -179,9 +183,9 @@ inline int64_t total_batch_tokens_for(const RunConfig& c, int world_size) {
 inline int planned_world_size(const RunConfig& c, int launched_ranks) {
     using config_detail::flag;
     if (c.world_size == 0) return launched_ranks;
-    config_detail::require(c.world_size == launched_ranks || c.dry_run,
+    config_detail::require(c.world_size == launched_ranks || c.dry_run || c.pp_print_schedule,
                            flag("world-size") + " " + std::to_string(c.world_size) + " but " +
                                std::to_string(launched_ranks) + " ranks were launched (another size needs " +
-                               flag("dry-run") + ")");
+                               flag("dry-run") + " or " + flag("pp-print-schedule") + ")");
     return c.world_size;
 }

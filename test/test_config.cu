@@ -137,6 +137,10 @@ const std::vector<FlagCase> flag_cases = {
     {"on-divergence", 0, "rollback", "rollback", {"-o", "out", "-n", "100"}},
     {"max-rollbacks", 0, "7", 7},
     {"zero-stage", 'z', "2", 2},
+    {"pp", 0, "4", 4, {"--pp-print-schedule"}},
+    {"pp-schedule", 0, "interleaved", "interleaved"},
+    {"pp-virtual", 0, "2", 2, {"--pp-schedule", "interleaved"}},
+    {"pp-print-schedule", 0, nullptr, true},
     {"recompute", 'r', "selective", "selective"},
     {"world-size", 0, "8", 8},
     {"max-memory", 0, "40.5", 40.5},
@@ -330,6 +334,8 @@ TEST_CASE("bad values name the flag", "[config]") {
         {{"--grad-clip", "-1"}, "--grad-clip must be >= 0"},
         {{"--seed", "-3"}, "--seed must be >= 0"},
         {{"--layers", "-1"}, "--layers must be >= 0"},
+        {{"--pp", "0"}, "--pp must be >= 1"},
+        {{"--pp-virtual", "0"}, "--pp-virtual must be >= 1"},
         {{"--heads", "-2"}, "--heads must be >= 0"},
         {{"--channels", "-8"}, "--channels must be >= 0"},
         {{"--collective-timeout", "-1"}, "--collective-timeout must be >= 0"},
@@ -382,6 +388,9 @@ TEST_CASE("contradictory flags are errors naming every flag involved", "[config]
     CHECK(contains(error_of({"-o", "out", "-y", "--overwrite"}), "--overwrite starts a fresh run: it cannot go with -y/--resume"));
     CHECK(contains(error_of({"--overwrite"}), "--overwrite needs -o/--output-dir"));
     CHECK(contains(error_of({"-o", "out", "--resume-override", "seed"}), "--resume-override needs -y/--resume"));
+    CHECK(contains(error_of({"--pp", "2"}), "--pp 2: training across pipeline stages is not built yet (issue 15); "
+                                            "--pp-print-schedule prints the schedule it will run"));
+    CHECK(contains(error_of({"--pp-virtual", "2"}), "--pp-virtual 2 needs --pp-schedule interleaved"));
     CHECK(contains(error_of({"-o", "out", "-y", "--resume-override", "seed,lr"}),
                    "--resume-override: 'lr' is not a run-identity setting (model, layers, heads, channels, seq-len, seed, "
                    "train-data, batch-ramp, tokens-per-step, doc-mask, doc-positions)"));

@@ -104,6 +104,8 @@ add_test(test_checkpoint ${TEST_BIN}/test_checkpoint)
 add_test(test_config ${TEST_BIN}/test_config)
 add_test(test_schedule ${TEST_BIN}/test_schedule)
 add_test(test_process_groups ${TEST_BIN}/test_process_groups)
+# Pipeline schedules (host/pipeline_schedule.h): every op once, the published bubble, activations held.
+add_test(test_pipeline_schedule ${TEST_BIN}/test_pipeline_schedule)
 
 # Every header can be included by two translation units of one program: test_linkage is built from
 # test/test_linkage.cu and test/second_unit_linkage.cu, both including train_gpt.cu whole.
@@ -232,6 +234,13 @@ set_tests_properties(dry_run_d48 PROPERTIES PASS_REGULAR_EXPRESSION "\"parameter
 add_test(dry_run_shape_flags ${train_binary} -e d12 --layers 24 --heads 16 --channels 2048 -b 8 -t 1024 --world-size 8
          -z 1 --dry-run --json)
 set_tests_properties(dry_run_shape_flags PROPERTIES PASS_REGULAR_EXPRESSION "\"parameters\": 1313722368")
+# --pp-print-schedule: GPT-2 1.5B on 16 ranks as 4 data x 4 pipeline stages, 16 micro-batches, 1F1B:
+# the bubble (4-1)/(16+4-1) = 0.1579. Training with --pp > 1 is refused until it exists.
+add_test(pp_print_schedule ${train_binary} -e d48 -b 16 -t 1024 -d 1048576 --world-size 16 --pp 4 --pp-print-schedule)
+set_tests_properties(pp_print_schedule PROPERTIES PASS_REGULAR_EXPRESSION
+                     "rank 0 +\\|  F0  F1  F2  F3   \\.   \\.   \\.  B0  F4 .*bubble: 0.1579 of the rank-slots idle, formula 0.1579")
+add_test(pp_training_refused ${CMAKE_CURRENT_LIST_DIR}/expect_failure.sh "--pp 2: training across pipeline stages is not built yet"
+         ${train_binary} -e tiny -b 2 -t 32 --pp 2)
 add_test(plan_does_not_fit ${CMAKE_CURRENT_LIST_DIR}/expect_failure.sh "more than the .* available"
          ${train_binary} -e tiny -b 4 -t 64 --max-memory 0.01)
 

@@ -1,0 +1,94 @@
+// Pipeline schedules (host/pipeline_schedule.h): every rank runs each micro-batch's forward and
+// backward once per chunk; played out with F and B one slot each, the idle share of the rank-slots is
+// the published bubble fraction -- (p-1)/(m+p-1) for GPipe's all-forward-all-backward and 1F1B
+// (Narayanan et al. 2021, section 2.2), (p-1)/(vm+p-1) interleaved (section 2.2.1) -- and 1F1B holds
+// at most p - r micro-batches' activations on rank r where all-forward-all-backward holds m. A planted
+// order that cannot run is reported as a deadlock.
+#include <catch2/catch.hpp>
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "host/pipeline_schedule.h"
+
+namespace {
+const PipelineSchedule kSchedules[] = {PipelineSchedule::afab, PipelineSchedule::one_f_one_b, PipelineSchedule::interleaved};
+}
+
+TEST_CASE("every rank runs each micro-batch's forward and backward once per chunk, forward first") {
+    for (PipelineSchedule s : kSchedules)
+        for (int p : {1, 2, 3, 4, 8})
+            for (int m : {1, 2, 4, 6, 8, 16, 32})
+                for (int v : {1, 2, 3}) {
+                    if (!pipeline_problem(s, p, m, v).empty()) continue;
+                    for (int r = 0; r < p; ++r) {
+                        INFO(pipeline_schedule_name(s) << " p=" << p << " m=" << m << " v=" << v << " rank " << r);
+                        const std::vector<PipelineOp> ops = pipeline_ops(s, p, r, m, v);
+                        REQUIRE(ops.size() == size_t(2 * m * v));
+                        std::map<std::pair<int, int>, int> forward_at, backward_at;  // (micro-batch, chunk) -> position
+                        for (size_t i = 0; i < ops.size(); ++i)
+                            (ops[i].forward ? forward_at : backward_at)[{ops[i].micro_batch, ops[i].chunk}] = int(i);
+                        CHECK(forward_at.size() == size_t(m * v));
+                        CHECK(backward_at.size() == size_t(m * v));
+                        for (const auto& [key, i] : backward_at) CHECK(forward_at.count(key) == 1);
+                        for (const auto& [key, i] : forward_at) {
+                            CHECK(key.first < m);
+                            CHECK(key.second < v);
+                            CHECK(backward_at[key] > i);
+                        }
+                    }
+                }
+}
+
+TEST_CASE("the bubble played out equals the published fraction") {
+    for (PipelineSchedule s : kSchedules)
+        for (int p : {1, 2, 3, 4, 8})
+            for (int m : {1, 2, 4, 8, 16, 32})
+                for (int v : {1, 2, 4}) {
+                    if (!pipeline_problem(s, p, m, v).empty()) continue;
+                    INFO(pipeline_schedule_name(s) << " p=" << p << " m=" << m << " v=" << v);
+                    const PipelineTimeline t = simulate_pipeline(s, p, m, v);
+                    const double vv = s == PipelineSchedule::interleaved ? v : 1;
+                    const double formula = (p - 1.0) / (vv * m + p - 1.0);
+                    CHECK(t.bubble_fraction == Approx(formula).margin(1e-12));
+                    CHECK(t.slots == 2 * (int(vv) * m + p - 1));
+                }
+    // Interleaving shrinks it: 4 stages, 8 micro-batches.
+    CHECK(simulate_pipeline(PipelineSchedule::interleaved, 4, 8, 2).bubble_fraction <
+          simulate_pipeline(PipelineSchedule::one_f_one_b, 4, 8).bubble_fraction);
+}
+
+TEST_CASE("activations held: 1F1B at most p - r on rank r, all-forward-all-backward all m") {
+    for (int p : {2, 4, 8})
+        for (int m : {1, 4, 8, 32}) {
+            const PipelineTimeline f1b1 = simulate_pipeline(PipelineSchedule::one_f_one_b, p, m);
+            const PipelineTimeline afab = simulate_pipeline(PipelineSchedule::afab, p, m);
+            for (int r = 0; r < p; ++r) {
+                INFO("p=" << p << " m=" << m << " rank " << r);
+                CHECK(f1b1.max_in_flight[r] == std::min(p - r, m));
+                CHECK(afab.max_in_flight[r] == m);
+            }
+        }
+}
+
+TEST_CASE("an order that cannot run is reported as a deadlock; bad settings name the flags") {
+    // Rank 1 puts micro-batch 0's backward before its forward: it waits for itself.
+    std::vector<std::vector<PipelineOp>> ops = {pipeline_ops(PipelineSchedule::one_f_one_b, 2, 0, 2),
+                                                pipeline_ops(PipelineSchedule::one_f_one_b, 2, 1, 2)};
+    REQUIRE(ops[1].front() == PipelineOp{true, 0, 0});
+    std::swap(ops[1][0], ops[1][1]);
+    REQUIRE_FALSE(ops[1].front().forward);
+    CHECK_THROWS_WITH(play_pipeline(ops, 2), Catch::Contains("deadlocks at slot"));
+    CHECK(pipeline_problem(PipelineSchedule::interleaved, 4, 6, 2) ==
+          "--pp-schedule interleaved needs the micro-batches per step (6) to be a multiple of --pp 4");
+    CHECK(pipeline_problem(PipelineSchedule::one_f_one_b, 4, 8, 2) == "--pp-virtual 2 needs --pp-schedule interleaved");
+    CHECK_THROWS_WITH(pipeline_schedule_of("gpipe"), Catch::Contains("--pp-schedule must be afab, 1f1b or interleaved"));
+    // 1F1B on 2 stages, 2 micro-batches, worked by hand: rank 1 (the last stage) runs F0 B0 F1 B1 as
+    // soon as each input arrives; rank 0 waits one slot for each backward.
+    const std::string table = pipeline_schedule_table(PipelineSchedule::one_f_one_b, 2, 2);
+    CHECK(table.find("rank 0  | F0 F1  . B0  . B1 | activations held at most: 2\n") != std::string::npos);
+    CHECK(table.find("rank 1  |  . F0 B0 F1 B1  . | activations held at most: 1\n") != std::string::npos);
+    CHECK(table.find("bubble: 0.3333 of the rank-slots idle, formula 0.3333") != std::string::npos);
+}
