@@ -62,7 +62,7 @@ inline std::string gpt2_check_config(const GPT2Config& c) {
     if (c.padded_vocab_size % 128 != 0)  // the classifier's and the matmuls' tiles
         return "model: padded_vocab_size " + std::to_string(c.padded_vocab_size) + " is not a multiple of 128";
     for (const std::string& message :
-         {encoder_requirements(c.channels), layernorm_requirements(c.channels), layernorm_requirements(4 * c.channels),
+         {encoder_requirements(c.channels), layernorm_requirements(c.channels),
           matmul_requirements(c.channels, 3 * c.channels), matmul_requirements(c.channels, 4 * c.channels),
           matmul_requirements(4 * c.channels, c.channels), matmul_requirements(c.channels, c.padded_vocab_size),
           attention_requirements(c.channels, c.num_heads),

@@ -234,6 +234,11 @@ set_tests_properties(dry_run_d48 PROPERTIES PASS_REGULAR_EXPRESSION "\"parameter
 add_test(dry_run_shape_flags ${train_binary} -e d12 --layers 24 --heads 16 --channels 2048 -b 8 -t 1024 --world-size 8
          -z 1 --dry-run --json)
 set_tests_properties(dry_run_shape_flags PROPERTIES PASS_REGULAR_EXPRESSION "\"parameters\": 1313722368")
+# A 6.7B GPT-2 shape (32 x 4096 channels, 32 heads): 6,654,402,560 parameters by the same count, planned
+# on 64 ranks (C = 4096 is within LayerNorm's 8192).
+add_test(dry_run_6p7b ${train_binary} -e d12 --layers 32 --heads 32 --channels 4096 -b 4 -t 1024 --world-size 64 -z 1
+         -r full --dry-run --json)
+set_tests_properties(dry_run_6p7b PROPERTIES PASS_REGULAR_EXPRESSION "\"parameters\": 6654402560")
 # --pp-print-schedule: GPT-2 1.5B on 16 ranks as 4 data x 4 pipeline stages, 16 micro-batches, 1F1B:
 # the bubble (4-1)/(16+4-1) = 0.1579. Training with --pp > 1 is refused until it exists.
 add_test(pp_print_schedule ${train_binary} -e d48 -b 16 -t 1024 -d 1048576 --world-size 16 --pp 4 --pp-print-schedule)
