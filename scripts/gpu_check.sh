@@ -5,7 +5,8 @@
 #   build     train_gpt and the GPU test binaries (nvcc, every core); fails on a register spill
 #   test      the suite on the GPU (make test-gpu's CTest file): passed, failed, skipped, by name
 #   train     GPT-2 124M (d12) for 20 steps, and 20 more with --matmul-autotune: median tokens/s, MFU
-#   profile   --profile-step: every kernel's measured time beside its H100 roofline estimate
+#   profile   --profile-step: every kernel's measured time beside its H100 roofline estimate, and the
+#             libraries' time per kernel family at the same shapes (dev/bench/library_baselines.py)
 #   sanitize  compute-sanitizer memcheck, racecheck and synccheck over a short training run and the
 #             kernel tests
 # Each stage writes $GPU_CHECK_OUT/<stage>.json ({"stage", "ok", "seconds", ...figures}) and its logs
@@ -215,18 +216,24 @@ stage_train() {
 }
 
 stage_profile() {
-  local start=$SECONDS rc=0 train
+  local start=$SECONDS rc=0 lib_rc=0 train
   train=$(training_data)
   run_logged "$logs/profile.log" "$gpu_dir/train_gpt" -e d12 -b "$B" -t "$T" -v 0 -s 0 -i "$train" --profile-step || rc=$?
-  python3 - "$logs/profile.log" "$out/profile.json" "$rc" "$((SECONDS - start))" "$B" "$T" <<'PY'
-import json, sys
-log, dest, rc, seconds, b, t = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+  # The libraries' time per kernel family at the same shapes (PyTorch: cuBLAS, FlashAttention/cuDNN, ...).
+  rm -f "$logs/library.json"
+  run_logged "$logs/library.log" python3 dev/bench/library_baselines.py -e d12 -b "$B" -t "$T" --json "$logs/library.json" ||
+    lib_rc=$?
+  python3 - "$logs/profile.log" "$out/profile.json" "$rc" "$((SECONDS - start))" "$B" "$T" "$logs/library.json" "$lib_rc" <<'PY'
+import json, os, sys
+log, dest, rc, seconds, b, t, library, lib_rc = sys.argv[1:9]
+rc, lib_rc = int(rc), int(lib_rc)
 lines = [l.rstrip("\n") for l in open(log, errors="replace")]
 summary = [l for l in lines if l.startswith(("measured", "H100 SXM roofline estimate"))]
-json.dump({"stage": "profile", "ok": rc == 0 and len(summary) == 2, "exit_code": rc, "seconds": seconds, "B": b, "T": t,
-           "summary": summary, "report": lines[-200:]}, open(dest, "w"), indent=1)
+lib = json.load(open(library)) if lib_rc == 0 and os.path.exists(library) else {"exit_code": lib_rc}
+json.dump({"stage": "profile", "ok": rc == 0 and len(summary) == 2 and lib_rc == 0, "exit_code": rc, "seconds": int(seconds),
+           "B": int(b), "T": int(t), "summary": summary, "library": lib, "report": lines[-200:]}, open(dest, "w"), indent=1)
 PY
-  [ $rc = 0 ]
+  [ $rc = 0 ] && [ $lib_rc = 0 ]
 }
 
 stage_sanitize() {

@@ -253,6 +253,12 @@ add_test(plan_does_not_fit ${CMAKE_CURRENT_LIST_DIR}/expect_failure.sh "more tha
 # the same launches) and the roofline arithmetic (dev/roofline.cu); then --profile-step's table.
 add_test(test_roofline ${TEST_BIN}/test_roofline)
 add_test(test_profile_step ${CMAKE_CURRENT_LIST_DIR}/test_profile_step.sh ${train_binary})
+# The libraries' time per kernel family (dev/bench/library_baselines.py), run on the CPU: skipped (77)
+# without PyTorch.
+if(NOT ASAN)
+  add_test(library_baselines ${CMAKE_CURRENT_LIST_DIR}/test_library_baselines.sh)
+  set_tests_properties(library_baselines PROPERTIES SKIP_RETURN_CODE 77)
+endif()
 
 # The tensor-core fragment layouts (kernels/tensor_core.cuh, emu/tensor_core.cpp) against CuTe's, read
 # from the headers the nvidia-cutlass package ships (dev/check_mma_layouts.py; dev/requirements.txt).
