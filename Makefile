@@ -3,13 +3,14 @@
 #   make train_gpt_cpu   the same sources through g++ against emu/ (CUDA on the CPU)
 #   make test            build and run the test suite (CTest) on the CPU build; where nvcc exists,
 #                        also build train_gpt and fail on any ptxas register spill
-#   make test-gpu        the same tests built with nvcc, for machines with a GPU
+#   make test-gpu        the same tests built with nvcc, for machines with a GPU (test-gpu-binaries: build only)
 #   make test-asan       the CPU tests under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make deps            install missing Debian packages
 #   make train           set up, prepare the Shakespeare data and train a small GPT-2 (~10 min on 2 cores)
 #   make cpu-bench       GPT-2 124M s/step of both CPU builds against the step's GEMM limit
 #   make mutation-test   plant each fault of dev/mutations/ and check that the suite catches it
-# PRECISION=FP32 builds FP32 parameters/activations instead of BF16.
+# PRECISION=FP32 builds FP32 parameters/activations instead of BF16. MPI=0, DEPS_PREFIX=DIR, NCCL_HOME=DIR:
+# builds for machines without MPI, Debian's -dev packages or a network (below; scripts/gpu_check.sh).
 
 # Build with every core unless the caller chose (-j / MAKEFLAGS): the test suite is ~30 binaries.
 ifeq ($(filter -j%,$(MAKEFLAGS)),)
