@@ -1,7 +1,7 @@
 // MPI for a world of one process: the subset of the MPI C API this project calls, for builds without
 // an MPI library (make MPI=0). A GPU machine without OpenMPI's headers and libraries (no Debian -dev
 // packages, no network) still builds and runs the program on its one GPU; NCCL needs no MPI there
-// (its unique id needs no broadcast to nobody).
+// (with one rank, its unique id goes to no one).
 //
 // Every communicator has one rank, so each collective is what MPI defines it to be for one rank:
 // Allreduce, Allgather and Alltoall copy the send buffer to the receive buffer (nothing with
@@ -26,7 +26,7 @@ using MPI_Info = int;
 using MPI_Errhandler = int;
 
 inline constexpr int MPI_SUCCESS = 0;
-inline constexpr int MPI_ERR_OTHER = 16;  // the one error code used here (a datatype we do not know)
+inline constexpr int MPI_ERR_OTHER = 16;  // the one error code used here: an unknown datatype, a bad count, a peer
 inline constexpr int MPI_MAX_ERROR_STRING = 256;
 
 inline constexpr MPI_Comm MPI_COMM_NULL = 0;
@@ -38,7 +38,7 @@ inline constexpr int MPI_COMM_TYPE_SHARED = 1;
 inline constexpr MPI_Info MPI_INFO_NULL = 0;
 inline constexpr MPI_Errhandler MPI_ERRORS_RETURN = 1;
 
-// Datatypes are their sizes in bytes, except MPI_BYTE's distinct value; ops are never applied (one rank).
+// Datatypes: distinct values, their sizes from datatype_bytes; ops are never applied (one rank).
 inline constexpr MPI_Datatype MPI_BYTE = 101, MPI_INT = 4, MPI_FLOAT = 104, MPI_DOUBLE = 8, MPI_LONG_LONG = 108,
                                MPI_INT64_T = 208;
 inline constexpr MPI_Op MPI_SUM = 1, MPI_MIN = 2, MPI_MAX = 3;
