@@ -12,7 +12,8 @@
 # Each stage writes $GPU_CHECK_OUT/<stage>.json ({"stage", "ok", "seconds", ...figures}) and its logs
 # under $GPU_CHECK_LOGS; env.json (the machine, the toolchain, how the build was configured) comes with
 # every call. A stage that fails records why in its JSON and the script exits non-zero after the
-# stages asked for; a stage past its time limit (STAGE_TIMEOUT) is stopped and recorded as such.
+# stages asked for; a stage past its time limit (STAGE_TIMEOUT) is stopped and recorded as such
+# ("timed_out"); run it again to go on (the build continues where make stopped).
 #
 # Machines without MPI, Debian's -dev packages or a network (the lent H100/H200 nodes: nvcc 13, CMake,
 # PyTorch, ncu, compute-sanitizer, NCCL only as the nvidia-nccl-cu13 Python package). Found here, no
@@ -115,10 +116,12 @@ write_json "$out/env.json" stage=env \
   commit="$(git rev-parse HEAD 2>/dev/null || echo unknown)" dirty="$(git status --porcelain 2>/dev/null | grep -qv '^??' && echo true || echo false)"
 echo "gpu_check.sh: make ${make_vars[*]}"
 
-# Runs "$@" under the stage's time limit, its output to the log $1 (and the terminal).
+# Runs "$@" under the stage's time limit, its output to the log $1 (and the terminal); returns its
+# status (124: stopped at the limit). The log is complete when it returns (tee is in the pipeline).
 run_logged() {
   local log=$1; shift
-  timeout --signal=TERM --kill-after=10 "$stage_timeout" "$@" > >(tee "$log") 2>&1
+  timeout --signal=TERM --kill-after=10 "$stage_timeout" "$@" 2>&1 | tee "$log"
+  return "${PIPESTATUS[0]}"
 }
 
 # ---- stages -------------------------------------------------------------------------------------
