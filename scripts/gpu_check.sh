@@ -27,8 +27,10 @@
 #   - NCCL: the CUDA toolkit's nccl.h and libnccl when there, else the nvidia.nccl Python package's
 #     include/ and lib/ (make NCCL_HOME=...; the binaries find libnccl.so.2 through their rpath).
 # MPI=0|1, DEPS_PREFIX=DIR and NCCL_HOME=DIR in the environment override what is found.
-# With the device tool: run(carry=["build/gpu_deps"], command="scripts/gpu_check.sh build test") and
-# then "scripts/gpu_check.sh train profile sanitize", with GPU_CHECK_OUT=$OUT to get the JSON back.
+# With the device tool: run(carry=["build/gpu_deps"], command="GPU_CHECK_OUT=$OUT scripts/gpu_check.sh build
+# test"), then the same carry with "... train profile sanitize". A machine stays warm only briefly
+# between calls; on a fresh one the later stages build train_gpt first (the test binaries need the
+# build stage again).
 #
 # Environment:
 #   GPU_CHECK_OUT   folder of the JSON files (default out/gpu_check)
@@ -163,6 +165,13 @@ PY
   [ $rc = 0 ]
 }
 
+# train_gpt for the stages that run it: built when missing (a fresh machine, the build stage not run).
+ensure_train_gpt() {
+  [ -x "$gpu_dir/train_gpt" ] && return 0
+  echo "gpu_check.sh: no $gpu_dir/train_gpt: building it"
+  run_logged "$logs/build_train_gpt.log" make --no-print-directory "${make_vars[@]}" train_gpt
+}
+
 # Training data: the prepared Shakespeare shards, or a synthetic shard (echoes the glob).
 training_data() {
   local train=${TRAIN_DATA:-data/shakespeare/train_*.bin}
@@ -204,6 +213,7 @@ PY
 
 stage_train() {
   local start=$SECONDS rc=0 rc2=0 train
+  ensure_train_gpt || { write_json "$out/train.json" stage=train ok=false error="train_gpt did not build"; return 1; }
   train=$(training_data)
   local common=(-e d12 -b "$B" -t "$T" -x 20 -l 6e-4 -u 5 -v 0 -s 0 -n 0 -i "$train" --overwrite)
   rm -rf build/gpu_check_runs
@@ -220,6 +230,7 @@ stage_train() {
 
 stage_profile() {
   local start=$SECONDS rc=0 lib_rc=0 train
+  ensure_train_gpt || { write_json "$out/profile.json" stage=profile ok=false error="train_gpt did not build"; return 1; }
   train=$(training_data)
   run_logged "$logs/profile.log" "$gpu_dir/train_gpt" -e d12 -b "$B" -t "$T" -v 0 -s 0 -i "$train" --profile-step || rc=$?
   # The libraries' time per kernel family at the same shapes (PyTorch: cuBLAS, FlashAttention/cuDNN, ...).
@@ -242,6 +253,7 @@ PY
 stage_sanitize() {
   local start=$SECONDS train results=() ok=true
   command -v compute-sanitizer >/dev/null || { write_json "$out/sanitize.json" stage=sanitize ok=false error="no compute-sanitizer"; return 1; }
+  ensure_train_gpt || { write_json "$out/sanitize.json" stage=sanitize ok=false error="train_gpt did not build"; return 1; }
   train=$(training_data)
   # A short run of the small preset (sanitizers slow kernels 10-100x), then kernel tests.
   local run=("$gpu_dir/train_gpt" -e tiny -b 2 -t 64 -x 2 -v 0 -s 0 -n 0 -i "$train")
