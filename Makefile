@@ -209,8 +209,8 @@ $(CPU_DIR)/test_mpi_%: $(CPU_DIR)/test_mpi_%.o $$(call host_lib,$(CPU_DIR),$$(ca
 # CTest reads the suite from test/tests.cmake (shared with CMakeLists.txt).
 define ctest_file
 	@mkdir -p $(1)
-	@printf 'set(TEST_BIN %s)\nset(GPU %s)\nset(ASAN %s)\nset(MPI %s)\nset(MPIRUN mpirun --allow-run-as-root --oversubscribe)\nset(NO_MPI_BUILD %s)\ninclude(%s/test/tests.cmake)\n' \
-	  "$(abspath $(1))" "$(2)" "$(3)" "$(if $(filter 1,$(MPI)),ON,OFF)" "$(abspath $(NO_MPI_CHECK))/cpu-nompi" "$(CURDIR)" \
+	@printf 'set(TEST_BIN %s)\nset(GPU %s)\nset(ASAN %s)\nset(MPI %s)\nset(MPIRUN mpirun --allow-run-as-root --oversubscribe)\nset(NO_MPI_BUILD %s)\nset(NO_MPI_DEPS %s)\ninclude(%s/test/tests.cmake)\n' \
+	  "$(abspath $(1))" "$(2)" "$(3)" "$(if $(filter 1,$(MPI)),ON,OFF)" "$(abspath $(NO_MPI_CHECK))/cpu-nompi" "$(NO_MPI_DEPS)" "$(CURDIR)" \
 	  > $(1)/CTestTestfile.cmake
 endef
 
@@ -219,7 +219,7 @@ $(CPU_DIR)/CTestTestfile.cmake: FORCE
 
 # Every header a build read, system ones included (g++ -M of the program, the host library and the
 # Catch2 main): test/test_no_mpi_build.sh checks where the dependencies' headers came from.
-$(CPU_DIR)/headers.txt: train_gpt.cu $(HOST_SRC) test/catch_main.cpp $(DEPS_TRACKED) | deps-if-missing
+$(CPU_DIR)/headers.txt: FORCE | deps-if-missing  # always: the prefix the flags name may have changed
 	@mkdir -p $(@D)
 	$(CXX) $(CPU_CXXFLAGS) -M -x c++ train_gpt.cu > $@
 	$(foreach f,$(HOST_SRC) test/catch_main.cpp,$(CXX) $(CPU_CXXFLAGS) -M $(f) >> $@ &&) true
@@ -227,12 +227,14 @@ $(CPU_DIR)/headers.txt: train_gpt.cu $(HOST_SRC) test/catch_main.cpp $(DEPS_TRAC
 # The offline build as a GPU node without packages or a network makes it (scripts/gpu_check.sh): no
 # MPI (MPI=0) and the header-only dependencies from a prefix (scripts/gpu_deps.sh, here from the
 # installed packages). test/test_no_mpi_build.sh runs what it builds.
+# With DEPS_PREFIX given, that prefix is the one checked (no dpkg needed).
 NO_MPI_CHECK := $(BUILD)/no-mpi-check
+NO_MPI_DEPS := $(abspath $(or $(DEPS_PREFIX),$(NO_MPI_CHECK)/deps))
 $(NO_MPI_CHECK)/deps/PACKAGES: scripts/gpu_deps.sh scripts/deps.sh | deps-if-missing
 	scripts/gpu_deps.sh --from-installed $(NO_MPI_CHECK)/deps > /dev/null
 .PHONY: no-mpi-check-build
-no-mpi-check-build: $(NO_MPI_CHECK)/deps/PACKAGES
-	$(MAKE) --no-print-directory MPI=0 DEPS_PREFIX=$(NO_MPI_CHECK)/deps BUILD=$(NO_MPI_CHECK) \
+no-mpi-check-build: $(if $(DEPS_PREFIX),,$(NO_MPI_CHECK)/deps/PACKAGES)
+	$(MAKE) --no-print-directory MPI=0 DEPS_PREFIX=$(NO_MPI_DEPS) BUILD=$(NO_MPI_CHECK) \
 	  $(addprefix $(NO_MPI_CHECK)/cpu-nompi/,train_gpt_cpu test_config test_mpi_nccl headers.txt)
 
 test: deps-if-missing $(addprefix $(CPU_DIR)/,$(ALL_TEST_NAMES) $(FORWARD_LOGITS)) $(CPU_DIR)/train_gpt_cpu \

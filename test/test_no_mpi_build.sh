@@ -9,13 +9,12 @@
 #       one-process MPI under the process grid and NCCL tests);
 #   (5) under mpirun with 2 ranks it refuses to start, non-zero, with one line naming the launcher's
 #       variable, instead of training two copies that overwrite each other's files.
-# Usage: test_no_mpi_build.sh NO_MPI_BUILD_DIR TRAIN_BINARY "MPIRUN..."
+# Usage: test_no_mpi_build.sh NO_MPI_BUILD_DIR DEPS_PREFIX TRAIN_BINARY "MPIRUN..."
 set -euo pipefail
 nompi=$1
-bin=$2
-mpirun=${3:-mpirun --allow-run-as-root --oversubscribe}
-root=$(cd "$(dirname "$0")/.." && pwd)
-deps=$(cd "$nompi/../deps" && pwd)
+deps=$(cd "$2" && pwd)
+bin=$3
+mpirun=${4:-mpirun --allow-run-as-root --oversubscribe}
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 for f in train_gpt_cpu test_config test_mpi_nccl headers.txt; do

@@ -209,7 +209,8 @@ endif()
 # dependency header read from /usr/include, the same model as this build after 3 steps, byte for byte,
 # its tests pass on one rank, and mpirun with 2 ranks is refused with one line. Make's CPU suite only.
 if(DEFINED NO_MPI_BUILD AND MPI AND NOT GPU AND NOT ASAN)
-  add_test(no_mpi_build ${CMAKE_CURRENT_LIST_DIR}/test_no_mpi_build.sh ${NO_MPI_BUILD} ${train_binary} "${mpirun_line}")
+  add_test(no_mpi_build ${CMAKE_CURRENT_LIST_DIR}/test_no_mpi_build.sh ${NO_MPI_BUILD} ${NO_MPI_DEPS} ${train_binary}
+           "${mpirun_line}")
   set_tests_properties(no_mpi_build PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
 endif()
 # Every token of the data below the vocabulary, checked before the first step (DataLoader::check_tokens).
