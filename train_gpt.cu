@@ -1048,6 +1048,21 @@ inline RunPlan plan_run(const RunConfig& rc, const Distributed& dist) {
     return p;
 }
 
+// --pp-print-schedule: the pipeline's schedule for the step's micro-batches per data rank
+// (host/pipeline_schedule.h, which refuses what it cannot schedule; rank 0 prints).
+inline void print_pipeline_schedule(const RunConfig& rc, const Distributed& dist) {
+    const int world = planned_world_size(rc, dist.world_size);
+    if (world % rc.pp != 0)
+        throw std::runtime_error("--pp " + std::to_string(rc.pp) + " does not divide the " + std::to_string(world) +
+                                 " ranks (--world-size or those launched)");
+    const int data_ranks = world / rc.pp;
+    const int micro_batches = int(total_batch_tokens_for(rc, data_ranks) / (int64_t(rc.batch_size) * rc.seq_len * data_ranks));
+    const std::string table = pipeline_schedule_table(pipeline_schedule_of(rc.pp_schedule), rc.pp, micro_batches, rc.pp_virtual);
+    if (dist.rank == 0)
+        std::printf("%d ranks = %d data x %d pipeline; %d micro-batches of %d x %d per data rank and step\n%s", world,
+                    data_ranks, rc.pp, micro_batches, rc.batch_size, rc.seq_len, table.c_str());
+}
+
 // --dry-run: the plan, and the largest micro-batch that fits in each recompute mode (rank 0 prints).
 inline void print_dry_run(const RunConfig& rc, const RunPlan& p) {
     const auto fits = [&](Recompute r) {
@@ -1155,21 +1170,8 @@ inline int generate(const RunConfig& rc, const Distributed& dist) {
 // for preemption. Returns the exit status.
 inline int run(const RunConfig& rc, Distributed& dist) {
     const bool main_rank = dist.rank == 0;
-    if (rc.pp_print_schedule) {  // the pipeline's schedule for this step's micro-batches (host/pipeline_schedule.h)
-        const int world = planned_world_size(rc, dist.world_size);
-        if (world % rc.pp != 0)
-            throw std::runtime_error("--pp " + std::to_string(rc.pp) + " does not divide the " + std::to_string(world) +
-                                     " ranks (--world-size or those launched)");
-        const int data_ranks = world / rc.pp;
-        const int64_t micro_batches =
-            total_batch_tokens_for(rc, data_ranks) / (int64_t(rc.batch_size) * rc.seq_len * data_ranks);
-        const PipelineSchedule schedule = pipeline_schedule_of(rc.pp_schedule);
-        if (const std::string problem = pipeline_problem(schedule, rc.pp, int(micro_batches), rc.pp_virtual); !problem.empty())
-            throw std::runtime_error(problem);
-        if (main_rank)
-            std::printf("%d ranks = %d data x %d pipeline; %lld micro-batches of %d x %d per data rank and step\n%s", world,
-                        data_ranks, rc.pp, (long long)micro_batches, rc.batch_size, rc.seq_len,
-                        pipeline_schedule_table(schedule, rc.pp, int(micro_batches), rc.pp_virtual).c_str());
+    if (rc.pp_print_schedule) {
+        print_pipeline_schedule(rc, dist);
         return 0;
     }
     const RunPlan p = plan_run(rc, dist);

@@ -106,26 +106,24 @@ inline PipelineTimeline play_pipeline(std::vector<std::vector<PipelineOp>> ops, 
     const int p = int(ops.size()), v = chunks, m = micro_batches;
     PipelineTimeline t;
     t.ops = std::move(ops);
-    // done[forward][virtual stage][micro-batch]: the slot after which it is done (-1: not yet).
-    std::vector<std::vector<int>> done_f(size_t(p) * v, std::vector<int>(m, -1)), done_b = done_f;
+    // done_f/done_b[virtual stage][micro-batch]: finished in an earlier slot (this slot's finishes are
+    // marked after every rank has chosen, so nothing starts on an input finished in the same slot).
+    std::vector<std::vector<bool>> done_f(size_t(p) * v, std::vector<bool>(m, false)), done_b = done_f;
     std::vector<size_t> next(p, 0);
     std::vector<int> held(p, 0);
     t.max_in_flight.assign(p, 0);
     t.op_at.assign(p, {});
-    size_t remaining = 0;
-    for (const auto& ops : t.ops) remaining += ops.size();
-    for (int slot = 0; remaining > 0; ++slot) {
+    size_t total = 0;
+    for (const auto& ops : t.ops) total += ops.size();
+    for (size_t remaining = total, slot = 0; remaining > 0; ++slot) {
         std::vector<std::pair<int, const PipelineOp*>> started;
         for (int r = 0; r < p; ++r) {
             int chosen = -1;
             if (next[r] < t.ops[r].size()) {
                 const PipelineOp& op = t.ops[r][next[r]];
-                const int vs = op.chunk * p + r;
-                bool ready;
-                if (op.forward) ready = vs == 0 || (done_f[vs - 1][op.micro_batch] >= 0 && done_f[vs - 1][op.micro_batch] <= slot);
-                else
-                    ready = done_f[vs][op.micro_batch] >= 0 && done_f[vs][op.micro_batch] <= slot &&
-                            (vs == p * v - 1 || (done_b[vs + 1][op.micro_batch] >= 0 && done_b[vs + 1][op.micro_batch] <= slot));
+                const int vs = op.chunk * p + r, j = op.micro_batch;
+                const bool ready = op.forward ? vs == 0 || done_f[vs - 1][j]
+                                              : done_f[vs][j] && (vs == p * v - 1 || done_b[vs + 1][j]);
                 if (ready) {
                     chosen = int(next[r]);
                     started.push_back({r, &op});
@@ -137,18 +135,15 @@ inline PipelineTimeline play_pipeline(std::vector<std::vector<PipelineOp>> ops, 
             throw std::logic_error(std::string("pipeline schedule ") + name + " deadlocks at slot " + std::to_string(slot) +
                                    ": no rank's next operation has its inputs");
         for (const auto& [r, op] : started) {  // done at the end of this slot
-            const int vs = op->chunk * p + r;
-            (op->forward ? done_f : done_b)[vs][op->micro_batch] = slot + 1;
+            (op->forward ? done_f : done_b)[op->chunk * p + r][op->micro_batch] = true;
             held[r] += op->forward ? 1 : -1;
             t.max_in_flight[r] = std::max(t.max_in_flight[r], held[r]);
             ++next[r];
             --remaining;
         }
-        t.slots = slot + 1;
+        t.slots = int(slot) + 1;
     }
-    for (auto& row : t.op_at) row.resize(t.slots, -1);
-    const double busy = double(m) * v * 2 * p;
-    t.bubble_fraction = 1.0 - busy / (double(p) * t.slots);
+    t.bubble_fraction = 1.0 - double(total) / (double(p) * t.slots);  // each operation is one busy rank-slot
     return t;
 }
 
