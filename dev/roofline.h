@@ -129,13 +129,16 @@ struct H100Model {
     static std::string assumptions() {
         char line[640];
         std::snprintf(line, sizeof line,
-                      "H100 SXM roofline: cublasLt 989 TFLOP/s x %.2f x wave use of 128x256 tiles on 132 SMs (8192^3 at the "
-                      "measured 798 TFLOP/s); tensor-core attention at FlashAttention-2's published 229 (forward) / 238 "
-                      "(backward) TFLOP/s; SIMT attention 67 TFLOP/s FP32 x 0.25, other SIMT 67 x 0.50; HBM 3.35 TB/s x 0.80 "
-                      "x min(1, blocks/132); NVLink 450 GB/s/direction x 0.80 (NCCL bus bytes); PCIe 64 GB/s x 0.40; +3 us "
-                      "per launch, +10 us per collective or host copy; step x %.2f for what a roofline misses (fitted to "
-                      "llm.c's 2.75 s; dev/roofline.h)",
-                      gemm_peak_fraction(), 1 + kUnmodeledStepShare);
+                      "H100 SXM roofline: cublasLt %.0f TFLOP/s x %.2f x wave use of %dx%d tiles on %d SMs (%d^3 at the "
+                      "measured %.0f TFLOP/s); tensor-core attention at FlashAttention-2's published %.0f (forward) / %.0f "
+                      "(backward) TFLOP/s; SIMT attention %.0f TFLOP/s FP32 x 0.25, other SIMT %.0f x 0.50; HBM %.2f TB/s x "
+                      "%.2f x min(1, blocks/%d); NVLink %.0f GB/s/direction x 0.80 (NCCL bus bytes); PCIe %.0f GB/s x 0.40; "
+                      "+3 us per launch, +10 us per collective or host copy; step x %.2f for what a roofline misses (fitted "
+                      "to llm.c's 2.75 s; dev/roofline.h)",
+                      kTensorFlops / 1e12, gemm_peak_fraction(), kGemmTileM, kGemmTileN, kSms, kMeasuredGemmSize,
+                      kMeasuredGemmFlops / 1e12, kFlashAttention2.forward_flops / 1e12,
+                      kFlashAttention2.backward_flops / 1e12, kCudaCoreFlops / 1e12, kCudaCoreFlops / 1e12, kHbmBytes / 1e12,
+                      kHbmEfficiency, kSms, kNvlinkBytes / 1e9, kPcieBytes / 1e9, 1 + kUnmodeledStepShare);
         return line;
     }
 };
