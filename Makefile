@@ -210,7 +210,7 @@ $(CPU_DIR)/test_mpi_%: $(CPU_DIR)/test_mpi_%.o $$(call host_lib,$(CPU_DIR),$$(ca
 define ctest_file
 	@mkdir -p $(1)
 	@printf 'set(TEST_BIN %s)\nset(GPU %s)\nset(ASAN %s)\nset(MPI %s)\nset(MPIRUN mpirun --allow-run-as-root --oversubscribe)\nset(NO_MPI_BUILD %s)\nset(NO_MPI_DEPS %s)\ninclude(%s/test/tests.cmake)\n' \
-	  "$(abspath $(1))" "$(2)" "$(3)" "$(if $(filter 1,$(MPI)),ON,OFF)" "$(abspath $(NO_MPI_CHECK))/cpu-nompi" "$(NO_MPI_DEPS)" "$(CURDIR)" \
+	  "$(abspath $(1))" "$(2)" "$(3)" "$(if $(filter 1,$(MPI)),ON,OFF)" "$(abspath $(NO_MPI_CPU_DIR))" "$(NO_MPI_DEPS)" "$(CURDIR)" \
 	  > $(1)/CTestTestfile.cmake
 endef
 
@@ -228,14 +228,16 @@ $(CPU_DIR)/headers.txt: FORCE | deps-if-missing  # always: the prefix the flags 
 # MPI (MPI=0) and the header-only dependencies from a prefix (scripts/gpu_deps.sh, here from the
 # installed packages). test/test_no_mpi_build.sh runs what it builds.
 # With DEPS_PREFIX given, that prefix is the one checked (no dpkg needed).
+# In PRECISION, as the program it is compared with (the sub-make's CPU_DIR).
 NO_MPI_CHECK := $(BUILD)/no-mpi-check
+NO_MPI_CPU_DIR := $(NO_MPI_CHECK)/cpu$(PRECISION_SUFFIX)-nompi
 NO_MPI_DEPS := $(abspath $(or $(DEPS_PREFIX),$(NO_MPI_CHECK)/deps))
 $(NO_MPI_CHECK)/deps/PACKAGES: scripts/gpu_deps.sh scripts/deps.sh | deps-if-missing
 	scripts/gpu_deps.sh --from-installed $(NO_MPI_CHECK)/deps > /dev/null
 .PHONY: no-mpi-check-build
 no-mpi-check-build: $(if $(DEPS_PREFIX),,$(NO_MPI_CHECK)/deps/PACKAGES)
-	$(MAKE) --no-print-directory MPI=0 DEPS_PREFIX=$(NO_MPI_DEPS) BUILD=$(NO_MPI_CHECK) \
-	  $(addprefix $(NO_MPI_CHECK)/cpu-nompi/,train_gpt_cpu test_config test_mpi_nccl headers.txt)
+	$(MAKE) --no-print-directory MPI=0 PRECISION=$(PRECISION) DEPS_PREFIX=$(NO_MPI_DEPS) BUILD=$(NO_MPI_CHECK) \
+	  $(addprefix $(NO_MPI_CPU_DIR)/,train_gpt_cpu test_config test_mpi_nccl headers.txt)
 
 test: deps-if-missing $(addprefix $(CPU_DIR)/,$(ALL_TEST_NAMES) $(FORWARD_LOGITS)) $(CPU_DIR)/train_gpt_cpu \
   $(CPU_DIR)/CTestTestfile.cmake no-mpi-check-build
