@@ -180,6 +180,7 @@ training_data() {
     echo "$train"; return
   fi
   local synthetic=build/gpu_check_data
+  if [ -f "$synthetic/train_000000.bin" ]; then echo "$synthetic/train_*.bin"; return; fi  # an earlier stage's
   mkdir -p "$synthetic"
   python3 - "$synthetic" <<'PY'
 import random, struct, sys
@@ -257,11 +258,11 @@ stage_sanitize() {
   train=$(training_data)
   # A short run of the small preset (sanitizers slow kernels 10-100x), then kernel tests.
   local run=("$gpu_dir/train_gpt" -e tiny -b 2 -t 64 -x 2 -v 0 -s 0 -n 0 -i "$train")
+  local targets=("train:${run[*]}")
+  for t in "$gpu_dir"/test_kernel_layernorm "$gpu_dir"/test_kernel_attention; do
+    [ -x "$t" ] && targets+=("$(basename "$t"):$t")
+  done
   for tool in memcheck racecheck synccheck; do
-    local targets=("train:${run[*]}")
-    for t in "$gpu_dir"/test_kernel_layernorm "$gpu_dir"/test_kernel_attention; do
-      [ -x "$t" ] && targets+=("$(basename "$t"):$t")
-    done
     for target in "${targets[@]}"; do
       local name=${target%%:*} cmd=${target#*:} rc=0 t0=$SECONDS
       # shellcheck disable=SC2086
