@@ -22,6 +22,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -107,6 +109,11 @@ template <typename T> void add_kernel_pointers(const T& value, MemoryAccess*& ou
 // cudaGetLastError (invalid configuration, deadlock, ...).
 cudaError_t launch_kernel(const KernelLaunch& launch);
 
+// Stream capture (emu/graph.cpp): while `stream` is captured, an operation issued on it is
+// recorded as `replay`, a closure that issues it again (true: it succeeded), instead of running.
+bool capturing(cudaStream_t stream);
+cudaError_t capture(cudaStream_t stream, const char* name, std::function<bool()> replay);
+
 template <typename F> struct kernel_params;
 template <typename... P> struct kernel_params<void (*)(P...)> {
     using tuple = std::tuple<std::decay_t<P>...>;
@@ -120,6 +127,13 @@ cudaError_t launch(const char* name, dim3 grid, dim3 block, size_t dynamic_smem,
     const Params params(std::forward<Args>(args)...);
     auto thread_main = [](const void* p) { std::apply(Kernel, *static_cast<const Params*>(p)); };
     KernelLaunch l{name, reinterpret_cast<const void*>(Kernel), grid, block, dynamic_smem, stream, thread_main, &params};
+    if (capturing(stream)) {  // the arguments copied now, as <<<>>> copies them into the graph node
+        auto saved = std::make_shared<const Params>(params);
+        return capture(stream, name, [=] {
+            return std::apply([&](const auto&... a) { return launch<Kernel>(name, grid, block, dynamic_smem, stream, a...); },
+                              *saved) == cudaSuccess;
+        });
+    }
     constexpr int slots = tuple_pointer_slots<Params>::value;
     MemoryAccess pointers[slots > 0 ? slots : 1];
     if (slots > 0 && racecheck_enabled()) {

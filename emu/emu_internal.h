@@ -28,6 +28,16 @@ bool is_device_allocation(const void* p);
 uint64_t block_serial();
 void kernel_error(const std::string& what);
 
+// Stream capture hooks (emu/graph.cpp; capturing and capture are in cuda_emu.h). Each returns
+// cudaSuccess when the call may go on; otherwise the capture it breaks is invalidated and the
+// error CUDA gives is returned (and recorded).
+cudaError_t capture_unsafe_call(const char* name);  // cudaMalloc, cudaFree, synchronous copies, ...
+cudaError_t capture_host_waits_for_stream(cudaStream_t stream, const char* name);
+cudaError_t capture_host_waits_for_event(cudaEvent_t event, const char* name);
+// cudaEventRecord and cudaStreamWaitEvent: true when the capture took the call (its result in *result).
+bool capture_event_record(cudaEvent_t event, cudaStream_t stream, cudaError_t* result);
+bool capture_stream_wait(cudaStream_t stream, cudaEvent_t event, cudaError_t* result);
+
 // Hooks of the race detector (emu/racecheck.cpp; cuda_emu.h, "Race detection"). The runtime,
 // executor, cuBLASLt and NCCL call them; each does nothing unless race detection is on (and
 // record-only mode is off), except the bookkeeping of allocations, streams and events, which is

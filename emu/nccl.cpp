@@ -48,6 +48,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <thread>
@@ -85,6 +86,13 @@ std::string& last_error() {
     std::fprintf(stderr, "%s: %s (emulated NCCL, MPI rank %d)\n", call, message, world_rank);
     last_error() = std::string(call) + ": " + message;
     return status;
+}
+
+// A collective issued on a captured stream (emu/graph.cpp): recorded with its arguments and issued
+// again at cudaGraphLaunch, where its checks and the ranks' agreement run, as every rank is there.
+ncclResult_t captured(const char* call, cudaStream_t stream, std::function<ncclResult_t()> again) {
+    const cudaError_t e = cuemu::capture(stream, call, [again] { return again() == ncclSuccess; });
+    return e == cudaSuccess ? ncclSuccess : fail(ncclInvalidUsage, call, "stream capture: %s", cudaGetErrorString(e));
 }
 
 ncclResult_t mpi_failed(const char* call, const char* mpi_call, int code) {
@@ -488,6 +496,7 @@ const char* ncclGetErrorString(ncclResult_t result) {
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
     const char* call = "ncclAllReduce";
+    if (cuemu::capturing(stream)) return captured(call, stream, [=] { return ncclAllReduce(sendbuff, recvbuff, count, datatype, op, comm, stream); });
     if (comm == nullptr) return fail(ncclInvalidArgument, call, "comm is NULL");
     ncclResult_t local = check_reduction(call, datatype, op);
     const size_t elem = type_size(datatype);
@@ -517,6 +526,7 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, n
 ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t datatype,
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
     const char* call = "ncclReduceScatter";
+    if (cuemu::capturing(stream)) return captured(call, stream, [=] { return ncclReduceScatter(sendbuff, recvbuff, recvcount, datatype, op, comm, stream); });
     if (comm == nullptr) return fail(ncclInvalidArgument, call, "comm is NULL");
     ncclResult_t local = check_reduction(call, datatype, op);
     const size_t elem = type_size(datatype);
@@ -546,6 +556,7 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
                            ncclComm_t comm, cudaStream_t stream) {
     const char* call = "ncclAllGather";
+    if (cuemu::capturing(stream)) return captured(call, stream, [=] { return ncclAllGather(sendbuff, recvbuff, sendcount, datatype, comm, stream); });
     if (comm == nullptr) return fail(ncclInvalidArgument, call, "comm is NULL");
     ncclResult_t local = check_type(call, datatype);
     const size_t elem = std::max<size_t>(1, type_size(datatype));
@@ -575,6 +586,7 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
                            ncclComm_t comm, cudaStream_t stream) {
     const char* call = "ncclBroadcast";
+    if (cuemu::capturing(stream)) return captured(call, stream, [=] { return ncclBroadcast(sendbuff, recvbuff, count, datatype, root, comm, stream); });
     if (comm == nullptr) return fail(ncclInvalidArgument, call, "comm is NULL");
     ncclResult_t local = check_type(call, datatype);
     const size_t elem = std::max<size_t>(1, type_size(datatype));
@@ -607,6 +619,7 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, n
 ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
                         int root, ncclComm_t comm, cudaStream_t stream) {
     const char* call = "ncclReduce";
+    if (cuemu::capturing(stream)) return captured(call, stream, [=] { return ncclReduce(sendbuff, recvbuff, count, datatype, op, root, comm, stream); });
     if (comm == nullptr) return fail(ncclInvalidArgument, call, "comm is NULL");
     ncclResult_t local = check_reduction(call, datatype, op);
     const size_t elem = type_size(datatype);
@@ -765,6 +778,8 @@ ncclResult_t run_point_to_point(std::vector<PointToPoint>& ops, const char* call
 ncclResult_t point_to_point(bool send, const void* buffer, size_t count, ncclDataType_t datatype, int peer,
                             ncclComm_t comm, cudaStream_t stream) {
     const char* call = send ? "ncclSend" : "ncclRecv";
+    if (cuemu::capturing(stream))  // the group's deferred matching would have to be replayed as a whole
+        return fail(ncclInvalidUsage, call, "point-to-point operations under stream capture are not emulated");
     if (comm == nullptr) return fail(ncclInvalidArgument, call, "comm is NULL");
     if (ncclResult_t r = check_type(call, datatype); r != ncclSuccess) return r;
     if (ncclResult_t r = check_count(call, count, type_size(datatype), 1); r != ncclSuccess) return r;

@@ -130,6 +130,7 @@ using cuemu::record_error;
 
 cudaError_t cudaMalloc(void** ptr, size_t size) {
     if (ptr == nullptr) return record_error(cudaErrorInvalidValue);
+    if (cudaError_t e = cuemu::capture_unsafe_call("cudaMalloc")) return e;
     *ptr = nullptr;
     auto& a = cuemu::allocations();
     {
@@ -158,6 +159,7 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
 
 cudaError_t cudaFree(void* ptr) {
     if (ptr == nullptr) return cudaSuccess;
+    if (cudaError_t e = cuemu::capture_unsafe_call("cudaFree")) return e;
     auto& a = cuemu::allocations();
     size_t size = 0;
     bool reserved = false;
@@ -178,6 +180,7 @@ cudaError_t cudaFree(void* ptr) {
 
 cudaError_t cudaMallocHost(void** ptr, size_t size) {
     if (ptr == nullptr) return record_error(cudaErrorInvalidValue);
+    if (cudaError_t e = cuemu::capture_unsafe_call("cudaMallocHost")) return e;
     *ptr = std::malloc(size == 0 ? 1 : size);
     if (*ptr == nullptr) return record_error(cudaErrorMemoryAllocation);
     cuemu::PinnedAllocations& pinned = cuemu::pinned_allocations();
@@ -187,6 +190,7 @@ cudaError_t cudaMallocHost(void** ptr, size_t size) {
 }
 
 cudaError_t cudaFreeHost(void* ptr) {
+    if (cudaError_t e = cuemu::capture_unsafe_call("cudaFreeHost")) return e;
     {
         cuemu::PinnedAllocations& pinned = cuemu::pinned_allocations();
         std::lock_guard<std::mutex> lock(pinned.mutex);
@@ -256,16 +260,24 @@ cudaError_t fill_bytes(const char* name, void* dst, int value, size_t count, cud
 }  // namespace
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
+    if (cudaError_t e = cuemu::capture_host_waits_for_stream(nullptr, "cudaMemcpy")) return e;
     return copy_bytes("cudaMemcpy", dst, src, count, kind, nullptr, true);
 }
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t stream) {
+    if (cuemu::capturing(stream))
+        return cuemu::capture(stream, "cudaMemcpyAsync", [=] { return cudaMemcpyAsync(dst, src, count, kind, stream) == cudaSuccess; });
     return copy_bytes("cudaMemcpyAsync", dst, src, count, kind, stream, false);
 }
 
-cudaError_t cudaMemset(void* dst, int value, size_t count) { return fill_bytes("cudaMemset", dst, value, count, nullptr); }
+cudaError_t cudaMemset(void* dst, int value, size_t count) {
+    if (cudaError_t e = cuemu::capture_host_waits_for_stream(nullptr, "cudaMemset")) return e;
+    return fill_bytes("cudaMemset", dst, value, count, nullptr);
+}
 
 cudaError_t cudaMemsetAsync(void* dst, int value, size_t count, cudaStream_t stream) {
+    if (cuemu::capturing(stream))
+        return cuemu::capture(stream, "cudaMemsetAsync", [=] { return cudaMemsetAsync(dst, value, count, stream) == cudaSuccess; });
     return fill_bytes("cudaMemsetAsync", dst, value, count, stream);
 }
 
@@ -297,16 +309,19 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+    if (cudaError_t e = cuemu::capture_host_waits_for_stream(stream, "cudaStreamSynchronize")) return e;
     cuemu::count_host_wait();
     cuemu::race::host_waits_for_stream(stream);
     return cudaSuccess;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
+    if (cudaError_t captured; cuemu::capture_stream_wait(stream, event, &captured)) return captured;
     cuemu::race::stream_waits_for_event(stream, event);
     cuemu::report_work({"cudaStreamWaitEvent", cuemu::WorkReport::stream_wait, 0, stream, 0, event});
     return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize() {
+    if (cudaError_t e = cuemu::capture_unsafe_call("cudaDeviceSynchronize")) return e;
     cuemu::count_host_wait();
     cuemu::race::host_waits_for_device();
     return cudaSuccess;
@@ -328,6 +343,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
     if (event == nullptr) return record_error(cudaErrorInvalidResourceHandle);
+    if (cudaError_t captured; cuemu::capture_event_record(event, stream, &captured)) return captured;
     auto* e = reinterpret_cast<EmuEvent*>(event);
     e->when = std::chrono::steady_clock::now();
     e->recorded = true;
@@ -337,11 +353,12 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+    if (cudaError_t e = cuemu::capture_host_waits_for_event(event, "cudaEventSynchronize")) return e;
     cuemu::count_host_wait();
     cuemu::race::host_waits_for_event(event);
     return cudaSuccess;
 }
-cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventQuery(cudaEvent_t event) { return cuemu::capture_host_waits_for_event(event, "cudaEventQuery"); }
 
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
     if (ms == nullptr || start == nullptr || end == nullptr) return record_error(cudaErrorInvalidValue);
@@ -440,6 +457,14 @@ const char* cudaGetErrorName(cudaError_t err) {
         CUEMU_ERROR_NAME(cudaErrorLaunchOutOfResources)
         CUEMU_ERROR_NAME(cudaErrorInvalidDeviceFunction)
         CUEMU_ERROR_NAME(cudaErrorNotSupported)
+        CUEMU_ERROR_NAME(cudaErrorIllegalState)
+        CUEMU_ERROR_NAME(cudaErrorStreamCaptureUnsupported)
+        CUEMU_ERROR_NAME(cudaErrorStreamCaptureInvalidated)
+        CUEMU_ERROR_NAME(cudaErrorStreamCaptureMerge)
+        CUEMU_ERROR_NAME(cudaErrorStreamCaptureUnmatched)
+        CUEMU_ERROR_NAME(cudaErrorStreamCaptureUnjoined)
+        CUEMU_ERROR_NAME(cudaErrorStreamCaptureIsolation)
+        CUEMU_ERROR_NAME(cudaErrorStreamCaptureImplicit)
 #undef CUEMU_ERROR_NAME
         default: return "cudaErrorUnknown";
     }
@@ -458,6 +483,15 @@ const char* cudaGetErrorString(cudaError_t err) {
         case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
         case cudaErrorInvalidDeviceFunction: return "invalid device function";
         case cudaErrorNotSupported: return "operation not supported";
+        // The CUDA runtime's own wording (driver_types.h).
+        case cudaErrorIllegalState: return "the resource is not in a valid state to perform the requested operation";
+        case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+        case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+        case cudaErrorStreamCaptureMerge: return "operation would result in a merge of separate capture sequences";
+        case cudaErrorStreamCaptureUnmatched: return "capture was not ended in the same stream as it began";
+        case cudaErrorStreamCaptureUnjoined: return "capturing stream has unjoined work";
+        case cudaErrorStreamCaptureIsolation: return "dependency created on uncaptured work in another stream";
+        case cudaErrorStreamCaptureImplicit: return "operation would make the legacy stream depend on a capturing blocking stream";
         default: return "unknown error";
     }
 }

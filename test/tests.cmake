@@ -67,6 +67,11 @@ if(NOT GPU)
   # Where a GPU's host would wait (cuemu::host_waits): a training step's waits do not grow with micro-steps.
   add_test(test_emu_host_waits ${TEST_BIN}/test_emu_host_waits)
   set_tests_properties(test_emu_host_waits PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
+  # Stream capture and CUDA graphs (emu/graph.cpp): CUDA's capture rules, under two schedule orders.
+  foreach(order forward random)
+    add_test(test_emu_graphs_${order} ${TEST_BIN}/test_emu_graphs)
+    set_tests_properties(test_emu_graphs_${order} PROPERTIES ENVIRONMENT "CUEMU_SCHEDULE=${order};CUEMU_SEED=12345;CUEMU_RACECHECK=1")
+  endforeach()
 endif()
 
 # NCCL collectives across ranks (skipped, exit 77, on a GPU node with fewer GPUs than ranks), and on one.
