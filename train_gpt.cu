@@ -187,7 +187,9 @@ struct BackwardBuffers {
     floatX* dbuf_c;     // (B, T, C) gradient of a C-wide activation (lnf, ln2, atty, ln1)
     floatX* dbuf_4c;    // (B, T, 4C) gradient of fch, or of qkv (3C wide)
     float* scratch;     // per-block partial sums of the deterministic reductions
-    int* encoder_scratch;
+    int* encoder_scratch;  // the encoder backward's grouping of the micro-batch (kernels/encoder.cuh)
+    float* grad_scale;     // dloss/dlogits' scale, 1 / (the step's valid targets): on the device, so
+                           // that a captured micro-step (CUDA graph) replays for every step
 };
 
 struct GPT2 {
@@ -225,6 +227,7 @@ struct GPT2 {
         int* targets = nullptr;
         int* doc_start = nullptr;
         int* grouping = nullptr;  // encoder_backward_scratch_ints
+        float* grad_scale = nullptr;
         EncoderGrouping encoder;  // made from `inputs` for the backward pass (count 0: not yet)
         cudaEvent_t copied = nullptr;
     };
@@ -299,6 +302,7 @@ inline MemoryPlan gpt2_memory_plan(const GPT2Config& c, int B, int T, const Shar
                                      global_norm_scratch_floats(shard.optimizer_size()), size_t(1)});
     plan.add("scratch", "workspace", scratch * F);
     plan.add("grad_norm", "workspace", F);
+    plan.add("grad_scale", "workspace", F);
     plan.add("encoder_scratch", "workspace", encoder_backward_scratch_ints(B, T, options.doc_positions) * I);
     plan.add("inputs", "workspace", BT * I);
     plan.add("targets", "workspace", BT * I);
@@ -376,11 +380,12 @@ inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int 
     const size_t BT = size_t(B) * T, grouping_ints = encoder_backward_scratch_ints(B, T, options.doc_positions);
     for (GPT2::UploadSlot& up : model.uploads) {  // page-locked host memory: not in the device plan
         int* block = nullptr;
-        CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&block), (3 * BT + grouping_ints) * sizeof(int)));
+        CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&block), (3 * BT + grouping_ints + 1) * sizeof(int)));
         up.inputs = block;
         up.targets = block + BT;
         up.doc_start = block + 2 * BT;
         up.grouping = block + 3 * BT;
+        up.grad_scale = reinterpret_cast<float*>(block + 3 * BT + grouping_ints);
         CUDA_CHECK(cudaEventCreateWithFlags(&up.copied, cudaEventDisableTiming));
     }
     model.matmul.autotune = options.matmul_autotune;
@@ -426,6 +431,7 @@ inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int 
     b.dbuf_4c = m.get<floatX>("dbuf_4c");
     b.scratch = m.get<float>("scratch");
     b.encoder_scratch = m.get<int>("encoder_scratch");
+    b.grad_scale = m.get<float>("grad_scale");
     model.targets = m.get<int>("targets");
 }
 
@@ -570,17 +576,21 @@ inline EncoderGrouping encoder_grouping_of(const GPT2& model, const GPT2::Upload
 // step), known before backward, so the step's loss is a mean over tokens, never a mean of means.
 // gpt2_forward_queue queues it on model.stream and returns without waiting for the device (the
 // losses are in acts.losses when the stream gets there); gpt2_forward waits and returns the sum of
-// the per-token losses (0 without targets).
+// the per-token losses (0 without targets). It is two parts: gpt2_upload, the host's (checks and
+// copies that depend on the batch), and gpt2_forward_kernels, the device's, which depends only on the
+// shapes and so may be captured into a CUDA graph (train_step).
 
-inline void gpt2_forward_queue(GPT2& model, const int* inputs_host, const int* targets_host, int B, int T,
-                               float grad_scale) {
+// Checks the batch and copies it to the device on model.stream from page-locked memory: token ids,
+// targets, document starts and, when a backward pass follows (grad_scale > 0), the encoder backward's
+// grouping of the tokens and grad_scale itself.
+inline void gpt2_upload(GPT2& model, const int* inputs_host, const int* targets_host, int B, int T, float grad_scale) {
     const auto fail = [](const std::string& what) { throw TrainGptError("gpt2_forward: " + what); };
     if (B < 1 || B > model.max_batch || T < 1 || T > model.max_tokens)
         fail("B = " + std::to_string(B) + ", T = " + std::to_string(T) + " exceed the allocated " +
              std::to_string(model.max_batch) + " x " + std::to_string(model.max_tokens));
     if (targets_host && !model.targets) fail("an inference model (ModelOptions::inference) computes no losses");
     const GPT2Config& cfg = model.config;
-    const int C = cfg.channels, V = cfg.vocab_size, Vp = cfg.padded_vocab_size;
+    const int V = cfg.vocab_size;
     const int BT = B * T;
     for (int i = 0; i < BT; ++i) {
         if (inputs_host[i] < 0 || inputs_host[i] >= V)
@@ -593,7 +603,6 @@ inline void gpt2_forward_queue(GPT2& model, const int* inputs_host, const int* t
     model.B = B;
     model.T = T;
     cudaStream_t stream = model.stream;
-    const Matmul& mm = model.matmul;
     GPT2::UploadSlot& up = next_upload_slot(model);
     std::copy(inputs_host, inputs_host + BT, up.inputs);
     CUDA_CHECK(cudaMemcpyAsync(model.inputs, up.inputs, BT * sizeof(int), cudaMemcpyHostToDevice, stream));
@@ -606,9 +615,29 @@ inline void gpt2_forward_queue(GPT2& model, const int* inputs_host, const int* t
         CUDA_CHECK(cudaMemcpyAsync(model.doc_start, up.doc_start, BT * sizeof(int), cudaMemcpyHostToDevice, stream));
     }
     // A backward pass follows (dlogits are written): its grouping now, while the device runs ahead.
-    if (grad_scale > 0.0f) up.encoder = encoder_grouping_of(model, up);
+    if (grad_scale > 0.0f && targets_host) {
+        up.encoder = encoder_grouping_of(model, up);
+        *up.grad_scale = grad_scale;
+        CUDA_CHECK(cudaMemcpyAsync(model.bwd.encoder_scratch, up.encoder.ints, up.encoder.count * sizeof(int),
+                                   cudaMemcpyHostToDevice, stream));
+        CUDA_CHECK(cudaMemcpyAsync(model.bwd.grad_scale, up.grad_scale, sizeof(float), cudaMemcpyHostToDevice, stream));
+    }
     CUDA_CHECK(cudaEventRecord(up.copied, stream));
+    if (targets_host) {
+        int valid = 0;
+        for (int i = 0; i < BT; ++i) valid += targets_host[i] != -1;
+        model.valid_targets = valid;
+    }
+}
 
+// The forward pass's kernels over the uploaded batch of model.B x model.T: with targets the losses,
+// and with write_dlogits dlogits too (scaled by the uploaded grad_scale).
+inline void gpt2_forward_kernels(GPT2& model, bool with_targets, bool write_dlogits) {
+    const GPT2Config& cfg = model.config;
+    const int C = cfg.channels, V = cfg.vocab_size, Vp = cfg.padded_vocab_size;
+    const int B = model.B, T = model.T, BT = B * T;
+    cudaStream_t stream = model.stream;
+    const Matmul& mm = model.matmul;
     ParameterTensors& p = model.params;
     ActivationTensors& a = model.acts;
 
@@ -621,12 +650,14 @@ inline void gpt2_forward_queue(GPT2& model, const int* inputs_host, const int* t
 
     // Tied output head: logits = lnf @ wte^T over the padded vocabulary.
     matmul_forward(mm, a.logits, a.lnf, p.wte, nullptr, BT, C, Vp, stream);
-    if (!targets_host) return;
+    if (!with_targets) return;
+    fused_classifier(a.logits, a.losses, model.targets, model.bwd.grad_scale, BT, V, Vp, write_dlogits, stream);
+}
 
-    fused_classifier(a.logits, a.losses, model.targets, grad_scale, BT, V, Vp, grad_scale > 0.0f, stream);
-    int valid = 0;
-    for (int i = 0; i < BT; ++i) valid += targets_host[i] != -1;
-    model.valid_targets = valid;
+inline void gpt2_forward_queue(GPT2& model, const int* inputs_host, const int* targets_host, int B, int T,
+                               float grad_scale) {
+    gpt2_upload(model, inputs_host, targets_host, B, T, grad_scale);
+    gpt2_forward_kernels(model, targets_host != nullptr, targets_host != nullptr && grad_scale > 0.0f);
 }
 
 // The sum of n per-token losses copied to the host, in position order (double: deterministic).
@@ -783,11 +814,10 @@ inline void gpt2_backward(GPT2& model, const std::function<void(int)>& layer_don
                            BT, C, stream);
         if (layer_done) layer_done(l);
     }
-    // Embeddings: deterministic, grouped by token on the host (made by the forward pass that wrote dlogits).
-    GPT2::UploadSlot& up = model.uploads[model.upload_slot];
-    if (up.encoder.count == 0) up.encoder = encoder_grouping_of(model, up);
+    // Embeddings: deterministic, grouped by token on the host (uploaded by the forward pass that wrote dlogits).
+    const GPT2::UploadSlot& up = model.uploads[model.upload_slot];
+    if (up.encoder.count == 0) throw TrainGptError("gpt2_backward: the forward pass before it wrote no dlogits (grad_scale 0)");
     encoder_backward(g.wte, g.wpe, b.encoder_scratch, b.dresidual, up.encoder, B, T, C, stream);
-    CUDA_CHECK(cudaEventRecord(up.copied, stream));
     if (layer_done) layer_done(-1);
 }
 
@@ -807,7 +837,23 @@ struct Trainer {
     // the host wait, and it queues the next micro-step while the device computes this one.
     float* step_losses = nullptr;
     size_t step_losses_capacity = 0;  // floats
+    // ModelOptions::cuda_graphs: the device work of a micro-step captured once into a CUDA graph and
+    // replayed, [0] forward and backward, [1] the same and the gradient reduction; for micro-batches of
+    // graph_B x graph_T. Captured at first use after one eager step (cuBLASLt's heuristics and
+    // --matmul-autotune's timing run outside any capture).
+    cudaGraphExec_t micro_step_graphs[2] = {nullptr, nullptr};
+    size_t micro_step_graph_nodes[2] = {0, 0};  // operations in each, as captured
+    int graph_B = 0, graph_T = 0;
+    int64_t steps_run = 0;  // train_step calls so far
 };
+
+inline void drop_micro_step_graphs(Trainer& tr) {
+    for (cudaGraphExec_t& g : tr.micro_step_graphs) {
+        if (g) CUDA_CHECK(cudaGraphExecDestroy(g));
+        g = nullptr;
+    }
+    tr.micro_step_graph_nodes[0] = tr.micro_step_graph_nodes[1] = 0;
+}
 
 // Room for n floats of losses (the previous step's copies are done: train_step waits for them).
 inline float* reserve_step_losses(Trainer& tr, size_t n) {
@@ -844,6 +890,7 @@ inline void trainer_build(Trainer& tr, const Distributed& dist, const GPT2Config
 inline void trainer_start(Trainer& tr) { optimizer_start(tr.optimizer, tr.model.params_memory, tr.model.stream); }
 
 inline void trainer_free(Trainer& tr) {
+    drop_micro_step_graphs(tr);
     if (tr.step_losses) CUDA_CHECK(cudaFreeHost(tr.step_losses));
     tr.step_losses = nullptr;
     tr.step_losses_capacity = 0;
@@ -894,6 +941,69 @@ inline float global_gradient_norm(Trainer& tr) {
 // every checkpoint, so that no checkpoint of a diverged model is ever written).
 inline float parameter_norm(Trainer& tr) { return all_ranks_norm(tr, tr.model.params_memory + tr.model.shard.optimizer_begin()); }
 
+// The device work of one micro-step whose batch is uploaded (gpt2_upload): forward, backward and, when
+// `reduce`, the reduction of the gradients on the communication stream, joined back into the compute
+// stream. Nothing here depends on the batch's values, so it can be captured (run_micro_step).
+inline void micro_step_device_work(Trainer& tr, bool reduce) {
+    GPT2& m = tr.model;
+    gpt2_forward_kernels(m, /*with_targets=*/true, /*write_dlogits=*/true);
+    auto layer_done = [&](int l) { reduce_layer_gradients(tr, l); };
+    auto before_layer = [&](int l) {  // stage 2: the layer buffer must be reduced before it is reused
+        if (m.shard.zero_stage == 2 && l + 2 < m.config.num_layers)
+            CUDA_CHECK(cudaStreamWaitEvent(m.stream, tr.layer_buffer_free[l % 2], 0));
+    };
+    gpt2_backward(m, reduce ? std::function<void(int)>(layer_done) : std::function<void(int)>(), before_layer);
+    if (!reduce) return;
+    // The next micro-step (or the optimizer) overwrites or reads what the reduction uses: wait for it.
+    CUDA_CHECK(cudaEventRecord(tr.dist.comm_done, tr.dist.comm_stream));
+    CUDA_CHECK(cudaStreamWaitEvent(m.stream, tr.dist.comm_done, 0));
+}
+
+// One micro-step's device work: launched kernel by kernel, or with ModelOptions::cuda_graphs replayed
+// from a CUDA graph (CUDA C++ Programming Guide, "CUDA Graphs"): one host call instead of one per
+// operation (323 for a d12 micro-step, 499 with the reduction), so the GPU never waits for the host
+// between kernels.
+// The graph is captured from the same calls the eager path makes, so the step computes the same bits.
+inline void run_micro_step(Trainer& tr, bool reduce) {
+    GPT2& m = tr.model;
+    // Eager: without graphs, on the first step (heuristics and autotuning synchronize), and while the
+    // launches are being recorded one by one (--profile-step, the roofline tool).
+    if (!m.options.cuda_graphs || tr.steps_run == 0 || launch_record::recording()) {
+        micro_step_device_work(tr, reduce);
+        return;
+    }
+    if (m.B != tr.graph_B || m.T != tr.graph_T) drop_micro_step_graphs(tr);
+    cudaGraphExec_t& exec = tr.micro_step_graphs[reduce];
+    if (exec == nullptr) {
+        const auto capture_failed = [&](const std::string& why) {
+            cudaGraph_t partial = nullptr;
+            (void)cudaStreamEndCapture(m.stream, &partial);
+            if (partial) (void)cudaGraphDestroy(partial);
+            (void)cudaGetLastError();
+            throw TrainGptError("--cuda-graphs: capturing the micro-step failed: " + why +
+                                " (--cuda-graphs off runs it without graphs)");
+        };
+        CUDA_CHECK(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal));
+        try {
+            micro_step_device_work(tr, reduce);
+        } catch (const TrainGptError& e) {
+            capture_failed(e.what());
+        }
+        cudaGraph_t graph = nullptr;
+        if (const cudaError_t ended = cudaStreamEndCapture(m.stream, &graph); ended != cudaSuccess)
+            capture_failed(cudaGetErrorString(ended));
+        CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &tr.micro_step_graph_nodes[reduce]));
+        CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        CUDA_CHECK(cudaGraphDestroy(graph));
+        tr.graph_B = m.B;
+        tr.graph_T = m.T;
+        if (tr.dist.rank == 0)
+            std::printf("cuda graph: the micro-step%s captured once (%zu operations), replayed from now on\n",
+                        reduce ? " with its gradient reduction" : "", tr.micro_step_graph_nodes[reduce]);
+    }
+    CUDA_CHECK(cudaGraphLaunch(exec, m.stream));
+}
+
 struct StepResult {
     double loss = 0;            // mean over the step's valid targets, all micro-steps and ranks
     float grad_norm = 0;        // before clipping
@@ -924,21 +1034,13 @@ inline StepResult train_step(Trainer& tr, const std::vector<const int*>& inputs,
     float* losses = reserve_step_losses(tr, micro_steps * BT);
     for (size_t s = 0; s < micro_steps; ++s) {
         progress(tr, "a training step", tr.optimizer.step + 1);
-        gpt2_forward_queue(m, inputs[s], targets[s], B, T, grad_scale);
-        CUDA_CHECK(cudaMemcpyAsync(losses + s * BT, m.acts.losses, BT * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
+        gpt2_upload(m, inputs[s], targets[s], B, T, grad_scale);
         // Stages 0-1 accumulate full gradients over the micro-steps and reduce after the last one;
         // stage 2 keeps no full gradients, so it reduces after every micro-step.
-        const bool reduce = sh.zero_stage == 2 || s + 1 == micro_steps;
-        auto layer_done = [&](int l) { reduce_layer_gradients(tr, l); };
-        auto before_layer = [&](int l) {  // stage 2: the layer buffer must be reduced before it is reused
-            if (sh.zero_stage == 2 && l + 2 < m.config.num_layers)
-                CUDA_CHECK(cudaStreamWaitEvent(m.stream, tr.layer_buffer_free[l % 2], 0));
-        };
-        gpt2_backward(m, reduce ? std::function<void(int)>(layer_done) : std::function<void(int)>(), before_layer);
-        // The next micro-step overwrites buffers the reduction reads: wait for it.
-        CUDA_CHECK(cudaEventRecord(tr.dist.comm_done, tr.dist.comm_stream));
-        CUDA_CHECK(cudaStreamWaitEvent(m.stream, tr.dist.comm_done, 0));
+        run_micro_step(tr, sh.zero_stage == 2 || s + 1 == micro_steps);
+        CUDA_CHECK(cudaMemcpyAsync(losses + s * BT, m.acts.losses, BT * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
     }
+    ++tr.steps_run;
     CUDA_CHECK(cudaStreamSynchronize(m.stream));  // the step's one wait before its norm: the losses are here
     double loss_sum = 0;
     for (size_t s = 0; s < micro_steps; ++s) loss_sum += sum_of_losses(losses + s * BT, BT);  // as micro-step sums
@@ -1035,7 +1137,8 @@ inline RunPlan plan_run(const RunConfig& rc, const Distributed& dist) {
     p.config = with_shape_flags(model_config_of(rc.model, rc.seq_len, &p.checkpoint), rc.layers, rc.heads, rc.channels,
                                 p.checkpoint);
     p.options = {.recompute = recompute_of(rc.recompute), .attention = attention_of(rc.attention, kEmulatedDevice),
-                 .doc_mask = rc.doc_mask, .doc_positions = rc.doc_positions, .matmul_autotune = rc.matmul_autotune};
+                 .doc_mask = rc.doc_mask, .doc_positions = rc.doc_positions, .matmul_autotune = rc.matmul_autotune,
+                 .cuda_graphs = rc.cuda_graphs == "on"};
     if (const std::string problem = gpt2_check_build(p.config, rc.batch_size, rc.seq_len, rc.zero_stage, p.options);
         !problem.empty())  // named with the shape flags where they made the shape
         throw std::runtime_error(model_label(rc) == rc.model ? problem : "-e " + model_label(rc) + ": " + problem);

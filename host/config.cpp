@@ -111,6 +111,10 @@ inline const std::vector<Option>& options() {
         {"Parallelism and memory", 0, "matmul-autotune", &R::matmul_autotune,
          "at each GEMM shape's first use, time cuBLASLt's best candidates (up to 8) and keep the fastest; off: the "
          "heuristic's first. Picks by timing can differ between runs and ranks, and so can the results' last bits"},
+        {"Parallelism and memory", 0, "cuda-graphs", &R::cuda_graphs,
+         "after the first step, capture each micro-step's forward, backward and gradient reduction into a CUDA "
+         "graph once and replay it (one launch instead of one per kernel); off: launch every kernel",
+         nullptr, {"on", "off"}},
         {"Checkpoint", 'n', "checkpoint-every", &R::checkpoint_every, "write a checkpoint every N steps; 0 = never"},
         {"Checkpoint", 0, "keep-last", &R::keep_last, "checkpoints to keep; 0 = all"},
         {"Checkpoint", 'y', "resume", &R::resume, "resume from the latest checkpoint in -o"},

@@ -65,6 +65,7 @@ struct RunConfig {
     double max_memory = 0.0;  // GiB; 0 = the device's
     std::string attention = "auto";  // resolved by attention_of (host/model_config.h)
     bool matmul_autotune = false;    // time cuBLASLt's candidates per GEMM shape (kernels/matmul.cuh)
+    std::string cuda_graphs = "on";  // on | off: replay each micro-step from a CUDA graph (train_gpt.cu, run_micro_step)
     // checkpoints
     int64_t checkpoint_every = 0;  // 0 = never
     int keep_last = 0;             // 0 = keep all

@@ -200,4 +200,5 @@ struct ModelOptions {
     // buffers, and a key/value cache for one sequence of up to the build's B x T positions.
     bool inference = false;
     bool matmul_autotune = false;  // Matmul::autotune (kernels/matmul.cuh)
+    bool cuda_graphs = false;      // replay each micro-step from a CUDA graph (train_gpt.cu, run_micro_step)
 };

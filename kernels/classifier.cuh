@@ -21,7 +21,7 @@
 constexpr int kClassifierBlockSize = 256;
 
 static __global__ void __launch_bounds__(kClassifierBlockSize)
-    fused_classifier_kernel(floatX* logits, float* losses, const int* targets, float dloss, int V, int Vp,
+    fused_classifier_kernel(floatX* logits, float* losses, const int* targets, const float* dloss, int V, int Vp,
                             bool write_dlogits) {
     constexpr int kPack = Packed128<floatX>::size;
     __shared__ float reduce_scratch[kBlockReduceScratch];
@@ -64,7 +64,7 @@ static __global__ void __launch_bounds__(kClassifierBlockSize)
     if (!write_dlogits) return;
 
     const float inverse_sum = 1.0f / row_sum;
-    const float scale = valid ? dloss : nan;
+    const float scale = valid ? *dloss : nan;
     for (int j = threadIdx.x * kPack; j < Vp; j += blockDim.x * kPack) {
         const Packed128<floatX> x = load128cs(row + j);  // the last read of these logits
         Packed128<floatX> grad;
@@ -91,14 +91,17 @@ inline std::string classifier_requirements(int V, int Vp) {
 }
 
 // logits (N, Vp) become dlogits in place when write_dlogits; losses (N) are written; targets (N)
-// are in [0, V) or -1 (ignored). dloss: 1 / (number of valid targets in the optimizer step).
-inline void fused_classifier(floatX* logits, float* losses, const int* targets, float dloss, int N, int V, int Vp,
+// are in [0, V) or -1 (ignored). *dloss (device memory, read only when write_dlogits): 1 / (number of
+// valid targets in the optimizer step), which changes every step; read on the device, so that a
+// captured CUDA graph replays for any step.
+inline void fused_classifier(floatX* logits, float* losses, const int* targets, const float* dloss, int N, int V, int Vp,
                              bool write_dlogits, cudaStream_t stream) {
     require_supported("fused_classifier", classifier_requirements(V, Vp));
     require_supported("fused_classifier", N < 0 ? "classifier: N = " + std::to_string(N) + " is negative" : "");
     require_supported("fused_classifier", N > 0 && (logits == nullptr || losses == nullptr || targets == nullptr)
                                               ? "classifier: logits, losses or targets is NULL"
                                               : "");
+    require_supported("fused_classifier", write_dlogits && dloss == nullptr ? "classifier: dloss is NULL" : "");
     require_supported("fused_classifier", reinterpret_cast<uintptr_t>(logits) % 16 != 0
                                               ? "classifier: logits is not 16-byte aligned"
                                               : "");

@@ -65,40 +65,48 @@ inline void encoder_forward(floatX* out, const int* inp, const floatX* wte, cons
 }
 
 // ---------------------------------------------------------------------------------------------
-// Backward. The scratch buffer holds the grouping the host computed from the token ids:
+// Backward. The scratch buffer holds the grouping the host computed from the token ids, at offsets
+// fixed by N = B*T alone (so that a captured CUDA graph replays for any batch; only the values change):
 //   positions[N]        every position b*T+t, grouped by token, increasing within a group
-//   group_start[G + 1]  group g owns positions[group_start[g] .. group_start[g+1])
-//   group_token[G]      the token of group g
-// G (distinct tokens) <= N = B*T, hence 3N + 1 ints at most. With document positions a second
-// grouping follows, by restarted position (G' <= T groups): N + 2T + 1 ints more.
+//   group_start[N + 1]  group g owns positions[group_start[g] .. group_start[g+1]); G + 1 used
+//   group_token[N]      the token of group g; G used
+//   groups[1]           G, the number of distinct tokens (<= N)
+// hence 3N + 2 ints. With document positions a second grouping follows, by restarted position
+// (G' <= T groups), laid out the same way with T in place of N in the group arrays: N + 2T + 2 ints.
 
 inline size_t encoder_backward_scratch_ints(int B, int T, bool doc_positions = false) {
     const size_t N = size_t(B) * size_t(T);
-    return 3 * N + 1 + (doc_positions ? N + 2 * size_t(T) + 1 : 0);
+    return 3 * N + 2 + (doc_positions ? N + 2 * size_t(T) + 2 : 0);
 }
 
+// Blocks of the grouped sums: each takes groups blockIdx.x, + gridDim.x, ... of the *groups there
+// are (the largest first, see write_grouping). A fixed grid, so the launch does not depend on G.
+constexpr unsigned kEncoderGroupBlocks = 1024;
+
 // dgrad[group_token[g],:] += group g's dout rows summed in increasing position order: dwte by token,
-// or dwpe by restarted position. grid.x: groups, grid.y * blockDim.x threads of 8 channels each cover C.
+// or dwpe by restarted position. grid.y * blockDim.x threads of 8 channels each cover C.
 static __global__ void encoder_backward_wte_kernel(floatX* dwte, const int* positions, const int* group_start,
-                                            const int* group_token, const floatX* dout, int C) {
+                                            const int* group_token, const int* groups, const floatX* dout, int C) {
     using Pack = Packed128<floatX>;
     constexpr int kPacks = kEncoderChannelsPerThread / Pack::size;
     const int c0 = int(blockIdx.y * blockDim.x + threadIdx.x) * kEncoderChannelsPerThread;
     if (c0 >= C) return;
-    const int group = int(blockIdx.x);
-    float sum[kEncoderChannelsPerThread] = {};
-    for (int i = group_start[group]; i < group_start[group + 1]; ++i) {
-        const floatX* row = dout + size_t(positions[i]) * C + c0;
-        for (int p = 0; p < kPacks; ++p) {
-            const Pack d = load128(row + p * Pack::size);
-            for (int k = 0; k < Pack::size; ++k) sum[p * Pack::size + k] += to_float(d[k]);
+    const int group_count = *groups;
+    for (int group = int(blockIdx.x); group < group_count; group += int(gridDim.x)) {
+        float sum[kEncoderChannelsPerThread] = {};
+        for (int i = group_start[group]; i < group_start[group + 1]; ++i) {
+            const floatX* row = dout + size_t(positions[i]) * C + c0;
+            for (int p = 0; p < kPacks; ++p) {
+                const Pack d = load128(row + p * Pack::size);
+                for (int k = 0; k < Pack::size; ++k) sum[p * Pack::size + k] += to_float(d[k]);
+            }
         }
-    }
-    floatX* grad = dwte + size_t(group_token[group]) * C + c0;
-    for (int p = 0; p < kPacks; ++p) {
-        Pack g = load128(grad + p * Pack::size);
-        for (int k = 0; k < Pack::size; ++k) g[k] = from_float<floatX>(to_float(g[k]) + sum[p * Pack::size + k]);
-        store128(grad + p * Pack::size, g);
+        floatX* grad = dwte + size_t(group_token[group]) * C + c0;
+        for (int p = 0; p < kPacks; ++p) {
+            Pack g = load128(grad + p * Pack::size);
+            for (int k = 0; k < Pack::size; ++k) g[k] = from_float<floatX>(to_float(g[k]) + sum[p * Pack::size + k]);
+            store128(grad + p * Pack::size, g);
+        }
     }
 }
 
@@ -121,19 +129,29 @@ static __global__ void encoder_backward_wpe_kernel(floatX* dwpe, const floatX* d
 
 namespace encoder_detail {
 
-// The ints of one grouping of N positions into G groups: positions[N], group_start[G + 1], group_key[G].
-inline size_t grouping_ints(int N, int G) { return size_t(N) + 2 * size_t(G) + 1; }
+// The ints of one grouping of N positions into at most M groups: positions[N], group_start[M + 1],
+// group_key[M], groups[1] (see above).
+inline size_t grouping_ints(int N, int M) { return size_t(N) + 2 * size_t(M) + 2; }
 
-// Writes at `out` the positions 0..N-1 grouped by key (keys[i] = key << 32 | position, sorted), as
-// positions[N], group_start[G + 1], group_key[G] (see above); returns G. The largest groups go
-// first: their blocks have the longest sums, and blocks start roughly in blockIdx order, so this
-// balances the GPU. Ties keep key order (deterministic).
-inline int write_grouping(int* out, const std::vector<uint64_t>& keys) {
+// The parts of a grouping at `base` (host or device memory), at the offsets fixed by N and M.
+struct GroupingParts {
+    const int *positions, *group_start, *group_key, *groups;
+};
+inline GroupingParts grouping_parts(const int* base, int N, int M) {
+    return {base, base + N, base + size_t(N) + M + 1, base + size_t(N) + 2 * size_t(M) + 1};
+}
+
+// Writes at `out` the positions 0..N-1 grouped by key (keys[i] = key << 32 | position, sorted) in the
+// layout above for at most M groups; returns G. The largest groups go first: their blocks have the
+// longest sums, and blocks start roughly in blockIdx order, so this balances the GPU. Ties keep key
+// order (deterministic).
+inline int write_grouping(int* out, const std::vector<uint64_t>& keys, int M) {
     const int N = int(keys.size());
     std::vector<int> run_start;  // start of each key's run in keys
     for (int i = 0; i < N; ++i)
         if (i == 0 || keys[i] >> 32 != keys[i - 1] >> 32) run_start.push_back(i);
     const int G = int(run_start.size());
+    if (G > M) throw TrainGptError("encoder_backward: " + std::to_string(G) + " groups exceed the " + std::to_string(M) + " planned");
     run_start.push_back(N);
     std::vector<int> order(G);
     for (int g = 0; g < G; ++g) order[g] = g;
@@ -142,7 +160,7 @@ inline int write_grouping(int* out, const std::vector<uint64_t>& keys) {
     });
     int* positions = out;
     int* group_start = positions + N;
-    int* group_key = group_start + G + 1;
+    int* group_key = group_start + M + 1;
     int filled = 0;
     for (int g = 0; g < G; ++g) {
         const int run = order[g];
@@ -151,18 +169,19 @@ inline int write_grouping(int* out, const std::vector<uint64_t>& keys) {
         for (int i = run_start[run]; i < run_start[run + 1]; ++i) positions[filled++] = int(uint32_t(keys[i]));
     }
     group_start[G] = filled;
+    group_key[M] = G;  // groups[0]
     return G;
 }
 
 }  // namespace encoder_detail
 
 // The grouping of one micro-batch's token ids (and, with doc_start_host, (B, T) document starts for
-// --doc-positions, its restarted positions), written to `grouping` (room for
-// encoder_backward_scratch_ints ints). It needs only the host's copy of the batch, so it is made when
-// the batch is known, and the backward pass only copies it.
+// --doc-positions, its restarted positions), written to `grouping` (encoder_backward_scratch_ints
+// ints, the layout above). It needs only the host's copy of the batch, so it is made when the batch
+// is known, and copied to the device with the batch.
 struct EncoderGrouping {
     const int* ints = nullptr;  // host memory: by token, then (doc positions) by restarted position
-    size_t count = 0;           // ints used
+    size_t count = 0;           // ints to copy: encoder_backward_scratch_ints
     int groups = 0;             // G
     int position_groups = -1;   // G'; -1: dwpe by t (no document positions)
 };
@@ -182,8 +201,8 @@ inline EncoderGrouping encoder_backward_grouping(int* grouping, const int* inp_h
     std::sort(keys.begin(), keys.end());
     EncoderGrouping g;
     g.ints = grouping;
-    g.groups = encoder_detail::write_grouping(grouping, keys);
-    g.count = encoder_detail::grouping_ints(N, g.groups);
+    g.groups = encoder_detail::write_grouping(grouping, keys, N);
+    g.count = encoder_backward_scratch_ints(B, T, doc_start_host != nullptr);
     if (doc_start_host != nullptr) {
         for (int i = 0; i < N; ++i) {
             const int position = i % T - doc_start_host[i];
@@ -193,46 +212,42 @@ inline EncoderGrouping encoder_backward_grouping(int* grouping, const int* inp_h
             keys[i] = uint64_t(uint32_t(position)) << 32 | uint32_t(i);
         }
         std::sort(keys.begin(), keys.end());
-        g.position_groups = encoder_detail::write_grouping(grouping + g.count, keys);
-        g.count += encoder_detail::grouping_ints(N, g.position_groups);
+        g.position_groups = encoder_detail::write_grouping(grouping + encoder_detail::grouping_ints(N, N), keys, T);
     }
     return g;
 }
 
-// dwte (and dwpe) from a grouping made by encoder_backward_grouping. Its ints are copied to `scratch`
-// on the stream with cudaMemcpyAsync: from page-locked memory (cudaMallocHost) the host does not wait,
-// and the memory must stay unchanged until the stream has done the copy; from pageable memory the copy
-// is staged before the call returns, and the driver may first wait for the stream (CUDA Runtime API,
-// "API synchronization behavior").
-inline void encoder_backward(floatX* dwte, floatX* dwpe, int* scratch, const floatX* dout, const EncoderGrouping& grouping,
-                             int B, int T, int C, cudaStream_t stream) {
+// dwte (and dwpe) from a grouping made by encoder_backward_grouping and copied to the device at
+// `device_grouping`. The kernels read G (and G') there, and the launches depend only on B, T and C,
+// so a CUDA graph that captured this call replays for every batch. `grouping` (host) gives G, G'
+// for the cost estimate and whether wpe goes by restarted position.
+inline void encoder_backward(floatX* dwte, floatX* dwpe, const int* device_grouping, const floatX* dout,
+                             const EncoderGrouping& grouping, int B, int T, int C, cudaStream_t stream) {
     require_supported("encoder_backward", encoder_requirements(C));
     require_supported("encoder_backward", encoder_batch_problem(B, T));
     const int N = B * T;
     if (N == 0) return;
     const int G = grouping.groups, G_positions = grouping.position_groups;
     const bool by_restarted_position = G_positions >= 0;
-    CUDA_CHECK(cudaMemcpyAsync(scratch, grouping.ints, grouping.count * sizeof(int), cudaMemcpyHostToDevice, stream));
 
     const unsigned threads_per_row = ceil_div(C, kEncoderChannelsPerThread);
     const unsigned block = std::min(256u, ceil_div(threads_per_row, 32) * 32);
-    const int* device_positions = scratch;
+    const dim3 by_token_grid(std::min<unsigned>(N, kEncoderGroupBlocks), ceil_div(threads_per_row, block));
     // wte: every dout row added once into its token's sum, then G rows of dwte read, added, written;
     // the grouping's ints read once.
     const double X = sizeof(floatX), btc = double(N) * C;
-    const size_t wte_grouping_ints = encoder_detail::grouping_ints(N, G);
-    const KernelCost wte_cost{btc + double(G) * C, btc * X + 2.0 * G * C * X + double(wte_grouping_ints) * sizeof(int)};
-    launch<encoder_backward_wte_kernel>(wte_cost, dim3(G, ceil_div(threads_per_row, block)), dim3(block), 0, stream,
-                                        dwte, device_positions, device_positions + N, device_positions + N + G + 1, dout,
-                                        C);
+    const auto wte = encoder_detail::grouping_parts(device_grouping, N, N);
+    const KernelCost wte_cost{btc + double(G) * C, btc * X + 2.0 * G * C * X + (double(N) + 2.0 * G + 2) * sizeof(int)};
+    launch<encoder_backward_wte_kernel>(wte_cost, by_token_grid, dim3(block), 0, stream, dwte, wte.positions,
+                                        wte.group_start, wte.group_key, wte.groups, dout, C);
     if (by_restarted_position) {
         // wpe by restarted position: the same grouped sums, G' rows of dwpe.
-        const int* by_position = device_positions + wte_grouping_ints;
+        const auto wpe = encoder_detail::grouping_parts(device_grouping + encoder_detail::grouping_ints(N, N), N, T);
         const KernelCost cost{btc + double(G_positions) * C,
-                              btc * X + 2.0 * G_positions * C * X + double(grouping.count - wte_grouping_ints) * sizeof(int)};
-        launch<encoder_backward_wte_kernel>(cost, dim3(G_positions, ceil_div(threads_per_row, block)), dim3(block), 0,
-                                            stream, dwpe, by_position, by_position + N, by_position + N + G_positions + 1,
-                                            dout, C);
+                              btc * X + 2.0 * G_positions * C * X + (double(N) + 2.0 * G_positions + 2) * sizeof(int)};
+        const dim3 by_position_grid(std::min<unsigned>(T, kEncoderGroupBlocks), ceil_div(threads_per_row, block));
+        launch<encoder_backward_wte_kernel>(cost, by_position_grid, dim3(block), 0, stream, dwpe, wpe.positions,
+                                            wpe.group_start, wpe.group_key, wpe.groups, dout, C);
         return;
     }
     // wpe: dout read once (B additions per element), dwpe read and written once.
@@ -249,5 +264,8 @@ inline void encoder_backward(floatX* dwte, floatX* dwpe, int* scratch, const flo
     if (B * T == 0) return;
     std::vector<int> grouping(encoder_backward_scratch_ints(B, T, doc_start_host != nullptr));
     const EncoderGrouping g = encoder_backward_grouping(grouping.data(), inp_host, B, T, doc_start_host);
+    // From pageable memory the copy is staged before the call returns (CUDA Runtime API, "API
+    // synchronization behavior"), so `grouping` may go when it does.
+    CUDA_CHECK(cudaMemcpyAsync(scratch, g.ints, g.count * sizeof(int), cudaMemcpyHostToDevice, stream));
     encoder_backward(dwte, dwpe, scratch, dout, g, B, T, C, stream);
 }

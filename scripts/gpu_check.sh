@@ -4,7 +4,9 @@
 # Stages:
 #   build     train_gpt and the GPU test binaries (nvcc, every core); fails on a register spill
 #   test      the suite on the GPU (make test-gpu's CTest file): passed, failed, skipped, by name
-#   train     GPT-2 124M (d12) for 20 steps, and 20 more with --matmul-autotune: median tokens/s, MFU
+#   train     GPT-2 124M (d12) for 20 steps replayed from CUDA graphs, 20 launched kernel by kernel
+#             (--cuda-graphs off; the two models must match byte for byte), 20 with --matmul-autotune:
+#             median tokens/s, MFU
 #   profile   --profile-step: every kernel's measured time beside its H100 roofline estimate, and the
 #             libraries' time per kernel family at the same shapes (dev/bench/library_baselines.py)
 #   sanitize  compute-sanitizer memcheck, racecheck and synccheck over a short training run and the
@@ -213,20 +215,27 @@ PY
 }
 
 stage_train() {
-  local start=$SECONDS rc=0 rc2=0 train
+  local start=$SECONDS rc=0 rc2=0 rc3=0 same=false train
   ensure_train_gpt || { write_json "$out/train.json" stage=train ok=false error="train_gpt did not build"; return 1; }
   train=$(training_data)
   local common=(-e d12 -b "$B" -t "$T" -x 20 -l 6e-4 -u 5 -v 0 -s 0 -n 0 -i "$train" --overwrite)
   rm -rf build/gpu_check_runs
-  run_logged "$logs/train.log" "$gpu_dir/train_gpt" "${common[@]}" -o build/gpu_check_runs/plain || rc=$?
+  # CUDA graphs (the default) against kernel-by-kernel launches: the speed of each, and the same bits
+  # (both write the step-20 model; --matmul-autotune may pick differently per run, so it writes none).
+  run_logged "$logs/train.log" "$gpu_dir/train_gpt" "${common[@]}" -n 20 -o build/gpu_check_runs/plain || rc=$?
+  run_logged "$logs/train_eager.log" "$gpu_dir/train_gpt" "${common[@]}" -n 20 -o build/gpu_check_runs/eager \
+    --cuda-graphs off || rc3=$?
+  cmp -s build/gpu_check_runs/plain/model_00000020.bin build/gpu_check_runs/eager/model_00000020.bin && same=true
   run_logged "$logs/train_autotune.log" "$gpu_dir/train_gpt" "${common[@]}" -o build/gpu_check_runs/autotune \
     --matmul-autotune || rc2=$?
   # shellcheck disable=SC2046
-  write_json "$out/train.json" stage=train ok="$([ $rc = 0 ] && [ $rc2 = 0 ] && echo true || echo false)" \
-    exit_code=$rc autotune_exit_code=$rc2 seconds=$((SECONDS - start)) B="$B" T="$T" data="$train" \
+  write_json "$out/train.json" stage=train ok="$([ $rc = 0 ] && [ $rc2 = 0 ] && [ $rc3 = 0 ] && $same && echo true || echo false)" \
+    exit_code=$rc autotune_exit_code=$rc2 eager_exit_code=$rc3 graphs_model_equals_eager=$same \
+    seconds=$((SECONDS - start)) B="$B" T="$T" data="$train" \
     $(median_figures build/gpu_check_runs/plain/metrics.jsonl "" 2>/dev/null) \
+    $(median_figures build/gpu_check_runs/eager/metrics.jsonl eager_ 2>/dev/null) \
     $(median_figures build/gpu_check_runs/autotune/metrics.jsonl autotune_ 2>/dev/null)
-  [ $rc = 0 ] && [ $rc2 = 0 ]
+  [ $rc = 0 ] && [ $rc2 = 0 ] && [ $rc3 = 0 ] && $same
 }
 
 stage_profile() {

@@ -146,6 +146,7 @@ const std::vector<FlagCase> flag_cases = {
     {"max-memory", 0, "40.5", 40.5},
     {"attention", 0, "tc", "tc"},
     {"matmul-autotune", 0, nullptr, true},
+    {"cuda-graphs", 0, "off", "off"},
     {"checkpoint-every", 'n', "1000", 1000, {"-o", "out"}},
     {"keep-last", 0, "3", 3, {"-o", "out", "-n", "100"}},
     {"resume", 'y', nullptr, true, {"-o", "out"}},

@@ -47,6 +47,11 @@ cudaError_t end_failed_capture(cudaStream_t stream) {
     return e;
 }
 
+Distributed lone_rank() {
+    mpi_init_once();
+    return distributed_single(Distributed{});
+}
+
 }  // namespace
 
 TEST_CASE("graphs: a capture runs nothing; each launch replays the captured work with the captured arguments") {
@@ -182,5 +187,72 @@ TEST_CASE("graphs: an unjoined fork, a wait on an outside event and a capture en
     SECTION("the legacy stream cannot be captured") {
         CHECK(cudaStreamBeginCapture(nullptr, cudaStreamCaptureModeThreadLocal) == cudaErrorStreamCaptureUnsupported);
         (void)cudaGetLastError();
+    }
+}
+
+TEST_CASE("graphs: training steps replayed from CUDA graphs equal eager ones bitwise") {
+    const GPT2Config config{64, 512, 512, 2, 4, 64};
+    const int B = 2, T = 32, steps = 3, micro_steps = 3;
+    const ModelOptions documents{.doc_mask = true, .doc_positions = true, .eot_token = 5};
+    struct Setup {
+        int zero_stage;
+        ModelOptions options;
+    };
+    const Setup setups[] = {{0, ModelOptions{}}, {1, ModelOptions{.recompute = Recompute::full}}, {2, documents}};
+    for (const Setup& setup : setups) {
+        INFO("ZeRO-" << setup.zero_stage << (setup.options.doc_mask ? ", documents" : "")
+                     << (setup.options.recompute == Recompute::full ? ", full recompute" : ""));
+        std::vector<std::vector<int>> tokens(size_t(steps) * micro_steps, std::vector<int>(size_t(B) * T));
+        for (size_t m = 0; m < tokens.size(); ++m)
+            for (size_t i = 0; i < tokens[m].size(); ++i) tokens[m][i] = int((i * 37 + m * 11 + i * i % 7) % 200);
+        struct Run {
+            std::vector<floatX> params;
+            std::vector<float> master, adam_m, adam_v;
+            std::vector<double> losses;
+            size_t graph_nodes[2];
+        };
+        auto train = [&](bool graphs) {
+            Distributed dist = lone_rank();
+            Trainer tr;
+            ModelOptions options = setup.options;
+            options.cuda_graphs = graphs;
+            trainer_build(tr, dist, config, B, T, setup.zero_stage, OptimizerConfig{}, options);
+            gpt2_init_weights(tr.model, 7);
+            trainer_start(tr);
+            Run run;
+            for (int step = 0; step < steps; ++step) {
+                std::vector<const int*> inputs;
+                for (int m = 0; m < micro_steps; ++m) inputs.push_back(tokens[size_t(step) * micro_steps + m].data());
+                const StepResult r = train_step(tr, inputs, inputs, B, T, 1e-3f);
+                REQUIRE(r.updated);
+                run.losses.push_back(r.loss);
+            }
+            CUDA_CHECK(cudaStreamSynchronize(tr.model.stream));
+            const size_t n = tr.optimizer.shard.optimizer_size();
+            run.params.resize(tr.model.num_parameters);
+            run.master.resize(n), run.adam_m.resize(n), run.adam_v.resize(n);
+            CUDA_CHECK(cudaMemcpy(run.params.data(), tr.model.params_memory, run.params.size() * sizeof(floatX), cudaMemcpyDeviceToHost));
+            CUDA_CHECK(cudaMemcpy(run.master.data(), tr.optimizer.master, n * sizeof(float), cudaMemcpyDeviceToHost));
+            CUDA_CHECK(cudaMemcpy(run.adam_m.data(), tr.optimizer.adam_m, n * sizeof(float), cudaMemcpyDeviceToHost));
+            CUDA_CHECK(cudaMemcpy(run.adam_v.data(), tr.optimizer.adam_v, n * sizeof(float), cudaMemcpyDeviceToHost));
+            run.graph_nodes[0] = tr.micro_step_graph_nodes[0];
+            run.graph_nodes[1] = tr.micro_step_graph_nodes[1];
+            trainer_free(tr);
+            distributed_release(dist);
+            return run;
+        };
+        const Run eager = train(false), replayed = train(true);
+        CHECK(eager.graph_nodes[0] + eager.graph_nodes[1] == 0);
+        // Stage 2 reduces after every micro-step (one graph); stages 0-1 only after the last (two).
+        CHECK(replayed.graph_nodes[1] > 50);
+        CHECK((replayed.graph_nodes[0] > 50) == (setup.zero_stage != 2));
+        CHECK(replayed.losses == eager.losses);
+        CHECK(bitwise_equal(replayed.params, eager.params));
+        CHECK(bitwise_equal(replayed.master, eager.master));
+        CHECK(bitwise_equal(replayed.adam_m, eager.adam_m));
+        CHECK(bitwise_equal(replayed.adam_v, eager.adam_v));
+        // The steps changed the model: equal results are not two untouched copies.
+        CHECK(eager.losses.front() != eager.losses.back());
+        CHECK(std::isfinite(eager.losses.back()));
     }
 }

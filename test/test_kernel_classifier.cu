@@ -62,8 +62,9 @@ Result run(const Problem& p, bool write_dlogits) {
     DeviceBuffer<floatX> logits(p.logits);
     DeviceBuffer<float> losses(p.N);
     DeviceBuffer<int> targets(p.targets);
+    DeviceBuffer<float> dloss(std::vector<float>{p.dloss});
     losses.fill_bytes(0xFF);  // NaN: every loss must be written
-    fused_classifier(logits.ptr, losses.ptr, targets.ptr, p.dloss, p.N, p.V, p.Vp, write_dlogits, 0);
+    fused_classifier(logits.ptr, losses.ptr, targets.ptr, dloss.ptr, p.N, p.V, p.Vp, write_dlogits, 0);
     return {losses.download(), logits.download()};
 }
 

@@ -67,7 +67,8 @@ if(NOT GPU)
   # Where a GPU's host would wait (cuemu::host_waits): a training step's waits do not grow with micro-steps.
   add_test(test_emu_host_waits ${TEST_BIN}/test_emu_host_waits)
   set_tests_properties(test_emu_host_waits PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
-  # Stream capture and CUDA graphs (emu/graph.cpp): CUDA's capture rules, under two schedule orders.
+  # Stream capture and CUDA graphs: CUDA's capture rules, and training steps replayed from graphs
+  # equal to eager ones bitwise, under two schedule orders.
   foreach(order forward random)
     add_test(test_emu_graphs_${order} ${TEST_BIN}/test_emu_graphs)
     set_tests_properties(test_emu_graphs_${order} PROPERTIES ENVIRONMENT "CUEMU_SCHEDULE=${order};CUEMU_SEED=12345;CUEMU_RACECHECK=1")
@@ -155,6 +156,10 @@ if(NOT ASAN)  # 2 min under ASan; its file code runs there in test_checkpoint, t
   add_test(test_resume ${CMAKE_CURRENT_LIST_DIR}/test_resume.sh ${train_binary} "${mpirun_line}")
   list(APPEND launched_tests test_resume)
 endif()
+# --cuda-graphs: steps replayed from CUDA graphs on 2 ranks equal eager ones byte for byte.
+add_test(test_cuda_graphs ${CMAKE_CURRENT_LIST_DIR}/test_cuda_graphs.sh ${train_binary} "${mpirun_line}")
+list(APPEND launched_tests test_cuda_graphs)
+set_tests_properties(test_cuda_graphs PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
 add_test(test_train_smoke ${CMAKE_CURRENT_LIST_DIR}/test_train_smoke.sh ${train_binary})
 # Run identity across resumes (host/run_identity.h): a fresh run over checkpoints, changed identity
 # settings, --resume-override, --overwrite.
