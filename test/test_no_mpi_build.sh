@@ -23,7 +23,8 @@ done
 
 # (1)
 if ldd "$nompi/train_gpt_cpu" | grep -i "libmpi"; then echo "no-mpi build: linked against MPI"; exit 1; fi
-ldd "$bin" | grep -qi "libmpi" || { echo "no-mpi build: the regular build links no libmpi, so (1) proves nothing"; exit 1; }
+# (grep without -q reads all of ldd's output: with pipefail, -q stopping early could kill ldd with SIGPIPE)
+ldd "$bin" | grep -i "libmpi" > /dev/null || { echo "no-mpi build: the regular build links no libmpi, so (1) proves nothing"; exit 1; }
 
 # (2) headers.txt is make's dependency syntax: split into one path per line.
 tr ' \\' '\n\n' < "$nompi/headers.txt" | grep -v '^$' | grep -v ':$' | sort -u > "$dir/headers"
