@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <string>
+#include <type_traits>
 
 #include "common.cuh"
 
@@ -30,12 +31,64 @@ inline std::string layernorm_rows_problem(int N) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Forward: one warp per row. Lane l handles Packed128 number l, l + 32, ... of the row in every
-// pass; the row is read three times (mean, then variance about the mean: the two-pass form does
-// not cancel catastrophically like E[x^2] - mean^2; then the output), the re-reads hit the cache.
+// Forward: one warp per row, in two forms with the same arithmetic in the same order (so the same
+// bits). Lane l handles Packed128 number l, l + 32, ... of the row. Mean first, then the variance
+// about the mean (the two-pass form does not cancel catastrophically like E[x^2] - mean^2), then the
+// output; the multiply-adds are explicit fmaf, so that the compiler's contraction choices (g++ -O3
+// vectorizes the two forms differently) cannot make their bits differ. Rows of up to
+// kLayernormMaxRegisterPacks packs per lane (C <= 2048 in BF16, 1024 in FP32)
+// are held in registers, so the row is read from memory once, and the fused variant never reads back
+// the residual it writes; wider rows stream the row three times (the re-reads mostly from cache).
 
-__device__ inline void layernorm_row(floatX* out, float* mean_out, float* rstd_out, const floatX* x,
-                                     const floatX* weight, const floatX* bias, int C) {
+constexpr int kLayernormMaxRegisterPacks = 8;
+
+// The packs per lane of the register form for a row of C (the smallest instantiated count that
+// holds it), or 0: the streaming form.
+inline int layernorm_register_packs(int C) {
+    const int needed = int(ceil_div(C, 32 * Packed128<floatX>::size));
+    for (int packs : {2, 3, 4, kLayernormMaxRegisterPacks})
+        if (needed <= packs) return packs;
+    return 0;
+}
+
+// The statistics and output of a row whose packs are in `row` (lane's pack p is pack lane + 32 p).
+template <int kPacks>
+__device__ inline void layernorm_row_in_registers(floatX* out, float* mean_out, float* rstd_out,
+                                                  const Packed128<floatX> (&row)[kPacks], const floatX* weight,
+                                                  const floatX* bias, int C) {
+    using Pack = Packed128<floatX>;
+    const int lane = int(threadIdx.x % 32);
+    float sum = 0.0f;
+    for (int p = 0; p < kPacks; ++p)
+        if ((lane + 32 * p) * Pack::size < C)
+            for (int k = 0; k < Pack::size; ++k) sum += to_float(row[p][k]);
+    const float mean = warp_sum(sum) / float(C);
+    float squares = 0.0f;
+    for (int p = 0; p < kPacks; ++p)
+        if ((lane + 32 * p) * Pack::size < C)
+            for (int k = 0; k < Pack::size; ++k) {
+                const float d = to_float(row[p][k]) - mean;
+                squares = fmaf(d, d, squares);
+            }
+    const float rstd = rsqrtf(warp_sum(squares) / float(C) + kLayernormEps);
+    for (int p = 0; p < kPacks; ++p) {
+        const int c = (lane + 32 * p) * Pack::size;
+        if (c >= C) continue;
+        const Pack w = load128(weight + c), b = load128(bias + c);
+        Pack o;
+        for (int k = 0; k < Pack::size; ++k)
+            o[k] = from_float<floatX>(fmaf((to_float(row[p][k]) - mean) * rstd, to_float(w[k]), to_float(b[k])));
+        store128(out + c, o);
+    }
+    if (lane == 0) {
+        if (mean_out) *mean_out = mean;
+        if (rstd_out) *rstd_out = rstd;
+    }
+}
+
+// The streaming form: the row read three times.
+__device__ inline void layernorm_row_streamed(floatX* out, float* mean_out, float* rstd_out, const floatX* x,
+                                              const floatX* weight, const floatX* bias, int C) {
     using Pack = Packed128<floatX>;
     const int lane = int(threadIdx.x % 32);
     float sum = 0.0f;
@@ -49,7 +102,7 @@ __device__ inline void layernorm_row(floatX* out, float* mean_out, float* rstd_o
         const Pack v = load128(x + c);
         for (int k = 0; k < Pack::size; ++k) {
             const float d = to_float(v[k]) - mean;
-            squares += d * d;
+            squares = fmaf(d, d, squares);
         }
     }
     const float rstd = rsqrtf(warp_sum(squares) / float(C) + kLayernormEps);
@@ -58,7 +111,7 @@ __device__ inline void layernorm_row(floatX* out, float* mean_out, float* rstd_o
         const Pack w = load128(weight + c), b = load128(bias + c);
         Pack o;
         for (int k = 0; k < Pack::size; ++k)
-            o[k] = from_float<floatX>((to_float(v[k]) - mean) * rstd * to_float(w[k]) + to_float(b[k]));
+            o[k] = from_float<floatX>(fmaf((to_float(v[k]) - mean) * rstd, to_float(w[k]), to_float(b[k])));
         store128(out + c, o);
     }
     if (lane == 0) {
@@ -69,14 +122,30 @@ __device__ inline void layernorm_row(floatX* out, float* mean_out, float* rstd_o
 
 constexpr int kLayernormForwardBlock = 256;  // 8 rows per block
 
+// kPacks: packs per lane held in registers; 0: the streaming form.
+template <int kPacks>
 static __global__ void layernorm_forward_kernel(floatX* out, float* mean, float* rstd, const floatX* inp,
                                          const floatX* weight, const floatX* bias, int N, int C) {
+    using Pack = Packed128<floatX>;
     const int row = int(blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32);
     if (row >= N) return;  // whole warps leave; no block-wide barrier follows
     const size_t offset = size_t(row) * C;
-    layernorm_row(out + offset, mean ? mean + row : nullptr, rstd ? rstd + row : nullptr, inp + offset, weight, bias, C);
+    float* row_mean = mean ? mean + row : nullptr;
+    float* row_rstd = rstd ? rstd + row : nullptr;
+    if constexpr (kPacks == 0) {
+        layernorm_row_streamed(out + offset, row_mean, row_rstd, inp + offset, weight, bias, C);
+    } else {
+        const int lane = int(threadIdx.x % 32);
+        Pack x[kPacks];
+        for (int p = 0; p < kPacks; ++p) {  // every load issued before the first use
+            const int c = (lane + 32 * p) * Pack::size;
+            x[p] = c < C ? load128cs(inp + offset + c) : Pack::filled(0.0f);
+        }
+        layernorm_row_in_registers<kPacks>(out + offset, row_mean, row_rstd, x, weight, bias, C);
+    }
 }
 
+template <int kPacks>
 static __global__ void fused_residual_layernorm_forward_kernel(floatX* residual, floatX* out, float* mean, float* rstd,
                                                         const floatX* inp1, const floatX* inp2, const floatX* weight,
                                                         const floatX* bias, int N, int C) {
@@ -85,28 +154,54 @@ static __global__ void fused_residual_layernorm_forward_kernel(floatX* residual,
     if (row >= N) return;
     const size_t offset = size_t(row) * C;
     const int lane = int(threadIdx.x % 32);
-    // Each lane writes the very packs it reads back in layernorm_row (same lane-to-pack map), so
-    // it sees its own stores without any synchronization, and the statistics come from the
-    // rounded residual that the next layer reads.
-    for (int c = lane * Pack::size; c < C; c += 32 * Pack::size) {
+    float* row_mean = mean ? mean + row : nullptr;
+    float* row_rstd = rstd ? rstd + row : nullptr;
+    // The statistics come from the rounded residual that the next layer reads.
+    const auto residual_pack = [&](int c) {
         const Pack a = load128cs(inp1 + offset + c), b = load128cs(inp2 + offset + c);
         Pack r;
         for (int k = 0; k < Pack::size; ++k) r[k] = from_float<floatX>(to_float(a[k]) + to_float(b[k]));
         store128(residual + offset + c, r);
+        return r;
+    };
+    if constexpr (kPacks == 0) {
+        // Each lane writes the very packs it reads back (the same lane-to-pack map), so it sees its
+        // own stores without any synchronization.
+        for (int c = lane * Pack::size; c < C; c += 32 * Pack::size) residual_pack(c);
+        layernorm_row_streamed(out + offset, row_mean, row_rstd, residual + offset, weight, bias, C);
+    } else {
+        Pack r[kPacks];
+        for (int p = 0; p < kPacks; ++p) {
+            const int c = (lane + 32 * p) * Pack::size;
+            r[p] = c < C ? residual_pack(c) : Pack::filled(0.0f);
+        }
+        layernorm_row_in_registers<kPacks>(out + offset, row_mean, row_rstd, r, weight, bias, C);
     }
-    layernorm_row(out + offset, mean ? mean + row : nullptr, rstd ? rstd + row : nullptr, residual + offset, weight,
-                  bias, C);
 }
 
 // Costs. FLOPs per element: forward 8 (mean 1; variance 3: subtract, multiply, add; output 4:
 // subtract, two multiplies, add), the residual add 1 more; backward 14 (xhat 2, dxhat 1, the two
-// row sums 3, the parameter-gradient sums 3, dx 4, the += 1). Bytes: every tensor once. The
-// forward kernels read each row three times (mean, variance, output: all but the first from L1),
-// and the fused one reads back the residual it has just written; neither re-read is counted.
+// row sums 3, the parameter-gradient sums 3, dx 4, the += 1). Bytes: every tensor once, which is
+// what the register form moves; the streaming form (C past the register limit) reads each row three
+// times (all but the first from cache) and the fused one reads back the residual it has just
+// written; those re-reads are not counted.
 inline KernelCost layernorm_forward_cost(int N, int C, bool stats, bool residual) {
     const double nc = double(N) * C, X = sizeof(floatX);
     const double tensors = residual ? 4 : 2;  // in: inp (or inp1, inp2); out: out (and residual)
     return {(residual ? 9.0 : 8.0) * nc, tensors * nc * X + 2.0 * C * X + (stats ? 2.0 * N * sizeof(float) : 0.0)};
+}
+
+// Calls f(std::integral_constant<int, packs>) with the packs per lane of C (layernorm_register_packs):
+// the forward kernels are instantiated for these counts only.
+template <typename F>
+void with_layernorm_packs(int C, F&& f) {
+    switch (layernorm_register_packs(C)) {
+        case 2: f(std::integral_constant<int, 2>{}); break;
+        case 3: f(std::integral_constant<int, 3>{}); break;
+        case 4: f(std::integral_constant<int, 4>{}); break;
+        case kLayernormMaxRegisterPacks: f(std::integral_constant<int, kLayernormMaxRegisterPacks>{}); break;
+        default: f(std::integral_constant<int, 0>{}); break;
+    }
 }
 
 // mean and rstd may be null when the backward pass will not need them.
@@ -116,9 +211,12 @@ inline void layernorm_forward(floatX* out, float* mean, float* rstd, const float
     require_supported("layernorm_forward", layernorm_rows_problem(N));
     if (N == 0) return;
     const int rows_per_block = kLayernormForwardBlock / 32;
-    launch<layernorm_forward_kernel>(layernorm_forward_cost(N, C, mean != nullptr, false),
-                                     dim3(ceil_div(N, rows_per_block)), dim3(kLayernormForwardBlock), 0, stream, out,
-                                     mean, rstd, inp, weight, bias, N, C);
+    const KernelCost cost = layernorm_forward_cost(N, C, mean != nullptr, false);
+    with_layernorm_packs(C, [&](auto packs) {
+        launch<layernorm_forward_kernel<decltype(packs)::value>>(cost, dim3(ceil_div(N, rows_per_block)),
+                                                                 dim3(kLayernormForwardBlock), 0, stream, out, mean,
+                                                                 rstd, inp, weight, bias, N, C);
+    });
 }
 
 inline void fused_residual_layernorm_forward(floatX* residual, floatX* out, float* mean, float* rstd,
@@ -128,9 +226,12 @@ inline void fused_residual_layernorm_forward(floatX* residual, floatX* out, floa
     require_supported("fused_residual_layernorm_forward", layernorm_rows_problem(N));
     if (N == 0) return;
     const int rows_per_block = kLayernormForwardBlock / 32;
-    launch<fused_residual_layernorm_forward_kernel>(layernorm_forward_cost(N, C, mean != nullptr, true),
-                                                    dim3(ceil_div(N, rows_per_block)), dim3(kLayernormForwardBlock), 0,
-                                                    stream, residual, out, mean, rstd, inp1, inp2, weight, bias, N, C);
+    const KernelCost cost = layernorm_forward_cost(N, C, mean != nullptr, true);
+    with_layernorm_packs(C, [&](auto packs) {
+        launch<fused_residual_layernorm_forward_kernel<decltype(packs)::value>>(
+            cost, dim3(ceil_div(N, rows_per_block)), dim3(kLayernormForwardBlock), 0, stream, residual, out, mean, rstd,
+            inp1, inp2, weight, bias, N, C);
+    });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -153,9 +254,17 @@ inline size_t layernorm_backward_scratch_floats(int N, int C) {
     return size_t(layernorm_backward_blocks(N)) * 2 * size_t(std::max(C, 0));
 }
 
-static __global__ void __launch_bounds__(1024) layernorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout,
-                                                                  const floatX* inp, const floatX* weight,
-                                                                  const float* mean, const float* rstd, int N, int C) {
+// kPipelined: a row's statistics and this thread's dout and inp packs are loaded one row ahead, so
+// those loads are in flight while the row before is reduced and waits at the barrier. That holds
+// two rows' packs in registers, which fits blocks of up to kLayernormPipelinedThreads (C <= 2048);
+// at 1024 threads (64 registers each) it spilled on sm_90, so wider rows load each row when they
+// reach it. Both forms compute the same values in the same order.
+constexpr int kLayernormPipelinedThreads = 256;
+
+template <bool kPipelined>
+static __global__ void __launch_bounds__(kPipelined ? kLayernormPipelinedThreads : 1024)
+    layernorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout, const floatX* inp, const floatX* weight,
+                              const float* mean, const float* rstd, int N, int C) {
     using Pack = Packed128<floatX>;
     constexpr int kChannels = kLayernormChannelsPerThread;
     constexpr int kPacks = kChannels / Pack::size;
@@ -168,26 +277,42 @@ static __global__ void __launch_bounds__(1024) layernorm_backward_kernel(floatX*
     const bool owns_channels = c0 < C;  // the last warp may be partial: its idle lanes add zeros
 
     float dweight_sum[kChannels] = {}, dbias_sum[kChannels] = {};
+    float next_mean = 0.0f, next_rstd = 0.0f;
+    Pack next_d[kPacks], next_x[kPacks];
+    const auto load_row = [&](int row) {  // every value set each time: nothing carried between rows
+        next_mean = mean[row];
+        next_rstd = rstd[row];
+        const size_t offset = size_t(row) * C + c0;
+        for (int p = 0; p < kPacks; ++p) {
+            next_d[p] = owns_channels ? load128cs(dout + offset + p * Pack::size) : Pack::filled(0.0f);
+            next_x[p] = owns_channels ? load128cs(inp + offset + p * Pack::size) : Pack::filled(0.0f);
+        }
+    };
+    if (kPipelined && int(blockIdx.x) < N) load_row(int(blockIdx.x));
     int parity = 0;
     for (int row = int(blockIdx.x); row < N; row += int(gridDim.x), parity ^= 1) {
-        const float row_mean = mean[row], row_rstd = rstd[row];
+        if (!kPipelined) load_row(row);
+        const float row_mean = next_mean, row_rstd = next_rstd;
+        Pack d[kPacks], x[kPacks];
+        for (int p = 0; p < kPacks; ++p) d[p] = next_d[p], x[p] = next_x[p];
+        if (kPipelined && row + int(gridDim.x) < N) load_row(row + int(gridDim.x));
         const size_t offset = size_t(row) * C + c0;
-        float xhat[kChannels] = {}, dxhat[kChannels] = {};  // zeroed: g++ -O3 cannot see that only owners use them
+        // xhat and dxhat are recomputed in the second pass from the packs (the same expressions, so
+        // the same values) rather than kept: 16 registers fewer.
+        const auto xhat = [&](int p, int k) { return (to_float(x[p][k]) - row_mean) * row_rstd; };
+        Pack w[kPacks];  // the same every row, reloaded (from L1): at 64 registers, keeping it spilled
+        for (int p = 0; p < kPacks; ++p) w[p] = owns_channels ? load128(weight + c0 + p * Pack::size) : Pack::filled(0.0f);
+        const auto dxhat = [&](int p, int k) { return to_float(d[p][k]) * to_float(w[p][k]); };
         float dxhat_sum = 0.0f, dxhat_xhat_sum = 0.0f;
         if (owns_channels) {
             for (int p = 0; p < kPacks; ++p) {
-                const Pack d = load128cs(dout + offset + p * Pack::size);
-                const Pack x = load128cs(inp + offset + p * Pack::size);
-                const Pack w = load128(weight + c0 + p * Pack::size);
                 for (int k = 0; k < Pack::size; ++k) {
                     const int i = p * Pack::size + k;
-                    const float g = to_float(d[k]);
-                    xhat[i] = (to_float(x[k]) - row_mean) * row_rstd;
-                    dxhat[i] = g * to_float(w[k]);
-                    dxhat_sum += dxhat[i];
-                    dxhat_xhat_sum += dxhat[i] * xhat[i];
-                    dbias_sum[i] += g;
-                    dweight_sum[i] += g * xhat[i];
+                    const float dy = to_float(d[p][k]), xh = xhat(p, k), dxh = dxhat(p, k);
+                    dxhat_sum += dxh;
+                    dxhat_xhat_sum += dxh * xh;
+                    dbias_sum[i] += dy;
+                    dweight_sum[i] += dy * xh;
                 }
             }
         }
@@ -200,17 +325,16 @@ static __global__ void __launch_bounds__(1024) layernorm_backward_kernel(floatX*
         __syncthreads();
         if (!owns_channels) continue;
         float block_dxhat = 0.0f, block_dxhat_xhat = 0.0f;
-        for (int w = 0; w < warps; ++w) {  // the same order in every thread: identical means
-            block_dxhat += warp_sums[parity][w][0];
-            block_dxhat_xhat += warp_sums[parity][w][1];
+        for (int wi = 0; wi < warps; ++wi) {  // the same order in every thread: identical means
+            block_dxhat += warp_sums[parity][wi][0];
+            block_dxhat_xhat += warp_sums[parity][wi][1];
         }
         const float mean_dxhat = block_dxhat / float(C), mean_dxhat_xhat = block_dxhat_xhat / float(C);
         for (int p = 0; p < kPacks; ++p) {
             floatX* grad = dinp + offset + p * Pack::size;
             Pack g = load128(grad);
             for (int k = 0; k < Pack::size; ++k) {
-                const int i = p * Pack::size + k;
-                const float dx = row_rstd * (dxhat[i] - mean_dxhat - xhat[i] * mean_dxhat_xhat);
+                const float dx = row_rstd * (dxhat(p, k) - mean_dxhat - xhat(p, k) * mean_dxhat_xhat);
                 g[k] = from_float<floatX>(to_float(g[k]) + dx);
             }
             store128(grad, g);
@@ -267,8 +391,12 @@ inline void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias, flo
     // dout, inp read; dinp read and written (+=); weight, mean, rstd read; the partials written.
     const double nc = double(N) * C, X = sizeof(floatX), partial_floats = double(blocks) * 2 * C;
     const KernelCost cost{14.0 * nc, 4.0 * nc * X + double(C) * X + 2.0 * N * sizeof(float) + partial_floats * sizeof(float)};
-    launch<layernorm_backward_kernel>(cost, dim3(blocks), dim3(threads), 0, stream, dinp, scratch, dout, inp, weight,
-                                      mean, rstd, N, C);
+    if (threads <= unsigned(kLayernormPipelinedThreads))
+        launch<layernorm_backward_kernel<true>>(cost, dim3(blocks), dim3(threads), 0, stream, dinp, scratch, dout, inp,
+                                                weight, mean, rstd, N, C);
+    else
+        launch<layernorm_backward_kernel<false>>(cost, dim3(blocks), dim3(threads), 0, stream, dinp, scratch, dout, inp,
+                                                 weight, mean, rstd, N, C);
     // The partials summed (one add each) and added into dweight and dbias (read and written).
     const KernelCost reduce_cost{partial_floats + 2.0 * C, partial_floats * sizeof(float) + 4.0 * C * X};
     launch<layernorm_param_grads_kernel>(reduce_cost, dim3(ceil_div(2 * size_t(C), 32)), dim3(32, layernorm_reduce_slices(blocks)),

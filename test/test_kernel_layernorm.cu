@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <set>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -145,8 +146,11 @@ struct Shape {
 };
 // 111 = 3 * 37 rows: the last forward block has 7 of its 8 warps. C = 8: one pack per row;
 // C = 200: 25 threads of the backward block's one warp (partial warp), lanes with no pack in the
-// forward; C = 264: 33 packs, lane 0 loops twice; C = 1600: GPT-2 1.5B; C = 8192: the limit.
-const Shape kShapes[] = {{111, 8, 0.0f}, {111, 200, 0.0f}, {111, 264, 6.0f}, {37, 1600, 0.0f}, {3, 8192, -2.0f}};
+// forward; C = 264: 33 packs, lane 0 has two; C = 768 and 1024: GPT-2 124M and 350M, rows in
+// registers at 3 and 4 packs per lane (BF16; 8 in FP32); C = 1600: GPT-2 1.5B (8 packs per lane in
+// BF16; FP32 streams it); C = 8192: the limit (streamed). Every forward form runs in each precision.
+const Shape kShapes[] = {{111, 8, 0.0f},  {111, 200, 0.0f}, {111, 264, 6.0f}, {45, 768, 3.0f},
+                         {19, 1024, 0.0f}, {37, 1600, 0.0f}, {3, 8192, -2.0f}};
 
 }  // namespace
 
@@ -326,5 +330,92 @@ TEST_CASE("gelu_backward overwrites dinp with dout * gelu'(inp), also in place o
         check_close("gelu'", dinp, want, scale);
         gelu_backward(d_dout.ptr, d_inp.ptr, d_dout.ptr, n, nullptr);  // dinp aliases dout
         CHECK(bitwise_equal(d_dout.download(), dinp));
+    }
+}
+
+// The register form (rows of up to kLayernormMaxRegisterPacks packs per lane) and the streaming form
+// do the same arithmetic in the same order: the same bits, so a model's results do not depend on
+// which form its width takes. Returns the packs per lane the launchers pick for C (0: streamed).
+int check_forms_agree(int N, int C, std::mt19937& rng) {
+    const auto inp1 = random_floatX(size_t(N) * C, -1.5f, 1.5f, rng), inp2 = random_floatX(size_t(N) * C, 2.0f, 3.0f, rng);
+    const auto weight = random_floatX(C, -1.5f, 1.5f, rng), bias = random_floatX(C, -0.5f, 0.5f, rng);
+    DeviceBuffer<floatX> d_inp1(inp1), d_inp2(inp2), d_weight(weight), d_bias(bias);
+    struct Out {
+        std::vector<floatX> out, residual;
+        std::vector<float> mean, rstd;
+    };
+    const dim3 grid(ceil_div(N, kLayernormForwardBlock / 32)), block(kLayernormForwardBlock);
+    auto run = [&](auto packs, bool fused) {
+        constexpr int P = decltype(packs)::value;
+        DeviceBuffer<floatX> out(inp1.size()), residual(inp1.size());
+        DeviceBuffer<float> mean(N), rstd(N);
+        if (fused)
+            launch<fused_residual_layernorm_forward_kernel<P>>(grid, block, 0, nullptr, residual.ptr, out.ptr, mean.ptr,
+                                                               rstd.ptr, d_inp1.ptr, d_inp2.ptr, d_weight.ptr,
+                                                               d_bias.ptr, N, C);
+        else
+            launch<layernorm_forward_kernel<P>>(grid, block, 0, nullptr, out.ptr, mean.ptr, rstd.ptr, d_inp1.ptr,
+                                                d_weight.ptr, d_bias.ptr, N, C);
+        return Out{out.download(), fused ? residual.download() : std::vector<floatX>{}, mean.download(), rstd.download()};
+    };
+    int picked = -1;
+    with_layernorm_packs(C, [&](auto packs) {
+        picked = decltype(packs)::value;
+        INFO("N = " << N << ", C = " << C << ", " << picked << " packs per lane");
+        if constexpr (decltype(packs)::value > 0) {
+            for (const bool fused : {false, true}) {
+                INFO((fused ? "fused residual" : "plain"));
+                const Out streamed = run(std::integral_constant<int, 0>{}, fused);
+                const Out in_registers = run(packs, fused);
+                CHECK(bitwise_equal(in_registers.out, streamed.out));
+                CHECK(bitwise_equal(in_registers.residual, streamed.residual));
+                CHECK(in_registers.mean == streamed.mean);
+                CHECK(in_registers.rstd == streamed.rstd);
+            }
+        }
+    });
+    return picked;
+}
+
+TEST_CASE("layernorm forward: the row in registers gives the streaming form's bits") {
+    std::mt19937 rng(4);
+    std::set<int> forms;
+    for (int C : {8, 264, 512, 768, 1024, 1600, 2048}) forms.insert(check_forms_agree(13, C, rng));
+    // Every register count is met in BF16 (2, 3, 4, 8 packs of 8); FP32 packs hold 4 values.
+    const std::set<int> want = std::is_same_v<floatX, float> ? std::set<int>{0, 2, 3, 4, 8} : std::set<int>{2, 3, 4, 8};
+    CHECK(forms == want);
+}
+
+// The backward pass's pipelined form (loads one row ahead; blocks of up to kLayernormPipelinedThreads)
+// and its plain form (for wider rows) compute the same values in the same order: the same dinp and
+// partial sums, bit for bit, including a grid whose blocks take several rows each.
+TEST_CASE("layernorm backward: the pipelined form gives the plain form's bits") {
+    std::mt19937 rng(5);
+    for (const Shape& s : {Shape{9001, 16, 1.0f}, Shape{37, 768, 2.0f}, Shape{13, 2048, 0.0f}}) {
+        INFO("N = " << s.N << ", C = " << s.C);
+        const size_t size = size_t(s.N) * s.C;
+        const auto inp = random_floatX(size, s.offset - 1.5f, s.offset + 1.5f, rng);
+        const auto dout = random_floatX(size, -1.0f, 1.0f, rng), weight = random_floatX(s.C, -1.5f, 1.5f, rng);
+        const auto dinp_init = random_floatX(size, -0.5f, 0.5f, rng);
+        std::vector<float> mean(s.N), rstd(s.N);
+        for (int i = 0; i < s.N; ++i) mean[i] = s.offset + 0.01f * float(i % 7), rstd[i] = 1.1f + 0.001f * float(i % 5);
+        DeviceBuffer<floatX> d_inp(inp), d_dout(dout), d_weight(weight);
+        DeviceBuffer<float> d_mean(mean), d_rstd(rstd);
+        const int blocks = layernorm_backward_blocks(s.N);
+        const unsigned threads = ceil_div(ceil_div(s.C, kLayernormChannelsPerThread), 32) * 32;
+        REQUIRE(threads <= unsigned(kLayernormPipelinedThreads));
+        auto run = [&](auto pipelined) {
+            DeviceBuffer<floatX> dinp(dinp_init);
+            DeviceBuffer<float> partials(layernorm_backward_scratch_floats(s.N, s.C));
+            launch<layernorm_backward_kernel<decltype(pipelined)::value>>(dim3(blocks), dim3(threads), 0, nullptr, dinp.ptr,
+                                                                          partials.ptr, d_dout.ptr, d_inp.ptr, d_weight.ptr,
+                                                                          d_mean.ptr, d_rstd.ptr, s.N, s.C);
+            return std::pair(dinp.download(), partials.download());
+        };
+        const auto [dinp_pipelined, partials_pipelined] = run(std::true_type{});
+        const auto [dinp_plain, partials_plain] = run(std::false_type{});
+        CHECK(bitwise_equal(dinp_pipelined, dinp_plain));
+        CHECK(partials_pipelined == partials_plain);
+        CHECK(!bitwise_equal(dinp_plain, dinp_init));  // the kernels did add something
     }
 }

@@ -100,9 +100,9 @@ TEST_CASE("recording an executed step: every launch of the model, timed") {
         const std::vector<LaunchRecord> records = record_one_step({zero_stage, 2, 1, false, true});
         INFO("ZeRO-" << zero_stage);
         // The model's kernels, by the names the tables print (head size 16 -> the HS_MAX 32 kernels).
-        for (const char* name : {"encoder_forward_kernel", "layernorm_forward_kernel", "fused_residual_layernorm_forward_kernel",
+        for (const char* name : {"encoder_forward_kernel", "layernorm_forward_kernel<2>", "fused_residual_layernorm_forward_kernel<2>",
                                  "attention_forward_kernel<32>", "attention_backward_dkdv_kernel<32>",
-                                 "attention_backward_dq_kernel<32>", "fused_classifier_kernel", "layernorm_backward_kernel",
+                                 "attention_backward_dq_kernel<32>", "fused_classifier_kernel", "layernorm_backward_kernel<true>",
                                  "encoder_backward_wte_kernel", "adamw_kernel", "global_norm_partials_kernel",
                                  "matmul_forward(C=64, OC=192, bias)", "matmul_forward(C=64, OC=256, bias, gelu)",
                                  "matmul_backward_dinp(C=256, OC=64, dgelu)", "matmul_backward_dweight(C=64, OC=512)"})
