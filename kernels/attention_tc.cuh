@@ -181,6 +181,11 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
     const int row0 = q0 + warp * kWarpRows + lane / 4;   // this lane's rows: row0 and row0 + 8
     const int first_key[2] = {attention_detail::first_visible_key(doc_row, row0, T),
                               attention_detail::first_visible_key(doc_row, row0 + 8, T)};
+    // Only tiles the masks cut need the per-score tests (FlashAttention-2 masks only the diagonal
+    // block): a tile is visible in full to the warp's 16 rows when its last key is at or before the
+    // warp's first row and its first key at or after every row's first visible key.
+    const int warp_row0 = q0 + warp * kWarpRows;
+    const int warp_first_key = int(warp_max(float(max(first_key[0], first_key[1]))));  // exact: keys < 2^24
     float o[HS / 8][4] = {};
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this lane's share of the row sums
     for (int kt = first_tile; kt < key_tiles; ++kt) {
@@ -200,13 +205,24 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
         float s[kKeys / 8][4] = {};
         mma_a_bt<kKeys, HS>(s, q_tile + warp * kWarpRows * ld, k_tile, ld);
         float tile_max[2] = {-INFINITY, -INFINITY};
-        TC_UNROLL
-        for (int n = 0; n < kKeys / 8; ++n) {
+        if (kt * kKeys + kKeys - 1 > warp_row0 || kt * kKeys < warp_first_key) {  // warp-uniform
             TC_UNROLL
-            for (int i = 0; i < 4; ++i) {
-                const int key = kt * kKeys + 8 * n + 2 * (lane % 4) + (i & 1);
-                s[n][i] = first_key[i / 2] <= key && key <= row0 + 8 * (i / 2) ? s[n][i] * scale_log2 : -INFINITY;
-                tile_max[i / 2] = fmaxf(tile_max[i / 2], s[n][i]);
+            for (int n = 0; n < kKeys / 8; ++n) {
+                TC_UNROLL
+                for (int i = 0; i < 4; ++i) {
+                    const int key = kt * kKeys + 8 * n + 2 * (lane % 4) + (i & 1);
+                    s[n][i] = first_key[i / 2] <= key && key <= row0 + 8 * (i / 2) ? s[n][i] * scale_log2 : -INFINITY;
+                    tile_max[i / 2] = fmaxf(tile_max[i / 2], s[n][i]);
+                }
+            }
+        } else {
+            TC_UNROLL
+            for (int n = 0; n < kKeys / 8; ++n) {
+                TC_UNROLL
+                for (int i = 0; i < 4; ++i) {
+                    s[n][i] *= scale_log2;
+                    tile_max[i / 2] = fmaxf(tile_max[i / 2], s[n][i]);
+                }
             }
         }
         // A row's fully masked tile after its first visible key gives correction 1 and P = 0. Before
@@ -303,6 +319,10 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
     // Where the queries that see each of them end (<= T; T without document masking).
     const int key_query_end[2] = {attention_detail::visible_query_end(doc_row, min(key0, T), key0, T),
                                   attention_detail::visible_query_end(doc_row, min(key0 + 8, T), key0 + 8, T)};
+    // Tiles the masks do not cut skip the per-score tests: every query of the tile at or after the
+    // warp's last key and before the first end of visible queries among its keys.
+    const int warp_key0 = k0 + warp * kWarpRows;
+    const int warp_query_end = int(-warp_max(-float(min(key_query_end[0], key_query_end[1]))));  // the minimum
     float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
     const int query_end = attention_detail::visible_query_end(doc_row, k0, min(k0 + kBlockRows, T) - 1, T);
     const int query_tiles = (query_end - k0 + kQueries - 1) / kQueries;
@@ -322,14 +342,26 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
         float p[kQueries / 8][4] = {}, ds[kQueries / 8][4] = {};  // transposed: [key][query]
         mma_a_bt<kQueries, HS>(p, k_tile + warp * kWarpRows * ld, q_tile, ld);
         mma_a_bt<kQueries, HS>(ds, v_tile + warp * kWarpRows * ld, dout_tile, ld);
-        TC_UNROLL
-        for (int n = 0; n < kQueries / 8; ++n) {
+        if (q0 < warp_key0 + kWarpRows - 1 || q0 + kQueries > warp_query_end) {  // warp-uniform
             TC_UNROLL
-            for (int i = 0; i < 4; ++i) {
-                const int col = 8 * n + 2 * (lane % 4) + (i & 1), query = q0 + col;
-                const bool visible = key0 + 8 * (i / 2) <= query && query < key_query_end[i / 2];
-                p[n][i] = visible ? exp2f(p[n][i] * scale_log2 - lse_rows[buf * kQueries + col]) : 0.0f;
-                ds[n][i] = p[n][i] * (ds[n][i] - d_rows[buf * kQueries + col]);
+            for (int n = 0; n < kQueries / 8; ++n) {
+                TC_UNROLL
+                for (int i = 0; i < 4; ++i) {
+                    const int col = 8 * n + 2 * (lane % 4) + (i & 1), query = q0 + col;
+                    const bool visible = key0 + 8 * (i / 2) <= query && query < key_query_end[i / 2];
+                    p[n][i] = visible ? exp2f(p[n][i] * scale_log2 - lse_rows[buf * kQueries + col]) : 0.0f;
+                    ds[n][i] = p[n][i] * (ds[n][i] - d_rows[buf * kQueries + col]);
+                }
+            }
+        } else {
+            TC_UNROLL
+            for (int n = 0; n < kQueries / 8; ++n) {
+                TC_UNROLL
+                for (int i = 0; i < 4; ++i) {
+                    const int col = 8 * n + 2 * (lane % 4) + (i & 1);
+                    p[n][i] = exp2f(p[n][i] * scale_log2 - lse_rows[buf * kQueries + col]);
+                    ds[n][i] = p[n][i] * (ds[n][i] - d_rows[buf * kQueries + col]);
+                }
             }
         }
         mma_p_b<HS, kQueries>(dv, p, dout_tile, ld);
@@ -338,7 +370,6 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
     }
     const float dk_scale[2] = {scale, scale}, dv_scale[2] = {1.0f, 1.0f};
     bf16* head_dst = dqkv + size_t(b) * T * stride + h * HS;
-    const int warp_key0 = k0 + warp * kWarpRows;
     store_warp_rows<HS>(head_dst + C, stride, k_tile + warp * kWarpRows * ld, dk, dk_scale, warp_key0, T);
     store_warp_rows<HS>(head_dst + 2 * C, stride, v_tile + warp * kWarpRows * ld, dv, dv_scale, warp_key0, T);
 }
@@ -385,6 +416,11 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
         d_row[r] = row < T ? D[(size_t(b) * NH + h) * T + row] : 0.0f;
         first_key[r] = attention_detail::first_visible_key(doc_row, row, T);
     }
+    // Tiles the masks do not cut skip the per-score tests, as in the forward pass; a warp with rows
+    // past T always tests (those rows are masked whole).
+    const int warp_row0 = q0 + warp * kWarpRows;
+    const int warp_first_key = int(warp_max(float(max(first_key[0], first_key[1]))));
+    const bool warp_rows_in_range = warp_row0 + kWarpRows <= T;
     float dq[HS / 8][4] = {};
     for (int kt = first_tile; kt < key_tiles; ++kt) {
         if (kt + 1 < key_tiles) {
@@ -403,14 +439,25 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
         float ds[kKeys / 8][4] = {}, dp[kKeys / 8][4] = {};
         mma_a_bt<kKeys, HS>(ds, q_tile + warp * kWarpRows * ld, k_tile, ld);  // S first
         mma_a_bt<kKeys, HS>(dp, dout_tile + warp * kWarpRows * ld, v_tile, ld);
-        TC_UNROLL
-        for (int n = 0; n < kKeys / 8; ++n) {
+        if (!warp_rows_in_range || kt * kKeys + kKeys - 1 > warp_row0 || kt * kKeys < warp_first_key) {  // warp-uniform
             TC_UNROLL
-            for (int i = 0; i < 4; ++i) {
-                const int key = kt * kKeys + 8 * n + 2 * (lane % 4) + (i & 1), row = row0 + 8 * (i / 2);
-                const bool visible = first_key[i / 2] <= key && key <= row && row < T;
-                const float p = visible ? exp2f(ds[n][i] * scale_log2 - lse_log2[i / 2]) : 0.0f;
-                ds[n][i] = p * (dp[n][i] - d_row[i / 2]);
+            for (int n = 0; n < kKeys / 8; ++n) {
+                TC_UNROLL
+                for (int i = 0; i < 4; ++i) {
+                    const int key = kt * kKeys + 8 * n + 2 * (lane % 4) + (i & 1), row = row0 + 8 * (i / 2);
+                    const bool visible = first_key[i / 2] <= key && key <= row && row < T;
+                    const float p = visible ? exp2f(ds[n][i] * scale_log2 - lse_log2[i / 2]) : 0.0f;
+                    ds[n][i] = p * (dp[n][i] - d_row[i / 2]);
+                }
+            }
+        } else {
+            TC_UNROLL
+            for (int n = 0; n < kKeys / 8; ++n) {
+                TC_UNROLL
+                for (int i = 0; i < 4; ++i) {
+                    const float p = exp2f(ds[n][i] * scale_log2 - lse_log2[i / 2]);
+                    ds[n][i] = p * (dp[n][i] - d_row[i / 2]);
+                }
             }
         }
         mma_p_b<HS, kKeys>(dq, ds, k_tile, ld);
