@@ -190,7 +190,8 @@ bool capture_stream_wait(cudaStream_t stream, cudaEvent_t event, cudaError_t* re
         size_t& through = c.joined_through[from];
         through = std::max(through, recorded->second.operations);
     }
-    c.nodes.push_back({"cudaStreamWaitEvent", [stream, event] { return cudaStreamWaitEvent(stream, event, 0) == cudaSuccess; }});
+    c.nodes.push_back(
+        {"cudaStreamWaitEvent", [stream, event] { return cudaStreamWaitEvent(stream, event, 0) == cudaSuccess; }});
     ++c.operations[stream];
     *result = cudaSuccess;
     return true;
@@ -234,8 +235,8 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
         if (it == all.by_stream.end()) return record_error(cudaErrorIllegalState);
         if (it->second->origin != stream) return record_error(cudaErrorStreamCaptureUnmatched);
         c.reset(it->second);
-        for (auto s = all.by_stream.begin(); s != all.by_stream.end();) s = s->second == c.get() ? all.by_stream.erase(s) : ++s;
-        for (auto e = all.events.begin(); e != all.events.end();) e = e->second.capture == c.get() ? all.events.erase(e) : ++e;
+        std::erase_if(all.by_stream, [&](const auto& entry) { return entry.second == c.get(); });
+        std::erase_if(all.events, [&](const auto& entry) { return entry.second.capture == c.get(); });
         --all.active;
     }
     if (!c->invalid_because.empty()) return record_error(cudaErrorStreamCaptureInvalidated);

@@ -496,7 +496,8 @@ const char* ncclGetErrorString(ncclResult_t result) {
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
     const char* call = "ncclAllReduce";
-    if (cuemu::capturing(stream)) return captured(call, stream, [=] { return ncclAllReduce(sendbuff, recvbuff, count, datatype, op, comm, stream); });
+    if (cuemu::capturing(stream))
+        return captured(call, stream, [=] { return ncclAllReduce(sendbuff, recvbuff, count, datatype, op, comm, stream); });
     if (comm == nullptr) return fail(ncclInvalidArgument, call, "comm is NULL");
     ncclResult_t local = check_reduction(call, datatype, op);
     const size_t elem = type_size(datatype);
@@ -526,7 +527,9 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, n
 ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t datatype,
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
     const char* call = "ncclReduceScatter";
-    if (cuemu::capturing(stream)) return captured(call, stream, [=] { return ncclReduceScatter(sendbuff, recvbuff, recvcount, datatype, op, comm, stream); });
+    if (cuemu::capturing(stream))
+        return captured(call, stream,
+                        [=] { return ncclReduceScatter(sendbuff, recvbuff, recvcount, datatype, op, comm, stream); });
     if (comm == nullptr) return fail(ncclInvalidArgument, call, "comm is NULL");
     ncclResult_t local = check_reduction(call, datatype, op);
     const size_t elem = type_size(datatype);
@@ -556,7 +559,8 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
                            ncclComm_t comm, cudaStream_t stream) {
     const char* call = "ncclAllGather";
-    if (cuemu::capturing(stream)) return captured(call, stream, [=] { return ncclAllGather(sendbuff, recvbuff, sendcount, datatype, comm, stream); });
+    if (cuemu::capturing(stream))
+        return captured(call, stream, [=] { return ncclAllGather(sendbuff, recvbuff, sendcount, datatype, comm, stream); });
     if (comm == nullptr) return fail(ncclInvalidArgument, call, "comm is NULL");
     ncclResult_t local = check_type(call, datatype);
     const size_t elem = std::max<size_t>(1, type_size(datatype));
@@ -586,7 +590,8 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
                            ncclComm_t comm, cudaStream_t stream) {
     const char* call = "ncclBroadcast";
-    if (cuemu::capturing(stream)) return captured(call, stream, [=] { return ncclBroadcast(sendbuff, recvbuff, count, datatype, root, comm, stream); });
+    if (cuemu::capturing(stream))
+        return captured(call, stream, [=] { return ncclBroadcast(sendbuff, recvbuff, count, datatype, root, comm, stream); });
     if (comm == nullptr) return fail(ncclInvalidArgument, call, "comm is NULL");
     ncclResult_t local = check_type(call, datatype);
     const size_t elem = std::max<size_t>(1, type_size(datatype));
@@ -619,7 +624,8 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, n
 ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
                         int root, ncclComm_t comm, cudaStream_t stream) {
     const char* call = "ncclReduce";
-    if (cuemu::capturing(stream)) return captured(call, stream, [=] { return ncclReduce(sendbuff, recvbuff, count, datatype, op, root, comm, stream); });
+    if (cuemu::capturing(stream))
+        return captured(call, stream, [=] { return ncclReduce(sendbuff, recvbuff, count, datatype, op, root, comm, stream); });
     if (comm == nullptr) return fail(ncclInvalidArgument, call, "comm is NULL");
     ncclResult_t local = check_reduction(call, datatype, op);
     const size_t elem = type_size(datatype);

@@ -266,7 +266,8 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind 
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t stream) {
     if (cuemu::capturing(stream))
-        return cuemu::capture(stream, "cudaMemcpyAsync", [=] { return cudaMemcpyAsync(dst, src, count, kind, stream) == cudaSuccess; });
+        return cuemu::capture(stream, "cudaMemcpyAsync",
+                              [=] { return cudaMemcpyAsync(dst, src, count, kind, stream) == cudaSuccess; });
     return copy_bytes("cudaMemcpyAsync", dst, src, count, kind, stream, false);
 }
 
