@@ -50,11 +50,17 @@ template <int HS> constexpr int kLd = HS + 8;
 // Rows per streamed tile: 64, or 32 for hs 128, where two 64-wide fragments (scores, dP) next to
 // the hs-wide accumulators would exceed the register budget.
 template <int HS> constexpr int kForwardKeys = 64;
+// The forward kernel's 16-row fragments per warp: two up to hs 64 (FlashAttention-2's 128-query
+// blocks: every K and V fragment a warp loads with ldmatrix feeds two MMAs, which halves the
+// shared-memory reads per query and the K/V tiles loaded per query), one at hs 128, where the second
+// fragment's accumulators would not fit the register budget.
+template <int HS> constexpr int kForwardFrags = HS <= 64 ? 2 : 1;
+template <int HS> constexpr int kForwardRows = kWarps * kWarpRows * kForwardFrags<HS>;  // queries per block
 template <int HS> constexpr int kDqKeys = HS >= 128 ? 32 : 64;
 template <int HS> constexpr int kDkdvQueries = HS >= 128 ? 32 : 64;
 
 template <int HS> constexpr size_t forward_smem_bytes() {
-    return size_t(kBlockRows + 4 * kForwardKeys<HS>) * kLd<HS> * sizeof(bf16);
+    return size_t(kForwardRows<HS> + 4 * kForwardKeys<HS>) * kLd<HS> * sizeof(bf16);
 }
 template <int HS> constexpr size_t dq_smem_bytes() {
     return size_t(2 * kBlockRows + 4 * kDqKeys<HS>) * kLd<HS> * sizeof(bf16);
@@ -121,6 +127,56 @@ __device__ inline void mma_p_b(float (&acc)[N / 8][4], const float (&p)[K / 8][4
     }
 }
 
+// mma_a_bt for F row fragments at once: fragment f's 16 rows at a + 16 f ld, acc[f] += A_f B^T. Each
+// B fragment is loaded once for all F (FlashAttention-2's reuse across a warp's rows).
+template <int F, int N, int K>
+__device__ inline void mma_a_bt_rows(float (&acc)[F][N / 8][4], const bf16* a, const bf16* b, int ld) {
+    const int lane = int(threadIdx.x) % 32;
+    TC_UNROLL
+    for (int k0 = 0; k0 < K; k0 += 16) {
+        uint32_t af[F][4];
+        TC_UNROLL
+        for (int f = 0; f < F; ++f) ldmatrix_x4(af[f], a + (16 * f + lane % 16) * ld + k0 + (lane / 16) * 8);
+        TC_UNROLL
+        for (int n = 0; n < N / 8; n += 2) {
+            uint32_t bf[4];
+            ldmatrix_x4(bf, b + (8 * n + lane % 8 + (lane / 16) * 8) * ld + k0 + (lane / 8 % 2) * 8);
+            TC_UNROLL
+            for (int f = 0; f < F; ++f) {
+                mma_m16n8k16_bf16(acc[f][n], af[f], bf, acc[f][n]);
+                mma_m16n8k16_bf16(acc[f][n + 1], af[f], bf + 2, acc[f][n + 1]);
+            }
+        }
+    }
+}
+
+// mma_p_b for F row fragments at once: acc[f] += P_f B, each B fragment loaded once for all F.
+template <int F, int N, int K>
+__device__ inline void mma_p_b_rows(float (&acc)[F][N / 8][4], const float (&p)[F][K / 8][4], const bf16* b, int ld) {
+    const int lane = int(threadIdx.x) % 32;
+    TC_UNROLL
+    for (int k = 0; k < K / 16; ++k) {
+        uint32_t af[F][4];
+        TC_UNROLL
+        for (int f = 0; f < F; ++f) {
+            af[f][0] = pack_bf16x2(p[f][2 * k][0], p[f][2 * k][1]);
+            af[f][1] = pack_bf16x2(p[f][2 * k][2], p[f][2 * k][3]);
+            af[f][2] = pack_bf16x2(p[f][2 * k + 1][0], p[f][2 * k + 1][1]);
+            af[f][3] = pack_bf16x2(p[f][2 * k + 1][2], p[f][2 * k + 1][3]);
+        }
+        TC_UNROLL
+        for (int n = 0; n < N / 8; n += 2) {
+            uint32_t bf[4];
+            ldmatrix_x4_trans(bf, b + (16 * k + lane % 16) * ld + 8 * n + (lane / 16) * 8);
+            TC_UNROLL
+            for (int f = 0; f < F; ++f) {
+                mma_m16n8k16_bf16(acc[f][n], af[f], bf, acc[f][n]);
+                mma_m16n8k16_bf16(acc[f][n + 1], af[f], bf + 2, acc[f][n + 1]);
+            }
+        }
+    }
+}
+
 // scale * acc (the warp's 16 x HS accumulator) as bf16 into its 16 shared-memory rows at rows, then
 // those of the 16 rows that lie below T to dst (row r at dst + (row0 + r) * dst_stride), 16 bytes
 // at a time. Only this warp may use the rows.
@@ -155,14 +211,14 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
     attention_tc_forward_kernel(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, const int* doc_start, int T,
                                 int C, int NH) {
     using namespace attention_tc_detail;
-    constexpr int ld = kLd<HS>, kKeys = kForwardKeys<HS>;
-    const int q0 = (int(gridDim.x) - 1 - int(blockIdx.x)) * kBlockRows;  // longest causal rows first
+    constexpr int ld = kLd<HS>, kKeys = kForwardKeys<HS>, F = kForwardFrags<HS>, kRows = kForwardRows<HS>;
+    const int q0 = (int(gridDim.x) - 1 - int(blockIdx.x)) * kRows;  // longest causal rows first
     const int h = int(blockIdx.y), b = int(blockIdx.z);
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
 
     DYNAMIC_SHARED(bf16, smem);
-    bf16* q_tile = smem;                        // [kBlockRows][ld]; at the end each warp's output
-    bf16* k_tiles = q_tile + kBlockRows * ld;   // [2][kKeys][ld]
+    bf16* q_tile = smem;                        // [kRows][ld]; at the end each warp's output
+    bf16* k_tiles = q_tile + kRows * ld;        // [2][kKeys][ld]
     bf16* v_tiles = k_tiles + 2 * kKeys * ld;   // [2][kKeys][ld]
 
     const size_t stride = 3 * size_t(C);
@@ -171,23 +227,42 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
     const bf16* v_src = q_src + 2 * C;
     const int* doc_row = doc_start != nullptr ? doc_start + size_t(b) * T : nullptr;
     const int first_tile = attention_detail::first_key_tile(doc_row, q0, kKeys);
-    const int key_tiles = (min(q0 + kBlockRows, T) + kKeys - 1) / kKeys;  // up to the block's last query
-    load_rows_async<HS, kBlockRows>(q_tile, q_src, stride, q0, T);
+    const int key_tiles = (min(q0 + kRows, T) + kKeys - 1) / kKeys;  // up to the block's last query
+    load_rows_async<HS, kRows>(q_tile, q_src, stride, q0, T);
     load_rows_async<HS, kKeys>(k_tiles + (first_tile % 2) * kKeys * ld, k_src, stride, first_tile * kKeys, T);
     load_rows_async<HS, kKeys>(v_tiles + (first_tile % 2) * kKeys * ld, v_src, stride, first_tile * kKeys, T);
     cp_async_commit();
 
     const float scale_log2 = kLog2e / sqrtf(float(HS));  // scores in base-2 units
-    const int row0 = q0 + warp * kWarpRows + lane / 4;   // this lane's rows: row0 and row0 + 8
-    const int first_key[2] = {attention_detail::first_visible_key(doc_row, row0, T),
-                              attention_detail::first_visible_key(doc_row, row0 + 8, T)};
+    // The warp owns F fragments of 16 rows, from warp_row0; this lane's rows in fragment f are
+    // row0[f] and row0[f] + 8.
+    const int warp_row0 = q0 + warp * F * kWarpRows;
+    int row0[F], first_key[F][2];
+    TC_UNROLL
+    for (int f = 0; f < F; ++f) {
+        row0[f] = warp_row0 + f * kWarpRows + lane / 4;
+        first_key[f][0] = attention_detail::first_visible_key(doc_row, row0[f], T);
+        first_key[f][1] = attention_detail::first_visible_key(doc_row, row0[f] + 8, T);
+    }
     // Only tiles the masks cut need the per-score tests (FlashAttention-2 masks only the diagonal
-    // block): a tile is visible in full to the warp's 16 rows when its last key is at or before the
+    // block): a tile is visible in full to the warp's rows when its last key is at or before the
     // warp's first row and its first key at or after every row's first visible key.
-    const int warp_row0 = q0 + warp * kWarpRows;
-    const int warp_first_key = int(warp_max(float(max(first_key[0], first_key[1]))));  // exact: keys < 2^24
-    float o[HS / 8][4] = {};
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this lane's share of the row sums
+    // A tile that none of the warp's rows sees (past its last row, or before every row's document)
+    // is skipped by the warp: with 128-row blocks the block's key tiles reach past the first warps'
+    // rows, and a block can span documents.
+    int lane_first_key = 0, lane_min_first_key = T;
+    TC_UNROLL
+    for (int f = 0; f < F; ++f) {
+        lane_first_key = max(lane_first_key, max(first_key[f][0], first_key[f][1]));
+        lane_min_first_key = min(lane_min_first_key, min(first_key[f][0], first_key[f][1]));
+    }
+    const int warp_first_key = int(warp_max(float(lane_first_key)));             // exact: keys < 2^24
+    const int warp_min_first_key = int(-warp_max(-float(lane_min_first_key)));  // the minimum
+    const int warp_last_row = warp_row0 + F * kWarpRows - 1;
+    float o[F][HS / 8][4] = {};
+    float m[F][2], l[F][2];  // l: this lane's share of the row sums
+    TC_UNROLL
+    for (int f = 0; f < F; ++f) m[f][0] = m[f][1] = -INFINITY, l[f][0] = l[f][1] = 0.0f;
     for (int kt = first_tile; kt < key_tiles; ++kt) {
         if (kt + 1 < key_tiles) {  // prefetch the next tile into the other buffer
             const int next = (kt + 1) % 2;
@@ -201,70 +276,87 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
         __syncthreads();  // everyone's are
         const bf16* k_tile = k_tiles + (kt % 2) * kKeys * ld;
         const bf16* v_tile = v_tiles + (kt % 2) * kKeys * ld;
-
-        float s[kKeys / 8][4] = {};
-        mma_a_bt<kKeys, HS>(s, q_tile + warp * kWarpRows * ld, k_tile, ld);
-        float tile_max[2] = {-INFINITY, -INFINITY};
-        if (kt * kKeys + kKeys - 1 > warp_row0 || kt * kKeys < warp_first_key) {  // warp-uniform
+        // Warp-uniform; the one barrier below stays outside the branch.
+        if (kt * kKeys <= warp_last_row && kt * kKeys + kKeys - 1 >= warp_min_first_key) {
+            float s[F][kKeys / 8][4] = {};
+            mma_a_bt_rows<F, kKeys, HS>(s, q_tile + warp * F * kWarpRows * ld, k_tile, ld);
+            float tile_max[F][2];
             TC_UNROLL
-            for (int n = 0; n < kKeys / 8; ++n) {
+            for (int f = 0; f < F; ++f) tile_max[f][0] = tile_max[f][1] = -INFINITY;
+            if (kt * kKeys + kKeys - 1 > warp_row0 || kt * kKeys < warp_first_key) {  // warp-uniform
                 TC_UNROLL
-                for (int i = 0; i < 4; ++i) {
-                    const int key = kt * kKeys + 8 * n + 2 * (lane % 4) + (i & 1);
-                    s[n][i] = first_key[i / 2] <= key && key <= row0 + 8 * (i / 2) ? s[n][i] * scale_log2 : -INFINITY;
-                    tile_max[i / 2] = fmaxf(tile_max[i / 2], s[n][i]);
+                for (int f = 0; f < F; ++f) {
+                    TC_UNROLL
+                    for (int n = 0; n < kKeys / 8; ++n) {
+                        TC_UNROLL
+                        for (int i = 0; i < 4; ++i) {
+                            const int key = kt * kKeys + 8 * n + 2 * (lane % 4) + (i & 1);
+                            s[f][n][i] = first_key[f][i / 2] <= key && key <= row0[f] + 8 * (i / 2) ? s[f][n][i] * scale_log2
+                                                                                                   : -INFINITY;
+                            tile_max[f][i / 2] = fmaxf(tile_max[f][i / 2], s[f][n][i]);
+                        }
+                    }
+                }
+            } else {
+                TC_UNROLL
+                for (int f = 0; f < F; ++f) {
+                    TC_UNROLL
+                    for (int n = 0; n < kKeys / 8; ++n) {
+                        TC_UNROLL
+                        for (int i = 0; i < 4; ++i) {
+                            s[f][n][i] *= scale_log2;
+                            tile_max[f][i / 2] = fmaxf(tile_max[f][i / 2], s[f][n][i]);
+                        }
+                    }
                 }
             }
-        } else {
+            // A row's fully masked tile after its first visible key gives correction 1 and P = 0. Before
+            // it (a document that starts later in the block) m stays -inf: exponents relative to 0 then
+            // keep P = 0 and o = l = 0 (exp2(-inf - -inf) would be NaN).
             TC_UNROLL
-            for (int n = 0; n < kKeys / 8; ++n) {
+            for (int f = 0; f < F; ++f) {
+                float correction[2], m_ref[2];
                 TC_UNROLL
-                for (int i = 0; i < 4; ++i) {
-                    s[n][i] *= scale_log2;
-                    tile_max[i / 2] = fmaxf(tile_max[i / 2], s[n][i]);
+                for (int r = 0; r < 2; ++r) {
+                    const float m_new = fmaxf(m[f][r], attention_detail::row_max(tile_max[f][r]));
+                    m_ref[r] = m_new == -INFINITY ? 0.0f : m_new;
+                    correction[r] = exp2f(m[f][r] - m_ref[r]);  // 0 on the row's first tile (m = -inf)
+                    m[f][r] = m_new;
+                    l[f][r] *= correction[r];
+                }
+                TC_UNROLL
+                for (int n = 0; n < kKeys / 8; ++n) {
+                    TC_UNROLL
+                    for (int i = 0; i < 4; ++i) {
+                        s[f][n][i] = exp2f(s[f][n][i] - m_ref[i / 2]);
+                        l[f][i / 2] += s[f][n][i];
+                    }
+                }
+                TC_UNROLL
+                for (int n = 0; n < HS / 8; ++n) {
+                    TC_UNROLL
+                    for (int i = 0; i < 4; ++i) o[f][n][i] *= correction[i / 2];
                 }
             }
+            mma_p_b_rows<F, HS, kKeys>(o, s, v_tile, ld);
         }
-        // A row's fully masked tile after its first visible key gives correction 1 and P = 0. Before
-        // it (a document that starts later in the block) m stays -inf: exponents relative to 0 then
-        // keep P = 0 and o = l = 0 (exp2(-inf - -inf) would be NaN).
-        float correction[2], m_ref[2];
-        TC_UNROLL
-        for (int r = 0; r < 2; ++r) {
-            const float m_new = fmaxf(m[r], attention_detail::row_max(tile_max[r]));
-            m_ref[r] = m_new == -INFINITY ? 0.0f : m_new;
-            correction[r] = exp2f(m[r] - m_ref[r]);  // 0 on the row's first tile (m = -inf)
-            m[r] = m_new;
-            l[r] *= correction[r];
-        }
-        TC_UNROLL
-        for (int n = 0; n < kKeys / 8; ++n) {
-            TC_UNROLL
-            for (int i = 0; i < 4; ++i) {
-                s[n][i] = exp2f(s[n][i] - m_ref[i / 2]);
-                l[i / 2] += s[n][i];
-            }
-        }
-        TC_UNROLL
-        for (int n = 0; n < HS / 8; ++n) {
-            TC_UNROLL
-            for (int i = 0; i < 4; ++i) o[n][i] *= correction[i / 2];
-        }
-        mma_p_b<HS, kKeys>(o, s, v_tile, ld);
         __syncthreads();  // tile kt's buffers are refilled by the next iteration's prefetch
     }
 
-    float inv_l[2];
     TC_UNROLL
-    for (int r = 0; r < 2; ++r) {
-        l[r] = attention_detail::row_sum(l[r]);
-        inv_l[r] = 1.0f / l[r];
-        const int row = row0 + 8 * r;
-        if (lane % 4 == 0 && row < T) lse[(size_t(b) * NH + h) * T + row] = (m[r] + log2f(l[r])) * kLn2;
+    for (int f = 0; f < F; ++f) {
+        float inv_l[2];
+        TC_UNROLL
+        for (int r = 0; r < 2; ++r) {
+            l[f][r] = attention_detail::row_sum(l[f][r]);
+            inv_l[r] = 1.0f / l[f][r];
+            const int row = row0[f] + 8 * r;
+            if (lane % 4 == 0 && row < T) lse[(size_t(b) * NH + h) * T + row] = (m[f][r] + log2f(l[f][r])) * kLn2;
+        }
+        // The warp's own q rows (only it read them) stage the output.
+        store_warp_rows<HS>(out + size_t(b) * T * C + h * HS, size_t(C), q_tile + (warp * F + f) * kWarpRows * ld, o[f],
+                            inv_l, warp_row0 + f * kWarpRows, T);
     }
-    // The warp's own q rows (only it read them) stage the output.
-    store_warp_rows<HS>(out + size_t(b) * T * C + h * HS, size_t(C), q_tile + warp * kWarpRows * ld, o, inv_l,
-                        q0 + warp * kWarpRows, T);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -504,10 +596,17 @@ template <typename F> void dispatch_head_size(int hs, F&& f) {
 
 // Tile pairs a kernel computes per (b, h): for each block of kBlockRows rows, the streamed tiles
 // of `tile` rows it visits (those the causal mask does not hide entirely).
-inline double query_block_key_tiles(int T, int tile) {  // forward, dQ
+inline double query_block_key_tiles(int T, int tile) {  // dQ
     double pairs = 0;
     for (int q0 = 0; q0 < T; q0 += kBlockRows) pairs += ceil_div(std::min(q0 + kBlockRows, T), tile);
     return pairs;
+}
+// Forward: each warp's rows times the key tiles it computes (up to its last row; a warp skips the
+// tiles of its block that lie past its rows).
+inline double forward_row_tiles(int T, int tile, int warp_rows) {
+    double row_tiles = 0;
+    for (int r0 = 0; r0 < T; r0 += warp_rows) row_tiles += double(warp_rows) * ceil_div(std::min(r0 + warp_rows, T), tile);
+    return row_tiles;
 }
 inline double key_block_query_tiles(int T, int tile) {  // dK/dV
     double pairs = 0;
@@ -527,12 +626,12 @@ void forward(T* out, float* lse, const T* qkv, int B, int Tn, int C, int NH, cud
             constexpr auto kernel = attention_tc_forward_kernel<HS>;
             constexpr size_t smem = forward_smem_bytes<HS>();
             attention_detail::allow_smem<kernel>(smem);
-            // Matmul FLOPs executed: S = Q K^T and P V, 2 * 64 * tile * hs each per tile pair.
-            const KernelCost cost{BNH * query_block_key_tiles(Tn, kForwardKeys<HS>) * 4.0 * kBlockRows *
-                                      kForwardKeys<HS> * HS,
+            // Matmul FLOPs executed: S = Q K^T and P V, 2 * tile * hs each per row and key tile.
+            const double row_tiles = forward_row_tiles(Tn, kForwardKeys<HS>, kForwardFrags<HS> * kWarpRows);
+            const KernelCost cost{BNH * row_tiles * 4.0 * kForwardKeys<HS> * HS,
                                   3 * BTC * bf + BTC * bf + BNH * Tn * sizeof(float), WorkKind::tensor_cores};
-            launch<kernel>(cost, dim3(ceil_div(Tn, kBlockRows), NH, B), dim3(kThreads), smem, stream, out, lse, qkv,
-                           doc_start, Tn, C, NH);
+            launch<kernel>(cost, dim3(ceil_div(Tn, kForwardRows<HS>), NH, B), dim3(kThreads), smem, stream, out, lse,
+                           qkv, doc_start, Tn, C, NH);
         });
     }
 }
