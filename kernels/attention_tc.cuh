@@ -5,8 +5,9 @@
 // accumulated), backward scratch D = rowsum(dO * O) of (B, NH, T) floats, computed by
 // attention.cuh's rowdot kernel.
 //
-// A block is 4 warps; each warp owns 16 rows (queries in the forward and dQ kernels, keys in the
-// dK/dV kernel) and keeps their score tile, softmax state and output accumulators in registers,
+// A block is 4 warps; each warp owns 16-row fragments (queries in the forward and dQ kernels, keys
+// in the dK/dV kernel): two in the forward up to head size 64 (128-query blocks, as FlashAttention-2),
+// one otherwise. It keeps their score tiles, softmax state and output accumulators in registers,
 // in the mma accumulator layout. The accumulator of a 16 x 16k score tile is, register for
 // register, the A operand of the next product (P V, dS K, ...), so P and dS never touch shared
 // memory. The streamed operand (K and V tiles, or Q and dO tiles for dK/dV) is double-buffered in
