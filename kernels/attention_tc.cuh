@@ -234,7 +234,10 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
     load_rows_async<HS, kKeys>(v_tiles + (first_tile % 2) * kKeys * ld, v_src, stride, first_tile * kKeys, T);
     cp_async_commit();
 
-    const float scale_log2 = kLog2e / sqrtf(float(HS));  // scores in base-2 units
+    // The softmax runs in base 2 with the scale folded into the exponent (FlashAttention-2): maxima
+    // are taken over the raw scores, and p = 2^(s scale_log2 - m scale_log2) is one FFMA and one
+    // ex2.approx.ftz per score.
+    const float scale_log2 = kLog2e / sqrtf(float(HS));
     // The warp owns F fragments of 16 rows, from warp_row0; this lane's rows in fragment f are
     // row0[f] and row0[f] + 8.
     const int warp_row0 = q0 + warp * F * kWarpRows;
@@ -292,8 +295,7 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
                         TC_UNROLL
                         for (int i = 0; i < 4; ++i) {
                             const int key = kt * kKeys + 8 * n + 2 * (lane % 4) + (i & 1);
-                            s[f][n][i] = first_key[f][i / 2] <= key && key <= row0[f] + 8 * (i / 2) ? s[f][n][i] * scale_log2
-                                                                                                   : -INFINITY;
+                            if (!(first_key[f][i / 2] <= key && key <= row0[f] + 8 * (i / 2))) s[f][n][i] = -INFINITY;
                             tile_max[f][i / 2] = fmaxf(tile_max[f][i / 2], s[f][n][i]);
                         }
                     }
@@ -304,10 +306,7 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
                     TC_UNROLL
                     for (int n = 0; n < kKeys / 8; ++n) {
                         TC_UNROLL
-                        for (int i = 0; i < 4; ++i) {
-                            s[f][n][i] *= scale_log2;
-                            tile_max[f][i / 2] = fmaxf(tile_max[f][i / 2], s[f][n][i]);
-                        }
+                        for (int i = 0; i < 4; ++i) tile_max[f][i / 2] = fmaxf(tile_max[f][i / 2], s[f][n][i]);
                     }
                 }
             }
@@ -316,12 +315,13 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
             // keep P = 0 and o = l = 0 (exp2(-inf - -inf) would be NaN).
             TC_UNROLL
             for (int f = 0; f < F; ++f) {
-                float correction[2], m_ref[2];
+                float correction[2], m_ref_scaled[2];
                 TC_UNROLL
                 for (int r = 0; r < 2; ++r) {
                     const float m_new = fmaxf(m[f][r], attention_detail::row_max(tile_max[f][r]));
-                    m_ref[r] = m_new == -INFINITY ? 0.0f : m_new;
-                    correction[r] = exp2f(m[f][r] - m_ref[r]);  // 0 on the row's first tile (m = -inf)
+                    const float m_ref = m_new == -INFINITY ? 0.0f : m_new;
+                    m_ref_scaled[r] = m_ref * scale_log2;
+                    correction[r] = exp2_ftz((m[f][r] - m_ref) * scale_log2);  // 0 on the row's first tile (m = -inf)
                     m[f][r] = m_new;
                     l[f][r] *= correction[r];
                 }
@@ -329,7 +329,7 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
                 for (int n = 0; n < kKeys / 8; ++n) {
                     TC_UNROLL
                     for (int i = 0; i < 4; ++i) {
-                        s[f][n][i] = exp2f(s[f][n][i] - m_ref[i / 2]);
+                        s[f][n][i] = exp2_ftz(fmaf(s[f][n][i], scale_log2, -m_ref_scaled[i / 2]));
                         l[f][i / 2] += s[f][n][i];
                     }
                 }
@@ -352,7 +352,8 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
             l[f][r] = attention_detail::row_sum(l[f][r]);
             inv_l[r] = 1.0f / l[f][r];
             const int row = row0[f] + 8 * r;
-            if (lane % 4 == 0 && row < T) lse[(size_t(b) * NH + h) * T + row] = (m[f][r] + log2f(l[f][r])) * kLn2;
+            if (lane % 4 == 0 && row < T)
+                lse[(size_t(b) * NH + h) * T + row] = fmaf(m[f][r], scale_log2, log2f(l[f][r])) * kLn2;
         }
         // The warp's own q rows (only it read them) stage the output.
         store_warp_rows<HS>(out + size_t(b) * T * C + h * HS, size_t(C), q_tile + (warp * F + f) * kWarpRows * ld, o[f],
@@ -442,7 +443,7 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
                 for (int i = 0; i < 4; ++i) {
                     const int col = 8 * n + 2 * (lane % 4) + (i & 1), query = q0 + col;
                     const bool visible = key0 + 8 * (i / 2) <= query && query < key_query_end[i / 2];
-                    p[n][i] = visible ? exp2f(p[n][i] * scale_log2 - lse_rows[buf * kQueries + col]) : 0.0f;
+                    p[n][i] = visible ? exp2_ftz(fmaf(p[n][i], scale_log2, -lse_rows[buf * kQueries + col])) : 0.0f;
                     ds[n][i] = p[n][i] * (ds[n][i] - d_rows[buf * kQueries + col]);
                 }
             }
@@ -452,7 +453,7 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
                 TC_UNROLL
                 for (int i = 0; i < 4; ++i) {
                     const int col = 8 * n + 2 * (lane % 4) + (i & 1);
-                    p[n][i] = exp2f(p[n][i] * scale_log2 - lse_rows[buf * kQueries + col]);
+                    p[n][i] = exp2_ftz(fmaf(p[n][i], scale_log2, -lse_rows[buf * kQueries + col]));
                     ds[n][i] = p[n][i] * (ds[n][i] - d_rows[buf * kQueries + col]);
                 }
             }
@@ -539,7 +540,7 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
                 for (int i = 0; i < 4; ++i) {
                     const int key = kt * kKeys + 8 * n + 2 * (lane % 4) + (i & 1), row = row0 + 8 * (i / 2);
                     const bool visible = first_key[i / 2] <= key && key <= row && row < T;
-                    const float p = visible ? exp2f(ds[n][i] * scale_log2 - lse_log2[i / 2]) : 0.0f;
+                    const float p = visible ? exp2_ftz(fmaf(ds[n][i], scale_log2, -lse_log2[i / 2])) : 0.0f;
                     ds[n][i] = p * (dp[n][i] - d_row[i / 2]);
                 }
             }
@@ -548,7 +549,7 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
             for (int n = 0; n < kKeys / 8; ++n) {
                 TC_UNROLL
                 for (int i = 0; i < 4; ++i) {
-                    const float p = exp2f(ds[n][i] * scale_log2 - lse_log2[i / 2]);
+                    const float p = exp2_ftz(fmaf(ds[n][i], scale_log2, -lse_log2[i / 2]));
                     ds[n][i] = p * (dp[n][i] - d_row[i / 2]);
                 }
             }

@@ -116,6 +116,21 @@ __device__ inline void ldmatrix_x4_trans(uint32_t r[4], const void* row) {
 #endif
 }
 
+// 2^x by ex2.approx.ftz.f32 (PTX ISA, "ex2": the special-function unit's approximation, subnormal
+// inputs and results flushed to zero). Plain exp2f compiles to the non-ftz ex2.approx, whose
+// subnormal handling costs extra instructions per call. The emulator takes exp2f and flushes a
+// subnormal result to zero: its last bits can differ from the GPU's, as exp2f's already do.
+__device__ inline float exp2_ftz(float x) {
+#ifdef __CUDACC__
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+#else
+    const float y = exp2f(x);
+    return y < 0x1p-126f ? 0.0f : y;  // 2^x > 0: below the smallest normal float is subnormal (or 0)
+#endif
+}
+
 // cp.async.cg: 16 bytes global -> shared, both 16-byte aligned, completed by cp_async_wait of
 // its group (then visible to this thread; other threads need a __syncthreads after that).
 __device__ inline void cp_async_16(void* smem, const void* gmem) {

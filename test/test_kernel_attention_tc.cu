@@ -62,14 +62,14 @@ TEST_CASE("tensor-core attention matches a double reference and the SIMT kernels
         const auto grad = split_qkv(tc.dqkv, s.C), grad_simt = split_qkv(simt.dqkv, s.C);
 
         // Errors relative to each tensor's max |ref|, measured over these cases (the same under every
-        // schedule order): out 2.8e-3, lse 1.4e-7, dq 4.8e-3, dk 5.6e-3, dv 3.6e-3 (SIMT kernels: out
+        // schedule order): out 2.8e-3, lse 1.4e-7, dq 5.2e-3, dk 5.6e-3, dv 3.6e-3 (SIMT kernels: out
         // 2.0e-3, dq 3.6e-3, dk 4.6e-3, dv 2.9e-3). out and dqkv are rounded to bf16 (2^-8 = 3.9e-3 of
         // an element at most); dq and dk also inherit the rounding of out through D = rowsum(dO * out);
         // beyond that the tensor cores take P and dS rounded to bf16 (2^-9 relative, averaging out over
         // a row). lse stays float: bf16 products are exact and accumulate in FP32.
         check_against_reference(tc, ref, s.C);
         // Against the SIMT kernels, each within the tolerances above of the exact result; measured
-        // out 4.0e-3 (neighbouring bf16 values), lse 1.6e-7, dq 6.1e-3, dk 5.7e-3, dv 5.3e-3.
+        // out 4.0e-3 (neighbouring bf16 values), lse 1.6e-7, dq 7.4e-3, dk 5.7e-3, dv 5.3e-3.
         CHECK(tensor_error(tc.out, simt.out) <= 2 * kOutTolerance);
         CHECK(tensor_error(tc.lse, simt.lse) <= 2 * kLseTolerance);
         for (int part = 0; part < 3; ++part) CHECK(tensor_error(grad[part], grad_simt[part]) <= 2 * kGradTolerance);
