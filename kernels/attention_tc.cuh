@@ -73,13 +73,19 @@ template <int HS> constexpr size_t dkdv_smem_bytes() {
 // Rows [row0, row0 + kRows) of one head (HS values at src + t * src_stride for position t) into
 // shared memory (rows of kLd<HS>) by cp.async, 16 bytes each; rows at or beyond T become zeros,
 // so masked scores never meet a NaN. Joins the calling thread's current cp.async group.
+// A thread copies the same 16-byte column of every kRowStep-th row, so its source offset is one
+// multiply at the start and an add per row (not a 64-bit multiply per chunk).
 template <int HS, int kRows>
 __device__ inline void load_rows_async(bf16* dst, const bf16* src, size_t src_stride, int row0, int T) {
     constexpr int kChunks = HS / 8;
-    for (int i = int(threadIdx.x); i < kRows * kChunks; i += kThreads) {
-        const int r = i / kChunks, c = (i % kChunks) * 8;
+    static_assert(kThreads % kChunks == 0, "a thread keeps one column");
+    constexpr int kRowStep = kThreads / kChunks;
+    const int first = int(threadIdx.x) / kChunks, c = (int(threadIdx.x) % kChunks) * 8;
+    size_t offset = size_t(row0 + first) * src_stride + c;  // formed into a pointer only for rows below T
+    const size_t step = size_t(kRowStep) * src_stride;
+    for (int r = first; r < kRows; r += kRowStep, offset += step) {
         const bool valid = row0 + r < T;
-        cp_async_16_or_zero(dst + r * kLd<HS> + c, src + size_t(valid ? row0 + r : 0) * src_stride + c, valid);
+        cp_async_16_or_zero(dst + r * kLd<HS> + c, src + (valid ? offset : size_t(c)), valid);
     }
 }
 
