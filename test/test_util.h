@@ -97,7 +97,8 @@ struct TempDir {
 
 // Same size and the same bytes (results that must be bitwise reproducible).
 template <typename T> bool bitwise_equal(const std::vector<T>& a, const std::vector<T>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+    // (memcmp must not see the null data() of an empty vector, even for zero bytes)
+    return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
 }
 
 // The exception message of a call expected to throw std::runtime_error, checked to be one line.
