@@ -10,14 +10,7 @@ mpirun=${2:-mpirun --allow-run-as-root --oversubscribe}
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 
-python3 - "$dir" <<'PY'
-import random, struct, sys
-random.seed(11)
-for name, n in (("train_000000.bin", 20000), ("val_000000.bin", 2000)):
-    with open(f"{sys.argv[1]}/{name}", "wb") as f:
-        f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
-        f.write(struct.pack(f"<{n}H", *[random.randrange(50257) for _ in range(n)]))
-PY
+python3 "$(dirname "$0")/make_shards.py" "$dir" 11 20000
 common=(-e tiny -b 2 -t 32 -d 512 -x 3 -l 1e-3 -v 0 -s 0 -i "$dir/train_*.bin" -j "$dir/val_*.bin" -n 3)
 
 for zero in 1 2; do
