@@ -51,73 +51,72 @@ inline int layernorm_register_packs(int C) {
     return 0;
 }
 
+// The arithmetic both forms share, pack by pack, so that it lives in one place.
+namespace layernorm_detail {
+using Pack = Packed128<floatX>;
+__device__ inline void add_values(float& sum, const Pack& v) {
+    for (int k = 0; k < Pack::size; ++k) sum += to_float(v[k]);
+}
+__device__ inline void add_squared_deviations(float& squares, const Pack& v, float mean) {
+    for (int k = 0; k < Pack::size; ++k) {
+        const float d = to_float(v[k]) - mean;
+        squares = fmaf(d, d, squares);
+    }
+}
+// The warp's mean and rstd from its lanes' partial sums (two warp reductions).
+__device__ inline float row_mean(float sum, int C) { return warp_sum(sum) / float(C); }
+__device__ inline float row_rstd(float squares, int C) { return rsqrtf(warp_sum(squares) / float(C) + kLayernormEps); }
+// out[c .. c + Pack::size) = (v - mean) * rstd * weight + bias.
+__device__ inline void store_normalized(floatX* out, const floatX* weight, const floatX* bias, int c, const Pack& v,
+                                        float mean, float rstd) {
+    const Pack w = load128(weight + c), b = load128(bias + c);
+    Pack o;
+    for (int k = 0; k < Pack::size; ++k)
+        o[k] = from_float<floatX>(fmaf((to_float(v[k]) - mean) * rstd, to_float(w[k]), to_float(b[k])));
+    store128(out + c, o);
+}
+__device__ inline void store_statistics(float* mean_out, float* rstd_out, float mean, float rstd) {
+    if (threadIdx.x % 32 != 0) return;
+    if (mean_out) *mean_out = mean;
+    if (rstd_out) *rstd_out = rstd;
+}
+}  // namespace layernorm_detail
+
 // The statistics and output of a row whose packs are in `row` (lane's pack p is pack lane + 32 p).
 template <int kPacks>
 __device__ inline void layernorm_row_in_registers(floatX* out, float* mean_out, float* rstd_out,
                                                   const Packed128<floatX> (&row)[kPacks], const floatX* weight,
                                                   const floatX* bias, int C) {
-    using Pack = Packed128<floatX>;
+    using namespace layernorm_detail;
     const int lane = int(threadIdx.x % 32);
+    const auto column = [&](int p) { return (lane + 32 * p) * Pack::size; };
     float sum = 0.0f;
     for (int p = 0; p < kPacks; ++p)
-        if ((lane + 32 * p) * Pack::size < C)
-            for (int k = 0; k < Pack::size; ++k) sum += to_float(row[p][k]);
-    const float mean = warp_sum(sum) / float(C);
+        if (column(p) < C) add_values(sum, row[p]);
+    const float mean = row_mean(sum, C);
     float squares = 0.0f;
     for (int p = 0; p < kPacks; ++p)
-        if ((lane + 32 * p) * Pack::size < C)
-            for (int k = 0; k < Pack::size; ++k) {
-                const float d = to_float(row[p][k]) - mean;
-                squares = fmaf(d, d, squares);
-            }
-    const float rstd = rsqrtf(warp_sum(squares) / float(C) + kLayernormEps);
-    for (int p = 0; p < kPacks; ++p) {
-        const int c = (lane + 32 * p) * Pack::size;
-        if (c >= C) continue;
-        const Pack w = load128(weight + c), b = load128(bias + c);
-        Pack o;
-        for (int k = 0; k < Pack::size; ++k)
-            o[k] = from_float<floatX>(fmaf((to_float(row[p][k]) - mean) * rstd, to_float(w[k]), to_float(b[k])));
-        store128(out + c, o);
-    }
-    if (lane == 0) {
-        if (mean_out) *mean_out = mean;
-        if (rstd_out) *rstd_out = rstd;
-    }
+        if (column(p) < C) add_squared_deviations(squares, row[p], mean);
+    const float rstd = row_rstd(squares, C);
+    for (int p = 0; p < kPacks; ++p)
+        if (column(p) < C) store_normalized(out, weight, bias, column(p), row[p], mean, rstd);
+    store_statistics(mean_out, rstd_out, mean, rstd);
 }
 
 // The streaming form: the row read three times.
 __device__ inline void layernorm_row_streamed(floatX* out, float* mean_out, float* rstd_out, const floatX* x,
                                               const floatX* weight, const floatX* bias, int C) {
-    using Pack = Packed128<floatX>;
-    const int lane = int(threadIdx.x % 32);
+    using namespace layernorm_detail;
+    const int first = int(threadIdx.x % 32) * Pack::size;
+    constexpr int kStride = 32 * Pack::size;
     float sum = 0.0f;
-    for (int c = lane * Pack::size; c < C; c += 32 * Pack::size) {
-        const Pack v = load128(x + c);
-        for (int k = 0; k < Pack::size; ++k) sum += to_float(v[k]);
-    }
-    const float mean = warp_sum(sum) / float(C);
+    for (int c = first; c < C; c += kStride) add_values(sum, load128(x + c));
+    const float mean = row_mean(sum, C);
     float squares = 0.0f;
-    for (int c = lane * Pack::size; c < C; c += 32 * Pack::size) {
-        const Pack v = load128(x + c);
-        for (int k = 0; k < Pack::size; ++k) {
-            const float d = to_float(v[k]) - mean;
-            squares = fmaf(d, d, squares);
-        }
-    }
-    const float rstd = rsqrtf(warp_sum(squares) / float(C) + kLayernormEps);
-    for (int c = lane * Pack::size; c < C; c += 32 * Pack::size) {
-        const Pack v = load128cs(x + c);
-        const Pack w = load128(weight + c), b = load128(bias + c);
-        Pack o;
-        for (int k = 0; k < Pack::size; ++k)
-            o[k] = from_float<floatX>(fmaf((to_float(v[k]) - mean) * rstd, to_float(w[k]), to_float(b[k])));
-        store128(out + c, o);
-    }
-    if (lane == 0) {
-        if (mean_out) *mean_out = mean;
-        if (rstd_out) *rstd_out = rstd;
-    }
+    for (int c = first; c < C; c += kStride) add_squared_deviations(squares, load128(x + c), mean);
+    const float rstd = row_rstd(squares, C);
+    for (int c = first; c < C; c += kStride) store_normalized(out, weight, bias, c, load128cs(x + c), mean, rstd);
+    store_statistics(mean_out, rstd_out, mean, rstd);
 }
 
 constexpr int kLayernormForwardBlock = 256;  // 8 rows per block
