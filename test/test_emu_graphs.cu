@@ -124,6 +124,7 @@ TEST_CASE("graphs: a host wait on a capturing stream or a captured event invalid
     SECTION("cudaEventSynchronize and cudaEventQuery on an event recorded in the capture") {
         CUDA_CHECK(cudaStreamBeginCapture(s.main, cudaStreamCaptureModeThreadLocal));
         CUDA_CHECK(cudaEventRecord(s.fork, s.main));
+        CHECK(cudaEventSynchronize(s.fork) == cudaErrorStreamCaptureUnsupported);
         CHECK(cudaEventQuery(s.fork) == cudaErrorStreamCaptureUnsupported);
         CHECK(end_failed_capture(s.main) == cudaErrorStreamCaptureInvalidated);
         CUDA_CHECK(cudaEventQuery(s.fork));  // the capture is over: an ordinary event again
