@@ -928,6 +928,11 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t comp
         return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: epilogue %u needs CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER", caller,
                     desc->epilogue);
     if (cuemu::record_only()) return CUBLAS_STATUS_SUCCESS;  // checked, not executed (cuda_emu.h)
+    // What the call does: now, or when a captured graph is launched (with the descriptors as captured).
+    const auto execute = [=](const MatmulDesc& d, const Problem& q) {
+        if (cuemu::race::enabled()) report_matmul_accesses(d, q, A, B, beta_value, C, D, workspace, workspace_bytes, stream);
+        return run_matmul(d, q, alpha_value, A, B, beta_value, C, D);
+    };
     if (cuemu::capturing(stream)) {
         // Captured with the descriptors and scalars as they are now: the graph keeps what the call read.
         struct Snapshot {
@@ -938,14 +943,11 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t comp
         const cudaError_t captured = cuemu::capture(stream, caller, [=] {
             Problem q = p;
             q.a = &saved->a, q.b = &saved->b, q.c = &saved->c, q.d = &saved->d;
-            if (cuemu::race::enabled())
-                report_matmul_accesses(saved->desc, q, A, B, beta_value, C, D, workspace, workspace_bytes, stream);
-            return run_matmul(saved->desc, q, alpha_value, A, B, beta_value, C, D) == CUBLAS_STATUS_SUCCESS;
+            return execute(saved->desc, q) == CUBLAS_STATUS_SUCCESS;
         });
         return captured == cudaSuccess ? CUBLAS_STATUS_SUCCESS
                                        : fail(CUBLAS_STATUS_EXECUTION_FAILED, "%s: stream capture: %s", caller,
                                               cudaGetErrorString(captured));
     }
-    if (cuemu::race::enabled()) report_matmul_accesses(*desc, p, A, B, beta_value, C, D, workspace, workspace_bytes, stream);
-    return run_matmul(*desc, p, alpha_value, A, B, beta_value, C, D);
+    return execute(*desc, p);
 }
