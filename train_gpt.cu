@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,7 @@
 #include "kernels/layernorm.cuh"
 #include "kernels/matmul.cuh"
 #include "parallel/process_groups.h"
+#include "parallel/tensor.h"
 #include "parallel/zero.h"
 
 // ---------------------------------------------------------------------------------------------
@@ -111,17 +113,19 @@ struct LayerTensors {
     floatX *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
 };
 
-inline LayerTensors layer_view(const ParameterTensors& t, const GPT2Config& config, int l) {
-    const size_t C = config.channels;
-    return {t.ln1w + l * C,         t.ln1b + l * C,         t.qkvw + l * 3 * C * C,  t.qkvb + l * 3 * C,
-            t.attprojw + l * C * C, t.attprojb + l * C,     t.ln2w + l * C,          t.ln2b + l * C,
-            t.fcw + l * 4 * C * C,  t.fcb + l * 4 * C,      t.fcprojw + l * 4 * C * C, t.fcprojb + l * C};
+// With tensor parallelism over tp ranks the split tensors hold 1/tp of each layer (parallel/tensor.h).
+inline LayerTensors layer_view(const ParameterTensors& t, const GPT2Config& config, int l, int tp) {
+    const size_t C = config.channels, Ct = C / size_t(tp);
+    return {t.ln1w + l * C,          t.ln1b + l * C,         t.qkvw + l * 3 * Ct * C,  t.qkvb + l * 3 * Ct,
+            t.attprojw + l * C * Ct, t.attprojb + l * C,     t.ln2w + l * C,           t.ln2b + l * C,
+            t.fcw + l * 4 * Ct * C,  t.fcb + l * 4 * Ct,     t.fcprojw + l * 4 * Ct * C, t.fcprojb + l * C};
 }
 
 // ---------------------------------------------------------------------------------------------
 // Activations: what the forward pass keeps for the backward pass, for B sequences of T tokens,
-// described once. Each row: name, element type, elements of one copy (BT = B*T, C, NH, Vp), and which
-// copies are kept. The structs, the memory plan and the bindings to memory all come from these rows.
+// described once. Each row: name, element type, elements of one copy (BT = B*T, C, Vp; Ct = C/tp and
+// NHt = NH/tp, a tensor rank's channels and heads, parallel/tensor.h), and which copies are kept. The
+// structs, the memory plan and the bindings to memory all come from these rows.
 // Per-layer tensors are stored layer-major: L copies, or one when it is recomputed (see Recompute).
 
 enum class Keep {
@@ -147,15 +151,15 @@ enum class Keep {
     X(ln1, floatX, BT * C, Keep::only_none)                                                      \
     X(ln1_mean, float, BT, Keep::unless_full)                                                    \
     X(ln1_rstd, float, BT, Keep::unless_full)                                                    \
-    X(qkv, floatX, BT * 3 * C, Keep::unless_full)                                                \
-    X(atty, floatX, BT * C, Keep::unless_full)       /* attention output, heads concatenated */  \
-    X(att_lse, float, BT * NH, Keep::unless_full)    /* softmax logsumexp per query row */       \
+    X(qkv, floatX, BT * 3 * Ct, Keep::unless_full)                                               \
+    X(atty, floatX, BT * Ct, Keep::unless_full)      /* attention output, heads concatenated */  \
+    X(att_lse, float, BT * NHt, Keep::unless_full)   /* softmax logsumexp per query row */       \
     X(residual2, floatX, BT * C, Keep::unless_full)  /* the stream after the attention branch */ \
     X(ln2, floatX, BT * C, Keep::shares_ln1)                                                     \
     X(ln2_mean, float, BT, Keep::unless_full)                                                    \
     X(ln2_rstd, float, BT, Keep::unless_full)                                                    \
-    X(fch, floatX, BT * 4 * C, Keep::only_none)      /* MLP hidden layer before GELU */          \
-    X(fch_gelu, floatX, BT * 4 * C, Keep::only_none)                                             \
+    X(fch, floatX, BT * 4 * Ct, Keep::only_none)     /* MLP hidden layer before GELU */          \
+    X(fch_gelu, floatX, BT * 4 * Ct, Keep::only_none)                                            \
     X(residual3, floatX, BT * C, Keep::every_layer)  /* after the MLP branch: next layer's input */
 
 #define GPT2_DECLARE_ACTIVATION(name, type, elements, keep) type* name;
@@ -185,20 +189,25 @@ inline size_t kept_copies(Keep keep, int L, Recompute r) {
 struct BackwardBuffers {
     floatX* dresidual;  // (B, T, C) gradient of the residual stream, flowing down the layers
     floatX* dbuf_c;     // (B, T, C) gradient of a C-wide activation (lnf, ln2, atty, ln1)
-    floatX* dbuf_4c;    // (B, T, 4C) gradient of fch, or of qkv (3C wide)
+    floatX* dbuf_4c;    // (B, T, 4Ct) gradient of fch, or of qkv (3Ct wide)
     float* scratch;     // per-block partial sums of the deterministic reductions
     int* encoder_scratch;  // the encoder backward's grouping of the micro-batch (kernels/encoder.cuh)
     float* grad_scale;     // dloss/dlogits' scale, 1 / (the step's valid targets): on the device, so
                            // that a captured micro-step (CUDA graph) replays for every step
 };
 
+// A tensor rank's share of the channels and heads (the whole model's without tensor parallelism).
+inline int tensor_channels(const GPT2Config& c, const ModelOptions& o) { return c.channels / o.tensor_parallel; }
+inline int tensor_heads(const GPT2Config& c, const ModelOptions& o) { return c.num_heads / o.tensor_parallel; }
+
 struct GPT2 {
     GPT2Config config{};
     size_t param_sizes[kNumParameterTensors]{};
     size_t param_offsets[kNumParameterTensors]{};
-    size_t num_parameters = 0;
+    size_t num_parameters = 0;  // this rank's: with tensor parallelism its slices (parallel/tensor.h)
     ShardLayout shard{};
     ModelOptions options{};
+    TensorParallel tensor{};    // the tensor group (size options.tensor_parallel), set before gpt2_build
     MemoryPlan plan;
     PlannedMemory memory;
     ParameterTensors params{};
@@ -263,9 +272,10 @@ inline MemoryPlan gpt2_memory_plan(const GPT2Config& c, int B, int T, const Shar
     const Recompute recompute = options.recompute;
     MemoryPlan plan;
     const size_t X = sizeof(floatX), F = sizeof(float), I = sizeof(int);
-    const size_t L = c.num_layers, C = c.channels, NH = c.num_heads, BT = size_t(B) * T;
+    const size_t L = c.num_layers, C = c.channels, BT = size_t(B) * T;
+    const size_t Ct = size_t(tensor_channels(c, options)), NHt = size_t(tensor_heads(c, options));
     size_t sizes[kNumParameterTensors];
-    parameter_sizes(c, sizes);
+    tensor_parallel_sizes(c, options.tensor_parallel, sizes);
 
     size_t layer = 0, global = 0;  // parameters of one block, and of the global tensors
     for (int i = 0; i < kNumParameterTensors; ++i) (is_layer_tensor(i) ? layer : global) += sizes[i];
@@ -291,17 +301,17 @@ inline MemoryPlan gpt2_memory_plan(const GPT2Config& c, int B, int T, const Shar
     // Backward buffers, scratch of the deterministic reductions, inputs, the cuBLASLt workspace.
     plan.add("dresidual", "workspace", BT * C * X);
     plan.add("dbuf_c", "workspace", BT * C * X);
-    plan.add("dbuf_4c", "workspace", BT * 4 * C * X);
-    const int n = int(BT), ci = int(C), vp = c.padded_vocab_size;
-    const size_t scratch = std::max({layernorm_backward_scratch_floats(n, ci), matmul_backward_scratch_floats(n, 3 * ci),
-                                     matmul_backward_scratch_floats(n, 4 * ci), matmul_backward_scratch_floats(n, ci),
+    plan.add("dbuf_4c", "workspace", BT * 4 * Ct * X);
+    const int n = int(BT), ci = int(C), ct = int(Ct), vp = c.padded_vocab_size;
+    const size_t scratch = std::max({layernorm_backward_scratch_floats(n, ci), matmul_backward_scratch_floats(n, 3 * ct),
+                                     matmul_backward_scratch_floats(n, 4 * ct), matmul_backward_scratch_floats(n, ci),
                                      matmul_backward_scratch_floats(n, vp),
                                      options.attention == Attention::tc
-                                         ? attention_tc_backward_scratch_floats(B, T, c.num_heads)
-                                         : attention_backward_scratch_floats(B, T, c.num_heads),
+                                         ? attention_tc_backward_scratch_floats(B, T, int(NHt))
+                                         : attention_backward_scratch_floats(B, T, int(NHt)),
                                      global_norm_scratch_floats(shard.optimizer_size()), size_t(1)});
     plan.add("scratch", "workspace", scratch * F);
-    plan.add("grad_norm", "workspace", F);
+    plan.add("grad_norm", "workspace", (options.tensor_parallel > 1 ? kNumParameterTensors : 1) * F);  // all_ranks_norm
     plan.add("grad_scale", "workspace", F);
     plan.add("encoder_scratch", "workspace", encoder_backward_scratch_ints(B, T, options.doc_positions) * I);
     plan.add("inputs", "workspace", BT * I);
@@ -319,8 +329,12 @@ inline std::string gpt2_check_build(const GPT2Config& config, int B, int T, int 
         problem = "model: sequence length T = " + std::to_string(T) + " must be in [1, max_seq_len = " +
                   std::to_string(config.max_seq_len) + "]";
     if (problem.empty() && B < 1) problem = "model: batch size B = " + std::to_string(B) + " must be at least 1";
+    if (problem.empty() && options.tensor_parallel > 1) problem = tensor_parallel_problem(config, options.tensor_parallel);
+    if (problem.empty() && options.tensor_parallel > 1 && options.inference)
+        problem = "model: generation (an inference model) runs on one rank, not split over --tp " +
+                  std::to_string(options.tensor_parallel);
     if (problem.empty() && options.attention == Attention::tc)
-        problem = attention_tc_requirements(B, T, config.channels, config.num_heads);
+        problem = attention_tc_requirements(B, T, tensor_channels(config, options), tensor_heads(config, options));
     if (problem.empty() && (zero_stage < 0 || zero_stage > 2))
         problem = "model: ZeRO stage " + std::to_string(zero_stage) + " is not one of 0, 1, 2";
     if (problem.empty() && options.uses_documents() && (options.eot_token < 0 || options.eot_token >= config.vocab_size))
@@ -355,8 +369,11 @@ inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int 
                        int zero_stage = 0, const ModelOptions& options = {}) {
     if (const std::string problem = gpt2_check_build(config, B, T, zero_stage, options); !problem.empty())
         throw TrainGptError(problem);
+    if (model.tensor.size != options.tensor_parallel)
+        throw TrainGptError("gpt2_build: the model's tensor group has " + std::to_string(model.tensor.size) +
+                            " ranks, its options say " + std::to_string(options.tensor_parallel));
     model.config = config;
-    parameter_sizes(config, model.param_sizes);
+    tensor_parallel_sizes(config, options.tensor_parallel, model.param_sizes);
     model.num_parameters = 0;
     for (int i = 0; i < kNumParameterTensors; ++i) {
         model.param_offsets[i] = model.num_parameters;
@@ -450,9 +467,13 @@ inline void gpt2_free(GPT2& model) {
 // GPT-2 initialization (seeded): weights and embeddings N(0, 0.02); the projections that write into the
 // residual stream (attprojw, fcprojw) N(0, 0.02 / sqrt(2L)) so the stream's variance does not grow with
 // depth; biases 0; LayerNorm weights 1, biases 0; wte rows >= V (vocabulary padding) 0.
+// Under tensor parallelism every rank draws the whole model's values and keeps its slices, so the model
+// is the same for any --tp.
 inline void gpt2_init_weights(GPT2& model, uint64_t seed) {
     const GPT2Config& c = model.config;
-    std::vector<floatX> host(model.num_parameters);
+    size_t whole_sizes[kNumParameterTensors];
+    parameter_sizes(c, whole_sizes);
+    std::vector<floatX> host(gpt2_num_parameters(c));
     Rng rng(seed);
     const double residual_std = 0.02 / std::sqrt(2.0 * c.num_layers);
     size_t offset = 0;
@@ -462,16 +483,17 @@ inline void gpt2_init_weights(GPT2& model, uint64_t seed) {
         const bool is_bias = name == "ln1b" || name == "ln2b" || name == "lnfb" || name == "qkvb" ||
                              name == "attprojb" || name == "fcb" || name == "fcprojb";
         const double std_dev = (name == "attprojw" || name == "fcprojw") ? residual_std : 0.02;
-        size_t count = model.param_sizes[i];
+        size_t count = whole_sizes[i];
         if (name == "wte") count = size_t(c.vocab_size) * c.channels;  // padded rows stay zero
-        for (size_t j = 0; j < model.param_sizes[i]; ++j) {
+        for (size_t j = 0; j < whole_sizes[i]; ++j) {
             float v = 0.0f;
             if (is_layernorm_weight) v = 1.0f;
             else if (!is_bias && j < count) v = float(rng.normal(0.0, std_dev));
             host[offset + j] = from_float<floatX>(v);
         }
-        offset += model.param_sizes[i];
+        offset += whole_sizes[i];
     }
+    if (model.tensor.size > 1) host = tensor_shard(host, c, model.tensor.size, model.tensor.rank);
     copy_and_wait(model, model.params_memory, host.data(), host.size() * sizeof(floatX), cudaMemcpyHostToDevice);
 }
 
@@ -479,7 +501,8 @@ inline void gpt2_init_weights(GPT2& model, uint64_t seed) {
 // B x T), or the one-layer buffers of what recomputation rebuilds.
 inline LayerActivations layer_activations(const GPT2& model, int l) {
     const ActivationTensors& a = model.acts;
-    const size_t BT = size_t(model.B) * model.T, C = model.config.channels, NH = model.config.num_heads;
+    const size_t BT = size_t(model.B) * model.T, C = model.config.channels;
+    const size_t Ct = size_t(tensor_channels(model.config, model.options)), NHt = size_t(tensor_heads(model.config, model.options));
     const int L = model.config.num_layers;
     LayerActivations r;
     r.input = l == 0 ? a.encoded : a.residual3 + size_t(l - 1) * BT * C;
@@ -492,32 +515,40 @@ inline LayerActivations layer_activations(const GPT2& model, int l) {
 }
 
 // The causal self-attention of B x T tokens: x.atty and x.att_lse from x.qkv, by the kernels
-// model.options.attention names.
+// model.options.attention names. Under tensor parallelism over this rank's heads only: x.qkv holds
+// their queries, keys and values, x.atty their outputs.
 inline void causal_attention_forward(GPT2& model, const LayerActivations& x) {
-    const int B = model.B, T = model.T, C = model.config.channels, NH = model.config.num_heads;
+    const int B = model.B, T = model.T, Ct = tensor_channels(model.config, model.options), NHt = tensor_heads(model.config, model.options);
     const int* doc_mask = model.options.doc_mask ? model.doc_start : nullptr;
-    if (model.options.attention == Attention::tc) attention_tc_forward(x.atty, x.att_lse, x.qkv, B, T, C, NH, model.stream, doc_mask);
-    else attention_forward(x.atty, x.att_lse, x.qkv, B, T, C, NH, model.stream, doc_mask);
+    if (model.options.attention == Attention::tc) attention_tc_forward(x.atty, x.att_lse, x.qkv, B, T, Ct, NHt, model.stream, doc_mask);
+    else attention_forward(x.atty, x.att_lse, x.qkv, B, T, Ct, NHt, model.stream, doc_mask);
 }
+
+// The bias of a row-parallel projection (attprojb, fcprojb): added by tensor rank 0 alone, so that the
+// sum over the tensor group adds it once.
+inline const floatX* bias_before_sum(const GPT2& model, const floatX* bias) { return model.tensor.rank == 0 ? bias : nullptr; }
 
 // Block l's forward from ln1 (already computed: by the previous block's fused residual + LayerNorm,
 // or by recomputation) up to the MLP's hidden layer: everything its backward pass reads. `attend(x)`
 // writes x.atty from x.qkv: the causal attention, or in generation the attention over the cache.
+// Under tensor parallelism (parallel/tensor.h) qkv and the MLP's hidden layer are this rank's columns,
+// and the attention projection's partial sums are summed over the group (Megatron's g).
 template <typename Attend> inline void block_forward_to_mlp(GPT2& model, int l, const LayerActivations& x, Attend&& attend) {
     const GPT2Config& cfg = model.config;
-    const int BT = model.B * model.T, C = cfg.channels;
-    const LayerTensors w = layer_view(model.params, cfg, l);
+    const int BT = model.B * model.T, C = cfg.channels, Ct = tensor_channels(cfg, model.options);
+    const LayerTensors w = layer_view(model.params, cfg, l, model.tensor.size);
     floatX* branch = model.acts.branch;
     cudaStream_t stream = model.stream;
     const Matmul& mm = model.matmul;
     // Attention branch: x + attproj(attention(ln1(x)))
-    matmul_forward(mm, x.qkv, x.ln1, w.qkvw, w.qkvb, BT, C, 3 * C, stream);
+    matmul_forward(mm, x.qkv, x.ln1, w.qkvw, w.qkvb, BT, C, 3 * Ct, stream);
     attend(x);
-    matmul_forward(mm, branch, x.atty, w.attprojw, w.attprojb, BT, C, C, stream);
+    matmul_forward(mm, branch, x.atty, w.attprojw, bias_before_sum(model, w.attprojb), BT, Ct, C, stream);
+    tensor_all_reduce(model.tensor, branch, size_t(BT) * C, stream);
     fused_residual_layernorm_forward(x.residual2, x.ln2, x.ln2_mean, x.ln2_rstd, x.input, branch, w.ln2w, w.ln2b, BT, C,
                                      stream);
     // MLP's first half: gelu(fc(ln2(x))), GELU fused into the matmul's epilogue (fch keeps its input)
-    matmul_forward(mm, x.fch_gelu, x.ln2, w.fcw, w.fcb, BT, C, 4 * C, stream, x.fch);
+    matmul_forward(mm, x.fch_gelu, x.ln2, w.fcw, w.fcb, BT, C, 4 * Ct, stream, x.fch);
 }
 inline void block_forward_to_mlp(GPT2& model, int l, const LayerActivations& x) {
     block_forward_to_mlp(model, l, x, [&model](const LayerActivations& y) { causal_attention_forward(model, y); });
@@ -527,18 +558,20 @@ inline void block_forward_to_mlp(GPT2& model, int l, const LayerActivations& x) 
 // attention (see block_forward_to_mlp).
 template <typename Attend> inline void gpt2_blocks_forward(GPT2& model, Attend&& attend) {
     const GPT2Config& cfg = model.config;
-    const int L = cfg.num_layers, C = cfg.channels, BT = model.B * model.T;
+    const int L = cfg.num_layers, C = cfg.channels, Ct = tensor_channels(cfg, model.options), BT = model.B * model.T;
     const ParameterTensors& p = model.params;
     ActivationTensors& a = model.acts;
     for (int l = 0; l < L; ++l) {
-        const LayerTensors w = layer_view(p, cfg, l);
+        const LayerTensors w = layer_view(p, cfg, l, model.tensor.size);
         const LayerActivations x = layer_activations(model, l);
         block_forward_to_mlp(model, l, x, [&](const LayerActivations& y) { attend(l, y); });
         // MLP branch's second half: x + fcproj(fch_gelu)
-        matmul_forward(model.matmul, a.branch, x.fch_gelu, w.fcprojw, w.fcprojb, BT, 4 * C, C, model.stream);
+        matmul_forward(model.matmul, a.branch, x.fch_gelu, w.fcprojw, bias_before_sum(model, w.fcprojb), BT, 4 * Ct, C,
+                       model.stream);
+        tensor_all_reduce(model.tensor, a.branch, size_t(BT) * C, model.stream);
         // The residual add, fused with the next LayerNorm: the next layer's ln1, or the final one
         if (l + 1 < L) {
-            const LayerTensors next_w = layer_view(p, cfg, l + 1);
+            const LayerTensors next_w = layer_view(p, cfg, l + 1, model.tensor.size);
             const LayerActivations next = layer_activations(model, l + 1);
             fused_residual_layernorm_forward(x.residual3, next.ln1, next.ln1_mean, next.ln1_rstd, x.residual2, a.branch,
                                              next_w.ln1w, next_w.ln1b, BT, C, model.stream);
@@ -730,11 +763,12 @@ inline void gpt2_zero_grad(GPT2& model) {
 // Where the backward pass writes layer l's parameter gradients: the full gradient buffer (stages 0-1),
 // or one of the two alternating layer buffers (stage 2), laid out like one block of the flat buffer.
 inline LayerTensors layer_grads(const GPT2& model, int l) {
-    if (model.shard.zero_stage != 2) return layer_view(model.grads, model.config, l);
+    const int tp = model.tensor.size;
+    if (model.shard.zero_stage != 2) return layer_view(model.grads, model.config, l, tp);
     GPT2Config one_layer = model.config;
     one_layer.num_layers = 1;
     size_t sizes[kNumParameterTensors];
-    parameter_sizes(one_layer, sizes);
+    tensor_parallel_sizes(one_layer, tp, sizes);
     ParameterTensors t{};
     floatX* p = model.layer_grad_buffers[l % 2];
     for (int i = 0; i < kNumParameterTensors; ++i) {
@@ -742,7 +776,7 @@ inline LayerTensors layer_grads(const GPT2& model, int l) {
         t.all()[i] = p;
         p += sizes[i];
     }
-    return layer_view(t, one_layer, 0);
+    return layer_view(t, one_layer, 0, tp);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -756,7 +790,8 @@ inline LayerTensors layer_grads(const GPT2& model, int l) {
 inline void gpt2_backward(GPT2& model, const std::function<void(int)>& layer_done = {},
                           const std::function<void(int)>& before_layer = {}) {
     const GPT2Config& cfg = model.config;
-    const int L = cfg.num_layers, C = cfg.channels, NH = cfg.num_heads, Vp = cfg.padded_vocab_size;
+    const int L = cfg.num_layers, C = cfg.channels, Vp = cfg.padded_vocab_size;
+    const int Ct = tensor_channels(cfg, model.options), NHt = tensor_heads(cfg, model.options);
     const int B = model.B, T = model.T, BT = B * T;
     const size_t btc = size_t(BT) * C;
     cudaStream_t stream = model.stream;
@@ -777,7 +812,7 @@ inline void gpt2_backward(GPT2& model, const std::function<void(int)>& layer_don
 
     for (int l = L - 1; l >= 0; --l) {
         if (before_layer) before_layer(l);
-        const LayerTensors w = layer_view(p, cfg, l), dw = layer_grads(model, l);
+        const LayerTensors w = layer_view(p, cfg, l, model.tensor.size), dw = layer_grads(model, l);
         if (model.shard.zero_stage == 2)
             CUDA_CHECK(cudaMemsetAsync(model.layer_grad_buffers[l % 2], 0, model.layer_grad_size * sizeof(floatX), stream));
         const LayerActivations x = layer_activations(model, l);
@@ -788,27 +823,30 @@ inline void gpt2_backward(GPT2& model, const std::function<void(int)>& layer_don
             block_forward_to_mlp(model, l, x);
         } else if (model.options.recompute == Recompute::selective) {
             layernorm_forward(x.ln2, nullptr, nullptr, x.residual2, w.ln2w, w.ln2b, BT, C, stream);
-            matmul_forward(mm, x.fch_gelu, x.ln2, w.fcw, w.fcb, BT, C, 4 * C, stream, x.fch);
+            matmul_forward(mm, x.fch_gelu, x.ln2, w.fcw, w.fcb, BT, C, 4 * Ct, stream, x.fch);
         }
         // MLP branch. dresidual holds the gradient of residual3; the DGELU epilogue turns the gradient of
-        // fch_gelu into the gradient of fch directly.
-        matmul_backward(mm, b.dbuf_4c, dw.fcprojw, dw.fcprojb, b.scratch, b.dresidual, x.fch_gelu, w.fcprojw, BT, 4 * C,
+        // fch_gelu into the gradient of fch directly. Under tensor parallelism each rank's hidden units
+        // give a part of ln2's gradient: summed over the group (Megatron's f).
+        matmul_backward(mm, b.dbuf_4c, dw.fcprojw, dw.fcprojb, b.scratch, b.dresidual, x.fch_gelu, w.fcprojw, BT, 4 * Ct,
                         C, stream, x.fch);
-        matmul_backward(mm, b.dbuf_c, dw.fcw, dw.fcb, b.scratch, b.dbuf_4c, x.ln2, w.fcw, BT, C, 4 * C, stream);
+        matmul_backward(mm, b.dbuf_c, dw.fcw, dw.fcb, b.scratch, b.dbuf_4c, x.ln2, w.fcw, BT, C, 4 * Ct, stream);
+        tensor_all_reduce(model.tensor, b.dbuf_c, btc, stream);
         // ln2's gradient joins the residual path: dresidual becomes the gradient of residual2.
         layernorm_backward(b.dresidual, dw.ln2w, dw.ln2b, b.scratch, b.dbuf_c, x.residual2, w.ln2w, x.ln2_mean,
                            x.ln2_rstd, BT, C, stream);
         // Attention branch. Recomputation rebuilds ln1 in the buffer ln2 took over (ln2 is no longer read).
-        matmul_backward(mm, b.dbuf_c, dw.attprojw, dw.attprojb, b.scratch, b.dresidual, x.atty, w.attprojw, BT, C, C,
+        matmul_backward(mm, b.dbuf_c, dw.attprojw, dw.attprojb, b.scratch, b.dresidual, x.atty, w.attprojw, BT, Ct, C,
                         stream);
         const int* doc_mask = model.options.doc_mask ? model.doc_start : nullptr;
         if (model.options.attention == Attention::tc)
-            attention_tc_backward(b.dbuf_4c, b.scratch, b.dbuf_c, x.qkv, x.atty, x.att_lse, B, T, C, NH, stream, doc_mask);
+            attention_tc_backward(b.dbuf_4c, b.scratch, b.dbuf_c, x.qkv, x.atty, x.att_lse, B, T, Ct, NHt, stream, doc_mask);
         else
-            attention_backward(b.dbuf_4c, b.scratch, b.dbuf_c, x.qkv, x.atty, x.att_lse, B, T, C, NH, stream, doc_mask);
+            attention_backward(b.dbuf_4c, b.scratch, b.dbuf_c, x.qkv, x.atty, x.att_lse, B, T, Ct, NHt, stream, doc_mask);
         if (model.options.recompute != Recompute::none)
             layernorm_forward(x.ln1, nullptr, nullptr, x.input, w.ln1w, w.ln1b, BT, C, stream);
-        matmul_backward(mm, b.dbuf_c, dw.qkvw, dw.qkvb, b.scratch, b.dbuf_4c, x.ln1, w.qkvw, BT, C, 3 * C, stream);
+        matmul_backward(mm, b.dbuf_c, dw.qkvw, dw.qkvb, b.scratch, b.dbuf_4c, x.ln1, w.qkvw, BT, C, 3 * Ct, stream);
+        tensor_all_reduce(model.tensor, b.dbuf_c, btc, stream);  // f: ln1's gradient from every rank's heads
         // ln1's gradient joins too: dresidual becomes the gradient of this layer's input.
         layernorm_backward(b.dresidual, dw.ln1w, dw.ln1b, b.scratch, b.dbuf_c, x.input, w.ln1w, x.ln1_mean, x.ln1_rstd,
                            BT, C, stream);
@@ -827,7 +865,8 @@ inline void gpt2_backward(GPT2& model, const std::function<void(int)>& layer_don
 
 struct Trainer {
     GPT2 model;
-    Distributed dist;
+    Distributed dist;   // the data-parallel group (the world without --tp)
+    Distributed world;  // every rank of the run: checkpoints are written and read by all of them
     ShardedAdamW optimizer;            // parallel/zero.h: AdamW on this rank's shard
     floatX* reduce_receive = nullptr;  // ZeRO-2: where a reduced slice of this rank's shard arrives
     cudaEvent_t layer_buffer_free[2] = {nullptr, nullptr};
@@ -874,9 +913,13 @@ inline void progress(Trainer& tr, const char* what, int64_t step) {
 
 // Builds the model for micro-batches of B x T on `dist`'s ranks with the given ZeRO stage, and the
 // optimizer state. Parameters must be set (gpt2_init_weights or loaded) before trainer_start.
+// `dist` is the data-parallel group; with tensor parallelism `tensor` is this rank's tensor group (its size
+// is options.tensor_parallel) and ZeRO shards this rank's slices over `dist`.
 inline void trainer_build(Trainer& tr, const Distributed& dist, const GPT2Config& config, int B, int T, int zero_stage,
-                          const OptimizerConfig& opt, const ModelOptions& options = {}) {
+                          const OptimizerConfig& opt, const ModelOptions& options = {}, const TensorParallel& tensor = {}) {
     tr.dist = dist;
+    tr.world = dist;  // run() sets the world when the data group is not all of it
+    tr.model.tensor = tensor;
     CUDA_CHECK(cudaStreamCreateWithFlags(&tr.model.stream, cudaStreamNonBlocking));
     gpt2_build(tr.model, config, B, T, dist.rank, dist.world_size, zero_stage, options);
     const GPT2& m = tr.model;
@@ -925,10 +968,35 @@ inline void reduce_layer_gradients(Trainer& tr, int l) {
     }
 }
 
-// The L2 norm over all ranks of a flat-buffer-sized tensor, from this rank's part at `local`.
+// The L2 norm over all ranks of a flat-buffer-sized tensor, from this rank's part at `local` (its
+// optimizer range). Under tensor parallelism the tensors every rank of the group holds alike are counted
+// once (on tensor rank 0), the split ones on every rank: the squares of each run of tensors counted here,
+// then summed in double over the tensor group and (when ZeRO shards the range) the data group.
 inline float all_ranks_norm(Trainer& tr, const floatX* local) {
-    return all_ranks_norm(tr.model.shard, tr.dist, local, tr.model.memory.get<float>("grad_norm"), tr.model.bwd.scratch,
-                          tr.model.stream);
+    GPT2& m = tr.model;
+    float* out = m.memory.get<float>("grad_norm");
+    if (m.tensor.size == 1) return all_ranks_norm(m.shard, tr.dist, local, out, m.bwd.scratch, m.stream);
+    const size_t lo = m.shard.optimizer_begin(), hi = lo + m.shard.optimizer_size();
+    std::vector<std::pair<size_t, size_t>> counted;  // [begin, end) in the flat buffer
+    for (int i = 0; i < kNumParameterTensors; ++i) {
+        if (tensor_split_of(i).kind == TensorSplit::replicated && m.tensor.rank != 0) continue;
+        const size_t begin = std::max(lo, m.param_offsets[i]), end = std::min(hi, m.param_offsets[i] + m.param_sizes[i]);
+        if (begin >= end) continue;
+        if (!counted.empty() && counted.back().second == begin) counted.back().second = end;
+        else counted.push_back({begin, end});
+    }
+    for (size_t k = 0; k < counted.size(); ++k)
+        global_norm_squared(out + k, local + (counted[k].first - lo), counted[k].second - counted[k].first, m.bwd.scratch,
+                            m.stream);
+    std::vector<float> squares(counted.size());
+    if (!counted.empty())
+        CUDA_CHECK(cudaMemcpyAsync(squares.data(), out, squares.size() * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
+    CUDA_CHECK(cudaStreamSynchronize(m.stream));
+    double sum = 0;
+    for (float x : squares) sum += x;
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &sum, 1, MPI_DOUBLE, MPI_SUM, m.tensor.mpi));
+    if (m.shard.zero_stage > 0) sum = all_ranks_sum(tr.dist, sum);
+    return float(std::sqrt(sum));
 }
 
 inline float global_gradient_norm(Trainer& tr) {
@@ -997,7 +1065,7 @@ inline void run_micro_step(Trainer& tr, bool reduce) {
         CUDA_CHECK(cudaGraphDestroy(graph));
         tr.graph_B = m.B;
         tr.graph_T = m.T;
-        if (tr.dist.rank == 0)
+        if (tr.dist.rank == 0 && m.tensor.rank == 0)
             std::printf("cuda graph: the micro-step%s captured once (%zu operations), replayed from now on\n",
                         reduce ? " with its gradient reduction" : "", tr.micro_step_graph_nodes[reduce]);
     }
@@ -1063,9 +1131,11 @@ inline StepResult train_step(Trainer& tr, const std::vector<const int*>& inputs,
 
 inline ModelHeader header_of(const GPT2Config& c) { return {c, std::is_same_v<floatX, float> ? 3 : 5}; }
 
-// Loads llm.c checkpoint parameters (FP32 or BF16 file, whatever the build) into the model.
+// Loads llm.c checkpoint parameters (FP32 or BF16 file, whatever the build) into the model: under tensor
+// parallelism this rank's slices of them.
 inline void load_model_parameters(GPT2& m, const std::string& path) {
-    const std::vector<float> file = read_model_parameters_as_float(path, m.config);
+    std::vector<float> file = read_model_parameters_as_float(path, m.config);
+    if (m.tensor.size > 1) file = tensor_shard(file, m.config, m.tensor.size, m.tensor.rank);
     std::vector<floatX> params(file.size());
     for (size_t i = 0; i < file.size(); ++i) params[i] = from_float<floatX>(file[i]);
     copy_and_wait(m, m.params_memory, params.data(), params.size() * sizeof(floatX), cudaMemcpyHostToDevice);
@@ -1105,18 +1175,35 @@ inline EvaluatedModel evaluated_model(Trainer& tr) {
             [&m](const int* tokens, int n) { return next_token_logits(m, tokens, n); }, m.max_tokens};
 }
 
-// The training state as checkpoints read and write it (host/checkpointing.h): the parameters through
-// the model, in its precision, and this rank's range of the optimizer.
+// Collective over data rank 0's tensor group (the others return at once): the whole model's parameters at
+// world rank 0 (data rank 0, tensor rank 0), from its group's slices, and what writes them there.
+inline std::function<void(const std::string&)> gather_model_writer(Trainer& tr) {
+    GPT2& m = tr.model;
+    if (tr.dist.rank != 0) return [](const std::string&) {};
+    std::vector<floatX> local(m.num_parameters);
+    copy_and_wait(m, local.data(), m.params_memory, local.size() * sizeof(floatX), cudaMemcpyDeviceToHost);
+    std::vector<std::vector<floatX>> slices = gather_tensor_slices(m.tensor, local);
+    if (m.tensor.rank != 0) return [](const std::string&) {};
+    auto whole = std::make_shared<std::vector<floatX>>(m.tensor.size == 1 ? std::move(slices[0]) : tensor_unshard(slices, m.config));
+    const ModelHeader header = header_of(m.config);
+    return [whole, header](const std::string& path) { write_model_checkpoint(path, header, whole->data(), whole->size()); };
+}
+
+// The training state as checkpoints read and write it (host/checkpointing.h): every rank of the run
+// together; the parameters through the model (in its precision, tensor slices gathered into the whole
+// model), and this rank's range of the optimizer, which lies in the whole model's flat buffer as
+// optimizer_state_pieces says (parallel/tensor.h).
 inline CheckpointedTraining checkpointed(Trainer& tr) {
     GPT2& m = tr.model;
-    return {tr.dist, tr.optimizer, m.stream, m.num_parameters, sizeof(floatX),
-            [&m](const std::string& path) {
-                std::vector<floatX> params(m.num_parameters);
-                copy_and_wait(m, params.data(), m.params_memory, params.size() * sizeof(floatX), cudaMemcpyDeviceToHost);
-                write_model_checkpoint(path, header_of(m.config), params.data(), params.size());
-            },
+    const GPT2Config config = m.config;
+    const int tp = m.tensor.size, data_ranks = tr.dist.world_size, zero_stage = m.shard.zero_stage;
+    return {tr.world, tr.optimizer, m.stream, gpt2_num_parameters(config), sizeof(floatX),
+            [&tr] { return gather_model_writer(tr); },
             [&m](const std::string& path) { load_model_parameters(m, path); }, [&tr] { return parameter_norm(tr); },
-            [&tr](const char* what, int64_t step) { progress(tr, what, step); }};
+            [&tr](const char* what, int64_t step) { progress(tr, what, step); },
+            [config, tp, data_ranks, zero_stage](int rank) {
+                return optimizer_state_pieces(config, tp, data_ranks, zero_stage, rank);
+            }};
 }
 
 // The run's fixed facts, decided before anything is allocated: the model, how it runs, its shard.
@@ -1125,8 +1212,9 @@ struct RunPlan {
     std::string checkpoint;  // the llm.c checkpoint the parameters come from ("" for a preset)
     ModelOptions options;
     int world = 1;  // the planned world size (--dry-run may plan for more ranks than run it)
-    size_t num_parameters = 0;
-    ShardLayout shard;
+    int data_ranks = 1;  // world / --tp
+    size_t num_parameters = 0;  // the whole model's
+    ShardLayout shard;  // of this rank's parameters (its slices under tensor parallelism) over the data ranks
     MemoryPlan memory;
     size_t budget = 0;  // device bytes a rank may use
 };
@@ -1138,12 +1226,18 @@ inline RunPlan plan_run(const RunConfig& rc, const Distributed& dist) {
                                 p.checkpoint);
     p.options = {.recompute = recompute_of(rc.recompute), .attention = attention_of(rc.attention, kEmulatedDevice),
                  .doc_mask = rc.doc_mask, .doc_positions = rc.doc_positions, .matmul_autotune = rc.matmul_autotune,
-                 .cuda_graphs = rc.cuda_graphs == "on"};
+                 .cuda_graphs = rc.cuda_graphs == "on", .tensor_parallel = rc.tp};
+    if (p.world % rc.tp != 0)
+        throw std::runtime_error("--tp " + std::to_string(rc.tp) + " does not divide the " + std::to_string(p.world) +
+                                 " ranks (--world-size or those launched): world = data x tensor");
+    p.data_ranks = p.world / rc.tp;
     if (const std::string problem = gpt2_check_build(p.config, rc.batch_size, rc.seq_len, rc.zero_stage, p.options);
         !problem.empty())  // named with the shape flags where they made the shape
         throw std::runtime_error(model_label(rc) == rc.model ? problem : "-e " + model_label(rc) + ": " + problem);
     p.num_parameters = gpt2_num_parameters(p.config);
-    p.shard = shard_layout(p.num_parameters, dist.rank % p.world, p.world, rc.zero_stage);
+    // Tensor ranks are consecutive (parallel/tensor.h): world rank r is data rank r / tp.
+    p.shard = shard_layout(tensor_parallel_num_parameters(p.config, rc.tp), (dist.rank % p.world) / rc.tp, p.data_ranks,
+                           rc.zero_stage);
     p.memory = gpt2_memory_plan(p.config, rc.batch_size, rc.seq_len, p.shard, p.options);
     size_t free_bytes = 0, total_bytes = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
@@ -1169,20 +1263,22 @@ inline void print_pipeline_schedule(const RunConfig& rc, const Distributed& dist
 // --dry-run: the plan, and the largest micro-batch that fits in each recompute mode (rank 0 prints).
 inline void print_dry_run(const RunConfig& rc, const RunPlan& p) {
     const auto fits = [&](Recompute r) {
-        const ModelOptions options{r, p.options.attention, p.options.doc_mask, p.options.doc_positions};
+        ModelOptions options = p.options;
+        options.recompute = r;
         return largest_fitting_batch([&](int B) { return gpt2_memory_plan(p.config, B, rc.seq_len, p.shard, options).total(); },
                                      p.budget);
     };
     const LargestBatches largest{fits(Recompute::none), fits(Recompute::selective), fits(Recompute::full)};
+    const TensorTraffic traffic = tensor_traffic(p.config, rc.batch_size, rc.seq_len, rc.tp, p.options.recompute, sizeof(floatX));
     std::printf("%s", dry_run_report(rc, p.memory, p.num_parameters, p.world, p.budget, largest, kPrecisionName,
-                                     attention_name(p.options.attention)).c_str());
+                                     attention_name(p.options.attention), traffic).c_str());
 }
 
 // --profile-step: a warm-up step, then one step with every launch recorded and timed (dev/roofline.h).
 inline void profile_step(Trainer& tr, const RunPlan& p, StepBatches& batches, int64_t batch_tokens, float lr, int B, int T,
                          const char* device, double peak) {
     const auto [seconds, records] = record_one_step([&] { train_step(tr, batches.input_ptrs, batches.target_ptrs, B, T, lr); });
-    if (tr.dist.rank == 0)
+    if (tr.dist.rank == 0 && tr.model.tensor.rank == 0)
         std::printf("%s", profile_report(records, seconds, double(batch_tokens), tr.dist.world_size, int64_t(p.num_parameters),
                                          p.config.num_layers, p.config.channels, T, device, peak).c_str());
 }
@@ -1286,18 +1382,23 @@ inline int run(const RunConfig& rc, Distributed& dist) {
         throw std::runtime_error("the memory plan needs " + std::to_string(p.memory.total()) + " bytes per rank, more than the " +
                                  std::to_string(p.budget) + " available (--dry-run prints it; lower -b, raise -z, or add ranks)");
     prepare_output_dir(rc, main_rank);
+    // The data-parallel group splits the batches and reduces the gradients; a tensor group (--tp) splits
+    // the layers and sees the same batches (parallel/tensor.h). Without --tp the data group is the world.
+    ParallelGroups groups = make_parallel_groups(dist, rc.tp);
+    const Distributed& data = groups.data;
 
     const int B = rc.batch_size, T = rc.seq_len;
-    const int64_t cap = total_batch_tokens_for(rc, p.world);
+    const int64_t cap = total_batch_tokens_for(rc, p.data_ranks);
     const BatchRamp ramp = rc.batch_ramp.empty() ? BatchRamp{} : parse_batch_ramp(rc.batch_ramp);
-    DataLoader train_loader(rc.train_data, B, T, dist.rank, dist.world_size, uint64_t(rc.seed), true);
+    DataLoader train_loader(rc.train_data, B, T, data.rank, data.world_size, uint64_t(rc.seed), true);
     train_loader.check_tokens(p.config.vocab_size);  // every token below the vocabulary, before the first step
-    Evaluation eval = evaluation_of(rc, dist, p.config.vocab_size);
+    Evaluation eval = evaluation_of(rc, data, p.config.vocab_size);
     const int64_t total_steps = rc.max_steps > 0 ? rc.max_steps : steps_for_tokens(int64_t(train_loader.total_tokens()), ramp, cap);
     const LrSchedule schedule = lr_schedule_of(rc);
 
     Trainer tr;
-    trainer_build(tr, dist, p.config, B, T, rc.zero_stage, optimizer_config_of(rc), p.options);
+    trainer_build(tr, data, p.config, B, T, rc.zero_stage, optimizer_config_of(rc), p.options, groups.tensor);
+    tr.world = dist;
     RunInfo run{new_run_id(), cap};
     int64_t step = start_training(tr, rc, p, train_loader, eval.sample_rng, &run);
     DivergenceGuard divergence({rc.skip_loss_z, rc.skip_norm_z, rc.max_skipped_steps});
@@ -1311,17 +1412,18 @@ inline int run(const RunConfig& rc, Distributed& dist) {
                      total_steps, run, step);
     RunLog log(main_rank, rc.output_dir);
     StepBatches batches;
-    const auto micro_steps_of = [&](int64_t batch_tokens) { return int(batch_tokens / (int64_t(B) * T * dist.world_size)); };
+    const auto micro_steps_of = [&](int64_t batch_tokens) { return int(batch_tokens / (int64_t(B) * T * data.world_size)); };
     if (rc.profile_step) {
         const int64_t batch_tokens = total_batch_tokens_at(tokens_seen, ramp, cap);
         batches.load(train_loader, micro_steps_of(batch_tokens), B, T);
         profile_step(tr, p, batches, batch_tokens, learning_rate(schedule, step, total_steps), B, T, prop.name, peak);
         trainer_free(tr);
+        release_parallel_groups(groups);
         return 0;
     }
 
     install_preemption_handlers();
-    Watchdog watchdog(rc.collective_timeout, dist.rank, dist.nccl);
+    Watchdog watchdog(rc.collective_timeout, dist.rank, {data.nccl, groups.tensor.nccl});
     tr.watchdog = &watchdog;
     double elapsed = 0;
     for (int64_t steps_this_run = 1; step < total_steps; ++step, ++steps_this_run) {
@@ -1344,15 +1446,17 @@ inline int run(const RunConfig& rc, Distributed& dist) {
                 step = *back - 1, tokens_seen = tokens_before_step(*back, ramp, cap);  // the loop adds the 1
                 continue;
             }
-        evaluate_when_due(rc, eval, evaluated_model(tr), log, dist, done, done == total_steps);
+        evaluate_when_due(rc, eval, evaluated_model(tr), log, data, done, done == total_steps);
         const auto save = [&] { return save_checkpoint(checkpointed(tr), rc, run, done, train_loader.position(), eval.sample_rng.state); };
         const bool due = checkpoint_due(rc, done, total_steps), saved = due && save();
         if (done < total_steps && stop_requested(dist, done, !rc.output_dir.empty(), due, saved, save)) {
             trainer_free(tr);
+            release_parallel_groups(groups);
             return kPreemptedExitCode;
         }
     }
     trainer_free(tr);
+    release_parallel_groups(groups);
     return 0;
 }
 

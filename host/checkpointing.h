@@ -92,45 +92,200 @@ inline bool checkpoint_due(const RunConfig& rc, int64_t done, int64_t total_step
 // One rank's training state as a checkpoint reads and writes it: the model's parameters, through the
 // model (which holds them in its precision), and this rank's range of the sharded optimizer.
 struct CheckpointedTraining {
-    const Distributed& dist;
+    const Distributed& dist;   // every rank of the run: they agree, write and read together
     ShardedAdamW& optimizer;
     cudaStream_t stream;
-    size_t num_parameters = 0;
-    size_t parameter_bytes = 0;                                // per parameter in the model file
-    std::function<void(const std::string& path)> write_model;  // an llm.c model file of the parameters
-    std::function<void(const std::string& path)> load_model;   // the parameters from one
+    size_t num_parameters = 0;  // of the whole model (the files')
+    size_t parameter_bytes = 0;  // per parameter in the model file
+    // Collective (every rank calls it): the whole model's parameters brought to rank 0, and what then
+    // writes them there as an llm.c model file.
+    std::function<std::function<void(const std::string& path)>()> gather_model;
+    std::function<void(const std::string& path)> load_model;  // this rank's parameters from a model file
     std::function<float()> parameter_norm;                     // over all ranks: not finite on NaN or Inf
     std::function<void(const char* what, int64_t step)> progress;  // for the watchdog
+    // World rank r's optimizer range as pieces of the whole model's flat buffer (parallel/tensor.h).
+    std::function<std::vector<StatePiece>(int rank)> state_pieces;
 };
 
-// Writes step `step`'s checkpoint: the model (llm.c format, rank 0) and the training state (each rank
-// its optimizer range; at stage 0 rank 0 the whole). With --keep-last, which retires older
+// The state file is written and read in the whole model's layout, in `world` equal contiguous ranges
+// (the last shorter): rank k writes range k and, on resume, reads it. Whatever the ZeRO stage, data
+// and tensor ranks, the ranks exchange the pieces of their optimizer ranges with the ranges' ranks.
+struct StateRange {
+    uint64_t begin = 0, count = 0;
+};
+inline StateRange state_range_of(uint64_t num_parameters, int world, int rank) {
+    const uint64_t per = (num_parameters + uint64_t(world) - 1) / uint64_t(world);
+    const uint64_t begin = std::min(num_parameters, per * uint64_t(rank));
+    return {begin, std::min(num_parameters, begin + per) - begin};
+}
+
+namespace checkpoint_exchange {
+
+// Calls f(piece part, begin within the piece) for each part of `pieces` (owned ones only when
+// `owned_only`) that lies in range r, in the pieces' order.
+template <typename F>
+inline void for_each_in_range(const std::vector<StatePiece>& pieces, StateRange r, bool owned_only, F&& f) {
+    for (const StatePiece& p : pieces) {
+        if (owned_only && !p.owned) continue;
+        const uint64_t begin = std::max(p.whole, r.begin), end = std::min(p.whole + p.count, r.begin + r.count);
+        if (begin < end) f(StatePiece{begin, p.local + (begin - p.whole), end - begin, p.owned});
+    }
+}
+
+inline int mpi_count(uint64_t n) {
+    if (n > uint64_t(INT32_MAX))
+        throw std::runtime_error("checkpoint: " + std::to_string(n) + " floats to exchange with one rank, more than MPI's "
+                                 "int counts allow; use more ranks");
+    return int(n);
+}
+
+// One all-to-all of the three arrays: send[r] holds what goes to rank r (counts[r] floats each).
+inline void all_to_all(const Distributed& d, const std::vector<std::vector<float>>& send, std::vector<std::vector<float>>& receive,
+                       int arrays) {
+    const int W = d.world_size;
+    std::vector<int> send_counts(W), send_displs(W), receive_counts(W), receive_displs(W);
+    for (int a = 0; a < arrays; ++a) {
+        std::vector<float> out, in;
+        uint64_t total_out = 0, total_in = 0;
+        for (int r = 0; r < W; ++r) {
+            const uint64_t n_out = send[r].size() / arrays, n_in = receive[r].size() / arrays;
+            send_counts[r] = mpi_count(n_out), receive_counts[r] = mpi_count(n_in);
+            send_displs[r] = mpi_count(total_out), receive_displs[r] = mpi_count(total_in);
+            total_out += n_out, total_in += n_in;
+        }
+        out.reserve(total_out);
+        for (int r = 0; r < W; ++r) {
+            const uint64_t n = send[r].size() / arrays;
+            out.insert(out.end(), send[r].begin() + ptrdiff_t(a * n), send[r].begin() + ptrdiff_t((a + 1) * n));
+        }
+        in.resize(total_in);
+        MPI_CHECK(MPI_Alltoallv(out.data(), send_counts.data(), send_displs.data(), MPI_FLOAT, in.data(), receive_counts.data(),
+                                receive_displs.data(), MPI_FLOAT, d.mpi));
+        for (int r = 0; r < W; ++r) {
+            const uint64_t n = receive[r].size() / arrays;
+            std::copy(in.begin() + receive_displs[r], in.begin() + receive_displs[r] + ptrdiff_t(n),
+                      receive[r].begin() + ptrdiff_t(a * n));
+        }
+    }
+}
+
+}  // namespace checkpoint_exchange
+
+// Collective: this rank's state range (state_range_of) in the whole model's layout, from the ranks whose
+// optimizer ranges own its pieces. Throws when the owned pieces do not tile the range exactly.
+inline OptimizerState gather_state_range(const CheckpointedTraining& t, StateRange mine) {
+    using namespace checkpoint_exchange;
+    const int W = t.dist.world_size, me = t.dist.rank;
+    const OptimizerState o = download_optimizer_state(t.optimizer, t.optimizer.shard.optimizer_size(), t.stream);
+    const std::vector<StatePiece> my_pieces = t.state_pieces(me);
+    std::vector<std::vector<float>> send(W), receive(W);
+    for (int r = 0; r < W; ++r) {
+        const StateRange theirs = state_range_of(t.num_parameters, W, r);
+        std::vector<float>& out = send[r];
+        for (const std::vector<float>* array : {&o.master, &o.adam_m, &o.adam_v})
+            for_each_in_range(my_pieces, theirs, true, [&](const StatePiece& p) {
+                out.insert(out.end(), array->begin() + ptrdiff_t(p.local), array->begin() + ptrdiff_t(p.local + p.count));
+            });
+    }
+    std::vector<std::vector<StatePiece>> received_pieces(W);
+    for (int r = 0; r < W; ++r) {
+        uint64_t n = 0;
+        for_each_in_range(t.state_pieces(r), mine, true, [&](const StatePiece& p) {
+            received_pieces[r].push_back(p);
+            n += p.count;
+        });
+        receive[r].resize(3 * n);
+    }
+    all_to_all(t.dist, send, receive, 3);
+    OptimizerState s{std::vector<float>(mine.count), std::vector<float>(mine.count), std::vector<float>(mine.count)};
+    uint64_t covered = 0;
+    for (int r = 0; r < W; ++r) {
+        const uint64_t n = receive[r].size() / 3;
+        uint64_t at = 0;
+        for (const StatePiece& p : received_pieces[r]) {
+            const ptrdiff_t to = ptrdiff_t(p.whole - mine.begin);
+            for (int a = 0; a < 3; ++a) {
+                std::vector<float>& dst = a == 0 ? s.master : a == 1 ? s.adam_m : s.adam_v;
+                std::copy(receive[r].begin() + ptrdiff_t(a * n + at), receive[r].begin() + ptrdiff_t(a * n + at + p.count),
+                          dst.begin() + to);
+            }
+            at += p.count;
+            covered += p.count;
+        }
+    }
+    if (covered != mine.count)
+        throw TrainGptError("checkpoint: the ranks' optimizer ranges cover " + std::to_string(covered) + " of the " +
+                            std::to_string(mine.count) + " parameters of rank " + std::to_string(me) + "'s state range");
+    return s;
+}
+
+// Collective, the inverse: every rank's optimizer range (optimizer_size() long, padding zero) from the
+// state ranges the ranks read (`mine`, this rank's, in `range`).
+inline OptimizerState scatter_state_range(const CheckpointedTraining& t, StateRange mine, const OptimizerState& range) {
+    using namespace checkpoint_exchange;
+    const int W = t.dist.world_size, me = t.dist.rank;
+    std::vector<std::vector<float>> send(W), receive(W);
+    for (int r = 0; r < W; ++r)
+        for (const std::vector<float>* array : {&range.master, &range.adam_m, &range.adam_v})
+            for_each_in_range(t.state_pieces(r), mine, false, [&](const StatePiece& p) {
+                const ptrdiff_t from = ptrdiff_t(p.whole - mine.begin);
+                send[r].insert(send[r].end(), array->begin() + from, array->begin() + from + ptrdiff_t(p.count));
+            });
+    const std::vector<StatePiece> my_pieces = t.state_pieces(me);
+    for (int r = 0; r < W; ++r) {
+        uint64_t n = 0;
+        for_each_in_range(my_pieces, state_range_of(t.num_parameters, W, r), false, [&](const StatePiece& p) { n += p.count; });
+        receive[r].resize(3 * n);
+    }
+    all_to_all(t.dist, send, receive, 3);
+    const size_t size = t.optimizer.shard.optimizer_size();
+    OptimizerState o{std::vector<float>(size), std::vector<float>(size), std::vector<float>(size)};
+    for (int r = 0; r < W; ++r) {
+        const uint64_t n = receive[r].size() / 3;
+        uint64_t at = 0;
+        for_each_in_range(my_pieces, state_range_of(t.num_parameters, W, r), false, [&](const StatePiece& p) {
+            for (int a = 0; a < 3; ++a) {
+                std::vector<float>& dst = a == 0 ? o.master : a == 1 ? o.adam_m : o.adam_v;
+                std::copy(receive[r].begin() + ptrdiff_t(a * n + at), receive[r].begin() + ptrdiff_t(a * n + at + p.count),
+                          dst.begin() + ptrdiff_t(p.local));
+            }
+            at += p.count;
+        });
+    }
+    return o;
+}
+
+// Writes step `step`'s checkpoint: the model (llm.c format, rank 0, gathered from the tensor ranks'
+// slices) and the training state (each rank its state range, gathered from the optimizer ranges that
+// hold it). With --keep-last, which retires older
 // checkpoints, each rank then reads its part back and verifies it against its checksums: a checkpoint
 // that does not verify is removed like a failed write, so the older ones are never deleted for a
 // newer one that could not be resumed. Returns false when it was skipped (see
 // write_checkpoint_agreed). Never from non-finite parameters: that throws.
 inline bool save_checkpoint(const CheckpointedTraining& t, const RunConfig& rc, const RunInfo& run, int64_t step,
                             const DataLoaderPosition& loader, uint64_t sample_rng) {
-    const ShardLayout& sh = t.optimizer.shard;
     const int rank = t.dist.rank;
     const std::string state_path = state_checkpoint_path(rc.output_dir, step);
     if (!std::isfinite(t.parameter_norm()))
         throw std::runtime_error("step " + std::to_string(step) + ": parameters are not finite (NaN or Inf); no checkpoint "
                                  "written");
     const std::string meta = run_metadata(rc, run.id, run.tokens_per_step);
-    const size_t begin = sh.optimizer_begin(), count = sh.optimizer_real_size();
-    const uint64_t writers = uint64_t(sh.world_size);  // one checksum record per rank (stage 0: rank 0's alone)
+    // Collective, before any file is touched: what each rank will write.
+    const auto write_model_file = t.gather_model();
+    const StateRange range = state_range_of(t.num_parameters, t.dist.world_size, rank);
+    const OptimizerState state = gather_state_range(t, range);
+    const size_t begin = range.begin, count = range.count;
+    const uint64_t writers = uint64_t(t.dist.world_size);  // one checksum record per rank
     auto write_model = [&] {  // and the state file's header
-        t.write_model(model_checkpoint_path(rc.output_dir, step));
+        write_model_file(model_checkpoint_path(rc.output_dir, step));
         begin_state_file(state_path, TrainingState{step, t.num_parameters, {uint64_t(rc.seed), sample_rng, 0, 0},
                                                    loader.epoch, loader.shard, loader.sample, meta, writers});
     };
     auto write_optimizer_range = [&] {
-        const OptimizerState o = download_optimizer_state(t.optimizer, count, t.stream);
-        write_state_range(state_path, t.num_parameters, uint64_t(rank), begin, o.master.data(), o.adam_m.data(),
-                          o.adam_v.data(), count);
+        write_state_range(state_path, t.num_parameters, uint64_t(rank), begin, state.master.data(), state.adam_m.data(),
+                          state.adam_v.data(), count);
     };
-    const bool writes_range = (sh.zero_stage > 0 || rank == 0) && count > 0;
+    const bool writes_range = count > 0;
     auto read_back = [&] {
         if (rank == 0) verify_model_checkpoint(model_checkpoint_path(rc.output_dir, step));
         if (!writes_range) return;
@@ -159,8 +314,7 @@ inline int64_t resume_checkpoint(const CheckpointedTraining& t, const RunConfig&
     if (steps.empty())
         throw std::runtime_error("--resume: no complete checkpoint in '" + rc.output_dir + "'" +
                                  (newest == INT64_MAX ? "" : " at step " + std::to_string(newest) + " or before"));
-    const ShardLayout& sh = t.optimizer.shard;
-    const size_t begin = sh.optimizer_begin(), count = sh.optimizer_real_size();
+    const StateRange range = state_range_of(t.num_parameters, t.dist.world_size, t.dist.rank);
     for (int64_t step : steps) {
         t.progress("reading a checkpoint", step);  // a rollback reads one with the watchdog running
         const std::string state_path = state_checkpoint_path(rc.output_dir, step);
@@ -168,12 +322,15 @@ inline int64_t resume_checkpoint(const CheckpointedTraining& t, const RunConfig&
         const ResumedRun resumed = check_resume(state_path, st.meta_json, rc, run->tokens_per_step);
         if (st.num_parameters != t.num_parameters)
             throw std::runtime_error("state '" + state_path + "': num_parameters differs from the model");
-        OptimizerState o{std::vector<float>(sh.optimizer_size()), std::vector<float>(sh.optimizer_size()),
-                         std::vector<float>(sh.optimizer_size())};
+        // Each rank reads its state range (no collective here: a rank that fails must not leave the
+        // others waiting); once all have read, the ranges are exchanged into the optimizer ranges.
+        OptimizerState read{std::vector<float>(range.count), std::vector<float>(range.count), std::vector<float>(range.count)};
         std::string problem;
         try {
             t.load_model(model_checkpoint_path(rc.output_dir, step));
-            if (count > 0) read_state_range(state_path, st, begin, count, o.master.data(), o.adam_m.data(), o.adam_v.data());
+            if (range.count > 0)
+                read_state_range(state_path, st, range.begin, range.count, read.master.data(), read.adam_m.data(),
+                                 read.adam_v.data());
         } catch (const std::exception& e) {
             problem = e.what();
         }
@@ -189,7 +346,7 @@ inline int64_t resume_checkpoint(const CheckpointedTraining& t, const RunConfig&
         if (t.dist.rank == 0)
             for (const std::string& change : resumed.changed)
                 std::printf("resume: changed since step %lld: %s\n", (long long)step, change.c_str());
-        upload_optimizer_state(t.optimizer, o, int(st.step), t.stream);
+        upload_optimizer_state(t.optimizer, scatter_state_range(t, range, read), int(st.step), t.stream);
         loader.seek({st.loader_epoch, st.loader_shard, st.loader_sample});
         sample_rng.state = st.rng[1];
         return st.step;

@@ -90,6 +90,9 @@ inline const std::vector<Option>& options() {
          nullptr, {"stop", "rollback"}},
         {"Divergence", 0, "max-rollbacks", &R::max_rollbacks, "rollbacks a run may take before it stops; 0 = none"},
         {"Parallelism and memory", 'z', "zero-stage", &R::zero_stage, "ZeRO stage: 0, 1 or 2"},
+        {"Parallelism and memory", 0, "tp", &R::tp,
+         "tensor parallelism: each block's weights and heads split over this many consecutive ranks (world = data x "
+         "tp; ZeRO shards over the data ranks); must divide the heads", "N"},
         {"Parallelism and memory", 0, "pp", &R::pp,
          "pipeline stages: layers split over this many ranks (world = data x pipeline); training across stages is "
          "not built yet: with --pp-print-schedule it prints the schedule", "N"},
@@ -305,6 +308,7 @@ inline void validate(const RunConfig& c) {
     check(c.max_rollbacks >= 0, "max-rollbacks", c.max_rollbacks, "must be >= 0");
     check(c.zero_stage >= 0 && c.zero_stage <= 2, "zero-stage", c.zero_stage, "must be 0, 1 or 2");
     check(c.world_size >= 0, "world-size", c.world_size, "must be >= 0");
+    check(c.tp >= 1, "tp", c.tp, "must be >= 1");
     check(c.pp >= 1, "pp", c.pp, "must be >= 1");
     check(c.pp_virtual >= 1, "pp-virtual", c.pp_virtual, "must be >= 1");
     check(c.max_memory >= 0, "max-memory", c.max_memory, "must be >= 0");
@@ -330,6 +334,9 @@ inline void validate(const RunConfig& c) {
     require(c.pp == 1 || c.pp_print_schedule,
             flag("pp") + " " + std::to_string(c.pp) + ": training across pipeline stages is not built yet (issue 15); " +
                 flag("pp-print-schedule") + " prints the schedule it will run");
+    require(c.tp == 1 || !c.generate, flag("generate") + " runs one sequence on one rank: it cannot go with " + flag("tp") + " " +
+                                          std::to_string(c.tp));
+    require(c.tp == 1 || c.pp == 1, flag("tp") + " and " + flag("pp") + " cannot go together yet (issue 15)");
     require(c.pp_virtual == 1 || c.pp_schedule == "interleaved",
             flag("pp-virtual") + " " + std::to_string(c.pp_virtual) + " needs " + flag("pp-schedule") + " interleaved");
     require(!c.resume || !c.output_dir.empty(), flag("resume") + " needs " + flag("output-dir") + " (where checkpoints are)");

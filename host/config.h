@@ -56,6 +56,7 @@ struct RunConfig {
     int64_t max_rollbacks = 3;
     // parallelism and memory
     int zero_stage = 0;
+    int tp = 1;                          // tensor-parallel ranks (parallel/tensor.h): world = data x tp
     int pp = 1;                          // pipeline stages (host/pipeline_schedule.h)
     std::string pp_schedule = "1f1b";    // afab | 1f1b | interleaved
     int pp_virtual = 1;                  // model chunks per rank (interleaved)

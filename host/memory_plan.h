@@ -67,8 +67,18 @@ struct LargestBatches {
     int none = 0, selective = 0, full = 0;
 };
 
+// What a rank sends and receives per micro-step inside its tensor group (parallel/tensor.h), and the
+// time that takes at `link_bytes_per_second` (none without tensor parallelism).
+struct TensorTraffic {
+    int all_reduces = 0;           // per micro-step, forward and backward
+    double bytes_each = 0;         // of one all-reduce's tensor
+    double bus_bytes_per_rank = 0;  // a ring all-reduce moves 2 (tp - 1) / tp of the tensor per rank
+    double link_bytes_per_second = 0;
+};
+
 // --dry-run's report of a rank's plan for the run `rc`: its table, or with --json one JSON object, and
 // the largest micro-batch that fits `budget` bytes in each recompute mode; `attention`: the kernels
-// --attention resolved to (their scratch is in the plan).
+// --attention resolved to (their scratch is in the plan); the tensor group's traffic.
 std::string dry_run_report(const RunConfig& rc, const MemoryPlan& plan, size_t num_parameters, int world,
-                           size_t budget, const LargestBatches& fits, const char* precision, const char* attention);
+                           size_t budget, const LargestBatches& fits, const char* precision, const char* attention,
+                           const TensorTraffic& traffic = {});

@@ -201,4 +201,5 @@ struct ModelOptions {
     bool inference = false;
     bool matmul_autotune = false;  // Matmul::autotune (kernels/matmul.cuh)
     bool cuda_graphs = false;      // replay each micro-step from a CUDA graph (train_gpt.cu, run_micro_step)
+    int tensor_parallel = 1;       // ranks each block's weights and heads are split over (parallel/tensor.h)
 };

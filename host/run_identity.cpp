@@ -70,9 +70,10 @@ ResumedRun check_resume(const std::string& state_path, const std::string& meta_t
 void announce_run(const RunConfig& rc, const char* device, int ranks, const char* precision, const char* attention,
                   size_t num_parameters, int64_t total_steps, const RunInfo& run, int64_t resumed_at) {
     const std::string model = model_label(rc);
-    std::printf("train_gpt: %s on %s x %d, %s, attention %s%s%s, %zu parameters, B=%d T=%d, %lld tokens/step, %lld steps, "
+    const std::string grid = rc.tp > 1 ? " (" + std::to_string(ranks / rc.tp) + " data x " + std::to_string(rc.tp) + " tensor)" : "";
+    std::printf("train_gpt: %s on %s x %d%s, %s, attention %s%s%s, %zu parameters, B=%d T=%d, %lld tokens/step, %lld steps, "
                 "run %s%s\n",
-                model.c_str(), device, ranks, precision, attention, rc.doc_mask ? " + doc-mask" : "",
+                model.c_str(), device, ranks, grid.c_str(), precision, attention, rc.doc_mask ? " + doc-mask" : "",
                 rc.doc_positions ? ", doc-positions" : "", num_parameters, rc.batch_size, rc.seq_len,
                 (long long)run.tokens_per_step, (long long)total_steps, run.id.c_str(),
                 rc.resume ? (", resumed at step " + std::to_string(resumed_at)).c_str() : "");

@@ -17,11 +17,14 @@
 #include <cstdlib>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 class Watchdog {
   public:
     // timeout_seconds <= 0: no watchdog.
-    Watchdog(double timeout_seconds, int rank, ncclComm_t nccl) : timeout_(timeout_seconds), rank_(rank), nccl_(nccl) {
+    // `nccl`: every communicator this rank's collectives run on (the data group's, the tensor group's).
+    Watchdog(double timeout_seconds, int rank, std::vector<ncclComm_t> nccl)
+        : timeout_(timeout_seconds), rank_(rank), nccl_(std::move(nccl)) {
         beat("start-up", 0);
         if (timeout_ > 0) thread_ = std::thread([this] { watch(); });
     }
@@ -59,10 +62,12 @@ class Watchdog {
                          "a rank is stuck or a collective hangs; aborting the job\n",
                          rank_, idle, timeout_, what_.load(), (long long)step_.load());
             std::fflush(stderr);
-            ncclResult_t async = ncclSuccess;
-            if (nccl_ && ncclCommGetAsyncError(nccl_, &async) == ncclSuccess && async != ncclSuccess)
-                std::fprintf(stderr, "train_gpt: rank %d: NCCL reports: %s\n", rank_, ncclGetErrorString(async));
-            if (nccl_) ncclCommAbort(nccl_);
+            for (ncclComm_t comm : nccl_) {
+                ncclResult_t async = ncclSuccess;
+                if (comm && ncclCommGetAsyncError(comm, &async) == ncclSuccess && async != ncclSuccess)
+                    std::fprintf(stderr, "train_gpt: rank %d: NCCL reports: %s\n", rank_, ncclGetErrorString(async));
+                if (comm) ncclCommAbort(comm);
+            }
             MPI_Abort(MPI_COMM_WORLD, EXIT_FAILURE);
             _exit(EXIT_FAILURE);  // should MPI_Abort return
         }
@@ -70,7 +75,7 @@ class Watchdog {
 
     const double timeout_;
     const int rank_;
-    ncclComm_t nccl_;
+    const std::vector<ncclComm_t> nccl_;
     std::atomic<const char*> what_{""};
     std::atomic<int64_t> step_{0};
     std::atomic<int64_t> last_{0};

@@ -188,6 +188,15 @@ inline void optimizer_update(ShardedAdamW& o, const Distributed& d, floatX* para
     gather_parameters(sh, d, params, stream);
 }
 
+// Where a rank's optimizer range lies in the whole model's flat buffer (the layout of checkpoint state
+// files): runs of `count` elements at `whole` there and at `local` in the range. `owned`: this rank
+// writes them; the others that hold the same elements (every rank at ZeRO-0, every tensor rank for
+// replicated tensors) only read them.
+struct StatePiece {
+    uint64_t whole = 0, local = 0, count = 0;
+    bool owned = false;
+};
+
 // The optimizer state of this rank's range on the host (checkpoints): its first `count` elements.
 struct OptimizerState {
     std::vector<float> master, adam_m, adam_v;

@@ -145,6 +145,34 @@ foreach(config IN LISTS train_configs)
   endforeach()
 endforeach()
 
+# Tensor parallelism (the [tp] case of test_mpi_train.cu) against one process on the same global batch:
+# ranks, ZeRO stage, micro-steps per data rank, tensor group size, recompute mode. The issue's set:
+# tp 2 and tp 4 on one data rank, 2 data x 2 tensor with ZeRO-1 and accumulation, tp 2 with full
+# recompute; and ZeRO-2 with selective recompute. BF16 runs the tensor-core attention, FP32 the SIMT one.
+set(tp_configs "2,0,1,2,none" "4,0,1,4,none" "4,1,2,2,none" "2,0,1,2,full" "4,2,1,2,selective")
+if(ASAN)
+  set(tp_configs "2,0,1,2,none")
+endif()
+foreach(config IN LISTS tp_configs)
+  string(REPLACE "," ";" config "${config}")
+  list(GET config 0 np)
+  list(GET config 1 zero)
+  list(GET config 2 accum)
+  list(GET config 3 tp)
+  list(GET config 4 recompute)
+  foreach(precision IN LISTS train_precisions)
+    set(suffix "")
+    if(precision STREQUAL "fp32")
+      set(suffix "_fp32")
+    endif()
+    set(name test_mpi_train${suffix}_np${np}_tp${tp}_zero${zero}_accum${accum}_${recompute})
+    add_test(${name} ${MPIRUN} -np ${np} ${TEST_BIN}/test_mpi_train${suffix})
+    list(APPEND launched_tests ${name})
+    set_tests_properties(${name} PROPERTIES
+      ENVIRONMENT "CUEMU_RACECHECK=1;TRAIN_ZERO=${zero};TRAIN_ACCUM=${accum};TRAIN_TP=${tp};TRAIN_RECOMPUTE=${recompute};TRAIN_GPT_ROOT=${CMAKE_CURRENT_LIST_DIR}/..")
+  endforeach()
+endforeach()
+
 # Resume through the program: bitwise equal to an uninterrupted run, and on a different rank count.
 if(GPU)
   set(train_binary ${TEST_BIN}/train_gpt)
@@ -160,6 +188,10 @@ endif()
 add_test(test_cuda_graphs ${CMAKE_CURRENT_LIST_DIR}/test_cuda_graphs.sh ${train_binary} "${mpirun_line}")
 list(APPEND launched_tests test_cuda_graphs)
 set_tests_properties(test_cuda_graphs PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
+# --tp through the program: 2 data x 2 tensor ranks train like 2 data ranks; what it cannot do is refused.
+add_test(test_tensor_parallel ${CMAKE_CURRENT_LIST_DIR}/test_tensor_parallel.sh ${train_binary} "${mpirun_line}")
+list(APPEND launched_tests test_tensor_parallel)
+set_tests_properties(test_tensor_parallel PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
 add_test(test_train_smoke ${CMAKE_CURRENT_LIST_DIR}/test_train_smoke.sh ${train_binary})
 # Run identity across resumes (host/run_identity.h): a fresh run over checkpoints, changed identity
 # settings, --resume-override, --overwrite.
