@@ -124,8 +124,9 @@ inline LayerTensors layer_view(const ParameterTensors& t, const GPT2Config& conf
 // ---------------------------------------------------------------------------------------------
 // Activations: what the forward pass keeps for the backward pass, for B sequences of T tokens,
 // described once. Each row: name, element type, elements of one copy (BT = B*T, C, Vp; Ct = C/tp and
-// NHt = NH/tp, a tensor rank's channels and heads, parallel/tensor.h), and which copies are kept. The
-// structs, the memory plan and the bindings to memory all come from these rows.
+// NHt = NH/tp, a tensor rank's channels and heads, parallel/tensor.h; BTs = BT/tp with sequence
+// parallelism, else BT: the rows a rank keeps of the LayerNorm and residual regions), and which copies
+// are kept. The structs, the memory plan and the bindings to memory all come from these rows.
 // Per-layer tensors are stored layer-major: L copies, or one when it is recomputed (see Recompute).
 
 enum class Keep {
@@ -139,28 +140,28 @@ enum class Keep {
 // Activations of the whole step (not per layer).
 #define GPT2_STEP_ACTIVATIONS(X)                                                                 \
     X(encoded, floatX, BT * C, Keep::once)  /* token + position embedding: enters layer 0 */      \
-    X(lnf, floatX, BT * C, Keep::once)      /* final LayerNorm */                                \
-    X(lnf_mean, float, BT, Keep::once)                                                           \
-    X(lnf_rstd, float, BT, Keep::once)                                                           \
+    X(lnf, floatX, BTs * C, Keep::once)     /* final LayerNorm */                                \
+    X(lnf_mean, float, BTs, Keep::once)                                                          \
+    X(lnf_rstd, float, BTs, Keep::once)                                                          \
     X(losses, float, BT, Keep::once)        /* per-token loss (0 for ignored targets) */         \
     X(logits, floatX, BT * Vp, Keep::once)  /* the classifier turns them into dlogits in place */ \
     X(branch, floatX, BT * C, Keep::once)   /* a projection's output, before the residual add */
 
 // Activations of one transformer block.
 #define GPT2_LAYER_ACTIVATIONS(X)                                                                \
-    X(ln1, floatX, BT * C, Keep::only_none)                                                      \
-    X(ln1_mean, float, BT, Keep::unless_full)                                                    \
-    X(ln1_rstd, float, BT, Keep::unless_full)                                                    \
+    X(ln1, floatX, BTs * C, Keep::only_none)                                                     \
+    X(ln1_mean, float, BTs, Keep::unless_full)                                                   \
+    X(ln1_rstd, float, BTs, Keep::unless_full)                                                   \
     X(qkv, floatX, BT * 3 * Ct, Keep::unless_full)                                               \
     X(atty, floatX, BT * Ct, Keep::unless_full)      /* attention output, heads concatenated */  \
     X(att_lse, float, BT * NHt, Keep::unless_full)   /* softmax logsumexp per query row */       \
-    X(residual2, floatX, BT * C, Keep::unless_full)  /* the stream after the attention branch */ \
-    X(ln2, floatX, BT * C, Keep::shares_ln1)                                                     \
-    X(ln2_mean, float, BT, Keep::unless_full)                                                    \
-    X(ln2_rstd, float, BT, Keep::unless_full)                                                    \
+    X(residual2, floatX, BTs * C, Keep::unless_full) /* the stream after the attention branch */ \
+    X(ln2, floatX, BTs * C, Keep::shares_ln1)                                                    \
+    X(ln2_mean, float, BTs, Keep::unless_full)                                                   \
+    X(ln2_rstd, float, BTs, Keep::unless_full)                                                   \
     X(fch, floatX, BT * 4 * Ct, Keep::only_none)     /* MLP hidden layer before GELU */          \
     X(fch_gelu, floatX, BT * 4 * Ct, Keep::only_none)                                            \
-    X(residual3, floatX, BT * C, Keep::every_layer)  /* after the MLP branch: next layer's input */
+    X(residual3, floatX, BTs * C, Keep::every_layer) /* after the MLP branch: next layer's input */
 
 #define GPT2_DECLARE_ACTIVATION(name, type, elements, keep) type* name;
 struct ActivationTensors {
@@ -187,7 +188,7 @@ inline size_t kept_copies(Keep keep, int L, Recompute r) {
 
 // Gradient buffers of the backward pass (besides the parameter gradients).
 struct BackwardBuffers {
-    floatX* dresidual;  // (B, T, C) gradient of the residual stream, flowing down the layers
+    floatX* dresidual;  // (BTs, C) gradient of the residual stream, flowing down the layers
     floatX* dbuf_c;     // (B, T, C) gradient of a C-wide activation (lnf, ln2, atty, ln1)
     floatX* dbuf_4c;    // (B, T, 4Ct) gradient of fch, or of qkv (3Ct wide)
     float* scratch;     // per-block partial sums of the deterministic reductions
@@ -196,9 +197,11 @@ struct BackwardBuffers {
                            // that a captured micro-step (CUDA graph) replays for every step
 };
 
-// A tensor rank's share of the channels and heads (the whole model's without tensor parallelism).
+// A tensor rank's share of the channels and heads (the whole model's without tensor parallelism), and of
+// the rows of a LayerNorm or residual region of `rows` tokens (1/tp of them with sequence parallelism).
 inline int tensor_channels(const GPT2Config& c, const ModelOptions& o) { return c.channels / o.tensor_parallel; }
 inline int tensor_heads(const GPT2Config& c, const ModelOptions& o) { return c.num_heads / o.tensor_parallel; }
+inline size_t sequence_rows(size_t rows, const ModelOptions& o) { return o.sequence_parallel ? rows / o.tensor_parallel : rows; }
 
 struct GPT2 {
     GPT2Config config{};
@@ -208,6 +211,7 @@ struct GPT2 {
     ShardLayout shard{};
     ModelOptions options{};
     TensorParallel tensor{};    // the tensor group (size options.tensor_parallel), set before gpt2_build
+    floatX* sequence_gathered = nullptr;  // (B, T, C): a region's rows from every rank (sequence parallelism)
     MemoryPlan plan;
     PlannedMemory memory;
     ParameterTensors params{};
@@ -274,6 +278,7 @@ inline MemoryPlan gpt2_memory_plan(const GPT2Config& c, int B, int T, const Shar
     const size_t X = sizeof(floatX), F = sizeof(float), I = sizeof(int);
     const size_t L = c.num_layers, C = c.channels, BT = size_t(B) * T;
     const size_t Ct = size_t(tensor_channels(c, options)), NHt = size_t(tensor_heads(c, options));
+    const size_t BTs = sequence_rows(BT, options);
     size_t sizes[kNumParameterTensors];
     tensor_parallel_sizes(c, options.tensor_parallel, sizes);
 
@@ -299,7 +304,8 @@ inline MemoryPlan gpt2_memory_plan(const GPT2Config& c, int B, int T, const Shar
         return plan;
     }
     // Backward buffers, scratch of the deterministic reductions, inputs, the cuBLASLt workspace.
-    plan.add("dresidual", "workspace", BT * C * X);
+    plan.add("dresidual", "workspace", BTs * C * X);
+    if (options.sequence_parallel) plan.add("sequence_gathered", "communication", BT * C * X);
     plan.add("dbuf_c", "workspace", BT * C * X);
     plan.add("dbuf_4c", "workspace", BT * 4 * Ct * X);
     const int n = int(BT), ci = int(C), ct = int(Ct), vp = c.padded_vocab_size;
@@ -330,6 +336,9 @@ inline std::string gpt2_check_build(const GPT2Config& config, int B, int T, int 
                   std::to_string(config.max_seq_len) + "]";
     if (problem.empty() && B < 1) problem = "model: batch size B = " + std::to_string(B) + " must be at least 1";
     if (problem.empty() && options.tensor_parallel > 1) problem = tensor_parallel_problem(config, options.tensor_parallel);
+    if (problem.empty() && options.sequence_parallel && (options.tensor_parallel < 2 || T % options.tensor_parallel != 0))
+        problem = "--sequence-parallel: the sequence length T = " + std::to_string(T) + " must be a multiple of --tp " +
+                  std::to_string(options.tensor_parallel) + " (> 1): each tensor rank keeps 1/tp of the tokens";
     if (problem.empty() && options.tensor_parallel > 1 && options.inference)
         problem = "model: generation (an inference model) runs on one rank, not split over --tp " +
                   std::to_string(options.tensor_parallel);
@@ -444,6 +453,7 @@ inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int 
 
     BackwardBuffers& b = model.bwd;
     b.dresidual = m.get<floatX>("dresidual");
+    if (options.sequence_parallel) model.sequence_gathered = m.get<floatX>("sequence_gathered");
     b.dbuf_c = m.get<floatX>("dbuf_c");
     b.dbuf_4c = m.get<floatX>("dbuf_4c");
     b.scratch = m.get<float>("scratch");
@@ -497,15 +507,57 @@ inline void gpt2_init_weights(GPT2& model, uint64_t seed) {
     copy_and_wait(model, model.params_memory, host.data(), host.size() * sizeof(floatX), cudaMemcpyHostToDevice);
 }
 
+// Sequence parallelism (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+// Transformer Models", section 4.2.2): outside the tensor-parallel matmuls (LayerNorms, residual adds)
+// every rank of the tensor group would compute the same thing on all B*T tokens; instead rank r keeps
+// and computes rows [r BT/tp, (r+1) BT/tp) of those regions. The all-reduce after a row-parallel matmul
+// becomes a reduce-scatter (each rank gets the sum of its rows), and an all-gather brings the whole
+// input back before a column-parallel matmul; the backward pass does the reverse. The same bytes move
+// as with the all-reduce alone (an all-reduce is a reduce-scatter then an all-gather), and the
+// regions' activations take 1/tp of the memory. Without sequence parallelism the helpers below are
+// the all-reduce alone and the identity.
+
+// The rows this rank keeps of the current pass's LayerNorm and residual regions, and the first of them.
+inline size_t sequence_local_rows(const GPT2& m) { return sequence_rows(size_t(m.B) * m.T, m.options); }
+inline size_t first_sequence_row(const GPT2& m) { return m.options.sequence_parallel ? m.tensor.rank * sequence_local_rows(m) : 0; }
+
+// A region's (BT, C) rows from every rank, gathered into model.sequence_gathered from this rank's at
+// `local` (the input of a column-parallel matmul); without sequence parallelism `local` holds them all.
+inline const floatX* gather_sequence(GPT2& m, const floatX* local) {
+    if (!m.options.sequence_parallel) return local;
+    const size_t n = sequence_local_rows(m) * size_t(m.config.channels);
+    NCCL_CHECK(ncclAllGather(local, m.sequence_gathered, n, std::is_same_v<floatX, float> ? ncclFloat32 : ncclBfloat16,
+                             m.tensor.nccl, m.stream));
+    return m.sequence_gathered;
+}
+
+// Sums the (BT, C) partial results of a row-parallel matmul (or the partial gradients of a
+// column-parallel one's input) over the tensor group, in place: all of them (all-reduce), or with
+// sequence parallelism this rank's rows (reduce-scatter, NCCL's in-place layout): returns where the
+// sums this rank keeps start.
+inline floatX* sum_over_tensor_ranks(GPT2& m, floatX* partial) {
+    const size_t C = size_t(m.config.channels);
+    if (!m.options.sequence_parallel) {
+        tensor_all_reduce(m.tensor, partial, size_t(m.B) * m.T * C, m.stream);
+        return partial;
+    }
+    const size_t n = sequence_local_rows(m) * C;
+    floatX* mine = partial + first_sequence_row(m) * C;
+    NCCL_CHECK(ncclReduceScatter(partial, mine, n, std::is_same_v<floatX, float> ? ncclFloat32 : ncclBfloat16, ncclSum,
+                                 m.tensor.nccl, m.stream));
+    return mine;
+}
+
 // Layer l's activations for the current B x T: slices of the layer-major buffers (laid out for this
 // B x T), or the one-layer buffers of what recomputation rebuilds.
 inline LayerActivations layer_activations(const GPT2& model, int l) {
     const ActivationTensors& a = model.acts;
     const size_t BT = size_t(model.B) * model.T, C = model.config.channels;
     const size_t Ct = size_t(tensor_channels(model.config, model.options)), NHt = size_t(tensor_heads(model.config, model.options));
+    const size_t BTs = sequence_rows(BT, model.options);
     const int L = model.config.num_layers;
     LayerActivations r;
-    r.input = l == 0 ? a.encoded : a.residual3 + size_t(l - 1) * BT * C;
+    r.input = l == 0 ? a.encoded + first_sequence_row(model) * C : a.residual3 + size_t(l - 1) * BTs * C;
     // The slice of layer l, or the single buffer when one layer's copy is kept (or ln1's, shared).
 #define GPT2_LAYER_SLICE(name, type, elements, keep) \
     r.name = a.name + (kept_copies(keep, L, model.options.recompute) > 1 ? size_t(l) * (elements) : 0);
@@ -540,15 +592,16 @@ template <typename Attend> inline void block_forward_to_mlp(GPT2& model, int l, 
     floatX* branch = model.acts.branch;
     cudaStream_t stream = model.stream;
     const Matmul& mm = model.matmul;
+    const int rows = int(sequence_local_rows(model));  // of the LayerNorm and residual regions
     // Attention branch: x + attproj(attention(ln1(x)))
-    matmul_forward(mm, x.qkv, x.ln1, w.qkvw, w.qkvb, BT, C, 3 * Ct, stream);
+    matmul_forward(mm, x.qkv, gather_sequence(model, x.ln1), w.qkvw, w.qkvb, BT, C, 3 * Ct, stream);
     attend(x);
     matmul_forward(mm, branch, x.atty, w.attprojw, bias_before_sum(model, w.attprojb), BT, Ct, C, stream);
-    tensor_all_reduce(model.tensor, branch, size_t(BT) * C, stream);
-    fused_residual_layernorm_forward(x.residual2, x.ln2, x.ln2_mean, x.ln2_rstd, x.input, branch, w.ln2w, w.ln2b, BT, C,
-                                     stream);
+    const floatX* attended = sum_over_tensor_ranks(model, branch);
+    fused_residual_layernorm_forward(x.residual2, x.ln2, x.ln2_mean, x.ln2_rstd, x.input, attended, w.ln2w, w.ln2b, rows,
+                                     C, stream);
     // MLP's first half: gelu(fc(ln2(x))), GELU fused into the matmul's epilogue (fch keeps its input)
-    matmul_forward(mm, x.fch_gelu, x.ln2, w.fcw, w.fcb, BT, C, 4 * Ct, stream, x.fch);
+    matmul_forward(mm, x.fch_gelu, gather_sequence(model, x.ln2), w.fcw, w.fcb, BT, C, 4 * Ct, stream, x.fch);
 }
 inline void block_forward_to_mlp(GPT2& model, int l, const LayerActivations& x) {
     block_forward_to_mlp(model, l, x, [&model](const LayerActivations& y) { causal_attention_forward(model, y); });
@@ -559,6 +612,7 @@ inline void block_forward_to_mlp(GPT2& model, int l, const LayerActivations& x) 
 template <typename Attend> inline void gpt2_blocks_forward(GPT2& model, Attend&& attend) {
     const GPT2Config& cfg = model.config;
     const int L = cfg.num_layers, C = cfg.channels, Ct = tensor_channels(cfg, model.options), BT = model.B * model.T;
+    const int rows = int(sequence_local_rows(model));
     const ParameterTensors& p = model.params;
     ActivationTensors& a = model.acts;
     for (int l = 0; l < L; ++l) {
@@ -568,16 +622,16 @@ template <typename Attend> inline void gpt2_blocks_forward(GPT2& model, Attend&&
         // MLP branch's second half: x + fcproj(fch_gelu)
         matmul_forward(model.matmul, a.branch, x.fch_gelu, w.fcprojw, bias_before_sum(model, w.fcprojb), BT, 4 * Ct, C,
                        model.stream);
-        tensor_all_reduce(model.tensor, a.branch, size_t(BT) * C, model.stream);
+        const floatX* mlp_out = sum_over_tensor_ranks(model, a.branch);
         // The residual add, fused with the next LayerNorm: the next layer's ln1, or the final one
         if (l + 1 < L) {
             const LayerTensors next_w = layer_view(p, cfg, l + 1, model.tensor.size);
             const LayerActivations next = layer_activations(model, l + 1);
-            fused_residual_layernorm_forward(x.residual3, next.ln1, next.ln1_mean, next.ln1_rstd, x.residual2, a.branch,
-                                             next_w.ln1w, next_w.ln1b, BT, C, model.stream);
+            fused_residual_layernorm_forward(x.residual3, next.ln1, next.ln1_mean, next.ln1_rstd, x.residual2, mlp_out,
+                                             next_w.ln1w, next_w.ln1b, rows, C, model.stream);
         } else {
-            fused_residual_layernorm_forward(x.residual3, a.lnf, a.lnf_mean, a.lnf_rstd, x.residual2, a.branch, p.lnfw,
-                                             p.lnfb, BT, C, model.stream);
+            fused_residual_layernorm_forward(x.residual3, a.lnf, a.lnf_mean, a.lnf_rstd, x.residual2, mlp_out, p.lnfw,
+                                             p.lnfb, rows, C, model.stream);
         }
     }
 }
@@ -633,19 +687,31 @@ inline void gpt2_upload(GPT2& model, const int* inputs_host, const int* targets_
             fail("target " + std::to_string(targets_host[i]) + " at position " + std::to_string(i) + " is neither -1 nor in [0, " +
                  std::to_string(V) + ")");
     }
+    // Sequence parallelism splits B*T tokens evenly over the tensor ranks: a pass whose B*T does not
+    // divide (evaluation of shorter rows, sampling) runs on rows padded at their ends with end-of-text
+    // tokens and ignored targets; causal attention keeps the real positions as they were (the build's
+    // T is a multiple of tp, so the padded rows fit). model.T is then the padded length.
+    int padded_T = T;
+    if (model.options.sequence_parallel)
+        while ((size_t(B) * padded_T) % size_t(model.tensor.size) != 0) ++padded_T;
+    const int padded_BT = B * padded_T;
     model.B = B;
-    model.T = T;
+    model.T = padded_T;
     cudaStream_t stream = model.stream;
     GPT2::UploadSlot& up = next_upload_slot(model);
-    std::copy(inputs_host, inputs_host + BT, up.inputs);
-    CUDA_CHECK(cudaMemcpyAsync(model.inputs, up.inputs, BT * sizeof(int), cudaMemcpyHostToDevice, stream));
-    if (targets_host) {
-        std::copy(targets_host, targets_host + BT, up.targets);
-        CUDA_CHECK(cudaMemcpyAsync(model.targets, up.targets, BT * sizeof(int), cudaMemcpyHostToDevice, stream));
-    }
+    const int pad = model.options.eot_token >= 0 && model.options.eot_token < V ? model.options.eot_token : 0;
+    for (int b = 0; b < B; ++b)
+        for (int t = 0; t < padded_T; ++t) {
+            const bool real = t < T;
+            up.inputs[b * padded_T + t] = real ? inputs_host[b * T + t] : pad;
+            if (targets_host) up.targets[b * padded_T + t] = real ? targets_host[b * T + t] : -1;
+        }
+    CUDA_CHECK(cudaMemcpyAsync(model.inputs, up.inputs, padded_BT * sizeof(int), cudaMemcpyHostToDevice, stream));
+    if (targets_host)
+        CUDA_CHECK(cudaMemcpyAsync(model.targets, up.targets, padded_BT * sizeof(int), cudaMemcpyHostToDevice, stream));
     if (model.options.uses_documents()) {  // each token's document start (host/documents.h), on the same stream
-        document_starts(up.doc_start, inputs_host, B, T, model.options.eot_token);
-        CUDA_CHECK(cudaMemcpyAsync(model.doc_start, up.doc_start, BT * sizeof(int), cudaMemcpyHostToDevice, stream));
+        document_starts(up.doc_start, up.inputs, B, padded_T, model.options.eot_token);
+        CUDA_CHECK(cudaMemcpyAsync(model.doc_start, up.doc_start, padded_BT * sizeof(int), cudaMemcpyHostToDevice, stream));
     }
     // A backward pass follows (dlogits are written): its grouping now, while the device runs ahead.
     if (grad_scale > 0.0f && targets_host) {
@@ -675,14 +741,16 @@ inline void gpt2_forward_kernels(GPT2& model, bool with_targets, bool write_dlog
     ActivationTensors& a = model.acts;
 
     // Embeddings, then the first LayerNorm; later LayerNorms are fused with the residual add before them.
+    // With sequence parallelism each rank embeds all tokens (cheap) and keeps its rows (first.input).
     encoder_forward(a.encoded, model.inputs, p.wte, p.wpe, B, T, C, stream, model.options.doc_positions ? model.doc_start : nullptr);
     const LayerActivations first = layer_activations(model, 0);
-    layernorm_forward(first.ln1, first.ln1_mean, first.ln1_rstd, a.encoded, p.ln1w, p.ln1b, BT, C, stream);
+    layernorm_forward(first.ln1, first.ln1_mean, first.ln1_rstd, first.input, p.ln1w, p.ln1b, int(sequence_local_rows(model)),
+                      C, stream);
 
     gpt2_blocks_forward(model, [&model](int, const LayerActivations& x) { causal_attention_forward(model, x); });
 
     // Tied output head: logits = lnf @ wte^T over the padded vocabulary.
-    matmul_forward(mm, a.logits, a.lnf, p.wte, nullptr, BT, C, Vp, stream);
+    matmul_forward(mm, a.logits, gather_sequence(model, a.lnf), p.wte, nullptr, BT, C, Vp, stream);
     if (!with_targets) return;
     fused_classifier(a.logits, a.losses, model.targets, model.bwd.grad_scale, BT, V, Vp, write_dlogits, stream);
 }
@@ -704,7 +772,7 @@ inline double gpt2_forward(GPT2& model, const int* inputs_host, const int* targe
                            float grad_scale) {
     gpt2_forward_queue(model, inputs_host, targets_host, B, T, grad_scale);
     if (!targets_host) return 0.0;
-    const size_t BT = size_t(B) * T;
+    const size_t BT = size_t(model.B) * model.T;  // padded rows (sequence parallelism) add losses of 0
     std::vector<float> losses(BT);
     CUDA_CHECK(cudaMemcpyAsync(losses.data(), model.acts.losses, BT * sizeof(float), cudaMemcpyDeviceToHost, model.stream));
     CUDA_CHECK(cudaStreamSynchronize(model.stream));
@@ -793,7 +861,10 @@ inline void gpt2_backward(GPT2& model, const std::function<void(int)>& layer_don
     const int L = cfg.num_layers, C = cfg.channels, Vp = cfg.padded_vocab_size;
     const int Ct = tensor_channels(cfg, model.options), NHt = tensor_heads(cfg, model.options);
     const int B = model.B, T = model.T, BT = B * T;
-    const size_t btc = size_t(BT) * C;
+    // The LayerNorm and residual regions' rows on this rank (all BT without sequence parallelism): the
+    // residual stream's gradient is kept for those rows, and gathered whole where a matmul reads it.
+    const int rows = int(sequence_local_rows(model));
+    const size_t region = size_t(rows) * C, mine = first_sequence_row(model) * C;
     cudaStream_t stream = model.stream;
     const Matmul& mm = model.matmul;
     ParameterTensors& p = model.params;
@@ -803,12 +874,14 @@ inline void gpt2_backward(GPT2& model, const std::function<void(int)>& layer_don
 
     if (model.shard.zero_stage == 2)  // the global tensors' gradients are per micro-step there
         CUDA_CHECK(cudaMemsetAsync(g.wte, 0, model.plan.bytes_of("grad_global_buffer"), stream));
-    // Output head: dlnf = dlogits @ wte, dwte += dlogits^T @ lnf.
-    matmul_backward(mm, b.dbuf_c, g.wte, nullptr, b.scratch, a.logits, a.lnf, p.wte, BT, C, Vp, stream);
-    // Final LayerNorm: dresidual starts as the gradient of the last layer's output.
-    CUDA_CHECK(cudaMemsetAsync(b.dresidual, 0, btc * sizeof(floatX), stream));
-    layernorm_backward(b.dresidual, g.lnfw, g.lnfb, b.scratch, b.dbuf_c, a.residual3 + (L - 1) * btc, p.lnfw,
-                       a.lnf_mean, a.lnf_rstd, BT, C, stream);
+    // Output head: dlnf = dlogits @ wte, dwte += dlogits^T @ lnf (lnf gathered again: the buffer is shared).
+    matmul_backward(mm, b.dbuf_c, g.wte, nullptr, b.scratch, a.logits, gather_sequence(model, a.lnf), p.wte, BT, C, Vp,
+                    stream);
+    // Final LayerNorm: dresidual starts as the gradient of the last layer's output. (The head is
+    // replicated: dlnf is whole on every rank, and this rank's rows are its part.)
+    CUDA_CHECK(cudaMemsetAsync(b.dresidual, 0, region * sizeof(floatX), stream));
+    layernorm_backward(b.dresidual, g.lnfw, g.lnfb, b.scratch, b.dbuf_c + mine, a.residual3 + (L - 1) * region, p.lnfw,
+                       a.lnf_mean, a.lnf_rstd, rows, C, stream);
 
     for (int l = L - 1; l >= 0; --l) {
         if (before_layer) before_layer(l);
@@ -819,43 +892,48 @@ inline void gpt2_backward(GPT2& model, const std::function<void(int)>& layer_don
         // Recompute what the forward pass did not keep, with the forward's kernels on the kept inputs.
         // The LayerNorm statistics come out equal to the kept ones; selective mode need not store them.
         if (model.options.recompute == Recompute::full) {
-            layernorm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, x.input, w.ln1w, w.ln1b, BT, C, stream);
+            layernorm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, x.input, w.ln1w, w.ln1b, rows, C, stream);
             block_forward_to_mlp(model, l, x);
         } else if (model.options.recompute == Recompute::selective) {
-            layernorm_forward(x.ln2, nullptr, nullptr, x.residual2, w.ln2w, w.ln2b, BT, C, stream);
-            matmul_forward(mm, x.fch_gelu, x.ln2, w.fcw, w.fcb, BT, C, 4 * Ct, stream, x.fch);
+            layernorm_forward(x.ln2, nullptr, nullptr, x.residual2, w.ln2w, w.ln2b, rows, C, stream);
+            matmul_forward(mm, x.fch_gelu, gather_sequence(model, x.ln2), w.fcw, w.fcb, BT, C, 4 * Ct, stream, x.fch);
         }
         // MLP branch. dresidual holds the gradient of residual3; the DGELU epilogue turns the gradient of
         // fch_gelu into the gradient of fch directly. Under tensor parallelism each rank's hidden units
-        // give a part of ln2's gradient: summed over the group (Megatron's f).
-        matmul_backward(mm, b.dbuf_4c, dw.fcprojw, dw.fcprojb, b.scratch, b.dresidual, x.fch_gelu, w.fcprojw, BT, 4 * Ct,
-                        C, stream, x.fch);
-        matmul_backward(mm, b.dbuf_c, dw.fcw, dw.fcb, b.scratch, b.dbuf_4c, x.ln2, w.fcw, BT, C, 4 * Ct, stream);
-        tensor_all_reduce(model.tensor, b.dbuf_c, btc, stream);
+        // give a part of ln2's gradient: summed over the group (Megatron's f; with sequence parallelism
+        // each rank gets its rows' sums).
+        matmul_backward(mm, b.dbuf_4c, dw.fcprojw, dw.fcprojb, b.scratch, gather_sequence(model, b.dresidual), x.fch_gelu,
+                        w.fcprojw, BT, 4 * Ct, C, stream, x.fch);
+        matmul_backward(mm, b.dbuf_c, dw.fcw, dw.fcb, b.scratch, b.dbuf_4c, gather_sequence(model, x.ln2), w.fcw, BT, C,
+                        4 * Ct, stream);
+        const floatX* dln2 = sum_over_tensor_ranks(model, b.dbuf_c);
         // ln2's gradient joins the residual path: dresidual becomes the gradient of residual2.
-        layernorm_backward(b.dresidual, dw.ln2w, dw.ln2b, b.scratch, b.dbuf_c, x.residual2, w.ln2w, x.ln2_mean,
-                           x.ln2_rstd, BT, C, stream);
+        layernorm_backward(b.dresidual, dw.ln2w, dw.ln2b, b.scratch, dln2, x.residual2, w.ln2w, x.ln2_mean, x.ln2_rstd,
+                           rows, C, stream);
         // Attention branch. Recomputation rebuilds ln1 in the buffer ln2 took over (ln2 is no longer read).
-        matmul_backward(mm, b.dbuf_c, dw.attprojw, dw.attprojb, b.scratch, b.dresidual, x.atty, w.attprojw, BT, Ct, C,
-                        stream);
+        matmul_backward(mm, b.dbuf_c, dw.attprojw, dw.attprojb, b.scratch, gather_sequence(model, b.dresidual), x.atty,
+                        w.attprojw, BT, Ct, C, stream);
         const int* doc_mask = model.options.doc_mask ? model.doc_start : nullptr;
         if (model.options.attention == Attention::tc)
             attention_tc_backward(b.dbuf_4c, b.scratch, b.dbuf_c, x.qkv, x.atty, x.att_lse, B, T, Ct, NHt, stream, doc_mask);
         else
             attention_backward(b.dbuf_4c, b.scratch, b.dbuf_c, x.qkv, x.atty, x.att_lse, B, T, Ct, NHt, stream, doc_mask);
         if (model.options.recompute != Recompute::none)
-            layernorm_forward(x.ln1, nullptr, nullptr, x.input, w.ln1w, w.ln1b, BT, C, stream);
-        matmul_backward(mm, b.dbuf_c, dw.qkvw, dw.qkvb, b.scratch, b.dbuf_4c, x.ln1, w.qkvw, BT, C, 3 * Ct, stream);
-        tensor_all_reduce(model.tensor, b.dbuf_c, btc, stream);  // f: ln1's gradient from every rank's heads
+            layernorm_forward(x.ln1, nullptr, nullptr, x.input, w.ln1w, w.ln1b, rows, C, stream);
+        matmul_backward(mm, b.dbuf_c, dw.qkvw, dw.qkvb, b.scratch, b.dbuf_4c, gather_sequence(model, x.ln1), w.qkvw, BT, C,
+                        3 * Ct, stream);
+        const floatX* dln1 = sum_over_tensor_ranks(model, b.dbuf_c);  // f: ln1's gradient from every rank's heads
         // ln1's gradient joins too: dresidual becomes the gradient of this layer's input.
-        layernorm_backward(b.dresidual, dw.ln1w, dw.ln1b, b.scratch, b.dbuf_c, x.input, w.ln1w, x.ln1_mean, x.ln1_rstd,
-                           BT, C, stream);
+        layernorm_backward(b.dresidual, dw.ln1w, dw.ln1b, b.scratch, dln1, x.input, w.ln1w, x.ln1_mean, x.ln1_rstd, rows, C,
+                           stream);
         if (layer_done) layer_done(l);
     }
     // Embeddings: deterministic, grouped by token on the host (uploaded by the forward pass that wrote dlogits).
+    // With sequence parallelism every rank gathers the whole gradient and computes the (replicated)
+    // embeddings' gradients alike.
     const GPT2::UploadSlot& up = model.uploads[model.upload_slot];
     if (up.encoder.count == 0) throw TrainGptError("gpt2_backward: the forward pass before it wrote no dlogits (grad_scale 0)");
-    encoder_backward(g.wte, g.wpe, b.encoder_scratch, b.dresidual, up.encoder, B, T, C, stream);
+    encoder_backward(g.wte, g.wpe, b.encoder_scratch, gather_sequence(model, b.dresidual), up.encoder, B, T, C, stream);
     if (layer_done) layer_done(-1);
 }
 
@@ -942,10 +1020,27 @@ inline void trainer_free(Trainer& tr) {
     CUDA_CHECK(cudaStreamDestroy(tr.model.stream));
 }
 
+// Sequence parallelism: a tensor rank's LayerNorm parameter gradients cover its rows only; summed over
+// the tensor group (on the compute stream, with the group's other collectives) where the gradients are
+// reduced, so that every rank holds the whole, alike. Layer l's (l = -1: the final LayerNorm's).
+inline void sum_layernorm_gradients(GPT2& m, int l) {
+    if (!m.options.sequence_parallel) return;
+    const size_t C = size_t(m.config.channels);
+    NCCL_CHECK(ncclGroupStart());
+    if (l >= 0) {
+        const LayerTensors dw = layer_grads(m, l);
+        for (floatX* t : {dw.ln1w, dw.ln1b, dw.ln2w, dw.ln2b}) tensor_all_reduce(m.tensor, t, C, m.stream);
+    } else {
+        tensor_all_reduce(m.tensor, m.grads.lnfw, 2 * C, m.stream);  // lnfw, lnfb: adjacent
+    }
+    NCCL_CHECK(ncclGroupEnd());
+}
+
 // The gradients of layer l (or, for l = -1, of wte, wpe, lnfw, lnfb) are complete on the compute
 // stream: reduce them on the communication stream, after the compute stream's work so far.
 inline void reduce_layer_gradients(Trainer& tr, int l) {
     GPT2& m = tr.model;
+    sum_layernorm_gradients(m, l);
     CUDA_CHECK(cudaEventRecord(tr.dist.compute_done, m.stream));
     CUDA_CHECK(cudaStreamWaitEvent(tr.dist.comm_stream, tr.dist.compute_done, 0));
     const int L = m.config.num_layers;
@@ -1144,7 +1239,10 @@ inline void load_model_parameters(GPT2& m, const std::string& path) {
 // Per-token losses (0 where a target is -1) of one forward pass, copied to the host.
 inline void forward_token_losses(GPT2& m, const int* inputs, const int* targets, int B, int T, float* losses) {
     gpt2_forward(m, inputs, targets, B, T, 0.0f);
-    CUDA_CHECK(cudaMemcpyAsync(losses, m.acts.losses, size_t(B) * T * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
+    // Each row's first T of the pass's m.T positions (more when sequence parallelism padded the rows).
+    for (int b = 0; b < B; ++b)
+        CUDA_CHECK(cudaMemcpyAsync(losses + size_t(b) * T, m.acts.losses + size_t(b) * m.T, size_t(T) * sizeof(float),
+                                   cudaMemcpyDeviceToHost, m.stream));
     CUDA_CHECK(cudaStreamSynchronize(m.stream));
 }
 
@@ -1226,7 +1324,8 @@ inline RunPlan plan_run(const RunConfig& rc, const Distributed& dist) {
                                 p.checkpoint);
     p.options = {.recompute = recompute_of(rc.recompute), .attention = attention_of(rc.attention, kEmulatedDevice),
                  .doc_mask = rc.doc_mask, .doc_positions = rc.doc_positions, .matmul_autotune = rc.matmul_autotune,
-                 .cuda_graphs = rc.cuda_graphs == "on", .tensor_parallel = rc.tp};
+                 .cuda_graphs = rc.cuda_graphs == "on", .tensor_parallel = rc.tp,
+                 .sequence_parallel = rc.tp > 1 && rc.sequence_parallel != "off"};
     if (p.world % rc.tp != 0)
         throw std::runtime_error("--tp " + std::to_string(rc.tp) + " does not divide the " + std::to_string(p.world) +
                                  " ranks (--world-size or those launched): world = data x tensor");
@@ -1269,7 +1368,8 @@ inline void print_dry_run(const RunConfig& rc, const RunPlan& p) {
                                      p.budget);
     };
     const LargestBatches largest{fits(Recompute::none), fits(Recompute::selective), fits(Recompute::full)};
-    const TensorTraffic traffic = tensor_traffic(p.config, rc.batch_size, rc.seq_len, rc.tp, p.options.recompute, sizeof(floatX));
+    const TensorTraffic traffic = tensor_traffic(p.config, rc.batch_size, rc.seq_len, rc.tp, p.options.sequence_parallel,
+                                                 p.options.recompute, sizeof(floatX));
     std::printf("%s", dry_run_report(rc, p.memory, p.num_parameters, p.world, p.budget, largest, kPrecisionName,
                                      attention_name(p.options.attention), traffic).c_str());
 }

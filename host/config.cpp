@@ -93,6 +93,10 @@ inline const std::vector<Option>& options() {
         {"Parallelism and memory", 0, "tp", &R::tp,
          "tensor parallelism: each block's weights and heads split over this many consecutive ranks (world = data x "
          "tp; ZeRO shards over the data ranks); must divide the heads", "N"},
+        {"Parallelism and memory", 0, "sequence-parallel", &R::sequence_parallel,
+         "with --tp: the LayerNorm and residual regions hold 1/tp of the tokens per rank (all-gather before "
+         "the column-parallel matmuls, reduce-scatter after the row-parallel ones); auto = on when --tp > 1",
+         nullptr, {"auto", "on", "off"}},
         {"Parallelism and memory", 0, "pp", &R::pp,
          "pipeline stages: layers split over this many ranks (world = data x pipeline); training across stages is "
          "not built yet: with --pp-print-schedule it prints the schedule", "N"},
@@ -336,6 +340,8 @@ inline void validate(const RunConfig& c) {
                 flag("pp-print-schedule") + " prints the schedule it will run");
     require(c.tp == 1 || !c.generate, flag("generate") + " runs one sequence on one rank: it cannot go with " + flag("tp") + " " +
                                           std::to_string(c.tp));
+    require(c.sequence_parallel != "on" || c.tp > 1,
+            flag("sequence-parallel") + " on splits the tokens over the tensor ranks: it needs " + flag("tp") + " > 1");
     require(c.tp == 1 || c.pp == 1, flag("tp") + " and " + flag("pp") + " cannot go together yet (issue 15)");
     require(c.pp_virtual == 1 || c.pp_schedule == "interleaved",
             flag("pp-virtual") + " " + std::to_string(c.pp_virtual) + " needs " + flag("pp-schedule") + " interleaved");

@@ -57,6 +57,7 @@ struct RunConfig {
     // parallelism and memory
     int zero_stage = 0;
     int tp = 1;                          // tensor-parallel ranks (parallel/tensor.h): world = data x tp
+    std::string sequence_parallel = "auto";  // auto (on when tp > 1) | on | off (parallel/tensor.h)
     int pp = 1;                          // pipeline stages (host/pipeline_schedule.h)
     std::string pp_schedule = "1f1b";    // afab | 1f1b | interleaved
     int pp_virtual = 1;                  // model chunks per rank (interleaved)

@@ -42,11 +42,13 @@ nlohmann::json bytes_json(const MemoryPlan& plan) {
 std::string dry_run_report(const RunConfig& rc, const MemoryPlan& plan, size_t num_parameters, int world,
                            size_t budget, const LargestBatches& fits, const char* precision, const char* attention,
                            const TensorTraffic& traffic) {
-    const double traffic_seconds = traffic.all_reduces > 0 ? traffic.bus_bytes_per_rank / traffic.link_bytes_per_second : 0.0;
+    const bool sequence_parallel = rc.tp > 1 && rc.sequence_parallel != "off";
+    const double traffic_seconds = traffic.collectives() > 0 ? traffic.bus_bytes_per_rank / traffic.link_bytes_per_second : 0.0;
     if (rc.json) {
         const nlohmann::json largest = {{"none", fits.none}, {"selective", fits.selective}, {"full", fits.full}};
         const nlohmann::json j = {{"model", model_label(rc)},       {"parameters", num_parameters}, {"world_size", world},
-                                  {"tensor_parallel", rc.tp},     {"zero_stage", rc.zero_stage},  {"recompute", rc.recompute},
+                                  {"tensor_parallel", rc.tp},     {"sequence_parallel", sequence_parallel},
+                                  {"zero_stage", rc.zero_stage},  {"recompute", rc.recompute},
                                   {"attention", attention},      {"micro_batch", rc.batch_size},
                                   {"doc_mask", rc.doc_mask},      {"doc_positions", rc.doc_positions},
                                   {"seq_len", rc.seq_len},        {"precision", precision},
@@ -54,26 +56,28 @@ std::string dry_run_report(const RunConfig& rc, const MemoryPlan& plan, size_t n
                                   {"largest_micro_batch", largest},
                                   {"tensor_parallel_traffic",
                                    {{"all_reduces_per_micro_step", traffic.all_reduces},
-                                    {"bytes_per_all_reduce", traffic.bytes_each},
+                                    {"all_gathers_per_micro_step", traffic.all_gathers},
+                                    {"reduce_scatters_per_micro_step", traffic.reduce_scatters},
+                                    {"bytes_per_collective", traffic.bytes_each},
                                     {"bus_bytes_per_rank_per_micro_step", traffic.bus_bytes_per_rank},
                                     {"assumed_link_bytes_per_second", traffic.link_bytes_per_second},
                                     {"seconds_per_micro_step", traffic_seconds}}}};
         return j.dump(2) + "\n";
     }
     char line[512];
-    std::snprintf(line, sizeof line, ", %zu parameters, B=%d T=%d, %d rank(s) (tp %d), ZeRO-%d, recompute %s, attention %s%s%s, %s\n",
-                  num_parameters, rc.batch_size, rc.seq_len, world, rc.tp, rc.zero_stage, rc.recompute.c_str(), attention,
+    std::snprintf(line, sizeof line, ", %zu parameters, B=%d T=%d, %d rank(s) (tp %d%s), ZeRO-%d, recompute %s, attention %s%s%s, %s\n",
+                  num_parameters, rc.batch_size, rc.seq_len, world, rc.tp, sequence_parallel ? ", sequence parallel" : "", rc.zero_stage, rc.recompute.c_str(), attention,
                   rc.doc_mask ? " + doc-mask" : "", rc.doc_positions ? ", doc-positions" : "", precision);
     std::string out = "memory plan per rank: " + model_label(rc) + line + plan.table();
     std::snprintf(line, sizeof line, "largest micro-batch within %.2f GiB: none %d, selective %d, full %d\n",
                   double(budget) / double(size_t(1) << 30), fits.none, fits.selective, fits.full);
     out += line;
-    if (traffic.all_reduces > 0) {
+    if (traffic.collectives() > 0) {
         std::snprintf(line, sizeof line,
-                      "tensor group traffic per micro-step: %d all-reduces of %.1f MB, %.2f GB sent per rank (ring), "
-                      "%.1f ms at %.0f GB/s (NVLink, assumed)\n",
-                      traffic.all_reduces, traffic.bytes_each / 1e6, traffic.bus_bytes_per_rank / 1e9, traffic_seconds * 1e3,
-                      traffic.link_bytes_per_second / 1e9);
+                      "tensor group traffic per micro-step: %d all-reduces, %d all-gathers, %d reduce-scatters of %.1f MB; "
+                      "%.2f GB sent per rank (ring), %.1f ms at %.0f GB/s (NVLink, assumed)\n",
+                      traffic.all_reduces, traffic.all_gathers, traffic.reduce_scatters, traffic.bytes_each / 1e6,
+                      traffic.bus_bytes_per_rank / 1e9, traffic_seconds * 1e3, traffic.link_bytes_per_second / 1e9);
         out += line;
     }
     return out;

@@ -70,10 +70,12 @@ struct LargestBatches {
 // What a rank sends and receives per micro-step inside its tensor group (parallel/tensor.h), and the
 // time that takes at `link_bytes_per_second` (none without tensor parallelism).
 struct TensorTraffic {
-    int all_reduces = 0;           // per micro-step, forward and backward
-    double bytes_each = 0;         // of one all-reduce's tensor
-    double bus_bytes_per_rank = 0;  // a ring all-reduce moves 2 (tp - 1) / tp of the tensor per rank
+    int all_reduces = 0, all_gathers = 0, reduce_scatters = 0;  // per micro-step, forward and backward
+    double bytes_each = 0;          // of one collective's whole (B, T, C) tensor
+    double bus_bytes_per_rank = 0;  // ring algorithms: (tp - 1) / tp of the tensor per all-gather or
+                                    // reduce-scatter, twice that per all-reduce
     double link_bytes_per_second = 0;
+    int collectives() const { return all_reduces + all_gathers + reduce_scatters; }
 };
 
 // --dry-run's report of a rank's plan for the run `rc`: its table, or with --json one JSON object, and

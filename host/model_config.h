@@ -202,4 +202,5 @@ struct ModelOptions {
     bool matmul_autotune = false;  // Matmul::autotune (kernels/matmul.cuh)
     bool cuda_graphs = false;      // replay each micro-step from a CUDA graph (train_gpt.cu, run_micro_step)
     int tensor_parallel = 1;       // ranks each block's weights and heads are split over (parallel/tensor.h)
+    bool sequence_parallel = false;  // with tensor_parallel > 1: LayerNorm/residual rows split over those ranks
 };

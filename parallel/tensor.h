@@ -157,18 +157,30 @@ inline std::vector<T> tensor_unshard(const std::vector<std::vector<T>>& locals, 
     return whole;
 }
 
-// The tensor group's traffic per micro-step of B x T tokens (memory plan, --dry-run): every all-reduce
-// sums a (B, T, C) activation or gradient, two per block forward (g after attention and after the MLP),
-// two backward (f before qkv and before fc), and with full recomputation the attention's g again (the
-// block is recomputed up to the MLP). Timed at H100 NVLink 4's 450 GB/s per direction (an assumption:
-// NCCL reaches less on small messages).
+// The tensor group's traffic per micro-step of B x T tokens (memory plan, --dry-run), each collective
+// on a (B, T, C) activation or gradient. Without sequence parallelism: all-reduces, two per block
+// forward (g after attention and after the MLP), two backward (f before qkv and before fc), and with
+// full recomputation the attention's g again. With it (train_gpt.cu, gpt2_forward_kernels and
+// gpt2_backward): per block forward 2 all-gathers (ln1, ln2) and 2 reduce-scatters; backward 4
+// all-gathers (the residual gradient twice, ln2, ln1) and 2 reduce-scatters; selective recompute
+// gathers ln2 once more, full recompute repeats the block's forward up to the MLP (2 + 1); and per
+// micro-step lnf twice (forward, backward) and the residual gradient for the embeddings. (The
+// LayerNorm parameter gradients' all-reduces, 4C per layer, are left out.) Timed at H100 NVLink 4's
+// 450 GB/s per direction (an assumption: NCCL reaches less on small messages).
 constexpr double kAssumedNvlinkBytesPerSecond = 450e9;
-inline TensorTraffic tensor_traffic(const GPT2Config& c, int B, int T, int tp, Recompute recompute, size_t element_bytes) {
+inline TensorTraffic tensor_traffic(const GPT2Config& c, int B, int T, int tp, bool sequence_parallel, Recompute recompute,
+                                    size_t element_bytes) {
     TensorTraffic t;
     if (tp == 1) return t;
-    t.all_reduces = c.num_layers * (recompute == Recompute::full ? 5 : 4);
+    const int L = c.num_layers;
+    if (sequence_parallel) {
+        t.all_gathers = L * (2 + 4 + (recompute == Recompute::selective ? 1 : 0) + (recompute == Recompute::full ? 2 : 0)) + 3;
+        t.reduce_scatters = L * (2 + 2 + (recompute == Recompute::full ? 1 : 0));
+    } else {
+        t.all_reduces = L * (recompute == Recompute::full ? 5 : 4);
+    }
     t.bytes_each = double(B) * T * c.channels * double(element_bytes);
-    t.bus_bytes_per_rank = t.all_reduces * t.bytes_each * 2.0 * (tp - 1) / tp;
+    t.bus_bytes_per_rank = (2.0 * t.all_reduces + t.all_gathers + t.reduce_scatters) * t.bytes_each * (tp - 1) / tp;
     t.link_bytes_per_second = kAssumedNvlinkBytesPerSecond;
     return t;
 }

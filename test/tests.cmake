@@ -146,12 +146,14 @@ foreach(config IN LISTS train_configs)
 endforeach()
 
 # Tensor parallelism (the [tp] case of test_mpi_train.cu) against one process on the same global batch:
-# ranks, ZeRO stage, micro-steps per data rank, tensor group size, recompute mode. The issue's set:
-# tp 2 and tp 4 on one data rank, 2 data x 2 tensor with ZeRO-1 and accumulation, tp 2 with full
-# recompute; and ZeRO-2 with selective recompute. BF16 runs the tensor-core attention, FP32 the SIMT one.
-set(tp_configs "2,0,1,2,none" "4,0,1,4,none" "4,1,2,2,none" "2,0,1,2,full" "4,2,1,2,selective")
+# ranks, ZeRO stage, micro-steps per data rank, tensor group size, recompute mode, sequence parallelism.
+# The issue's set: tp 2 and tp 4 on one data rank, 2 data x 2 tensor with ZeRO-1 and accumulation,
+# tp 2 with full recompute; with and without sequence parallelism; and ZeRO-2 with selective
+# recompute. BF16 runs the tensor-core attention, FP32 the SIMT one.
+set(tp_configs "2,0,1,2,none,off" "2,0,1,2,none,on" "4,0,1,4,none,on" "4,0,1,4,full,off" "4,1,2,2,none,on"
+               "2,0,1,2,full,on" "4,2,1,2,selective,on")
 if(ASAN)
-  set(tp_configs "2,0,1,2,none")
+  set(tp_configs "2,0,1,2,none,on")
 endif()
 foreach(config IN LISTS tp_configs)
   string(REPLACE "," ";" config "${config}")
@@ -160,16 +162,21 @@ foreach(config IN LISTS tp_configs)
   list(GET config 2 accum)
   list(GET config 3 tp)
   list(GET config 4 recompute)
+  list(GET config 5 sp)
+  set(sp_suffix "")
+  if(sp STREQUAL "on")
+    set(sp_suffix "_sp")
+  endif()
   foreach(precision IN LISTS train_precisions)
     set(suffix "")
     if(precision STREQUAL "fp32")
       set(suffix "_fp32")
     endif()
-    set(name test_mpi_train${suffix}_np${np}_tp${tp}_zero${zero}_accum${accum}_${recompute})
+    set(name test_mpi_train${suffix}_np${np}_tp${tp}${sp_suffix}_zero${zero}_accum${accum}_${recompute})
     add_test(${name} ${MPIRUN} -np ${np} ${TEST_BIN}/test_mpi_train${suffix})
     list(APPEND launched_tests ${name})
     set_tests_properties(${name} PROPERTIES
-      ENVIRONMENT "CUEMU_RACECHECK=1;TRAIN_ZERO=${zero};TRAIN_ACCUM=${accum};TRAIN_TP=${tp};TRAIN_RECOMPUTE=${recompute};TRAIN_GPT_ROOT=${CMAKE_CURRENT_LIST_DIR}/..")
+      ENVIRONMENT "CUEMU_RACECHECK=1;TRAIN_ZERO=${zero};TRAIN_ACCUM=${accum};TRAIN_TP=${tp};TRAIN_RECOMPUTE=${recompute};TRAIN_SEQUENCE_PARALLEL=${sp};TRAIN_GPT_ROOT=${CMAKE_CURRENT_LIST_DIR}/..")
   endforeach()
 endforeach()
 
