@@ -79,7 +79,8 @@ inline std::string gpt2_check_config(const GPT2Config& c) {
 // host/model_config.h, so checkpoints interchange). Gradients mirror the same layout.
 
 struct ParameterTensors {
-    floatX* wte;       // (Vp, C) token embedding, also the output head; rows >= V stay zero
+    floatX* wte;       // (Vp, C) token embedding, also the output head; rows >= V stay zero. With tensor
+                       // parallelism a rank's rows of the vocabulary (parallel/tensor.h, vocab_rows_per_rank)
     floatX* wpe;       // (maxT, C)
     floatX* ln1w;      // (L, C)
     floatX* ln1b;      // (L, C)
@@ -123,7 +124,8 @@ inline LayerTensors layer_view(const ParameterTensors& t, const GPT2Config& conf
 
 // ---------------------------------------------------------------------------------------------
 // Activations: what the forward pass keeps for the backward pass, for B sequences of T tokens,
-// described once. Each row: name, element type, elements of one copy (BT = B*T, C, Vp; Ct = C/tp and
+// described once. Each row: name, element type, elements of one copy (BT = B*T, C; Vr = the logit
+// columns a rank holds, all Vp without tensor parallelism; Ct = C/tp and
 // NHt = NH/tp, a tensor rank's channels and heads, parallel/tensor.h; BTs = BT/tp with sequence
 // parallelism, else BT: the rows a rank keeps of the LayerNorm and residual regions), and which copies
 // are kept. The structs, the memory plan and the bindings to memory all come from these rows.
@@ -144,7 +146,7 @@ enum class Keep {
     X(lnf_mean, float, BTs, Keep::once)                                                          \
     X(lnf_rstd, float, BTs, Keep::once)                                                          \
     X(losses, float, BT, Keep::once)        /* per-token loss (0 for ignored targets) */         \
-    X(logits, floatX, BT * Vp, Keep::once)  /* the classifier turns them into dlogits in place */ \
+    X(logits, floatX, BT * Vr, Keep::once)  /* the classifier turns them into dlogits in place */ \
     X(branch, floatX, BT * C, Keep::once)   /* a projection's output, before the residual add */
 
 // Activations of one transformer block.
@@ -212,6 +214,7 @@ struct GPT2 {
     ModelOptions options{};
     TensorParallel tensor{};    // the tensor group (size options.tensor_parallel), set before gpt2_build
     floatX* sequence_gathered = nullptr;  // (B, T, C): a region's rows from every rank (sequence parallelism)
+    float* classifier_stats = nullptr;    // (tp, B*T, kClassifierStats): the vocabulary-parallel classifier's
     MemoryPlan plan;
     PlannedMemory memory;
     ParameterTensors params{};
@@ -288,7 +291,7 @@ inline MemoryPlan gpt2_memory_plan(const GPT2Config& c, int B, int T, const Shar
     else plan_sharded_buffers(plan, shard, layer / L, global);
 
     // Forward activations kept for the backward pass: the table's rows, each for its kept copies.
-    const size_t Vp = c.padded_vocab_size;
+    const size_t Vr = size_t(vocab_rows_per_rank(c, options.tensor_parallel));
 #define GPT2_PLAN_ACTIVATION(name, type, elements, keep)                             \
     if (const size_t copies = kept_copies(keep, c.num_layers, recompute); copies > 0) \
         plan.add(#name, "activations", copies * (elements) * sizeof(type));
@@ -308,7 +311,7 @@ inline MemoryPlan gpt2_memory_plan(const GPT2Config& c, int B, int T, const Shar
     if (options.sequence_parallel) plan.add("sequence_gathered", "communication", BT * C * X);
     plan.add("dbuf_c", "workspace", BT * C * X);
     plan.add("dbuf_4c", "workspace", BT * 4 * Ct * X);
-    const int n = int(BT), ci = int(C), ct = int(Ct), vp = c.padded_vocab_size;
+    const int n = int(BT), ci = int(C), ct = int(Ct), vp = int(Vr);
     const size_t scratch = std::max({layernorm_backward_scratch_floats(n, ci), matmul_backward_scratch_floats(n, 3 * ct),
                                      matmul_backward_scratch_floats(n, 4 * ct), matmul_backward_scratch_floats(n, ci),
                                      matmul_backward_scratch_floats(n, vp),
@@ -317,6 +320,8 @@ inline MemoryPlan gpt2_memory_plan(const GPT2Config& c, int B, int T, const Shar
                                          : attention_backward_scratch_floats(B, T, int(NHt)),
                                      global_norm_scratch_floats(shard.optimizer_size()), size_t(1)});
     plan.add("scratch", "workspace", scratch * F);
+    if (options.tensor_parallel > 1)  // the vocabulary-parallel classifier's row statistics, every rank's
+        plan.add("classifier_stats", "communication", size_t(options.tensor_parallel) * BT * kClassifierStats * F);
     plan.add("grad_norm", "workspace", (options.tensor_parallel > 1 ? kNumParameterTensors : 1) * F);  // all_ranks_norm
     plan.add("grad_scale", "workspace", F);
     plan.add("encoder_scratch", "workspace", encoder_backward_scratch_ints(B, T, options.doc_positions) * I);
@@ -336,6 +341,8 @@ inline std::string gpt2_check_build(const GPT2Config& config, int B, int T, int 
                   std::to_string(config.max_seq_len) + "]";
     if (problem.empty() && B < 1) problem = "model: batch size B = " + std::to_string(B) + " must be at least 1";
     if (problem.empty() && options.tensor_parallel > 1) problem = tensor_parallel_problem(config, options.tensor_parallel);
+    if (problem.empty() && options.tensor_parallel > 1)
+        problem = classifier_shard_requirements(0, config.vocab_size, vocab_rows_per_rank(config, options.tensor_parallel));
     if (problem.empty() && options.sequence_parallel && (options.tensor_parallel < 2 || T % options.tensor_parallel != 0))
         problem = "--sequence-parallel: the sequence length T = " + std::to_string(T) + " must be a multiple of --tp " +
                   std::to_string(options.tensor_parallel) + " (> 1): each tensor rank keeps 1/tp of the tokens";
@@ -454,6 +461,7 @@ inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int 
     BackwardBuffers& b = model.bwd;
     b.dresidual = m.get<floatX>("dresidual");
     if (options.sequence_parallel) model.sequence_gathered = m.get<floatX>("sequence_gathered");
+    if (options.tensor_parallel > 1) model.classifier_stats = m.get<float>("classifier_stats");
     b.dbuf_c = m.get<floatX>("dbuf_c");
     b.dbuf_4c = m.get<floatX>("dbuf_4c");
     b.scratch = m.get<float>("scratch");
@@ -741,18 +749,33 @@ inline void gpt2_forward_kernels(GPT2& model, bool with_targets, bool write_dlog
     ActivationTensors& a = model.acts;
 
     // Embeddings, then the first LayerNorm; later LayerNorms are fused with the residual add before them.
-    // With sequence parallelism each rank embeds all tokens (cheap) and keeps its rows (first.input).
-    encoder_forward(a.encoded, model.inputs, p.wte, p.wpe, B, T, C, stream, model.options.doc_positions ? model.doc_start : nullptr);
+    // Under tensor parallelism each rank embeds the tokens of its vocabulary rows (rank 0 adds the
+    // positions) and the group sums them; with sequence parallelism each rank keeps its rows' sums,
+    // in place (first.input).
+    const int Vr = vocab_rows_per_rank(cfg, model.tensor.size), vocab_first = model.tensor.rank * Vr;
+    encoder_forward(a.encoded, model.inputs, p.wte, model.tensor.rank == 0 ? p.wpe : nullptr, B, T, C, stream,
+                    model.options.doc_positions ? model.doc_start : nullptr, vocab_first, Vr);
+    if (model.tensor.size > 1) sum_over_tensor_ranks(model, a.encoded);
     const LayerActivations first = layer_activations(model, 0);
     layernorm_forward(first.ln1, first.ln1_mean, first.ln1_rstd, first.input, p.ln1w, p.ln1b, int(sequence_local_rows(model)),
                       C, stream);
 
     gpt2_blocks_forward(model, [&model](int, const LayerActivations& x) { causal_attention_forward(model, x); });
 
-    // Tied output head: logits = lnf @ wte^T over the padded vocabulary.
-    matmul_forward(mm, a.logits, gather_sequence(model, a.lnf), p.wte, nullptr, BT, C, Vp, stream);
+    // Tied output head: logits = lnf @ wte^T over the padded vocabulary (this rank's columns of it).
+    matmul_forward(mm, a.logits, gather_sequence(model, a.lnf), p.wte, nullptr, BT, C, Vr, stream);
     if (!with_targets) return;
-    fused_classifier(a.logits, a.losses, model.targets, model.bwd.grad_scale, BT, V, Vp, write_dlogits, stream);
+    if (model.tensor.size == 1) {
+        fused_classifier(a.logits, a.losses, model.targets, model.bwd.grad_scale, BT, V, Vp, write_dlogits, stream);
+        return;
+    }
+    // Vocabulary-parallel: each rank's row statistics, gathered in place (rank order), then the losses
+    // (alike on every rank) and this rank's dlogits.
+    float* mine = model.classifier_stats + size_t(model.tensor.rank) * BT * kClassifierStats;
+    classifier_shard_stats(mine, a.logits, model.targets, BT, vocab_first, V, Vr, stream);
+    NCCL_CHECK(ncclAllGather(mine, model.classifier_stats, size_t(BT) * kClassifierStats, ncclFloat32, model.tensor.nccl, stream));
+    classifier_shard_finish(a.logits, a.losses, model.classifier_stats, model.targets, model.bwd.grad_scale, BT, model.tensor.size,
+                            vocab_first, V, Vr, write_dlogits, stream);
 }
 
 inline void gpt2_forward_queue(GPT2& model, const int* inputs_host, const int* targets_host, int B, int T,
@@ -864,7 +887,7 @@ inline void gpt2_backward(GPT2& model, const std::function<void(int)>& layer_don
     // The LayerNorm and residual regions' rows on this rank (all BT without sequence parallelism): the
     // residual stream's gradient is kept for those rows, and gathered whole where a matmul reads it.
     const int rows = int(sequence_local_rows(model));
-    const size_t region = size_t(rows) * C, mine = first_sequence_row(model) * C;
+    const size_t region = size_t(rows) * C;
     cudaStream_t stream = model.stream;
     const Matmul& mm = model.matmul;
     ParameterTensors& p = model.params;
@@ -874,14 +897,16 @@ inline void gpt2_backward(GPT2& model, const std::function<void(int)>& layer_don
 
     if (model.shard.zero_stage == 2)  // the global tensors' gradients are per micro-step there
         CUDA_CHECK(cudaMemsetAsync(g.wte, 0, model.plan.bytes_of("grad_global_buffer"), stream));
-    // Output head: dlnf = dlogits @ wte, dwte += dlogits^T @ lnf (lnf gathered again: the buffer is shared).
-    matmul_backward(mm, b.dbuf_c, g.wte, nullptr, b.scratch, a.logits, gather_sequence(model, a.lnf), p.wte, BT, C, Vp,
+    // Output head: dlnf = dlogits @ wte, dwte += dlogits^T @ lnf (lnf gathered again: the buffer is
+    // shared). Vocabulary-parallel: each rank's columns give a part of dlnf, summed over the group.
+    const int Vr = vocab_rows_per_rank(cfg, model.tensor.size);
+    matmul_backward(mm, b.dbuf_c, g.wte, nullptr, b.scratch, a.logits, gather_sequence(model, a.lnf), p.wte, BT, C, Vr,
                     stream);
-    // Final LayerNorm: dresidual starts as the gradient of the last layer's output. (The head is
-    // replicated: dlnf is whole on every rank, and this rank's rows are its part.)
+    const floatX* dlnf = model.tensor.size > 1 ? sum_over_tensor_ranks(model, b.dbuf_c) : b.dbuf_c;
+    // Final LayerNorm: dresidual starts as the gradient of the last layer's output.
     CUDA_CHECK(cudaMemsetAsync(b.dresidual, 0, region * sizeof(floatX), stream));
-    layernorm_backward(b.dresidual, g.lnfw, g.lnfb, b.scratch, b.dbuf_c + mine, a.residual3 + (L - 1) * region, p.lnfw,
-                       a.lnf_mean, a.lnf_rstd, rows, C, stream);
+    layernorm_backward(b.dresidual, g.lnfw, g.lnfb, b.scratch, dlnf, a.residual3 + (L - 1) * region, p.lnfw, a.lnf_mean,
+                       a.lnf_rstd, rows, C, stream);
 
     for (int l = L - 1; l >= 0; --l) {
         if (before_layer) before_layer(l);
@@ -933,7 +958,8 @@ inline void gpt2_backward(GPT2& model, const std::function<void(int)>& layer_don
     // embeddings' gradients alike.
     const GPT2::UploadSlot& up = model.uploads[model.upload_slot];
     if (up.encoder.count == 0) throw TrainGptError("gpt2_backward: the forward pass before it wrote no dlogits (grad_scale 0)");
-    encoder_backward(g.wte, g.wpe, b.encoder_scratch, gather_sequence(model, b.dresidual), up.encoder, B, T, C, stream);
+    encoder_backward(g.wte, g.wpe, b.encoder_scratch, gather_sequence(model, b.dresidual), up.encoder, B, T, C, stream,
+                     model.tensor.rank * Vr, Vr);
     if (layer_done) layer_done(-1);
 }
 
@@ -1247,12 +1273,16 @@ inline void forward_token_losses(GPT2& m, const int* inputs, const int* targets,
 }
 
 // The logits over the real vocabulary at the last of n tokens (an inference forward pass).
+// Under tensor parallelism every rank of the group calls it: each holds its vocabulary's columns, and
+// the group gathers the row.
 inline std::vector<float> next_token_logits(GPT2& m, const int* tokens, int n) {
-    const int Vp = m.config.padded_vocab_size;
-    std::vector<floatX> row(Vp);
+    const int Vr = vocab_rows_per_rank(m.config, m.tensor.size);
+    std::vector<floatX> row(size_t(Vr) * m.tensor.size);
     gpt2_forward(m, tokens, nullptr, 1, n, 0.0f);
     // gpt2_forward without targets returns with the logits still being computed on m.stream.
-    copy_and_wait(m, row.data(), m.acts.logits + size_t(n - 1) * Vp, Vp * sizeof(floatX), cudaMemcpyDeviceToHost);
+    copy_and_wait(m, row.data(), m.acts.logits + size_t(n - 1) * Vr, Vr * sizeof(floatX), cudaMemcpyDeviceToHost);
+    if (m.tensor.size > 1)
+        MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, row.data(), int(Vr * sizeof(floatX)), MPI_BYTE, m.tensor.mpi));
     std::vector<float> logits(m.config.vocab_size);
     for (size_t v = 0; v < logits.size(); ++v) logits[v] = to_float(row[v]);
     return logits;

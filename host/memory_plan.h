@@ -71,7 +71,7 @@ struct LargestBatches {
 // time that takes at `link_bytes_per_second` (none without tensor parallelism).
 struct TensorTraffic {
     int all_reduces = 0, all_gathers = 0, reduce_scatters = 0;  // per micro-step, forward and backward
-    double bytes_each = 0;          // of one collective's whole (B, T, C) tensor
+    double bytes_each = 0;          // of one collective's whole (B, T, C) tensor (one all-gather is smaller)
     double bus_bytes_per_rank = 0;  // ring algorithms: (tp - 1) / tp of the tensor per all-gather or
                                     // reduce-scatter, twice that per all-reduce
     double link_bytes_per_second = 0;

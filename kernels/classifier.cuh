@@ -116,3 +116,131 @@ inline void fused_classifier(floatX* logits, float* losses, const int* targets, 
     launch<fused_classifier_kernel>(cost, dim3(N), dim3(kClassifierBlockSize), 0, stream, logits, losses, targets, dloss,
                                     V, Vp, write_dlogits);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Vocabulary-parallel classifier (Shoeybi et al. 2019, section 3: the output embedding split by
+// vocabulary, "fuse the output of the parallel GEMM with the cross entropy loss"): tensor rank r holds
+// the logit columns of vocabulary entries [first, first + Vr) (Vr = the padded vocabulary / tp); no
+// rank ever holds a whole row. Two kernels around one all-gather the caller makes:
+//  1. classifier_shard_stats: per row, over this rank's real columns (those below V), the max m_r,
+//     s_r = sum exp(x - m_r), and the target's logit if this rank holds the target (else 0);
+//  2. the caller all-gathers the (m, s, target logit) triples of the tensor group, rank after rank;
+//  3. classifier_shard_finish: M = max_r m_r, S = sum_r s_r exp(m_r - M) in rank order (so every rank
+//     gets the same bits), loss = M + log S - x_target, and dlogits over this rank's columns in place.
+// Deterministic (fixed reduction orders, no atomics); rows with target -1 get no loss or gradient.
+
+constexpr int kClassifierStats = 3;  // floats per row and rank: max, sum of exponentials, target logit
+
+static __global__ void __launch_bounds__(kClassifierBlockSize)
+    classifier_shard_stats_kernel(float* stats, const floatX* logits, const int* targets, int first, int V, int Vr) {
+    constexpr int kPack = Packed128<floatX>::size;
+    __shared__ float reduce_scratch[kBlockReduceScratch];
+    const floatX* row = logits + size_t(blockIdx.x) * Vr;
+    const int target = targets[blockIdx.x];
+    const int columns = max(0, min(Vr, V - first));  // this rank's real vocabulary columns
+    float running_max = -INFINITY, running_sum = 0.0f;
+    for (int j = threadIdx.x * kPack; j < columns; j += blockDim.x * kPack) {
+        const Packed128<floatX> x = load128(row + j);
+        float values[kPack], exps[kPack];
+        for (int k = 0; k < kPack; ++k) values[k] = j + k < columns ? to_float(x[k]) : -INFINITY;
+        float chunk_max = -INFINITY;
+        for (int k = 0; k < kPack; ++k) chunk_max = max_number(chunk_max, values[k]);
+        const float new_max = max_number(running_max, chunk_max);
+        running_sum *= expf(running_max - new_max);
+        for (int k = 0; k < kPack; ++k) values[k] -= new_max;
+        expf_each(exps, values);
+        for (int k = 0; k < kPack; ++k) running_sum += exps[k];
+        running_max = new_max;
+    }
+    const float shard_max = block_max(running_max, reduce_scratch);
+    // A rank without real columns (all padding) reports (-inf, 0): it adds nothing below.
+    const float shard_sum = shard_max == -INFINITY ? 0.0f : block_sum(running_sum * expf(running_max - shard_max), reduce_scratch);
+    if (threadIdx.x == 0) {
+        float* out = stats + size_t(blockIdx.x) * kClassifierStats;
+        out[0] = shard_max;
+        out[1] = shard_sum;
+        out[2] = target >= first && target < first + columns ? to_float(row[target - first]) : 0.0f;
+    }
+}
+
+// gathered: (tp, N, kClassifierStats), rank r's block of N rows after rank r - 1's.
+static __global__ void __launch_bounds__(kClassifierBlockSize)
+    classifier_shard_finish_kernel(floatX* logits, float* losses, const float* gathered, const int* targets,
+                                   const float* dloss, int N, int tp, int first, int V, int Vr, bool write_dlogits) {
+    constexpr int kPack = Packed128<floatX>::size;
+    floatX* row = logits + size_t(blockIdx.x) * Vr;
+    const int target = targets[blockIdx.x];
+    if (target == -1) {
+        if (threadIdx.x == 0) losses[blockIdx.x] = 0.0f;
+        if (write_dlogits)
+            for (int j = threadIdx.x * kPack; j < Vr; j += blockDim.x * kPack) store128(row + j, Packed128<floatX>::filled(0.0f));
+        return;
+    }
+    const bool valid = target >= 0 && target < V;
+    // Every thread combines the ranks' statistics the same way (tp triples: cheaper than a broadcast).
+    float row_max = -INFINITY, target_logit = 0.0f;
+    for (int r = 0; r < tp; ++r) {
+        const float* s = gathered + (size_t(r) * N + blockIdx.x) * kClassifierStats;
+        row_max = max_number(row_max, s[0]);
+        target_logit += s[2];  // only the rank holding the target contributes
+    }
+    float row_sum = 0.0f;
+    for (int r = 0; r < tp; ++r) {
+        const float* s = gathered + (size_t(r) * N + blockIdx.x) * kClassifierStats;
+        if (s[0] != -INFINITY) row_sum += s[1] * expf(s[0] - row_max);
+    }
+    const float nan = __int_as_float(0x7fc00000);
+    if (threadIdx.x == 0) losses[blockIdx.x] = valid ? row_max + logf(row_sum) - target_logit : nan;
+    if (!write_dlogits) return;
+    const float inverse_sum = 1.0f / row_sum;
+    const float scale = valid ? *dloss : nan;
+    const int columns = max(0, min(Vr, V - first));
+    for (int j = threadIdx.x * kPack; j < Vr; j += blockDim.x * kPack) {
+        const Packed128<floatX> x = load128cs(row + j);
+        Packed128<floatX> grad;
+        float shifted[kPack], exps[kPack];
+        for (int k = 0; k < kPack; ++k) shifted[k] = to_float(x[k]) - row_max;
+        expf_each(exps, shifted);
+        for (int k = 0; k < kPack; ++k) {
+            const int column = j + k;
+            const float indicator = first + column == target ? 1.0f : 0.0f;
+            grad[k] = from_float<floatX>(column < columns ? scale * (exps[k] * inverse_sum - indicator) : 0.0f);
+        }
+        store128(row + j, grad);
+    }
+}
+
+inline std::string classifier_shard_requirements(int first, int V, int Vr) {
+    const std::string sizes = "vocabulary-parallel classifier: first = " + std::to_string(first) + ", V = " + std::to_string(V) +
+                              ", Vr = " + std::to_string(Vr) + ": ";
+    if (V < 1 || Vr < 1 || first < 0) return sizes + "V and Vr must be positive, first not negative";
+    if (Vr % 8 != 0) return sizes + "Vr is not a multiple of 8 (16-byte rows)";
+    return "";
+}
+
+// Step 1 over this rank's logits (N, Vr), columns of vocabulary entries [first, first + Vr): its
+// (max, sum, target logit) triples at `stats` (N x kClassifierStats floats).
+inline void classifier_shard_stats(float* stats, const floatX* logits, const int* targets, int N, int first, int V, int Vr,
+                                   cudaStream_t stream) {
+    require_supported("classifier_shard_stats", classifier_shard_requirements(first, V, Vr));
+    if (N == 0) return;
+    const double rows = N, X = sizeof(floatX);
+    const KernelCost cost{rows * 4.0 * Vr, rows * (double(Vr) * X + sizeof(int) + kClassifierStats * sizeof(float))};
+    launch<classifier_shard_stats_kernel>(cost, dim3(N), dim3(kClassifierBlockSize), 0, stream, stats, logits, targets, first,
+                                          V, Vr);
+}
+
+// Step 3: the losses (N) from the tp ranks' gathered triples, and with write_dlogits this rank's
+// dlogits over its logits in place, scaled by *dloss (device memory; see fused_classifier).
+inline void classifier_shard_finish(floatX* logits, float* losses, const float* gathered, const int* targets, const float* dloss,
+                                    int N, int tp, int first, int V, int Vr, bool write_dlogits, cudaStream_t stream) {
+    require_supported("classifier_shard_finish", classifier_shard_requirements(first, V, Vr));
+    require_supported("classifier_shard_finish", write_dlogits && dloss == nullptr ? "classifier: dloss is NULL" : "");
+    if (N == 0) return;
+    const double rows = N, X = sizeof(floatX);
+    const KernelCost cost{rows * (4.0 * tp + (write_dlogits ? 5.0 * Vr : 0.0)),
+                          rows * ((write_dlogits ? 2.0 * Vr * X : 0.0) + sizeof(int) + sizeof(float) +
+                                  double(tp) * kClassifierStats * sizeof(float))};
+    launch<classifier_shard_finish_kernel>(cost, dim3(N), dim3(kClassifierBlockSize), 0, stream, logits, losses, gathered, targets,
+                                           dloss, N, tp, first, V, Vr, write_dlogits);
+}

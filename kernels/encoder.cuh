@@ -5,6 +5,8 @@
 // each document; its wpe gradient goes to that position, grouped on the host the same way.
 #pragma once
 
+#include <limits>
+
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -29,10 +31,14 @@ inline std::string encoder_batch_problem(int B, int T) {
 
 // ---------------------------------------------------------------------------------------------
 // Forward: out[b,t,:] = wte[inp[b,t],:] + wpe[t - doc_start[b,t],:] (doc_start null: wpe[t,:]), one
-// Packed128 per thread.
+// Packed128 per thread. Vocabulary-parallel (Shoeybi et al. 2019: the input embedding split by
+// vocabulary over the tensor ranks): wte holds only rows [vocab_first, vocab_first + vocab_rows), a
+// token outside them contributes zeros, and wpe may be null (no position part): the tensor group's
+// sum of its ranks' outputs, one of them with wpe, is the embedding.
 
 static __global__ void encoder_forward_kernel(floatX* out, const int* inp, const floatX* wte, const floatX* wpe,
-                                              const int* doc_start, int T, int C, size_t total_packs) {
+                                              const int* doc_start, int T, int C, size_t total_packs, int vocab_first,
+                                              int vocab_rows) {
     using Pack = Packed128<floatX>;
     const size_t pack = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (pack >= total_packs) return;
@@ -40,16 +46,20 @@ static __global__ void encoder_forward_kernel(floatX* out, const int* inp, const
     const size_t position = pack / packs_per_row;  // b * T + t
     const int c = int(pack % packs_per_row) * Pack::size;
     const int t = int(position % T) - (doc_start != nullptr ? doc_start[position] : 0);
-    const Pack token_part = load128(wte + size_t(inp[position]) * C + c);
-    const Pack position_part = load128(wpe + size_t(t) * C + c);
+    const int row = inp[position] - vocab_first;
+    const bool mine = row >= 0 && row < vocab_rows;
+    const Pack token_part = mine ? load128(wte + size_t(row) * C + c) : Pack::filled(0.0f);
+    const Pack position_part = wpe != nullptr ? load128(wpe + size_t(t) * C + c) : Pack::filled(0.0f);
     Pack sum;
     for (int k = 0; k < Pack::size; ++k) sum[k] = from_float<floatX>(to_float(token_part[k]) + to_float(position_part[k]));
     store128(out + position * C + c, sum);
 }
 
-// doc_start: (B, T) document starts on the device for --doc-positions, or null.
+// doc_start: (B, T) document starts on the device for --doc-positions, or null. vocab_first and
+// vocab_rows: the rows of the vocabulary wte holds (vocabulary-parallel; default: all).
 inline void encoder_forward(floatX* out, const int* inp, const floatX* wte, const floatX* wpe, int B, int T, int C,
-                            cudaStream_t stream, const int* doc_start = nullptr) {
+                            cudaStream_t stream, const int* doc_start = nullptr, int vocab_first = 0,
+                            int vocab_rows = std::numeric_limits<int>::max()) {
     require_supported("encoder_forward", encoder_requirements(C));
     require_supported("encoder_forward", encoder_batch_problem(B, T));
     const size_t total_packs = size_t(B) * T * C / Packed128<floatX>::size;
@@ -61,7 +71,7 @@ inline void encoder_forward(floatX* out, const int* inp, const floatX* wte, cons
     const double btc = double(B) * T * C, X = sizeof(floatX);
     const KernelCost cost{btc, double(B) * T * sizeof(int) + 2 * btc * X + double(T) * C * X};
     launch<encoder_forward_kernel>(cost, dim3(ceil_div(total_packs, block)), dim3(block), 0, stream, out, inp, wte, wpe,
-                                   doc_start, T, C, total_packs);
+                                   doc_start, T, C, total_packs, vocab_first, vocab_rows);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -84,15 +94,19 @@ inline size_t encoder_backward_scratch_ints(int B, int T, bool doc_positions = f
 constexpr unsigned kEncoderGroupBlocks = 1024;
 
 // dgrad[group_token[g],:] += group g's dout rows summed in increasing position order: dwte by token,
-// or dwpe by restarted position. grid.y * blockDim.x threads of 8 channels each cover C.
+// or dwpe by restarted position. grid.y * blockDim.x threads of 8 channels each cover C. Vocabulary-
+// parallel: dgrad holds rows [key_first, key_first + key_rows) only; other groups are skipped.
 static __global__ void encoder_backward_wte_kernel(floatX* dwte, const int* positions, const int* group_start,
-                                            const int* group_token, const int* groups, const floatX* dout, int C) {
+                                            const int* group_token, const int* groups, const floatX* dout, int C,
+                                            int key_first, int key_rows) {
     using Pack = Packed128<floatX>;
     constexpr int kPacks = kEncoderChannelsPerThread / Pack::size;
     const int c0 = int(blockIdx.y * blockDim.x + threadIdx.x) * kEncoderChannelsPerThread;
     if (c0 >= C) return;
     const int group_count = *groups;
     for (int group = int(blockIdx.x); group < group_count; group += int(gridDim.x)) {
+        const int key_row = group_token[group] - key_first;
+        if (key_row < 0 || key_row >= key_rows) continue;  // another rank's row
         float sum[kEncoderChannelsPerThread] = {};
         for (int i = group_start[group]; i < group_start[group + 1]; ++i) {
             const floatX* row = dout + size_t(positions[i]) * C + c0;
@@ -101,7 +115,7 @@ static __global__ void encoder_backward_wte_kernel(floatX* dwte, const int* posi
                 for (int k = 0; k < Pack::size; ++k) sum[p * Pack::size + k] += to_float(d[k]);
             }
         }
-        floatX* grad = dwte + size_t(group_token[group]) * C + c0;
+        floatX* grad = dwte + size_t(key_row) * C + c0;
         for (int p = 0; p < kPacks; ++p) {
             Pack g = load128(grad + p * Pack::size);
             for (int k = 0; k < Pack::size; ++k) g[k] = from_float<floatX>(to_float(g[k]) + sum[p * Pack::size + k]);
@@ -221,8 +235,10 @@ inline EncoderGrouping encoder_backward_grouping(int* grouping, const int* inp_h
 // `device_grouping`. The kernels read G (and G') there, and the launches depend only on B, T and C,
 // so a CUDA graph that captured this call replays for every batch. `grouping` (host) gives G, G'
 // for the cost estimate and whether wpe goes by restarted position.
+// vocab_first, vocab_rows: the rows of the vocabulary dwte holds (vocabulary-parallel; default: all).
 inline void encoder_backward(floatX* dwte, floatX* dwpe, const int* device_grouping, const floatX* dout,
-                             const EncoderGrouping& grouping, int B, int T, int C, cudaStream_t stream) {
+                             const EncoderGrouping& grouping, int B, int T, int C, cudaStream_t stream, int vocab_first = 0,
+                             int vocab_rows = std::numeric_limits<int>::max()) {
     require_supported("encoder_backward", encoder_requirements(C));
     require_supported("encoder_backward", encoder_batch_problem(B, T));
     const int N = B * T;
@@ -239,7 +255,7 @@ inline void encoder_backward(floatX* dwte, floatX* dwpe, const int* device_group
     const auto wte = encoder_detail::grouping_parts(device_grouping, N, N);
     const KernelCost wte_cost{btc + double(G) * C, btc * X + 2.0 * G * C * X + (double(N) + 2.0 * G + 2) * sizeof(int)};
     launch<encoder_backward_wte_kernel>(wte_cost, by_token_grid, dim3(block), 0, stream, dwte, wte.positions,
-                                        wte.group_start, wte.group_key, wte.groups, dout, C);
+                                        wte.group_start, wte.group_key, wte.groups, dout, C, vocab_first, vocab_rows);
     if (by_restarted_position) {
         // wpe by restarted position: the same grouped sums, G' rows of dwpe.
         const auto wpe = encoder_detail::grouping_parts(device_grouping + encoder_detail::grouping_ints(N, N), N, T);
@@ -247,7 +263,7 @@ inline void encoder_backward(floatX* dwte, floatX* dwpe, const int* device_group
                               btc * X + 2.0 * G_positions * C * X + (double(N) + 2.0 * G_positions + 2) * sizeof(int)};
         const dim3 by_position_grid(std::min<unsigned>(T, kEncoderGroupBlocks), ceil_div(threads_per_row, block));
         launch<encoder_backward_wte_kernel>(cost, by_position_grid, dim3(block), 0, stream, dwpe, wpe.positions,
-                                            wpe.group_start, wpe.group_key, wpe.groups, dout, C);
+                                            wpe.group_start, wpe.group_key, wpe.groups, dout, C, 0, T);
         return;
     }
     // wpe: dout read once (B additions per element), dwpe read and written once.
@@ -259,7 +275,8 @@ inline void encoder_backward(floatX* dwte, floatX* dwpe, const int* device_group
 
 // The grouping made here, from pageable memory (tests and callers without staging memory of their own).
 inline void encoder_backward(floatX* dwte, floatX* dwpe, int* scratch, const floatX* dout, const int* inp_host, int B,
-                             int T, int C, cudaStream_t stream, const int* doc_start_host = nullptr) {
+                             int T, int C, cudaStream_t stream, const int* doc_start_host = nullptr, int vocab_first = 0,
+                             int vocab_rows = std::numeric_limits<int>::max()) {
     require_supported("encoder_backward", encoder_batch_problem(B, T));
     if (B * T == 0) return;
     std::vector<int> grouping(encoder_backward_scratch_ints(B, T, doc_start_host != nullptr));
@@ -267,5 +284,5 @@ inline void encoder_backward(floatX* dwte, floatX* dwpe, int* scratch, const flo
     // From pageable memory the copy is staged before the call returns (CUDA Runtime API, "API
     // synchronization behavior"), so `grouping` may go when it does.
     CUDA_CHECK(cudaMemcpyAsync(scratch, g.ints, g.count * sizeof(int), cudaMemcpyHostToDevice, stream));
-    encoder_backward(dwte, dwpe, scratch, dout, g, B, T, C, stream);
+    encoder_backward(dwte, dwpe, scratch, dout, g, B, T, C, stream, vocab_first, vocab_rows);
 }

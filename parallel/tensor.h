@@ -8,9 +8,15 @@
 // Megatron's two operators: "g" sums a row-parallel output over the group in the forward pass (its
 // backward is the identity), "f" sums the gradient of a column-parallel input in the backward pass
 // (its forward is the identity). So each block half costs one all-reduce forward and one backward.
-// Everything else (embeddings, LayerNorms, the biases added after a sum, the output head) is
-// replicated: every rank of the group computes it identically from identical inputs, so its
-// gradients agree bitwise across the group and need no reduction there.
+// The token embedding, tied to the output head, is split by vocabulary (section 3 of the paper): rank r
+// holds rows [r Vr, (r+1) Vr) of the vocabulary padded to a multiple of 128 tp (Megatron's padding, so
+// every shard keeps the matmuls' alignment; rows past the model file's padded vocabulary exist only
+// here and stay zero). The embedding is the group's sum of each rank's rows; the logits of each rank
+// are its columns (kernels/classifier.cuh, the vocabulary-parallel classifier).
+// Everything else (the position embedding, LayerNorms, the biases added after a sum) is replicated:
+// every rank of the group computes it identically from identical inputs, so its gradients agree
+// bitwise across the group and need no reduction there (with sequence parallelism the LayerNorms'
+// are summed over the group, train_gpt.cu).
 //
 // The flat parameter buffer of a rank holds its slices in llm.c's tensor order (tensor_parallel_sizes);
 // tensor_shard / tensor_unshard convert between it and the whole model's buffer (checkpoints hold the
@@ -45,10 +51,20 @@ struct TensorSplit {
 };
 inline TensorSplit tensor_split_of(int tensor) {
     const std::string name = kParameterNames[tensor];
+    if (name == "wte") return {TensorSplit::rows, 1};  // by vocabulary, padded: vocab_rows_per_rank
     if (name == "qkvw" || name == "qkvb") return {TensorSplit::rows, 3};
     if (name == "fcw" || name == "fcb") return {TensorSplit::rows, 1};
     if (name == "attprojw" || name == "fcprojw") return {TensorSplit::columns, 1};
     return {};
+}
+
+// The vocabulary rows (of wte, and logit columns) each of `tp` ranks holds: the padded vocabulary
+// rounded up to a multiple of 128 tp, split evenly (without tensor parallelism: the padded vocabulary).
+constexpr int kVocabularyRowAlignment = 128;
+inline int vocab_rows_per_rank(const GPT2Config& c, int tp) {
+    if (tp == 1) return c.padded_vocab_size;
+    const int unit = kVocabularyRowAlignment * tp;
+    return (c.padded_vocab_size + unit - 1) / unit * unit / tp;
 }
 
 // "" when the model splits over `tp` ranks, else why not (naming --tp and the shape).
@@ -70,6 +86,7 @@ inline void tensor_parallel_sizes(const GPT2Config& c, int tp, size_t sizes[kNum
     parameter_sizes(c, sizes);
     for (int i = 0; i < kNumParameterTensors; ++i)
         if (tensor_split_of(i).kind != TensorSplit::replicated) sizes[i] /= size_t(tp);
+    sizes[0] = size_t(vocab_rows_per_rank(c, tp)) * size_t(c.channels);  // wte, by padded vocabulary
 }
 
 inline size_t tensor_parallel_num_parameters(const GPT2Config& c, int tp) {
@@ -90,9 +107,15 @@ inline void for_each_tensor_piece(const GPT2Config& c, int tp, int rank, int ten
         piece(0, 0, sizes[tensor]);
         return;
     }
+    const size_t C = size_t(c.channels);
+    if (std::string(kParameterNames[tensor]) == "wte") {  // rows past the file's padded vocabulary: none
+        const size_t rows = size_t(vocab_rows_per_rank(c, tp)), first = size_t(rank) * rows;
+        const size_t end = std::min(size_t(c.padded_vocab_size), first + rows);
+        if (end > first) piece(first * C, 0, (end - first) * C);
+        return;
+    }
     const size_t L = size_t(c.num_layers), per_layer = sizes[tensor] / L;
     // Per layer a matrix (out, in) = (rows, cols); a bias is (rows, 1).
-    const size_t C = size_t(c.channels);
     const std::string name = kParameterNames[tensor];
     const size_t cols = name == "qkvb" || name == "fcb" ? 1 : name == "fcprojw" ? 4 * C : C;
     const size_t rows = per_layer / cols;
@@ -158,29 +181,35 @@ inline std::vector<T> tensor_unshard(const std::vector<std::vector<T>>& locals, 
 }
 
 // The tensor group's traffic per micro-step of B x T tokens (memory plan, --dry-run), each collective
-// on a (B, T, C) activation or gradient. Without sequence parallelism: all-reduces, two per block
-// forward (g after attention and after the MLP), two backward (f before qkv and before fc), and with
-// full recomputation the attention's g again. With it (train_gpt.cu, gpt2_forward_kernels and
-// gpt2_backward): per block forward 2 all-gathers (ln1, ln2) and 2 reduce-scatters; backward 4
-// all-gathers (the residual gradient twice, ln2, ln1) and 2 reduce-scatters; selective recompute
-// gathers ln2 once more, full recompute repeats the block's forward up to the MLP (2 + 1); and per
-// micro-step lnf twice (forward, backward) and the residual gradient for the embeddings. (The
-// LayerNorm parameter gradients' all-reduces, 4C per layer, are left out.) Timed at H100 NVLink 4's
-// 450 GB/s per direction (an assumption: NCCL reaches less on small messages).
+// on a (B, T, C) activation or gradient but one. Without sequence parallelism: all-reduces, two per
+// block forward (g after attention and after the MLP), two backward (f before qkv and before fc), with
+// full recomputation the attention's g again; and per micro-step the vocabulary-parallel embedding's
+// sum and the output head's dlnf. With it (train_gpt.cu, gpt2_forward_kernels and gpt2_backward) those
+// sums are reduce-scatters, and all-gathers bring inputs back: per block 2 forward (ln1, ln2) and 4
+// backward (the residual gradient twice, ln2, ln1), selective recompute ln2 once more, full recompute
+// the block's forward up to the MLP (2 all-gathers, 1 reduce-scatter); per micro-step lnf twice
+// (forward, backward) and the residual gradient for the embeddings. Either way one small all-gather of
+// the classifier's row statistics (3 floats a token). (The LayerNorm parameter gradients' all-reduces
+// with sequence parallelism, 4C per layer, are left out.) Timed at H100 NVLink 4's 450 GB/s per
+// direction (an assumption: NCCL reaches less on small messages).
 constexpr double kAssumedNvlinkBytesPerSecond = 450e9;
 inline TensorTraffic tensor_traffic(const GPT2Config& c, int B, int T, int tp, bool sequence_parallel, Recompute recompute,
                                     size_t element_bytes) {
     TensorTraffic t;
     if (tp == 1) return t;
-    const int L = c.num_layers;
+    const int L = c.num_layers, full = recompute == Recompute::full ? 1 : 0;
+    const int sums = L * (4 + full) + 2;  // after row-parallel matmuls and of column-parallel inputs' gradients
+    int gathers = 0;
     if (sequence_parallel) {
-        t.all_gathers = L * (2 + 4 + (recompute == Recompute::selective ? 1 : 0) + (recompute == Recompute::full ? 2 : 0)) + 3;
-        t.reduce_scatters = L * (2 + 2 + (recompute == Recompute::full ? 1 : 0));
+        gathers = L * (2 + 4 + (recompute == Recompute::selective ? 1 : 0) + 2 * full) + 3;
+        t.reduce_scatters = sums;
     } else {
-        t.all_reduces = L * (recompute == Recompute::full ? 5 : 4);
+        t.all_reduces = sums;
     }
+    t.all_gathers = gathers + 1;  // + the classifier's statistics
     t.bytes_each = double(B) * T * c.channels * double(element_bytes);
-    t.bus_bytes_per_rank = (2.0 * t.all_reduces + t.all_gathers + t.reduce_scatters) * t.bytes_each * (tp - 1) / tp;
+    const double share = double(tp - 1) / tp, statistics = double(B) * T * 3 * sizeof(float) * tp;
+    t.bus_bytes_per_rank = ((2.0 * t.all_reduces + gathers + t.reduce_scatters) * t.bytes_each + statistics) * share;
     t.link_bytes_per_second = kAssumedNvlinkBytesPerSecond;
     return t;
 }

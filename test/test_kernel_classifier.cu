@@ -2,7 +2,8 @@
 // floatX-rounded logits: losses and in-place dlogits with ignored (-1) rows and a partial last
 // 16-byte chunk (V = 301), padding columns that must never enter the softmax, write_dlogits off,
 // logits of +-80, rows long enough for many chunks per thread (the online-softmax rescaling),
-// determinism, and the size requirements.
+// determinism, and the size requirements. And the vocabulary-parallel pair (tensor parallelism) on
+// the same reference.
 #include "test_util.h"
 
 #include "kernels/classifier.cuh"
@@ -10,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -163,6 +165,53 @@ TEST_CASE("fused_classifier is deterministic") {
     const Result a = run(p, true), b = run(p, true);
     CHECK(bitwise_equal(a.losses, b.losses));
     CHECK(bitwise_equal(a.logits, b.logits));
+}
+
+// The vocabulary-parallel pair (classifier_shard_stats, classifier_shard_finish): the problem's columns
+// split into tp shards of Vr (a multiple of 8; the last shards padded past V, one of them entirely
+// padding at tp 4), each shard's statistics gathered in rank order as the all-gather leaves them, then
+// every shard finished: the losses alike on every shard (bitwise) and, with the shards' dlogits put
+// together, within the same bounds of the same double reference as the fused kernel.
+TEST_CASE("vocabulary-parallel classifier: shards give the reference's losses and dlogits") {
+    for (const auto& [tp, Vr] : {std::pair{2, 152}, std::pair{3, 104}, std::pair{4, 104}}) {
+        const Problem p = make_problem(29, 301, 304, 12.0f, uint32_t(40 + tp));
+        INFO("tp " << tp << ", Vr " << Vr);
+        DeviceBuffer<int> targets(p.targets);
+        DeviceBuffer<float> dloss(std::vector<float>{p.dloss});
+        DeviceBuffer<float> gathered(size_t(tp) * p.N * kClassifierStats);
+        gathered.fill_bytes(0xFF);  // NaN: every statistic must be written
+        std::vector<std::unique_ptr<DeviceBuffer<floatX>>> shards;
+        for (int r = 0; r < tp; ++r) {
+            std::vector<floatX> shard(size_t(p.N) * Vr);
+            for (int i = 0; i < p.N; ++i)
+                for (int j = 0; j < Vr; ++j) {
+                    const int column = r * Vr + j;  // past Vp: poisoned like the padding
+                    shard[size_t(i) * Vr + j] = column < p.Vp ? p.logits[size_t(i) * p.Vp + column]
+                                                              : from_float<floatX>(std::numeric_limits<float>::quiet_NaN());
+                }
+            shards.push_back(std::make_unique<DeviceBuffer<floatX>>(shard));
+            classifier_shard_stats(gathered.ptr + size_t(r) * p.N * kClassifierStats, shards.back()->ptr, targets.ptr, p.N,
+                                   r * Vr, p.V, Vr, 0);
+        }
+        Result whole{{}, std::vector<floatX>(size_t(p.N) * p.Vp)};
+        for (int r = 0; r < tp; ++r) {
+            DeviceBuffer<float> losses(p.N);
+            losses.fill_bytes(0xFF);
+            classifier_shard_finish(shards[r]->ptr, losses.ptr, gathered.ptr, targets.ptr, dloss.ptr, p.N, tp, r * Vr, p.V, Vr,
+                                    true, 0);
+            const std::vector<float> got = losses.download();
+            if (r == 0) whole.losses = got;
+            CHECK(bitwise_equal(got, whole.losses));
+            const std::vector<floatX> grad = shards[r]->download();
+            for (int i = 0; i < p.N; ++i)
+                for (int j = 0; j < Vr; ++j) {
+                    const int column = r * Vr + j;
+                    if (column < p.Vp) whole.logits[size_t(i) * p.Vp + column] = grad[size_t(i) * Vr + j];
+                    else if (to_float(grad[size_t(i) * Vr + j]) != 0.0f) FAIL("padding past Vp got a gradient");
+                }
+        }
+        check(p, whole, true);
+    }
 }
 
 TEST_CASE("classifier_requirements rejects unsupported sizes") {

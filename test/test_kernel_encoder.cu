@@ -253,6 +253,68 @@ TEST_CASE("encoder_backward accumulates dwte per token and dwpe per position, de
     }
 }
 
+// Vocabulary-parallel (parallel/tensor.h): ranks holding wte rows [r rows, (r+1) rows) of a vocabulary
+// padded past V, rank 0 alone adding positions. Their outputs summed (as the tensor group's all-reduce
+// sums them: one non-zero token part per position, so the sum is exact) are the whole embedding, bit
+// for bit; each rank's dwte rows are the whole dwte's, bit for bit, and the rest of its rows untouched.
+TEST_CASE("encoder: vocabulary shards sum to the whole embedding and take their rows of dwte") {
+    std::mt19937 rng(3);
+    const Case s = backward_cases()[0];  // repeats and unused tokens
+    const int maxT = s.T, N = s.B * s.T;
+    for (const int tp : {2, 3}) {
+        const int rows = (s.V + tp - 1) / tp / 8 * 8 + 8;  // padded: rows * tp > V
+        INFO("tp " << tp << ", " << rows << " rows each");
+        auto wte = random_floatX(size_t(rows) * tp * s.C, -1.0f, 1.0f, rng);
+        std::fill(wte.begin() + ptrdiff_t(size_t(s.V) * s.C), wte.end(), from_float<floatX>(0.0f));  // padding rows
+        const auto wpe = random_floatX(size_t(maxT) * s.C, -0.3f, 0.3f, rng);
+        const auto dout = random_floatX(size_t(N) * s.C, -1.0f, 1.0f, rng);
+        DeviceBuffer<int> d_inp(s.tokens);
+        DeviceBuffer<floatX> d_wte(wte), d_wpe(wpe), d_out(size_t(N) * s.C), d_dout(dout), d_dwpe(size_t(maxT) * s.C);
+        DeviceBuffer<int> d_scratch(encoder_backward_scratch_ints(s.B, s.T));
+        encoder_forward(d_out.ptr, d_inp.ptr, d_wte.ptr, d_wpe.ptr, s.B, s.T, s.C, nullptr);
+        const std::vector<floatX> whole = d_out.download();
+        DeviceBuffer<floatX> d_dwte(wte.size());
+        d_dwte.fill_bytes(0), d_dwpe.fill_bytes(0);
+        encoder_backward(d_dwte.ptr, d_dwpe.ptr, d_scratch.ptr, d_dout.ptr, s.tokens.data(), s.B, s.T, s.C, nullptr);
+        const std::vector<floatX> whole_dwte = d_dwte.download(), whole_dwpe = d_dwpe.download();
+
+        std::vector<float> sum(size_t(N) * s.C, 0.0f);
+        for (int r = 0; r < tp; ++r) {
+            const size_t first = size_t(r) * rows;
+            DeviceBuffer<floatX> d_shard(std::vector<floatX>(wte.begin() + ptrdiff_t(first * s.C),
+                                                             wte.begin() + ptrdiff_t((first + rows) * s.C)));
+            d_out.fill_bytes(0xFF);
+            encoder_forward(d_out.ptr, d_inp.ptr, d_shard.ptr, r == 0 ? d_wpe.ptr : nullptr, s.B, s.T, s.C, nullptr, nullptr,
+                            int(first), rows);
+            const std::vector<floatX> part = d_out.download();
+            for (size_t i = 0; i < sum.size(); ++i) sum[i] += to_float(part[i]);
+            // The shard's dwte: its rows of the whole one (both from zeros); rows of tokens that do not
+            // occur keep their (random) values.
+            std::vector<bool> occurs(size_t(rows), false);
+            for (int token : s.tokens)
+                if (token >= int(first) && token < int(first) + rows) occurs[size_t(token) - first] = true;
+            auto init = random_floatX(size_t(rows) * s.C, -2.0f, 2.0f, rng);
+            for (size_t row = 0; row < size_t(rows); ++row)
+                if (occurs[row]) std::fill_n(init.begin() + ptrdiff_t(row * s.C), s.C, from_float<floatX>(0.0f));
+            DeviceBuffer<floatX> d_shard_dwte(init);
+            d_dwpe.fill_bytes(0);
+            encoder_backward(d_shard_dwte.ptr, d_dwpe.ptr, d_scratch.ptr, d_dout.ptr, s.tokens.data(), s.B, s.T, s.C, nullptr,
+                             nullptr, int(first), rows);
+            const std::vector<floatX> got = d_shard_dwte.download();
+            size_t wrong = 0;
+            for (size_t row = 0; row < size_t(rows); ++row) {
+                const floatX* want = occurs[row] ? &whole_dwte[(first + row) * s.C] : &init[row * s.C];
+                wrong += std::memcmp(&got[row * s.C], want, s.C * sizeof(floatX)) != 0;
+            }
+            CHECK(wrong == 0);
+            CHECK(bitwise_equal(d_dwpe.download(), whole_dwpe));  // wpe: replicated, every rank the same
+        }
+        std::vector<floatX> rounded(sum.size());
+        for (size_t i = 0; i < sum.size(); ++i) rounded[i] = from_float<floatX>(sum[i]);
+        CHECK(bitwise_equal(rounded, whole));
+    }
+}
+
 TEST_CASE("encoder_requirements accepts positive multiples of 8 and names a bad C") {
     for (int C : {8, 768, 1600, 12288}) CHECK(encoder_requirements(C).empty());
     CHECK(encoder_requirements(100) == "encoder: C = 100 is not a positive multiple of 8");

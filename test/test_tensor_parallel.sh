@@ -102,7 +102,7 @@ PY
 # a profiled step issues: its ncclAllGather and ncclReduceScatter rows, with and without sequence
 # parallelism (then the all-reduces also carry the gradients' data-parallel reduction: not compared).
 for recompute in none selective full; do
-  prof=(-e tiny -b 2 -t 32 -x 2 -v 0 -s 0 -i "$dir/train_*.bin" -j "$dir/val_*.bin" --tp 2 -r $recompute)
+  prof=(-e tiny -b 2 -t 32 -x 2 -v 0 -s 0 -i "$dir/train_*.bin" -j "$dir/val_*.bin" --tp 2 -r $recompute --sequence-parallel on)
   "$bin" "${prof[@]}" --world-size 2 --dry-run --json > "$dir/plan.json"
   $mpirun -np 2 "$bin" "${prof[@]}" --profile-step > "$dir/profile.log" 2>&1 || { cat "$dir/profile.log"; echo "FAIL: --profile-step"; exit 1; }
   python3 - "$dir/plan.json" "$dir/profile.log" "$recompute" <<'PY'
