@@ -881,7 +881,7 @@ inline LayerTensors layer_grads(const GPT2& model, int l) {
 inline void gpt2_backward(GPT2& model, const std::function<void(int)>& layer_done = {},
                           const std::function<void(int)>& before_layer = {}) {
     const GPT2Config& cfg = model.config;
-    const int L = cfg.num_layers, C = cfg.channels, Vp = cfg.padded_vocab_size;
+    const int L = cfg.num_layers, C = cfg.channels;
     const int Ct = tensor_channels(cfg, model.options), NHt = tensor_heads(cfg, model.options);
     const int B = model.B, T = model.T, BT = B * T;
     // The LayerNorm and residual regions' rows on this rank (all BT without sequence parallelism): the

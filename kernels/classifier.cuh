@@ -20,6 +20,34 @@
 // fiber switch per thread (the classifier took 60% of a `make train` step there with 1024).
 constexpr int kClassifierBlockSize = 256;
 
+// Pass 1 of both classifiers: over row[0, columns) (the block's threads in 16-byte chunks), the max M
+// and the sum S of exp(x - M), by the online-softmax recurrence; (-inf, 0) when there are no columns.
+// Block-wide (its reductions synchronize the block).
+__device__ inline void row_max_and_sum(const floatX* row, int columns, float* reduce_scratch, float* out_max, float* out_sum) {
+    constexpr int kPack = Packed128<floatX>::size;
+    float running_max = -INFINITY, running_sum = 0.0f;
+    for (int j = threadIdx.x * kPack; j < columns; j += blockDim.x * kPack) {
+        const Packed128<floatX> x = load128(row + j);  // the padding past `columns` is in bounds (rows of 8k)
+        // Columns past the end count as -inf: no effect on the max, exp(-inf) = 0 added exactly. Loops
+        // without branches and the exponentials apart from the in-order sum: vectors on the CPU.
+        float values[kPack], exps[kPack];
+        for (int k = 0; k < kPack; ++k) values[k] = j + k < columns ? to_float(x[k]) : -INFINITY;
+        float chunk_max = -INFINITY;
+        for (int k = 0; k < kPack; ++k) chunk_max = max_number(chunk_max, values[k]);
+        const float new_max = max_number(running_max, chunk_max);
+        running_sum *= expf(running_max - new_max);  // exp(-inf) = 0 on the first chunk
+        for (int k = 0; k < kPack; ++k) values[k] -= new_max;
+        expf_each(exps, values);
+        for (int k = 0; k < kPack; ++k) running_sum += exps[k];
+        running_max = new_max;
+    }
+    // Combine (m_t, s_t): M = max m_t, S = sum s_t exp(m_t - M). Threads without columns add 0. With no
+    // columns at all M is -inf for the whole block (uniform): S = 0, not exp(-inf + inf).
+    const float row_max = block_max(running_max, reduce_scratch);
+    *out_max = row_max;
+    *out_sum = row_max == -INFINITY ? 0.0f : block_sum(running_sum * expf(running_max - row_max), reduce_scratch);
+}
+
 static __global__ void __launch_bounds__(kClassifierBlockSize)
     fused_classifier_kernel(floatX* logits, float* losses, const int* targets, const float* dloss, int V, int Vp,
                             bool write_dlogits) {
@@ -40,25 +68,8 @@ static __global__ void __launch_bounds__(kClassifierBlockSize)
     // Read before pass 2 overwrites the row (the block reductions below order it before any write).
     const float target_logit = valid && threadIdx.x == 0 ? to_float(row[target]) : 0.0f;
 
-    float running_max = -INFINITY, running_sum = 0.0f;
-    for (int j = threadIdx.x * kPack; j < V; j += blockDim.x * kPack) {
-        const Packed128<floatX> x = load128(row + j);  // the padding past V is in bounds (Vp % 8 == 0)
-        // Columns past V count as -inf: no effect on the max, exp(-inf) = 0 added exactly. Loops
-        // without branches and the exponentials apart from the in-order sum: vectors on the CPU.
-        float values[kPack], exps[kPack];
-        for (int k = 0; k < kPack; ++k) values[k] = j + k < V ? to_float(x[k]) : -INFINITY;
-        float chunk_max = -INFINITY;
-        for (int k = 0; k < kPack; ++k) chunk_max = max_number(chunk_max, values[k]);
-        const float new_max = max_number(running_max, chunk_max);
-        running_sum *= expf(running_max - new_max);  // exp(-inf) = 0 on the first chunk
-        for (int k = 0; k < kPack; ++k) values[k] -= new_max;
-        expf_each(exps, values);
-        for (int k = 0; k < kPack; ++k) running_sum += exps[k];
-        running_max = new_max;
-    }
-    // Combine (m_t, s_t): M = max m_t, S = sum s_t exp(m_t - M). Threads without columns add 0.
-    const float row_max = block_max(running_max, reduce_scratch);
-    const float row_sum = block_sum(running_sum * expf(running_max - row_max), reduce_scratch);
+    float row_max, row_sum;
+    row_max_and_sum(row, V, reduce_scratch, &row_max, &row_sum);
     const float nan = __int_as_float(0x7fc00000);
     if (threadIdx.x == 0) losses[blockIdx.x] = valid ? row_max + logf(row_sum) - target_logit : nan;
     if (!write_dlogits) return;
@@ -133,28 +144,13 @@ constexpr int kClassifierStats = 3;  // floats per row and rank: max, sum of exp
 
 static __global__ void __launch_bounds__(kClassifierBlockSize)
     classifier_shard_stats_kernel(float* stats, const floatX* logits, const int* targets, int first, int V, int Vr) {
-    constexpr int kPack = Packed128<floatX>::size;
     __shared__ float reduce_scratch[kBlockReduceScratch];
     const floatX* row = logits + size_t(blockIdx.x) * Vr;
     const int target = targets[blockIdx.x];
     const int columns = max(0, min(Vr, V - first));  // this rank's real vocabulary columns
-    float running_max = -INFINITY, running_sum = 0.0f;
-    for (int j = threadIdx.x * kPack; j < columns; j += blockDim.x * kPack) {
-        const Packed128<floatX> x = load128(row + j);
-        float values[kPack], exps[kPack];
-        for (int k = 0; k < kPack; ++k) values[k] = j + k < columns ? to_float(x[k]) : -INFINITY;
-        float chunk_max = -INFINITY;
-        for (int k = 0; k < kPack; ++k) chunk_max = max_number(chunk_max, values[k]);
-        const float new_max = max_number(running_max, chunk_max);
-        running_sum *= expf(running_max - new_max);
-        for (int k = 0; k < kPack; ++k) values[k] -= new_max;
-        expf_each(exps, values);
-        for (int k = 0; k < kPack; ++k) running_sum += exps[k];
-        running_max = new_max;
-    }
-    const float shard_max = block_max(running_max, reduce_scratch);
-    // A rank without real columns (all padding) reports (-inf, 0): it adds nothing below.
-    const float shard_sum = shard_max == -INFINITY ? 0.0f : block_sum(running_sum * expf(running_max - shard_max), reduce_scratch);
+    // A rank without real columns (all padding) reports (-inf, 0): it adds nothing in the finish.
+    float shard_max, shard_sum;
+    row_max_and_sum(row, columns, reduce_scratch, &shard_max, &shard_sum);
     if (threadIdx.x == 0) {
         float* out = stats + size_t(blockIdx.x) * kClassifierStats;
         out[0] = shard_max;

@@ -51,6 +51,22 @@ Split split_batch(const std::vector<int>& inputs, const std::vector<int>& target
     return s;
 }
 
+// Two global batches of `sequences` x T random tokens below V, their targets masked unevenly: sequence k
+// has k/sequences of its targets masked (none in the first).
+std::pair<std::vector<std::vector<int>>, std::vector<std::vector<int>>> masked_batches(int sequences, int T, int V,
+                                                                                     uint64_t seed) {
+    std::vector<std::vector<int>> inputs(2), targets(2);
+    Rng rng(seed);
+    for (int b = 0; b < 2; ++b) {
+        for (int i = 0; i < sequences * T; ++i) {
+            inputs[b].push_back(int(rng.next_u64() % uint64_t(V)));
+            const int sequence = i / T;
+            targets[b].push_back(rng.uniform() < double(sequence) / sequences ? -1 : int(rng.next_u64() % uint64_t(V)));
+        }
+    }
+    return {inputs, targets};
+}
+
 // Device memory in use: the emulator's exact counter, or the driver's view on a GPU.
 size_t cuemu_or_device_bytes() {
 #ifdef __CUDACC__
@@ -212,16 +228,8 @@ TEST_CASE("ZeRO stages and gradient accumulation follow a single-process run on 
     const int sequences = 24, T = 37, steps = 4;
     const int W = world.world_size;
     REQUIRE(sequences % (W * accumulation) == 0);
-    std::vector<std::vector<int>> inputs(2), targets(2);
-    Rng rng(2024);
-    for (int b = 0; b < 2; ++b) {
-        for (int i = 0; i < sequences * T; ++i) {
-            inputs[b].push_back(int(rng.next_u64() % 301));
-            // Masked targets, unevenly: sequence k has k/24 of its targets masked (none in the first).
-            const int sequence = i / T;
-            targets[b].push_back(rng.uniform() < double(sequence) / sequences ? -1 : int(rng.next_u64() % 301));
-        }
-    }
+    const auto batches = masked_batches(sequences, T, 301, 2024);
+    const std::vector<std::vector<int>>&inputs = batches.first, &targets = batches.second;
     OptimizerConfig opt;
     opt.weight_decay = 0.1f;
     opt.grad_clip = 1.0f;
@@ -401,8 +409,8 @@ TEST_CASE("weight decay: exactly the reference's tensors, by name and by effect 
 // TRAIN_SEQUENCE_PARALLEL=on, against one process on the same global batch (every sequence's targets
 // masked in part, unevenly): the gradients of the initial model (ZeRO-0), 4 AdamW steps with weight
 // decay and clipping (per-step losses and norms, the whole model gathered from the tensor ranks'
-// slices), then a shorter pass whose rows sequence parallelism pads. Also: each rank allocates exactly
-// its memory plan, holds 1/tp of the split tensors, and after the steps holds bitwise the same
+// slices), then a shorter pass whose rows sequence parallelism pads. Also: each rank's peak device
+// memory over all of it is exactly its memory plan, it holds 1/tp of the split tensors, and after the steps holds bitwise the same
 // replicated tensors as the rest of its tensor group.
 
 // The whole model's parameters (or gradients: `buffer`) from the tensor group's slices (every rank of
@@ -431,15 +439,8 @@ TEST_CASE("tensor parallelism follows a single-process run on the same global ba
     REQUIRE(world.world_size % tp == 0);
     const int data_ranks = world.world_size / tp;
     REQUIRE(sequences % (data_ranks * accumulation) == 0);
-    std::vector<std::vector<int>> inputs(2), targets(2);
-    Rng rng(99);
-    for (int b = 0; b < 2; ++b) {
-        for (int i = 0; i < sequences * T; ++i) {
-            inputs[b].push_back(int(rng.next_u64() % 301));
-            const int sequence = i / T;
-            targets[b].push_back(rng.uniform() < double(sequence) / sequences ? -1 : int(rng.next_u64() % 301));
-        }
-    }
+    const auto batches = masked_batches(sequences, T, 301, 99);
+    const std::vector<std::vector<int>>&inputs = batches.first, &targets = batches.second;
     OptimizerConfig opt;
     opt.weight_decay = 0.1f;
     opt.grad_clip = 0.5f;  // below the first steps' norms (~1.1): clipping takes part, by the global norm
@@ -478,15 +479,12 @@ TEST_CASE("tensor parallelism follows a single-process run on the same global ba
     options.tensor_parallel = tp;
     options.sequence_parallel = tp_sequence_parallel;
     const int B = sequences / (data_ranks * accumulation);
-    const auto before = cuemu_or_device_bytes();
+#ifndef __CUDACC__
+    cuemu::reset_peak_memory();
+    const size_t before = cuemu::memory_stats().current_bytes;
+#endif
     Trainer tr;
     trainer_build(tr, groups.data, config, B, T, zero_stage, opt, options, groups.tensor);
-    const auto after = cuemu_or_device_bytes();
-#ifndef __CUDACC__
-    CHECK(after - before == tr.model.plan.total());  // the emulator's allocations are exactly the plan
-#endif
-    (void)before;
-    (void)after;
     // 1/tp of each split tensor, all of each replicated one; wte 1/tp of the vocabulary padded to a
     // multiple of 128 tp (384 -> 512 rows at tp 2 and 4: 256 and 128 per rank).
     size_t whole_sizes[kNumParameterTensors];
@@ -509,6 +507,10 @@ TEST_CASE("tensor parallelism follows a single-process run on the same global ba
     }
     const std::vector<float> whole = gather_whole_model(tr, tr.model.params_memory);
     forward_token_losses(tr.model, inputs[0].data(), targets[0].data(), kShortB, kShortT, short_losses.data());
+#ifndef __CUDACC__
+    // The peak device memory of the steps and passes is exactly the rank's plan (emulator counters).
+    CHECK(cuemu::memory_stats().peak_bytes - before == tr.model.plan.total());
+#endif
     trainer_free(tr);
     release_parallel_groups(groups);
 
