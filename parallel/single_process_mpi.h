@@ -40,7 +40,7 @@ inline constexpr MPI_Errhandler MPI_ERRORS_RETURN = 1;
 
 // Datatypes: distinct values, their sizes from datatype_bytes; ops are never applied (one rank).
 inline constexpr MPI_Datatype MPI_BYTE = 101, MPI_INT = 4, MPI_FLOAT = 104, MPI_DOUBLE = 8, MPI_LONG_LONG = 108,
-                               MPI_INT64_T = 208;
+                               MPI_INT64_T = 208, MPI_DATATYPE_NULL = 0;
 inline constexpr MPI_Op MPI_SUM = 1, MPI_MIN = 2, MPI_MAX = 3;
 // Point to point: a world of one has no peer (the emulated NCCL pairs a rank's messages to itself
 // without MPI), so these only fail.
@@ -50,6 +50,7 @@ struct MPI_Status {
     int MPI_SOURCE = 0, MPI_TAG = 0, MPI_ERROR = 0;
 };
 #define MPI_IN_PLACE (reinterpret_cast<void*>(static_cast<std::uintptr_t>(1)))
+#define MPI_STATUS_IGNORE (static_cast<MPI_Status*>(nullptr))
 
 namespace single_process_mpi {
 
@@ -164,6 +165,17 @@ inline int MPI_Alltoall(const void* send, int send_count, MPI_Datatype send_type
                         MPI_Datatype recv_type, MPI_Comm comm) {
     return MPI_Allgather(send, send_count, send_type, recv, recv_count, recv_type, comm);
 }
+// Rank 0's block from itself to itself (the checkpoint state exchange on one rank).
+inline int MPI_Alltoallv(const void* send, const int* send_counts, const int* send_displs, MPI_Datatype send_type, void* recv,
+                         const int* recv_counts, const int* recv_displs, MPI_Datatype recv_type, MPI_Comm) {
+    const size_t send_bytes = single_process_mpi::datatype_bytes(send_type), recv_bytes = single_process_mpi::datatype_bytes(recv_type);
+    if (send_bytes * size_t(send_counts[0]) != recv_bytes * size_t(recv_counts[0])) return MPI_ERR_OTHER;
+    return single_process_mpi::copy_to_receive(static_cast<const char*>(send) + size_t(send_displs[0]) * send_bytes,
+                                               static_cast<char*>(recv) + size_t(recv_displs[0]) * recv_bytes, send_counts[0],
+                                               send_type);
+}
+inline int MPI_Send(const void*, int, MPI_Datatype, int, int, MPI_Comm) { return MPI_ERR_OTHER; }
+inline int MPI_Recv(void*, int, MPI_Datatype, int, int, MPI_Comm, MPI_Status*) { return MPI_ERR_OTHER; }
 inline int MPI_Issend(const void*, int, MPI_Datatype, int, int, MPI_Comm, MPI_Request*) { return MPI_ERR_OTHER; }
 inline int MPI_Irecv(void*, int, MPI_Datatype, int, int, MPI_Comm, MPI_Request*) { return MPI_ERR_OTHER; }
 inline int MPI_Test(MPI_Request* request, int* flag, MPI_Status*) {
