@@ -7,7 +7,8 @@
 //    fcprojw row-parallel; one all-reduce.
 // Megatron's two operators: "g" sums a row-parallel output over the group in the forward pass (its
 // backward is the identity), "f" sums the gradient of a column-parallel input in the backward pass
-// (its forward is the identity). So each block half costs one all-reduce forward and one backward.
+// (its forward is the identity). So each block half costs one all-reduce forward and one backward
+// (with sequence parallelism, train_gpt.cu: a reduce-scatter, and all-gathers of the inputs).
 // The token embedding, tied to the output head, is split by vocabulary (section 3 of the paper): rank r
 // holds rows [r Vr, (r+1) Vr) of the vocabulary padded to a multiple of 128 tp (Megatron's padding, so
 // every shard keeps the matmuls' alignment; rows past the model file's padded vocabulary exist only
