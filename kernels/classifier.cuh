@@ -166,7 +166,7 @@ static __global__ void __launch_bounds__(kClassifierBlockSize)
     constexpr int kPack = Packed128<floatX>::size;
     floatX* row = logits + size_t(blockIdx.x) * Vr;
     const int target = targets[blockIdx.x];
-    if (target == -1) {
+    if (target == -1) {  // ignored: no loss, no gradient (as in fused_classifier_kernel)
         if (threadIdx.x == 0) losses[blockIdx.x] = 0.0f;
         if (write_dlogits)
             for (int j = threadIdx.x * kPack; j < Vr; j += blockDim.x * kPack) store128(row + j, Packed128<floatX>::filled(0.0f));

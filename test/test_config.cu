@@ -137,6 +137,8 @@ const std::vector<FlagCase> flag_cases = {
     {"on-divergence", 0, "rollback", "rollback", {"-o", "out", "-n", "100"}},
     {"max-rollbacks", 0, "7", 7},
     {"zero-stage", 'z', "2", 2},
+    {"tp", 0, "4", 4},
+    {"sequence-parallel", 0, "off", "off"},
     {"pp", 0, "4", 4, {"--pp-print-schedule"}},
     {"pp-schedule", 0, "interleaved", "interleaved"},
     {"pp-virtual", 0, "2", 2, {"--pp-schedule", "interleaved"}},
@@ -336,6 +338,7 @@ TEST_CASE("bad values name the flag", "[config]") {
         {{"--seed", "-3"}, "--seed must be >= 0"},
         {{"--layers", "-1"}, "--layers must be >= 0"},
         {{"--pp", "0"}, "--pp must be >= 1"},
+        {{"--tp", "0"}, "--tp must be >= 1"},
         {{"--pp-virtual", "0"}, "--pp-virtual must be >= 1"},
         {{"--heads", "-2"}, "--heads must be >= 0"},
         {{"--channels", "-8"}, "--channels must be >= 0"},
@@ -392,6 +395,10 @@ TEST_CASE("contradictory flags are errors naming every flag involved", "[config]
     CHECK(contains(error_of({"--pp", "2"}), "--pp 2: training across pipeline stages is not built yet (issue 15); "
                                             "--pp-print-schedule prints the schedule it will run"));
     CHECK(contains(error_of({"--pp-virtual", "2"}), "--pp-virtual 2 needs --pp-schedule interleaved"));
+    CHECK(contains(error_of({"--sequence-parallel", "on"}),
+                   "--sequence-parallel on splits the tokens over the tensor ranks: it needs --tp > 1"));
+    CHECK(contains(error_of({"--tp", "2", "--pp", "2", "--pp-print-schedule"}), "--tp and --pp cannot go together yet (issue 15)"));
+    CHECK(contains(error_of({"--tp", "2", "--generate"}), "--generate runs one sequence on one rank: it cannot go with --tp 2"));
     CHECK(contains(error_of({"-o", "out", "-y", "--resume-override", "seed,lr"}),
                    "--resume-override: 'lr' is not a run-identity setting (model, layers, heads, channels, seq-len, seed, "
                    "train-data, batch-ramp, tokens-per-step, doc-mask, doc-positions)"));
