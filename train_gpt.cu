@@ -1280,7 +1280,9 @@ inline std::vector<float> next_token_logits(GPT2& m, const int* tokens, int n) {
     std::vector<floatX> row(size_t(Vr) * m.tensor.size);
     gpt2_forward(m, tokens, nullptr, 1, n, 0.0f);
     // gpt2_forward without targets returns with the logits still being computed on m.stream.
-    copy_and_wait(m, row.data(), m.acts.logits + size_t(n - 1) * Vr, Vr * sizeof(floatX), cudaMemcpyDeviceToHost);
+    // This rank's columns go to its place in the row (the in-place all-gather sends them from there).
+    copy_and_wait(m, row.data() + size_t(m.tensor.rank) * Vr, m.acts.logits + size_t(n - 1) * Vr, Vr * sizeof(floatX),
+                  cudaMemcpyDeviceToHost);
     if (m.tensor.size > 1)
         MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, row.data(), int(Vr * sizeof(floatX)), MPI_BYTE, m.tensor.mpi));
     std::vector<float> logits(m.config.vocab_size);
