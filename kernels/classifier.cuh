@@ -48,6 +48,28 @@ __device__ inline void row_max_and_sum(const floatX* row, int columns, float* re
     *out_sum = row_max == -INFINITY ? 0.0f : block_sum(running_sum * expf(running_max - row_max), reduce_scratch);
 }
 
+// Pass 2 of both classifiers: row[j] = scale * (exp(x_j - M) * inverse_sum - [j == target]) over the row's
+// `width` columns, 0 past its first `columns` (padding); `target` in the row's own columns (it may
+// lie outside them: then no column is the target).
+__device__ inline void write_row_dlogits(floatX* row, int width, int columns, int target, float row_max, float inverse_sum,
+                                         float scale) {
+    constexpr int kPack = Packed128<floatX>::size;
+    for (int j = threadIdx.x * kPack; j < width; j += blockDim.x * kPack) {
+        const Packed128<floatX> x = load128cs(row + j);  // the last read of these logits
+        Packed128<floatX> grad;
+        float shifted[kPack], exps[kPack];
+        for (int k = 0; k < kPack; ++k) shifted[k] = to_float(x[k]) - row_max;
+        expf_each(exps, shifted);
+        for (int k = 0; k < kPack; ++k) {
+            const int column = j + k;
+            const float probability = exps[k] * inverse_sum;
+            const float indicator = column == target ? 1.0f : 0.0f;
+            grad[k] = from_float<floatX>(column < columns ? scale * (probability - indicator) : 0.0f);
+        }
+        store128(row + j, grad);
+    }
+}
+
 static __global__ void __launch_bounds__(kClassifierBlockSize)
     fused_classifier_kernel(floatX* logits, float* losses, const int* targets, const float* dloss, int V, int Vp,
                             bool write_dlogits) {
@@ -74,22 +96,7 @@ static __global__ void __launch_bounds__(kClassifierBlockSize)
     if (threadIdx.x == 0) losses[blockIdx.x] = valid ? row_max + logf(row_sum) - target_logit : nan;
     if (!write_dlogits) return;
 
-    const float inverse_sum = 1.0f / row_sum;
-    const float scale = valid ? *dloss : nan;
-    for (int j = threadIdx.x * kPack; j < Vp; j += blockDim.x * kPack) {
-        const Packed128<floatX> x = load128cs(row + j);  // the last read of these logits
-        Packed128<floatX> grad;
-        float shifted[kPack], exps[kPack];
-        for (int k = 0; k < kPack; ++k) shifted[k] = to_float(x[k]) - row_max;
-        expf_each(exps, shifted);
-        for (int k = 0; k < kPack; ++k) {
-            const int column = j + k;
-            const float probability = exps[k] * inverse_sum;
-            const float indicator = column == target ? 1.0f : 0.0f;
-            grad[k] = from_float<floatX>(column < V ? scale * (probability - indicator) : 0.0f);
-        }
-        store128(row + j, grad);
-    }
+    write_row_dlogits(row, Vp, V, target, row_max, 1.0f / row_sum, valid ? *dloss : nan);
 }
 
 inline std::string classifier_requirements(int V, int Vp) {
@@ -188,22 +195,7 @@ static __global__ void __launch_bounds__(kClassifierBlockSize)
     const float nan = __int_as_float(0x7fc00000);
     if (threadIdx.x == 0) losses[blockIdx.x] = valid ? row_max + logf(row_sum) - target_logit : nan;
     if (!write_dlogits) return;
-    const float inverse_sum = 1.0f / row_sum;
-    const float scale = valid ? *dloss : nan;
-    const int columns = max(0, min(Vr, V - first));
-    for (int j = threadIdx.x * kPack; j < Vr; j += blockDim.x * kPack) {
-        const Packed128<floatX> x = load128cs(row + j);
-        Packed128<floatX> grad;
-        float shifted[kPack], exps[kPack];
-        for (int k = 0; k < kPack; ++k) shifted[k] = to_float(x[k]) - row_max;
-        expf_each(exps, shifted);
-        for (int k = 0; k < kPack; ++k) {
-            const int column = j + k;
-            const float indicator = first + column == target ? 1.0f : 0.0f;
-            grad[k] = from_float<floatX>(column < columns ? scale * (exps[k] * inverse_sum - indicator) : 0.0f);
-        }
-        store128(row + j, grad);
-    }
+    write_row_dlogits(row, Vr, max(0, min(Vr, V - first)), target - first, row_max, 1.0f / row_sum, valid ? *dloss : nan);
 }
 
 inline std::string classifier_shard_requirements(int first, int V, int Vr) {
