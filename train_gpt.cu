@@ -48,6 +48,7 @@
 #include "kernels/layernorm.cuh"
 #include "kernels/matmul.cuh"
 #include "parallel/process_groups.h"
+#include "parallel/pipeline.h"
 #include "parallel/tensor.h"
 #include "parallel/zero.h"
 
@@ -132,6 +133,7 @@ inline LayerTensors layer_view(const ParameterTensors& t, const GPT2Config& conf
 // Per-layer tensors are stored layer-major: L copies, or one when it is recomputed (see Recompute).
 
 enum class Keep {
+    scratch,      // one copy, written and read within one pass (never kept for the backward pass)
     once,         // one copy: not per layer
     every_layer,  // L copies in every mode (the residual stream between blocks)
     unless_full,  // L copies; full recompute rebuilds them, keeping one layer's
@@ -147,7 +149,7 @@ enum class Keep {
     X(lnf_rstd, float, BTs, Keep::once)                                                          \
     X(losses, float, BT, Keep::once)        /* per-token loss (0 for ignored targets) */         \
     X(logits, floatX, BT * Vr, Keep::once)  /* the classifier turns them into dlogits in place */ \
-    X(branch, floatX, BT * C, Keep::once)   /* a projection's output, before the residual add */
+    X(branch, floatX, BT * C, Keep::scratch) /* a projection's output, before the residual add */
 
 // Activations of one transformer block.
 #define GPT2_LAYER_ACTIVATIONS(X)                                                                \
@@ -179,6 +181,7 @@ struct LayerActivations {  // one layer's: see layer_activations()
 // How many copies of an activation a recompute mode keeps (0: none of its own, it shares ln1's).
 inline size_t kept_copies(Keep keep, int L, Recompute r) {
     switch (keep) {
+        case Keep::scratch: return 1;
         case Keep::once: return 1;
         case Keep::every_layer: return size_t(L);
         case Keep::unless_full: return r == Recompute::full ? 1 : size_t(L);
@@ -205,15 +208,32 @@ inline int tensor_channels(const GPT2Config& c, const ModelOptions& o) { return 
 inline int tensor_heads(const GPT2Config& c, const ModelOptions& o) { return c.num_heads / o.tensor_parallel; }
 inline size_t sequence_rows(size_t rows, const ModelOptions& o) { return o.sequence_parallel ? rows / o.tensor_parallel : rows; }
 
+// What one micro-batch keeps from its forward pass to its backward pass. Without pipeline parallelism
+// one micro-batch is in flight; a pipeline stage keeps up to ModelOptions::micro_batches_in_flight
+// (the schedule's most, host/pipeline_schedule.h), in slots used in turn.
+struct MicroBatchSlot {
+    ActivationTensors acts{};
+    int* inputs = nullptr;           // (B, T) on the device
+    int* targets = nullptr;          // (B, T) on the device
+    int* doc_start = nullptr;        // (B, T) document starts (--doc-mask, --doc-positions; host/documents.h)
+    int* encoder_scratch = nullptr;  // the encoder backward's grouping of its tokens (kernels/encoder.cuh)
+    EncoderGrouping encoder;         // its sizes (count 0: no backward pass may follow the forward pass)
+};
+
 struct GPT2 {
-    GPT2Config config{};
+    GPT2Config config{};        // of this rank's layers: the whole model's, or a pipeline stage's (parallel/pipeline.h)
+    GPT2Config whole_config{};  // the whole model's (checkpoints, initialization)
     size_t param_sizes[kNumParameterTensors]{};
     size_t param_offsets[kNumParameterTensors]{};
-    size_t num_parameters = 0;  // this rank's: with tensor parallelism its slices (parallel/tensor.h)
+    size_t num_parameters = 0;  // this rank's: its stage's tensors, its slices of them (parallel/pipeline.h)
     ShardLayout shard{};
     ModelOptions options{};
     TensorParallel tensor{};    // the tensor group (size options.tensor_parallel), set before gpt2_build
+    PipelineParallel pipeline{};  // the pipeline group (size options.pipeline_parallel), set before gpt2_build
+    std::vector<MicroBatchSlot> slots;  // micro-batches in flight; the current one's buffers are below
+    int slot = 0;
     floatX* sequence_gathered = nullptr;  // (B, T, C): a region's rows from every rank (sequence parallelism)
+    floatX* dresidual_buffers[2] = {nullptr, nullptr};  // bwd.dresidual is one of them (two: pipeline_micro_steps)
     float* classifier_stats = nullptr;    // (tp, B*T, kClassifierStats): the vocabulary-parallel classifier's
     MemoryPlan plan;
     PlannedMemory memory;
@@ -223,16 +243,16 @@ struct GPT2 {
     floatX* grads_memory = nullptr;  // stage 0-1: all gradients; stage 2: this rank's gradient shard
 
     int max_batch = 0, max_tokens = 0;  // the activations hold up to max_batch x max_tokens
-    ActivationTensors acts{};
+    ActivationTensors acts{};  // the current micro-batch slot's (select_micro_batch)
     BackwardBuffers bwd{};
     // Stage 2 keeps no full gradient buffer: the backward pass writes a layer's gradients into one of
     // two layer buffers (alternating, so one can be reduced while the next layer is computed) and the
     // global tensors' (wte, wpe, lnf) into their own buffer; each is reduced into the shards.
     floatX* layer_grad_buffers[2] = {nullptr, nullptr};
     size_t layer_grad_size = 0;  // parameters of one transformer block
-    int* inputs = nullptr;       // (B, T) on the device
-    int* targets = nullptr;      // (B, T) on the device
-    int* doc_start = nullptr;      // (B, T) document starts (--doc-mask, --doc-positions; host/documents.h)
+    int* inputs = nullptr;       // the current micro-batch slot's (MicroBatchSlot)
+    int* targets = nullptr;
+    int* doc_start = nullptr;
     // What each forward pass uploads (token ids, targets, document starts) and the encoder backward's
     // grouping of its tokens, in page-locked host memory, so the copies do not make the host wait.
     // Two slots, used in turn: the host fills one while the device may still copy from the other;
@@ -274,16 +294,46 @@ inline void copy_and_wait(GPT2& model, void* dst, const void* src, size_t bytes,
 // B x T, the sharding, the recompute mode and the precision. gpt2_build allocates exactly this;
 // --dry-run prints it.
 
-inline MemoryPlan gpt2_memory_plan(const GPT2Config& c, int B, int T, const ShardLayout& shard,
+// Whether a pipeline stage keeps the step activation `name`: the final LayerNorm's and the classifier's
+// live on the last stage alone.
+inline bool stage_keeps(const char* name, const ModelOptions& o) {
+    const std::string n = name;
+    return o.last_stage() || !(n == "lnf" || n == "lnf_mean" || n == "lnf_rstd" || n == "losses" || n == "logits");
+}
+
+// Whether an activation's copies hold what the backward pass reads of its forward pass (then each
+// micro-batch in flight has its own), or are rebuilt or overwritten first (one buffer serves them all).
+inline bool kept_for_backward(Keep keep, Recompute r) {
+    switch (keep) {
+        case Keep::scratch: return false;
+        case Keep::once: return true;
+        case Keep::every_layer: return true;
+        case Keep::unless_full: return r != Recompute::full;
+        case Keep::only_none: return r == Recompute::none;
+        case Keep::shares_ln1: return r == Recompute::none;
+    }
+    return true;
+}
+
+// One micro-batch's copies of an activation on this stage (kept_copies), and all of them: one set per
+// micro-batch in flight of what the backward pass reads.
+inline size_t activation_copies(const char* name, Keep keep, int L, const ModelOptions& o) {
+    if (!stage_keeps(name, o)) return 0;
+    return kept_copies(keep, L, o.recompute) * (kept_for_backward(keep, o.recompute) ? size_t(o.micro_batches_in_flight) : 1);
+}
+
+// `whole` is the whole model's configuration; a pipeline stage plans for its own layers and tensors.
+inline MemoryPlan gpt2_memory_plan(const GPT2Config& whole, int B, int T, const ShardLayout& shard,
                                    const ModelOptions& options = {}) {
-    const Recompute recompute = options.recompute;
+    const GPT2Config c = stage_config(whole, options.pipeline_parallel, options.pipeline_stage);
     MemoryPlan plan;
     const size_t X = sizeof(floatX), F = sizeof(float), I = sizeof(int);
     const size_t L = c.num_layers, C = c.channels, BT = size_t(B) * T;
     const size_t Ct = size_t(tensor_channels(c, options)), NHt = size_t(tensor_heads(c, options));
     const size_t BTs = sequence_rows(BT, options);
+    const size_t K = size_t(options.micro_batches_in_flight);  // each micro-batch in flight has its own inputs
     size_t sizes[kNumParameterTensors];
-    tensor_parallel_sizes(c, options.tensor_parallel, sizes);
+    model_part_sizes(whole, options.tensor_parallel, options.pipeline_parallel, options.pipeline_stage, sizes);
 
     size_t layer = 0, global = 0;  // parameters of one block, and of the global tensors
     for (int i = 0; i < kNumParameterTensors; ++i) (is_layer_tensor(i) ? layer : global) += sizes[i];
@@ -292,8 +342,8 @@ inline MemoryPlan gpt2_memory_plan(const GPT2Config& c, int B, int T, const Shar
 
     // Forward activations kept for the backward pass: the table's rows, each for its kept copies.
     const size_t Vr = size_t(vocab_rows_per_rank(c, options.tensor_parallel));
-#define GPT2_PLAN_ACTIVATION(name, type, elements, keep)                             \
-    if (const size_t copies = kept_copies(keep, c.num_layers, recompute); copies > 0) \
+#define GPT2_PLAN_ACTIVATION(name, type, elements, keep)                                      \
+    if (const size_t copies = activation_copies(#name, keep, c.num_layers, options); copies > 0) \
         plan.add(#name, "activations", copies * (elements) * sizeof(type));
     GPT2_STEP_ACTIVATIONS(GPT2_PLAN_ACTIVATION)
     GPT2_LAYER_ACTIVATIONS(GPT2_PLAN_ACTIVATION)
@@ -307,7 +357,8 @@ inline MemoryPlan gpt2_memory_plan(const GPT2Config& c, int B, int T, const Shar
         return plan;
     }
     // Backward buffers, scratch of the deterministic reductions, inputs, the cuBLASLt workspace.
-    plan.add("dresidual", "workspace", BTs * C * X);
+    // Two under pipeline parallelism: a stage receives one micro-batch's gradient while it sends another's.
+    plan.add("dresidual", "workspace", (options.pipeline_parallel > 1 ? 2 : 1) * BTs * C * X);
     if (options.sequence_parallel) plan.add("sequence_gathered", "communication", BT * C * X);
     plan.add("dbuf_c", "workspace", BT * C * X);
     plan.add("dbuf_4c", "workspace", BT * 4 * Ct * X);
@@ -320,14 +371,15 @@ inline MemoryPlan gpt2_memory_plan(const GPT2Config& c, int B, int T, const Shar
                                          : attention_backward_scratch_floats(B, T, int(NHt)),
                                      global_norm_scratch_floats(shard.optimizer_size()), size_t(1)});
     plan.add("scratch", "workspace", scratch * F);
-    if (options.tensor_parallel > 1)  // the vocabulary-parallel classifier's row statistics, every rank's
+    if (options.tensor_parallel > 1 && options.last_stage())  // the vocabulary-parallel classifier's row statistics, every rank's
         plan.add("classifier_stats", "communication", size_t(options.tensor_parallel) * BT * kClassifierStats * F);
     plan.add("grad_norm", "workspace", (options.tensor_parallel > 1 ? kNumParameterTensors : 1) * F);  // all_ranks_norm
     plan.add("grad_scale", "workspace", F);
-    plan.add("encoder_scratch", "workspace", encoder_backward_scratch_ints(B, T, options.doc_positions) * I);
-    plan.add("inputs", "workspace", BT * I);
-    plan.add("targets", "workspace", BT * I);
-    if (options.uses_documents()) plan.add("doc_start", "workspace", BT * I);
+    if (options.first_stage())
+        plan.add("encoder_scratch", "workspace", K * encoder_backward_scratch_ints(B, T, options.doc_positions) * I);
+    plan.add("inputs", "workspace", K * BT * I);
+    plan.add("targets", "workspace", K * BT * I);
+    if (options.uses_documents()) plan.add("doc_start", "workspace", K * BT * I);
     plan.add("matmul_workspace", "workspace", kMatmulWorkspaceBytes);
     return plan;
 }
@@ -349,6 +401,18 @@ inline std::string gpt2_check_build(const GPT2Config& config, int B, int T, int 
     if (problem.empty() && options.tensor_parallel > 1 && options.inference)
         problem = "model: generation (an inference model) runs on one rank, not split over --tp " +
                   std::to_string(options.tensor_parallel);
+    if (problem.empty() && options.pipeline_parallel > 1) problem = pipeline_split_problem(config, options.pipeline_parallel);
+    if (problem.empty() && options.pipeline_parallel > 1 && options.inference)
+        problem = "model: generation (an inference model) runs on one rank, not split over --pp " +
+                  std::to_string(options.pipeline_parallel);
+    if (problem.empty() && options.pipeline_parallel > 1 && zero_stage == 2)
+        problem = "--pp " + std::to_string(options.pipeline_parallel) + " with -z 2: ZeRO-2's per-micro-step reduction is "
+                  "not built for pipeline stages yet (issue 15); -z 1 shards the optimizer state over the data ranks";
+    if (problem.empty() && (options.pipeline_stage < 0 || options.pipeline_stage >= options.pipeline_parallel ||
+                            options.micro_batches_in_flight < 1))
+        problem = "model: pipeline stage " + std::to_string(options.pipeline_stage) + " of " +
+                  std::to_string(options.pipeline_parallel) + " with " + std::to_string(options.micro_batches_in_flight) +
+                  " micro-batches in flight";
     if (problem.empty() && options.attention == Attention::tc)
         problem = attention_tc_requirements(B, T, tensor_channels(config, options), tensor_heads(config, options));
     if (problem.empty() && (zero_stage < 0 || zero_stage > 2))
@@ -368,6 +432,7 @@ inline void label_gradient_slices(const GPT2& model) {
     const size_t L = size_t(model.config.num_layers);
     for (int i = 0; i < kNumParameterTensors; ++i) {
         const std::string name = std::string("grads.") + kParameterNames[i];
+        if (model.param_sizes[i] == 0) continue;  // a tensor another pipeline stage holds
         if (!is_layer_tensor(i)) {
             label_device_memory(g.all()[i], model.param_sizes[i] * sizeof(floatX), name.c_str());
             continue;
@@ -379,6 +444,17 @@ inline void label_gradient_slices(const GPT2& model) {
     }
 }
 
+// Makes micro-batch slot k the current one: the forward and backward passes use its buffers.
+inline void select_micro_batch(GPT2& model, int k) {
+    MicroBatchSlot& slot = model.slots.at(size_t(k));
+    model.slot = k;
+    model.acts = slot.acts;
+    model.inputs = slot.inputs;
+    model.targets = slot.targets;
+    model.doc_start = slot.doc_start;
+    model.bwd.encoder_scratch = slot.encoder_scratch;
+}
+
 // Allocates the plan for batches of up to B x T tokens on `shard` (default: one rank, no sharding).
 // Throws a message naming the constraint when the configuration is not supported.
 inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int rank = 0, int world_size = 1,
@@ -388,8 +464,13 @@ inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int 
     if (model.tensor.size != options.tensor_parallel)
         throw TrainGptError("gpt2_build: the model's tensor group has " + std::to_string(model.tensor.size) +
                             " ranks, its options say " + std::to_string(options.tensor_parallel));
-    model.config = config;
-    tensor_parallel_sizes(config, options.tensor_parallel, model.param_sizes);
+    if (model.pipeline.size != options.pipeline_parallel || model.pipeline.rank != options.pipeline_stage)
+        throw TrainGptError("gpt2_build: the model's pipeline group is stage " + std::to_string(model.pipeline.rank) + " of " +
+                            std::to_string(model.pipeline.size) + ", its options say " + std::to_string(options.pipeline_stage) +
+                            " of " + std::to_string(options.pipeline_parallel));
+    model.whole_config = config;
+    model.config = stage_config(config, options.pipeline_parallel, options.pipeline_stage);
+    model_part_sizes(config, options.tensor_parallel, options.pipeline_parallel, options.pipeline_stage, model.param_sizes);
     model.num_parameters = 0;
     for (int i = 0; i < kNumParameterTensors; ++i) {
         model.param_offsets[i] = model.num_parameters;
@@ -406,7 +487,6 @@ inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int 
     // On the model's stream (see copy_and_wait): its kernels must see the zeros.
     CUDA_CHECK(cudaMemsetAsync(model.params_memory, 0, model.plan.bytes_of("params"), model.stream));  // padding stays zero
     point_parameters(&model.params, model.params_memory, model.param_sizes);
-    model.inputs = m.get<int>("inputs");
     model.max_batch = B;
     model.max_tokens = T;
     model.matmul = matmul_create(m.get<void>("matmul_workspace"));
@@ -422,14 +502,31 @@ inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int 
         CUDA_CHECK(cudaEventCreateWithFlags(&up.copied, cudaEventDisableTiming));
     }
     model.matmul.autotune = options.matmul_autotune;
-    model.doc_start = options.uses_documents() ? m.get<int>("doc_start") : nullptr;
-    ActivationTensors& a = model.acts;
-#define GPT2_BIND_ACTIVATION(name, type, elements, keep) \
-    a.name = kept_copies(keep, config.num_layers, recompute) > 0 ? m.get<type>(#name) : nullptr;
-    GPT2_STEP_ACTIVATIONS(GPT2_BIND_ACTIVATION)
-    GPT2_LAYER_ACTIVATIONS(GPT2_BIND_ACTIVATION)
+    // Micro-batch slot k's buffers: the k-th of each set of copies the backward pass reads, the one
+    // buffer of the others (kept_for_backward).
+    const int L = model.config.num_layers;
+    const size_t C = size_t(model.config.channels), Ct = size_t(tensor_channels(model.config, options));
+    const size_t NHt = size_t(tensor_heads(model.config, options)), BTs = sequence_rows(BT, options);
+    const size_t Vr = size_t(vocab_rows_per_rank(model.config, options.tensor_parallel));
+    model.slots.assign(size_t(options.micro_batches_in_flight), MicroBatchSlot{});
+    for (size_t k = 0; k < model.slots.size(); ++k) {
+        MicroBatchSlot& slot = model.slots[k];
+        ActivationTensors& a = slot.acts;
+#define GPT2_BIND_ACTIVATION(name, type, elements, keep)                                                   \
+    a.name = activation_copies(#name, keep, L, options) == 0 ? nullptr                                      \
+             : m.get<type>(#name) + (kept_for_backward(keep, recompute) ? k * kept_copies(keep, L, recompute) * (elements) : 0);
+        GPT2_STEP_ACTIVATIONS(GPT2_BIND_ACTIVATION)
+        GPT2_LAYER_ACTIVATIONS(GPT2_BIND_ACTIVATION)
 #undef GPT2_BIND_ACTIVATION
-    if (recompute != Recompute::none) a.ln2 = a.ln1;  // Keep::shares_ln1
+        if (recompute != Recompute::none) a.ln2 = a.ln1;  // Keep::shares_ln1
+        slot.inputs = m.get<int>("inputs") + k * BT;
+        if (!options.inference) slot.targets = m.get<int>("targets") + k * BT;
+        if (options.uses_documents()) slot.doc_start = m.get<int>("doc_start") + k * BT;
+        if (!options.inference && options.first_stage())
+            slot.encoder_scratch = m.get<int>("encoder_scratch") + k * grouping_ints;
+    }
+    (void)NHt, (void)Ct, (void)BTs, (void)Vr, (void)C;  // in the table's sizes, which the binding may not use
+    select_micro_batch(model, 0);
     if (options.inference) {
         model.kv_keys = m.get<floatX>("kv_cache");
         model.kv_values = model.kv_keys + size_t(config.num_layers) * B * T * config.channels;
@@ -460,14 +557,15 @@ inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int 
 
     BackwardBuffers& b = model.bwd;
     b.dresidual = m.get<floatX>("dresidual");
+    model.dresidual_buffers[0] = b.dresidual;
+    model.dresidual_buffers[1] = options.pipeline_parallel > 1 ? b.dresidual + BTs * C : b.dresidual;
     if (options.sequence_parallel) model.sequence_gathered = m.get<floatX>("sequence_gathered");
     if (options.tensor_parallel > 1) model.classifier_stats = m.get<float>("classifier_stats");
     b.dbuf_c = m.get<floatX>("dbuf_c");
     b.dbuf_4c = m.get<floatX>("dbuf_4c");
     b.scratch = m.get<float>("scratch");
-    b.encoder_scratch = m.get<int>("encoder_scratch");
     b.grad_scale = m.get<float>("grad_scale");
-    model.targets = m.get<int>("targets");
+    select_micro_batch(model, 0);
 }
 
 inline void gpt2_free(GPT2& model) {
@@ -485,10 +583,13 @@ inline void gpt2_free(GPT2& model) {
 // GPT-2 initialization (seeded): weights and embeddings N(0, 0.02); the projections that write into the
 // residual stream (attprojw, fcprojw) N(0, 0.02 / sqrt(2L)) so the stream's variance does not grow with
 // depth; biases 0; LayerNorm weights 1, biases 0; wte rows >= V (vocabulary padding) 0.
-// Under tensor parallelism every rank draws the whole model's values and keeps its slices, so the model
-// is the same for any --tp.
+// Under tensor and pipeline parallelism every rank draws the whole model's values and keeps its part
+// (parallel/pipeline.h), so the model is the same for any --tp and --pp.
+inline ModelPart model_part(const GPT2& m) {
+    return {m.tensor.size, m.tensor.rank, m.pipeline.size, m.pipeline.rank};
+}
 inline void gpt2_init_weights(GPT2& model, uint64_t seed) {
-    const GPT2Config& c = model.config;
+    const GPT2Config& c = model.whole_config;
     size_t whole_sizes[kNumParameterTensors];
     parameter_sizes(c, whole_sizes);
     std::vector<floatX> host(gpt2_num_parameters(c));
@@ -511,7 +612,7 @@ inline void gpt2_init_weights(GPT2& model, uint64_t seed) {
         }
         offset += whole_sizes[i];
     }
-    if (model.tensor.size > 1) host = tensor_shard(host, c, model.tensor.size, model.tensor.rank);
+    if (model.tensor.size > 1 || model.pipeline.size > 1) host = model_shard(host, c, model_part(model));
     copy_and_wait(model, model.params_memory, host.data(), host.size() * sizeof(floatX), cudaMemcpyHostToDevice);
 }
 
@@ -616,7 +717,8 @@ inline void block_forward_to_mlp(GPT2& model, int l, const LayerActivations& x) 
 }
 
 // The L blocks, from layer 0's ln1 (computed) to the final LayerNorm lnf; `attend(l, x)` is layer l's
-// attention (see block_forward_to_mlp).
+// attention (see block_forward_to_mlp). A pipeline stage before the last ends at its last layer's
+// residual3 (the next stage's input): the residual add alone, which rounds as the fused one does.
 template <typename Attend> inline void gpt2_blocks_forward(GPT2& model, Attend&& attend) {
     const GPT2Config& cfg = model.config;
     const int L = cfg.num_layers, C = cfg.channels, Ct = tensor_channels(cfg, model.options), BT = model.B * model.T;
@@ -637,9 +739,13 @@ template <typename Attend> inline void gpt2_blocks_forward(GPT2& model, Attend&&
             const LayerActivations next = layer_activations(model, l + 1);
             fused_residual_layernorm_forward(x.residual3, next.ln1, next.ln1_mean, next.ln1_rstd, x.residual2, mlp_out,
                                              next_w.ln1w, next_w.ln1b, rows, C, model.stream);
-        } else {
+        } else if (model.options.last_stage()) {
             fused_residual_layernorm_forward(x.residual3, a.lnf, a.lnf_mean, a.lnf_rstd, x.residual2, mlp_out, p.lnfw,
                                              p.lnfb, rows, C, model.stream);
+        } else {
+            CUDA_CHECK(cudaMemcpyAsync(x.residual3, x.residual2, size_t(rows) * C * sizeof(floatX), cudaMemcpyDeviceToDevice,
+                                       model.stream));
+            accumulate(x.residual3, mlp_out, size_t(rows) * C, model.stream);
         }
     }
 }
@@ -721,14 +827,18 @@ inline void gpt2_upload(GPT2& model, const int* inputs_host, const int* targets_
         document_starts(up.doc_start, up.inputs, B, padded_T, model.options.eot_token);
         CUDA_CHECK(cudaMemcpyAsync(model.doc_start, up.doc_start, padded_BT * sizeof(int), cudaMemcpyHostToDevice, stream));
     }
-    // A backward pass follows (dlogits are written): its grouping now, while the device runs ahead.
+    // A backward pass follows (dlogits are written): its grouping now, while the device runs ahead
+    // (the embeddings' backward: the first pipeline stage's).
     if (grad_scale > 0.0f && targets_host) {
-        up.encoder = encoder_grouping_of(model, up);
+        if (model.options.first_stage()) {
+            up.encoder = encoder_grouping_of(model, up);
+            CUDA_CHECK(cudaMemcpyAsync(model.bwd.encoder_scratch, up.encoder.ints, up.encoder.count * sizeof(int),
+                                       cudaMemcpyHostToDevice, stream));
+        }
         *up.grad_scale = grad_scale;
-        CUDA_CHECK(cudaMemcpyAsync(model.bwd.encoder_scratch, up.encoder.ints, up.encoder.count * sizeof(int),
-                                   cudaMemcpyHostToDevice, stream));
         CUDA_CHECK(cudaMemcpyAsync(model.bwd.grad_scale, up.grad_scale, sizeof(float), cudaMemcpyHostToDevice, stream));
     }
+    model.slots[size_t(model.slot)].encoder = up.encoder;
     CUDA_CHECK(cudaEventRecord(up.copied, stream));
     if (targets_host) {
         int valid = 0;
@@ -738,7 +848,9 @@ inline void gpt2_upload(GPT2& model, const int* inputs_host, const int* targets_
 }
 
 // The forward pass's kernels over the uploaded batch of model.B x model.T: with targets the losses,
-// and with write_dlogits dlogits too (scaled by the uploaded grad_scale).
+// and with write_dlogits dlogits too (scaled by the uploaded grad_scale). A pipeline stage runs its
+// part: after the first, it starts from the residual stream received into acts.encoded; before the
+// last, it ends at its last layer's residual3 (pipeline_micro_steps sends it).
 inline void gpt2_forward_kernels(GPT2& model, bool with_targets, bool write_dlogits) {
     const GPT2Config& cfg = model.config;
     const int C = cfg.channels, V = cfg.vocab_size, Vp = cfg.padded_vocab_size;
@@ -753,14 +865,17 @@ inline void gpt2_forward_kernels(GPT2& model, bool with_targets, bool write_dlog
     // positions) and the group sums them; with sequence parallelism each rank keeps its rows' sums,
     // in place (first.input).
     const int Vr = vocab_rows_per_rank(cfg, model.tensor.size), vocab_first = model.tensor.rank * Vr;
-    encoder_forward(a.encoded, model.inputs, p.wte, model.tensor.rank == 0 ? p.wpe : nullptr, B, T, C, stream,
-                    model.options.doc_positions ? model.doc_start : nullptr, vocab_first, Vr);
-    if (model.tensor.size > 1) sum_over_tensor_ranks(model, a.encoded);
+    if (model.options.first_stage()) {
+        encoder_forward(a.encoded, model.inputs, p.wte, model.tensor.rank == 0 ? p.wpe : nullptr, B, T, C, stream,
+                        model.options.doc_positions ? model.doc_start : nullptr, vocab_first, Vr);
+        if (model.tensor.size > 1) sum_over_tensor_ranks(model, a.encoded);
+    }
     const LayerActivations first = layer_activations(model, 0);
     layernorm_forward(first.ln1, first.ln1_mean, first.ln1_rstd, first.input, p.ln1w, p.ln1b, int(sequence_local_rows(model)),
                       C, stream);
 
     gpt2_blocks_forward(model, [&model](int, const LayerActivations& x) { causal_attention_forward(model, x); });
+    if (!model.options.last_stage()) return;
 
     // Tied output head: logits = lnf @ wte^T over the padded vocabulary (this rank's columns of it).
     matmul_forward(mm, a.logits, gather_sequence(model, a.lnf), p.wte, nullptr, BT, C, Vr, stream);
@@ -778,10 +893,35 @@ inline void gpt2_forward_kernels(GPT2& model, bool with_targets, bool write_dlog
                             vocab_first, V, Vr, write_dlogits, stream);
 }
 
+// The residual stream between pipeline stages: entering a stage's first layer (the current slot's),
+// and leaving its last (slot k's: residual3 is kept layer-major for every layer).
+inline floatX* stage_input(GPT2& m) { return m.acts.encoded; }
+inline floatX* stage_output(const GPT2& m, int k) {
+    const size_t region = sequence_local_rows(m) * size_t(m.config.channels);
+    return m.slots[size_t(k)].acts.residual3 + size_t(m.config.num_layers - 1) * region;
+}
+inline size_t stage_boundary_elements(const GPT2& m) { return sequence_local_rows(m) * size_t(m.config.channels); }
+constexpr ncclDataType_t kNcclFloatX = std::is_same_v<floatX, float> ? ncclFloat32 : ncclBfloat16;
+
+// Under pipeline parallelism every stage calls it, in turn along the pipeline: a stage after the
+// first receives its input from the one before, a stage before the last sends its output on (one
+// micro-batch alone: forward passes that no backward pass follows; training runs pipeline_micro_steps).
 inline void gpt2_forward_queue(GPT2& model, const int* inputs_host, const int* targets_host, int B, int T,
                                float grad_scale) {
     gpt2_upload(model, inputs_host, targets_host, B, T, grad_scale);
+    const PipelineParallel& pipe = model.pipeline;
+    if (!pipe.first())
+        NCCL_CHECK(ncclRecv(stage_input(model), stage_boundary_elements(model), kNcclFloatX, pipe.rank - 1, pipe.nccl, model.stream));
     gpt2_forward_kernels(model, targets_host != nullptr, targets_host != nullptr && grad_scale > 0.0f);
+    if (!pipe.last())
+        NCCL_CHECK(ncclSend(stage_output(model, model.slot), stage_boundary_elements(model), kNcclFloatX, pipe.rank + 1,
+                            pipe.nccl, model.stream));
+}
+
+// Under pipeline parallelism: the last stage's `count` values at `data` on every stage of the pipeline.
+template <typename T> inline void from_last_stage(const GPT2& m, T* data, size_t count) {
+    if (m.pipeline.size > 1)
+        MPI_CHECK(MPI_Bcast(data, int(count * sizeof(T)), MPI_BYTE, m.pipeline.size - 1, m.pipeline.mpi));
 }
 
 // The sum of n per-token losses copied to the host, in position order (double: deterministic).
@@ -797,9 +937,12 @@ inline double gpt2_forward(GPT2& model, const int* inputs_host, const int* targe
     if (!targets_host) return 0.0;
     const size_t BT = size_t(model.B) * model.T;  // padded rows (sequence parallelism) add losses of 0
     std::vector<float> losses(BT);
-    CUDA_CHECK(cudaMemcpyAsync(losses.data(), model.acts.losses, BT * sizeof(float), cudaMemcpyDeviceToHost, model.stream));
+    if (model.options.last_stage())
+        CUDA_CHECK(cudaMemcpyAsync(losses.data(), model.acts.losses, BT * sizeof(float), cudaMemcpyDeviceToHost, model.stream));
     CUDA_CHECK(cudaStreamSynchronize(model.stream));
-    return sum_of_losses(losses.data(), BT);
+    double sum = sum_of_losses(losses.data(), BT);
+    from_last_stage(model, &sum, 1);
+    return sum;
 }
 
 // Generation with a key/value cache (an inference model): the forward pass of n new tokens of one
@@ -897,16 +1040,19 @@ inline void gpt2_backward(GPT2& model, const std::function<void(int)>& layer_don
 
     if (model.shard.zero_stage == 2)  // the global tensors' gradients are per micro-step there
         CUDA_CHECK(cudaMemsetAsync(g.wte, 0, model.plan.bytes_of("grad_global_buffer"), stream));
-    // Output head: dlnf = dlogits @ wte, dwte += dlogits^T @ lnf (lnf gathered again: the buffer is
-    // shared). Vocabulary-parallel: each rank's columns give a part of dlnf, summed over the group.
     const int Vr = vocab_rows_per_rank(cfg, model.tensor.size);
-    matmul_backward(mm, b.dbuf_c, g.wte, nullptr, b.scratch, a.logits, gather_sequence(model, a.lnf), p.wte, BT, C, Vr,
-                    stream);
-    const floatX* dlnf = model.tensor.size > 1 ? sum_over_tensor_ranks(model, b.dbuf_c) : b.dbuf_c;
-    // Final LayerNorm: dresidual starts as the gradient of the last layer's output.
-    CUDA_CHECK(cudaMemsetAsync(b.dresidual, 0, region * sizeof(floatX), stream));
-    layernorm_backward(b.dresidual, g.lnfw, g.lnfb, b.scratch, dlnf, a.residual3 + (L - 1) * region, p.lnfw, a.lnf_mean,
-                       a.lnf_rstd, rows, C, stream);
+    // A pipeline stage before the last starts from the gradient of its output, received into dresidual.
+    if (model.options.last_stage()) {
+        // Output head: dlnf = dlogits @ wte, dwte += dlogits^T @ lnf (lnf gathered again: the buffer is
+        // shared). Vocabulary-parallel: each rank's columns give a part of dlnf, summed over the group.
+        matmul_backward(mm, b.dbuf_c, g.wte, nullptr, b.scratch, a.logits, gather_sequence(model, a.lnf), p.wte, BT, C, Vr,
+                        stream);
+        const floatX* dlnf = model.tensor.size > 1 ? sum_over_tensor_ranks(model, b.dbuf_c) : b.dbuf_c;
+        // Final LayerNorm: dresidual starts as the gradient of the last layer's output.
+        CUDA_CHECK(cudaMemsetAsync(b.dresidual, 0, region * sizeof(floatX), stream));
+        layernorm_backward(b.dresidual, g.lnfw, g.lnfb, b.scratch, dlnf, a.residual3 + (L - 1) * region, p.lnfw, a.lnf_mean,
+                           a.lnf_rstd, rows, C, stream);
+    }
 
     for (int l = L - 1; l >= 0; --l) {
         if (before_layer) before_layer(l);
@@ -955,11 +1101,13 @@ inline void gpt2_backward(GPT2& model, const std::function<void(int)>& layer_don
     }
     // Embeddings: deterministic, grouped by token on the host (uploaded by the forward pass that wrote dlogits).
     // With sequence parallelism every rank gathers the whole gradient and computes the (replicated)
-    // embeddings' gradients alike.
-    const GPT2::UploadSlot& up = model.uploads[model.upload_slot];
-    if (up.encoder.count == 0) throw TrainGptError("gpt2_backward: the forward pass before it wrote no dlogits (grad_scale 0)");
-    encoder_backward(g.wte, g.wpe, b.encoder_scratch, gather_sequence(model, b.dresidual), up.encoder, B, T, C, stream,
-                     model.tensor.rank * Vr, Vr);
+    // embeddings' gradients alike. A pipeline stage after the first leaves dresidual to be sent back.
+    if (model.options.first_stage()) {
+        const EncoderGrouping& grouping = model.slots[size_t(model.slot)].encoder;
+        if (grouping.count == 0) throw TrainGptError("gpt2_backward: the forward pass before it wrote no dlogits (grad_scale 0)");
+        encoder_backward(g.wte, g.wpe, b.encoder_scratch, gather_sequence(model, b.dresidual), grouping, B, T, C, stream,
+                         model.tensor.rank * Vr, Vr);
+    }
     if (layer_done) layer_done(-1);
 }
 
@@ -971,6 +1119,7 @@ struct Trainer {
     GPT2 model;
     Distributed dist;   // the data-parallel group (the world without --tp)
     Distributed world;  // every rank of the run: checkpoints are written and read by all of them
+    MPI_Comm model_mpi = MPI_COMM_SELF;  // the tensor x pipeline ranks holding this data rank's copy of the model
     ShardedAdamW optimizer;            // parallel/zero.h: AdamW on this rank's shard
     floatX* reduce_receive = nullptr;  // ZeRO-2: where a reduced slice of this rank's shard arrives
     cudaEvent_t layer_buffer_free[2] = {nullptr, nullptr};
@@ -988,6 +1137,7 @@ struct Trainer {
     size_t micro_step_graph_nodes[2] = {0, 0};  // operations in each, as captured
     int graph_B = 0, graph_T = 0;
     int64_t steps_run = 0;  // train_step calls so far
+    PipelineSchedule schedule = PipelineSchedule::one_f_one_b;  // with pipeline stages (pipeline_micro_steps)
 };
 
 inline void drop_micro_step_graphs(Trainer& tr) {
@@ -1019,11 +1169,16 @@ inline void progress(Trainer& tr, const char* what, int64_t step) {
 // optimizer state. Parameters must be set (gpt2_init_weights or loaded) before trainer_start.
 // `dist` is the data-parallel group; with tensor parallelism `tensor` is this rank's tensor group (its size
 // is options.tensor_parallel) and ZeRO shards this rank's slices over `dist`.
+// With pipeline parallelism `pipeline` is this rank's pipeline group (options.pipeline_parallel ranks,
+// this one stage options.pipeline_stage) and ZeRO shards its stage's part.
 inline void trainer_build(Trainer& tr, const Distributed& dist, const GPT2Config& config, int B, int T, int zero_stage,
-                          const OptimizerConfig& opt, const ModelOptions& options = {}, const TensorParallel& tensor = {}) {
+                          const OptimizerConfig& opt, const ModelOptions& options = {}, const TensorParallel& tensor = {},
+                          const PipelineParallel& pipeline = {}) {
     tr.dist = dist;
     tr.world = dist;  // run() sets the world when the data group is not all of it
     tr.model.tensor = tensor;
+    tr.model.pipeline = pipeline;
+    tr.model_mpi = tensor.size > 1 && pipeline.size == 1 ? tensor.mpi : MPI_COMM_SELF;  // run() sets it with --pp
     CUDA_CHECK(cudaStreamCreateWithFlags(&tr.model.stream, cudaStreamNonBlocking));
     gpt2_build(tr.model, config, B, T, dist.rank, dist.world_size, zero_stage, options);
     const GPT2& m = tr.model;
@@ -1083,7 +1238,7 @@ inline void reduce_layer_gradients(Trainer& tr, int l) {
         if (m.shard.zero_stage == 2) CUDA_CHECK(cudaEventRecord(tr.layer_buffer_free[l % 2], tr.dist.comm_stream));
     } else {
         for (int i = 0; i < kNumParameterTensors; ++i)
-            if (!is_layer_tensor(i))
+            if (!is_layer_tensor(i) && m.param_sizes[i] > 0)  // (a pipeline stage holds some of them)
                 reduce_gradients(m.shard, tr.dist, m.grads.all()[i], m.param_offsets[i], m.param_sizes[i], tr.reduce_receive,
                                  m.grads_memory);
     }
@@ -1091,16 +1246,18 @@ inline void reduce_layer_gradients(Trainer& tr, int l) {
 
 // The L2 norm over all ranks of a flat-buffer-sized tensor, from this rank's part at `local` (its
 // optimizer range). Under tensor parallelism the tensors every rank of the group holds alike are counted
-// once (on tensor rank 0), the split ones on every rank: the squares of each run of tensors counted here,
-// then summed in double over the tensor group and (when ZeRO shards the range) the data group.
+// once (on tensor rank 0), the split ones on every rank; under pipeline parallelism each stage's, the
+// tied wte on the first stage alone (part_owns): the squares of each run of tensors counted here, then
+// summed in double over the tensor and pipeline groups and (when ZeRO shards the range) the data group.
 inline float all_ranks_norm(Trainer& tr, const floatX* local) {
     GPT2& m = tr.model;
     float* out = m.memory.get<float>("grad_norm");
-    if (m.tensor.size == 1) return all_ranks_norm(m.shard, tr.dist, local, out, m.bwd.scratch, m.stream);
+    if (m.tensor.size == 1 && m.pipeline.size == 1) return all_ranks_norm(m.shard, tr.dist, local, out, m.bwd.scratch, m.stream);
     const size_t lo = m.shard.optimizer_begin(), hi = lo + m.shard.optimizer_size();
     std::vector<std::pair<size_t, size_t>> counted;  // [begin, end) in the flat buffer
+    const ModelPart part = model_part(m);
     for (int i = 0; i < kNumParameterTensors; ++i) {
-        if (tensor_split_of(i).kind == TensorSplit::replicated && m.tensor.rank != 0) continue;
+        if (!part_owns(part, i)) continue;  // a replica: another tensor rank's, or the first stage's wte
         const size_t begin = std::max(lo, m.param_offsets[i]), end = std::min(hi, m.param_offsets[i] + m.param_sizes[i]);
         if (begin >= end) continue;
         if (!counted.empty() && counted.back().second == begin) counted.back().second = end;
@@ -1115,7 +1272,8 @@ inline float all_ranks_norm(Trainer& tr, const floatX* local) {
     CUDA_CHECK(cudaStreamSynchronize(m.stream));
     double sum = 0;
     for (float x : squares) sum += x;
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &sum, 1, MPI_DOUBLE, MPI_SUM, m.tensor.mpi));
+    if (m.tensor.size > 1) MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &sum, 1, MPI_DOUBLE, MPI_SUM, m.tensor.mpi));
+    if (m.pipeline.size > 1) MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &sum, 1, MPI_DOUBLE, MPI_SUM, m.pipeline.mpi));
     if (m.shard.zero_stage > 0) sum = all_ranks_sum(tr.dist, sum);
     return float(std::sqrt(sum));
 }
@@ -1193,6 +1351,67 @@ inline void run_micro_step(Trainer& tr, bool reduce) {
     CUDA_CHECK(cudaGraphLaunch(exec, m.stream));
 }
 
+// ---------------------------------------------------------------------------------------------
+// Pipeline parallelism (parallel/pipeline.h): this stage's forward and backward passes of the step's
+// micro-batches in the schedule's order, each micro-batch in its own slot of activations from its
+// forward pass to its backward pass, the residual stream and its gradient exchanged with the
+// neighbouring stages as host/pipeline_schedule.h's plan says (a send goes with the next receive).
+// Then the tied embedding's gradient is summed between the first and the last stage, and the
+// gradients are reduced over the data group as without pipeline parallelism.
+
+inline void pipeline_micro_steps(Trainer& tr, const std::vector<const int*>& inputs, const std::vector<const int*>& targets,
+                                 int B, int T, float grad_scale, float* losses) {
+    GPT2& m = tr.model;
+    const PipelineParallel& pipe = m.pipeline;
+    const int micro_batches = int(inputs.size()), slots = int(m.slots.size());
+    const size_t BT = size_t(B) * T, n = BT * size_t(m.config.channels);
+    const ncclDataType_t type = kNcclFloatX;
+    std::vector<int> in_slot(size_t(slots), -1);  // the micro-batch each slot holds
+    int backwards = 0;  // backward passes so far: they use the two gradient buffers in turn
+    for (const PipelineAction& a : pipeline_actions(tr.schedule, pipe.size, pipe.rank, micro_batches)) {
+        const int j = a.op.micro_batch, k = j % slots;
+        const floatX* sent_gradient = m.bwd.dresidual;  // the last backward pass's
+        if (a.has_op && a.op.forward) {  // the slot must be free: its last micro-batch's backward is done
+            if (in_slot[size_t(k)] != -1)
+                throw TrainGptError("pipeline: micro-batch " + std::to_string(j) + " needs slot " + std::to_string(k) +
+                                    ", still held by micro-batch " + std::to_string(in_slot[size_t(k)]) + " (" +
+                                    std::to_string(slots) + " slots planned)");
+            in_slot[size_t(k)] = j;
+            select_micro_batch(m, k);
+            progress(tr, "a training step", tr.optimizer.step + 1);
+            gpt2_upload(m, inputs[size_t(j)], targets[size_t(j)], B, T, grad_scale);
+        } else if (a.has_op) {
+            select_micro_batch(m, k);
+            m.bwd.dresidual = m.dresidual_buffers[backwards++ % 2];
+        }
+        // The group: the previous operation's output, and this operation's input (into this slot).
+        NCCL_CHECK(ncclGroupStart());
+        for (const PipelineMessage& s : a.sends)  // from the slot of the micro-batch it belongs to
+            NCCL_CHECK(ncclSend(s.activation ? stage_output(m, s.micro_batch % slots) : sent_gradient, n,
+                                type, s.peer, pipe.nccl, m.stream));
+        for (const PipelineMessage& r : a.receives)
+            NCCL_CHECK(ncclRecv(r.activation ? stage_input(m) : m.bwd.dresidual, n, type, r.peer, pipe.nccl, m.stream));
+        NCCL_CHECK(ncclGroupEnd());
+        if (!a.has_op) continue;
+        if (a.op.forward) {
+            gpt2_forward_kernels(m, /*with_targets=*/true, /*write_dlogits=*/true);
+            if (pipe.last())
+                CUDA_CHECK(cudaMemcpyAsync(losses + size_t(j) * BT, m.acts.losses, BT * sizeof(float), cudaMemcpyDeviceToHost,
+                                           m.stream));
+        } else {
+            gpt2_backward(m);
+            in_slot[size_t(k)] = -1;
+        }
+    }
+    // The tied embedding: the first stage's gradient of the input embedding plus the last stage's of the
+    // output head, on both (so the two copies of wte take the same update).
+    if (pipe.embedding_nccl)
+        NCCL_CHECK(ncclAllReduce(m.grads.wte, m.grads.wte, m.param_sizes[0], type, ncclSum, pipe.embedding_nccl, m.stream));
+    for (int l = m.config.num_layers - 1; l >= -1; --l) reduce_layer_gradients(tr, l);
+    CUDA_CHECK(cudaEventRecord(tr.dist.comm_done, tr.dist.comm_stream));
+    CUDA_CHECK(cudaStreamWaitEvent(m.stream, tr.dist.comm_done, 0));
+}
+
 struct StepResult {
     double loss = 0;            // mean over the step's valid targets, all micro-steps and ranks
     float grad_norm = 0;        // before clipping
@@ -1221,7 +1440,8 @@ inline StepResult train_step(Trainer& tr, const std::vector<const int*>& inputs,
     gpt2_zero_grad(m);
     const size_t micro_steps = inputs.size(), BT = size_t(B) * T;
     float* losses = reserve_step_losses(tr, micro_steps * BT);
-    for (size_t s = 0; s < micro_steps; ++s) {
+    if (m.pipeline.size > 1) pipeline_micro_steps(tr, inputs, targets, B, T, grad_scale, losses);
+    for (size_t s = 0; s < micro_steps && m.pipeline.size == 1; ++s) {
         progress(tr, "a training step", tr.optimizer.step + 1);
         gpt2_upload(m, inputs[s], targets[s], B, T, grad_scale);
         // Stages 0-1 accumulate full gradients over the micro-steps and reduce after the last one;
@@ -1232,8 +1452,11 @@ inline StepResult train_step(Trainer& tr, const std::vector<const int*>& inputs,
     ++tr.steps_run;
     CUDA_CHECK(cudaStreamSynchronize(m.stream));  // the step's one wait before its norm: the losses are here
     double loss_sum = 0;
-    for (size_t s = 0; s < micro_steps; ++s) loss_sum += sum_of_losses(losses + s * BT, BT);  // as micro-step sums
-    result.loss = all_ranks_sum(tr.dist, loss_sum) / double(result.valid_targets);
+    if (m.pipeline.last())  // the losses are the last stage's; it tells the other stages
+        for (size_t s = 0; s < micro_steps; ++s) loss_sum += sum_of_losses(losses + s * BT, BT);  // as micro-step sums
+    loss_sum = all_ranks_sum(tr.dist, loss_sum);
+    if (m.pipeline.size > 1) MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &loss_sum, 1, MPI_DOUBLE, MPI_SUM, m.pipeline.mpi));
+    result.loss = loss_sum / double(result.valid_targets);
     result.grad_norm = global_gradient_norm(tr);
     static const DivergenceGuard finite_only(DivergenceSettings{});
     result.skipped_because = (guard ? *guard : finite_only).skip_reason(result.loss, result.grad_norm);
@@ -1255,8 +1478,8 @@ inline ModelHeader header_of(const GPT2Config& c) { return {c, std::is_same_v<fl
 // Loads llm.c checkpoint parameters (FP32 or BF16 file, whatever the build) into the model: under tensor
 // parallelism this rank's slices of them.
 inline void load_model_parameters(GPT2& m, const std::string& path) {
-    std::vector<float> file = read_model_parameters_as_float(path, m.config);
-    if (m.tensor.size > 1) file = tensor_shard(file, m.config, m.tensor.size, m.tensor.rank);
+    std::vector<float> file = read_model_parameters_as_float(path, m.whole_config);
+    if (m.tensor.size > 1 || m.pipeline.size > 1) file = model_shard(file, m.whole_config, model_part(m));
     std::vector<floatX> params(file.size());
     for (size_t i = 0; i < file.size(); ++i) params[i] = from_float<floatX>(file[i]);
     copy_and_wait(m, m.params_memory, params.data(), params.size() * sizeof(floatX), cudaMemcpyHostToDevice);
@@ -1266,10 +1489,12 @@ inline void load_model_parameters(GPT2& m, const std::string& path) {
 inline void forward_token_losses(GPT2& m, const int* inputs, const int* targets, int B, int T, float* losses) {
     gpt2_forward(m, inputs, targets, B, T, 0.0f);
     // Each row's first T of the pass's m.T positions (more when sequence parallelism padded the rows).
-    for (int b = 0; b < B; ++b)
-        CUDA_CHECK(cudaMemcpyAsync(losses + size_t(b) * T, m.acts.losses + size_t(b) * m.T, size_t(T) * sizeof(float),
-                                   cudaMemcpyDeviceToHost, m.stream));
+    if (m.options.last_stage())
+        for (int b = 0; b < B; ++b)
+            CUDA_CHECK(cudaMemcpyAsync(losses + size_t(b) * T, m.acts.losses + size_t(b) * m.T, size_t(T) * sizeof(float),
+                                       cudaMemcpyDeviceToHost, m.stream));
     CUDA_CHECK(cudaStreamSynchronize(m.stream));
+    from_last_stage(m, losses, size_t(B) * T);
 }
 
 // The logits over the real vocabulary at the last of n tokens (an inference forward pass).
@@ -1281,8 +1506,10 @@ inline std::vector<float> next_token_logits(GPT2& m, const int* tokens, int n) {
     gpt2_forward(m, tokens, nullptr, 1, n, 0.0f);
     // gpt2_forward without targets returns with the logits still being computed on m.stream.
     // This rank's columns go to its place in the row (the in-place all-gather sends them from there).
-    copy_and_wait(m, row.data() + size_t(m.tensor.rank) * Vr, m.acts.logits + size_t(n - 1) * Vr, Vr * sizeof(floatX),
-                  cudaMemcpyDeviceToHost);
+    if (m.options.last_stage())
+        copy_and_wait(m, row.data() + size_t(m.tensor.rank) * Vr, m.acts.logits + size_t(n - 1) * Vr, Vr * sizeof(floatX),
+                      cudaMemcpyDeviceToHost);
+    from_last_stage(m, row.data(), row.size());  // (tensor parallelism does not run with pipeline stages)
     if (m.tensor.size > 1)
         MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, row.data(), int(Vr * sizeof(floatX)), MPI_BYTE, m.tensor.mpi));
     std::vector<float> logits(m.config.vocab_size);
@@ -1305,34 +1532,42 @@ inline EvaluatedModel evaluated_model(Trainer& tr) {
             [&m](const int* tokens, int n) { return next_token_logits(m, tokens, n); }, m.max_tokens};
 }
 
-// Collective over data rank 0's tensor group (the others return at once): the whole model's parameters at
-// world rank 0 (data rank 0, tensor rank 0), from its group's slices, and what writes them there.
+// Collective over data rank 0's tensor x pipeline ranks (the others return at once): the whole model's
+// parameters at world rank 0, from those ranks' parts, and what writes them there.
 inline std::function<void(const std::string&)> gather_model_writer(Trainer& tr) {
     GPT2& m = tr.model;
     if (tr.dist.rank != 0) return [](const std::string&) {};
     std::vector<floatX> local(m.num_parameters);
     copy_and_wait(m, local.data(), m.params_memory, local.size() * sizeof(floatX), cudaMemcpyDeviceToHost);
-    std::vector<std::vector<floatX>> slices = gather_tensor_slices(m.tensor, local);
-    if (m.tensor.rank != 0) return [](const std::string&) {};
-    auto whole = std::make_shared<std::vector<floatX>>(m.tensor.size == 1 ? std::move(slices[0]) : tensor_unshard(slices, m.config));
-    const ModelHeader header = header_of(m.config);
+    const int tp = m.tensor.size, pp = m.pipeline.size;
+    std::vector<ModelPart> parts;
+    std::vector<size_t> sizes;
+    for (int r = 0; r < tp * pp; ++r) {  // the model group's ranks in world order: tensor fastest, then stage
+        parts.push_back(part_of_rank(r, tp, pp));
+        sizes.push_back(model_part_num_parameters(m.whole_config, tp, pp, parts.back().stage));
+    }
+    std::vector<std::vector<floatX>> locals = gather_model_parts(tr.model_mpi, local, sizes);
+    if (m.tensor.rank != 0 || m.pipeline.rank != 0) return [](const std::string&) {};
+    auto whole = std::make_shared<std::vector<floatX>>(tp * pp == 1 ? std::move(locals[0])
+                                                                    : model_unshard(locals, parts, m.whole_config));
+    const ModelHeader header = header_of(m.whole_config);
     return [whole, header](const std::string& path) { write_model_checkpoint(path, header, whole->data(), whole->size()); };
 }
 
 // The training state as checkpoints read and write it (host/checkpointing.h): every rank of the run
 // together; the parameters through the model (in its precision, tensor slices gathered into the whole
 // model), and this rank's range of the optimizer, which lies in the whole model's flat buffer as
-// optimizer_state_pieces says (parallel/tensor.h).
+// optimizer_state_pieces says (parallel/pipeline.h).
 inline CheckpointedTraining checkpointed(Trainer& tr) {
     GPT2& m = tr.model;
-    const GPT2Config config = m.config;
-    const int tp = m.tensor.size, data_ranks = tr.dist.world_size, zero_stage = m.shard.zero_stage;
+    const GPT2Config config = m.whole_config;
+    const int tp = m.tensor.size, pp = m.pipeline.size, data_ranks = tr.dist.world_size, zero_stage = m.shard.zero_stage;
     return {tr.world, tr.optimizer, m.stream, gpt2_num_parameters(config), sizeof(floatX),
             [&tr] { return gather_model_writer(tr); },
             [&m](const std::string& path) { load_model_parameters(m, path); }, [&tr] { return parameter_norm(tr); },
             [&tr](const char* what, int64_t step) { progress(tr, what, step); },
-            [config, tp, data_ranks, zero_stage](int rank) {
-                return optimizer_state_pieces(config, tp, data_ranks, zero_stage, rank);
+            [config, tp, pp, data_ranks, zero_stage](int rank) {
+                return optimizer_state_pieces(config, tp, pp, data_ranks, zero_stage, rank);
             }};
 }
 
@@ -1342,7 +1577,7 @@ struct RunPlan {
     std::string checkpoint;  // the llm.c checkpoint the parameters come from ("" for a preset)
     ModelOptions options;
     int world = 1;  // the planned world size (--dry-run may plan for more ranks than run it)
-    int data_ranks = 1;  // world / --tp
+    int data_ranks = 1;  // world / (--tp x --pp)
     size_t num_parameters = 0;  // the whole model's
     ShardLayout shard;  // of this rank's parameters (its slices under tensor parallelism) over the data ranks
     MemoryPlan memory;
@@ -1356,19 +1591,30 @@ inline RunPlan plan_run(const RunConfig& rc, const Distributed& dist) {
                                 p.checkpoint);
     p.options = {.recompute = recompute_of(rc.recompute), .attention = attention_of(rc.attention, kEmulatedDevice),
                  .doc_mask = rc.doc_mask, .doc_positions = rc.doc_positions, .matmul_autotune = rc.matmul_autotune,
-                 .cuda_graphs = rc.cuda_graphs == "on", .tensor_parallel = rc.tp,
-                 .sequence_parallel = rc.tp > 1 && rc.sequence_parallel != "off"};
-    if (p.world % rc.tp != 0)
-        throw std::runtime_error("--tp " + std::to_string(rc.tp) + " does not divide the " + std::to_string(p.world) +
-                                 " ranks (--world-size or those launched): world = data x tensor");
-    p.data_ranks = p.world / rc.tp;
+                 .cuda_graphs = rc.cuda_graphs == "on" && rc.pp == 1, .tensor_parallel = rc.tp,
+                 .sequence_parallel = rc.tp > 1 && rc.sequence_parallel != "off", .pipeline_parallel = rc.pp};
+    if (p.world % (rc.tp * rc.pp) != 0)
+        throw std::runtime_error("--tp " + std::to_string(rc.tp) + " x --pp " + std::to_string(rc.pp) + " does not divide the " +
+                                 std::to_string(p.world) + " ranks (--world-size or those launched): world = data x pipeline x tensor");
+    p.data_ranks = p.world / (rc.tp * rc.pp);
+    // This rank's stage, and the micro-batches its schedule keeps in flight at the largest batch (the
+    // schedule's most: host/pipeline_schedule.h).
+    const ModelPart part = part_of_rank(dist.rank % p.world, rc.tp, rc.pp);
+    p.options.pipeline_stage = part.stage;
+    if (rc.pp > 1) {
+        const int micro_batches = int(total_batch_tokens_for(rc, p.data_ranks) / (int64_t(rc.batch_size) * rc.seq_len * p.data_ranks));
+        const PipelineSchedule schedule = pipeline_schedule_of(rc.pp_schedule);
+        if (const std::string problem = pipeline_problem(schedule, rc.pp, micro_batches, rc.pp_virtual); !problem.empty())
+            throw std::runtime_error(problem);
+        p.options.micro_batches_in_flight = simulate_pipeline(schedule, rc.pp, micro_batches, rc.pp_virtual).max_in_flight[size_t(part.stage)];
+    }
     if (const std::string problem = gpt2_check_build(p.config, rc.batch_size, rc.seq_len, rc.zero_stage, p.options);
         !problem.empty())  // named with the shape flags where they made the shape
         throw std::runtime_error(model_label(rc) == rc.model ? problem : "-e " + model_label(rc) + ": " + problem);
     p.num_parameters = gpt2_num_parameters(p.config);
-    // Tensor ranks are consecutive (parallel/tensor.h): world rank r is data rank r / tp.
-    p.shard = shard_layout(tensor_parallel_num_parameters(p.config, rc.tp), (dist.rank % p.world) / rc.tp, p.data_ranks,
-                           rc.zero_stage);
+    // Tensor ranks are consecutive, then pipeline stages (parallel/pipeline.h, part_of_rank).
+    p.shard = shard_layout(model_part_num_parameters(p.config, rc.tp, rc.pp, part.stage),
+                           data_rank_of(dist.rank % p.world, rc.tp, rc.pp), p.data_ranks, rc.zero_stage);
     p.memory = gpt2_memory_plan(p.config, rc.batch_size, rc.seq_len, p.shard, p.options);
     size_t free_bytes = 0, total_bytes = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
@@ -1516,7 +1762,7 @@ inline int run(const RunConfig& rc, Distributed& dist) {
     prepare_output_dir(rc, main_rank);
     // The data-parallel group splits the batches and reduces the gradients; a tensor group (--tp) splits
     // the layers and sees the same batches (parallel/tensor.h). Without --tp the data group is the world.
-    ParallelGroups groups = make_parallel_groups(dist, rc.tp);
+    ParallelGroups groups = make_parallel_groups(dist, rc.tp, rc.pp);
     const Distributed& data = groups.data;
 
     const int B = rc.batch_size, T = rc.seq_len;
@@ -1529,8 +1775,15 @@ inline int run(const RunConfig& rc, Distributed& dist) {
     const LrSchedule schedule = lr_schedule_of(rc);
 
     Trainer tr;
-    trainer_build(tr, data, p.config, B, T, rc.zero_stage, optimizer_config_of(rc), p.options, groups.tensor);
+    trainer_build(tr, data, p.config, B, T, rc.zero_stage, optimizer_config_of(rc), p.options, groups.tensor, groups.pipeline);
     tr.world = dist;
+    tr.model_mpi = groups.model_mpi;
+    tr.schedule = pipeline_schedule_of(rc.pp_schedule);
+    if (main_rank && rc.pp > 1)
+        std::printf("pipeline: %s; schedule %s, %d micro-batches per step and data rank; stage 0 keeps %d in flight%s\n",
+                    pipeline_split_text(p.config, rc.pp).c_str(), rc.pp_schedule.c_str(), int(cap / (int64_t(B) * T * p.data_ranks)),
+                    p.options.micro_batches_in_flight, rc.cuda_graphs == "on" ? "; CUDA graphs not used (point-to-point "
+                    "exchanges are not captured yet)" : "");
     RunInfo run{new_run_id(), cap};
     int64_t step = start_training(tr, rc, p, train_loader, eval.sample_rng, &run);
     DivergenceGuard divergence({rc.skip_loss_z, rc.skip_norm_z, rc.max_skipped_steps});
@@ -1555,7 +1808,7 @@ inline int run(const RunConfig& rc, Distributed& dist) {
     }
 
     install_preemption_handlers();
-    Watchdog watchdog(rc.collective_timeout, dist.rank, {data.nccl, groups.tensor.nccl});
+    Watchdog watchdog(rc.collective_timeout, dist.rank, {data.nccl, groups.tensor.nccl, groups.pipeline.nccl, groups.pipeline.embedding_nccl});
     tr.watchdog = &watchdog;
     double elapsed = 0;
     for (int64_t steps_this_run = 1; step < total_steps; ++step, ++steps_this_run) {

@@ -98,8 +98,8 @@ inline const std::vector<Option>& options() {
          "the column-parallel matmuls, reduce-scatter after the row-parallel ones); auto = on when --tp > 1",
          nullptr, {"auto", "on", "off"}},
         {"Parallelism and memory", 0, "pp", &R::pp,
-         "pipeline stages: layers split over this many ranks (world = data x pipeline); training across stages is "
-         "not built yet: with --pp-print-schedule it prints the schedule", "N"},
+         "pipeline stages: the layers split over this many ranks in contiguous ranges, the embedding on the first, "
+         "the classifier on the last (world = data x pipeline); the micro-batches are the step's accumulation count", "N"},
         {"Parallelism and memory", 0, "pp-schedule", &R::pp_schedule,
          "pipeline schedule: afab (all forwards, then all backwards), 1f1b, interleaved (--pp-virtual chunks per rank)",
          nullptr, {"afab", "1f1b", "interleaved"}},
@@ -335,9 +335,11 @@ inline void validate(const RunConfig& c) {
             flag("total-batch-tokens") + " " + std::to_string(c.total_batch_tokens) + " must be a multiple of " +
                 flag("batch-size") + " * " + flag("seq-len") + " = " + std::to_string(bt));
     require(!c.json || c.dry_run, flag("json") + " needs " + flag("dry-run"));
-    require(c.pp == 1 || c.pp_print_schedule,
-            flag("pp") + " " + std::to_string(c.pp) + ": training across pipeline stages is not built yet (issue 15); " +
-                flag("pp-print-schedule") + " prints the schedule it will run");
+    require(c.pp == 1 || c.pp_schedule != "interleaved" || c.pp_print_schedule,
+            flag("pp-schedule") + " interleaved: training with model chunks is not built yet (issue 15); afab and 1f1b "
+                "train, and " + flag("pp-print-schedule") + " prints the interleaved schedule");
+    require(c.pp == 1 || !c.generate, flag("generate") + " runs one sequence on one rank: it cannot go with " + flag("pp") +
+                                          " " + std::to_string(c.pp));
     require(c.tp == 1 || !c.generate, flag("generate") + " runs one sequence on one rank: it cannot go with " + flag("tp") + " " +
                                           std::to_string(c.tp));
     require(c.sequence_parallel != "on" || c.tp > 1,

@@ -203,4 +203,9 @@ struct ModelOptions {
     bool cuda_graphs = false;      // replay each micro-step from a CUDA graph (train_gpt.cu, run_micro_step)
     int tensor_parallel = 1;       // ranks each block's weights and heads are split over (parallel/tensor.h)
     bool sequence_parallel = false;  // with tensor_parallel > 1: LayerNorm/residual rows split over those ranks
+    int pipeline_parallel = 1;       // stages the layers are split over (parallel/pipeline.h)
+    int pipeline_stage = 0;          // this rank's
+    int micro_batches_in_flight = 1; // forward passes whose backward is still to come: the activations kept
+    bool first_stage() const { return pipeline_stage == 0; }
+    bool last_stage() const { return pipeline_stage == pipeline_parallel - 1; }
 };

@@ -193,3 +193,122 @@ inline std::string pipeline_schedule_table(PipelineSchedule s, int stages, int m
                   pipeline_bubble_formula(s, stages, micro_batches, chunks));
     return out + line;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Messages between stages. A forward pass on a stage after the first needs the previous stage's output
+// (an activation, from rank - 1); a backward pass on a stage before the last needs the gradient of its
+// output (from rank + 1). A send waits for its receive (NCCL's ncclSend, and the emulator's), so a stage
+// that sent its forward output while the next stage sends it a gradient would wait forever (1F1B's
+// steady state does exactly that). Each send is therefore posted together with the receive of the
+// stage's next operation, in one ncclGroupStart/End (as Megatron's send_forward_recv_backward), or
+// alone after the last operation. The plan below is what train_gpt.cu runs; check_pipeline_exchanges
+// plays every rank's plan out under the send-waits-for-receive rule (tests, every schedule).
+
+struct PipelineMessage {
+    bool activation = true;  // forward output (to rank + 1), or gradient (to rank - 1)
+    int micro_batch = 0;
+    int peer = 0;  // the rank sent to or received from
+    bool operator==(const PipelineMessage&) const = default;
+};
+
+// One step of a rank's plan: a group of messages (posted together, waited for together), then an
+// operation (none after the last group).
+struct PipelineAction {
+    std::vector<PipelineMessage> sends, receives;
+    bool has_op = false;
+    PipelineOp op{};
+};
+
+inline std::vector<PipelineAction> pipeline_actions(PipelineSchedule s, int stages, int rank, int micro_batches) {
+    if (s == PipelineSchedule::interleaved)
+        throw std::invalid_argument("--pp-schedule interleaved: training with model chunks is not built yet (issue 15); "
+                                    "--pp-print-schedule prints its schedule");
+    std::vector<PipelineAction> plan;
+    std::vector<PipelineMessage> pending;  // the previous operation's output, sent with the next receive
+    for (const PipelineOp& op : pipeline_ops(s, stages, rank, micro_batches)) {
+        PipelineAction a;
+        a.sends = std::move(pending);
+        pending.clear();
+        if (op.forward && rank > 0) a.receives.push_back({true, op.micro_batch, rank - 1});
+        if (!op.forward && rank < stages - 1) a.receives.push_back({false, op.micro_batch, rank + 1});
+        a.has_op = true;
+        a.op = op;
+        plan.push_back(std::move(a));
+        if (op.forward && rank < stages - 1) pending.push_back({true, op.micro_batch, rank + 1});
+        if (!op.forward && rank > 0) pending.push_back({false, op.micro_batch, rank - 1});
+    }
+    if (!pending.empty()) plan.push_back({pending, {}, false, {}});
+    return plan;
+}
+
+// "" when every rank's plan (plans[rank]) runs to its end with sends that wait for their receives and
+// messages between two ranks matched in order (as NCCL matches them), else the first problem: a
+// deadlock (naming each waiting rank's group) or a message received as another (a mismatch).
+inline std::string check_pipeline_exchanges(const std::vector<std::vector<PipelineAction>>& plans) {
+    const int p = int(plans.size());
+    struct Posted {
+        PipelineMessage message;
+        int rank;
+    };
+    // channel[from][to]: sends and receives posted so far, in order; matched pairs by index.
+    std::vector<std::vector<std::vector<PipelineMessage>>> sent(p, std::vector<std::vector<PipelineMessage>>(p)),
+        received = sent;
+    std::vector<size_t> at(p, 0);
+    std::vector<bool> posted(p, false);
+    std::vector<std::vector<std::pair<int, size_t>>> my_sends(p), my_receives(p);  // (channel peer, index) of the group's
+    const auto describe = [](const PipelineMessage& m) {
+        return std::string(m.activation ? "activation" : "gradient") + " of micro-batch " + std::to_string(m.micro_batch);
+    };
+    for (bool moved = true; moved;) {
+        moved = false;
+        for (int r = 0; r < p; ++r) {
+            if (at[r] >= plans[r].size() || posted[r]) continue;
+            const PipelineAction& a = plans[r][at[r]];
+            my_sends[r].clear();
+            my_receives[r].clear();
+            for (const PipelineMessage& m : a.sends) {
+                if (m.peer < 0 || m.peer >= p || m.peer == r) return "rank " + std::to_string(r) + " sends to rank " + std::to_string(m.peer);
+                sent[r][m.peer].push_back(m);
+                my_sends[r].push_back({m.peer, sent[r][m.peer].size() - 1});
+            }
+            for (const PipelineMessage& m : a.receives) {
+                if (m.peer < 0 || m.peer >= p || m.peer == r) return "rank " + std::to_string(r) + " receives from rank " + std::to_string(m.peer);
+                received[m.peer][r].push_back(m);
+                my_receives[r].push_back({m.peer, received[m.peer][r].size() - 1});
+            }
+            posted[r] = true;
+            moved = true;
+        }
+        for (int r = 0; r < p; ++r) {
+            if (!posted[r]) continue;
+            bool done = true;
+            for (const auto& [peer, i] : my_sends[r]) done = done && received[r][peer].size() > i;
+            for (const auto& [peer, i] : my_receives[r]) {
+                if (sent[peer][r].size() <= i) {
+                    done = false;
+                    continue;
+                }
+                const PipelineMessage& s = sent[peer][r][i];
+                const PipelineMessage& want = received[peer][r][i];
+                if (s.activation != want.activation || s.micro_batch != want.micro_batch)
+                    return "rank " + std::to_string(r) + " receives the " + describe(s) + " from rank " + std::to_string(peer) +
+                           " as the " + describe(want);
+            }
+            if (done) {
+                posted[r] = false;
+                ++at[r];
+                moved = true;
+            }
+        }
+    }
+    std::string waiting;
+    for (int r = 0; r < p; ++r) {
+        if (at[r] >= plans[r].size()) continue;
+        const PipelineAction& a = plans[r][at[r]];
+        waiting += (waiting.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " waits in step " +
+                   std::to_string(at[r]) + " (" + std::to_string(a.sends.size()) + " sends, " +
+                   std::to_string(a.receives.size()) + " receives" +
+                   (a.receives.empty() ? "" : ": " + describe(a.receives[0]) + " from rank " + std::to_string(a.receives[0].peer)) + ")";
+    }
+    return waiting.empty() ? "" : "deadlock: " + waiting;
+}

@@ -20,8 +20,8 @@
 // are summed over the group, train_gpt.cu).
 //
 // The flat parameter buffer of a rank holds its slices in llm.c's tensor order (tensor_parallel_sizes);
-// tensor_shard / tensor_unshard convert between it and the whole model's buffer (checkpoints hold the
-// whole model).
+// parallel/pipeline.h's model_shard / model_unshard convert between it and the whole model's buffer
+// (checkpoints hold the whole model).
 #pragma once
 
 #include <algorithm>
@@ -139,48 +139,6 @@ inline void for_each_tensor_piece(const GPT2Config& c, int tp, int rank, int ten
     }
 }
 
-// Rank `rank`'s flat buffer (tensor_parallel_sizes' layout) from the whole model's (parameter_sizes').
-template <typename T>
-inline std::vector<T> tensor_shard(const std::vector<T>& whole, const GPT2Config& c, int tp, int rank) {
-    size_t whole_sizes[kNumParameterTensors], local_sizes[kNumParameterTensors];
-    parameter_sizes(c, whole_sizes);
-    tensor_parallel_sizes(c, tp, local_sizes);
-    std::vector<T> local(tensor_parallel_num_parameters(c, tp));
-    size_t whole_at = 0, local_at = 0;
-    for (int i = 0; i < kNumParameterTensors; ++i) {
-        for_each_tensor_piece(c, tp, rank, i, [&](size_t from, size_t to, size_t n) {
-            std::copy(whole.begin() + ptrdiff_t(whole_at + from), whole.begin() + ptrdiff_t(whole_at + from + n),
-                      local.begin() + ptrdiff_t(local_at + to));
-        });
-        whole_at += whole_sizes[i];
-        local_at += local_sizes[i];
-    }
-    return local;
-}
-
-// The whole model's flat buffer from every rank's (locals[r] is rank r's); replicated tensors from rank 0.
-template <typename T>
-inline std::vector<T> tensor_unshard(const std::vector<std::vector<T>>& locals, const GPT2Config& c) {
-    const int tp = int(locals.size());
-    size_t whole_sizes[kNumParameterTensors], local_sizes[kNumParameterTensors];
-    parameter_sizes(c, whole_sizes);
-    tensor_parallel_sizes(c, tp, local_sizes);
-    std::vector<T> whole(gpt2_num_parameters(c));
-    for (int rank = 0; rank < tp; ++rank) {
-        size_t whole_at = 0, local_at = 0;
-        for (int i = 0; i < kNumParameterTensors; ++i) {
-            if (rank == 0 || tensor_split_of(i).kind != TensorSplit::replicated)
-                for_each_tensor_piece(c, tp, rank, i, [&](size_t to, size_t from, size_t n) {
-                    std::copy(locals[rank].begin() + ptrdiff_t(local_at + from),
-                              locals[rank].begin() + ptrdiff_t(local_at + from + n), whole.begin() + ptrdiff_t(whole_at + to));
-                });
-            whole_at += whole_sizes[i];
-            local_at += local_sizes[i];
-        }
-    }
-    return whole;
-}
-
 // The tensor group's traffic per micro-step of B x T tokens (memory plan, --dry-run), each collective
 // on a (B, T, C) activation or gradient but one. Without sequence parallelism: all-reduces, two per
 // block forward (g after attention and after the MLP), two backward (f before qkv and before fc), with
@@ -215,64 +173,6 @@ inline TensorTraffic tensor_traffic(const GPT2Config& c, int B, int T, int tp, b
     return t;
 }
 
-// World rank `rank`'s optimizer range (parallel/zero.h) as pieces of the whole model's flat buffer, in
-// the range's order, for a run of `data_ranks` x `tp` ranks at `zero_stage`: what a checkpoint writes
-// from each rank and reads back into each (host/checkpointing.h), at any tp and data ranks.
-inline std::vector<StatePiece> optimizer_state_pieces(const GPT2Config& c, int tp, int data_ranks, int zero_stage, int rank) {
-    const int data_rank = rank / tp, tensor_rank = rank % tp;
-    const ShardLayout sh = shard_layout(tensor_parallel_num_parameters(c, tp), data_rank, data_ranks, zero_stage);
-    const size_t lo = sh.optimizer_begin(), hi = lo + sh.optimizer_real_size();
-    const bool writes_shard = zero_stage > 0 || data_rank == 0;  // ZeRO-0: every data rank holds it all
-    std::vector<StatePiece> pieces;
-    size_t whole_sizes[kNumParameterTensors], local_sizes[kNumParameterTensors];
-    parameter_sizes(c, whole_sizes);
-    tensor_parallel_sizes(c, tp, local_sizes);
-    size_t whole_at = 0, local_at = 0;
-    for (int i = 0; i < kNumParameterTensors; ++i) {
-        const bool owned = writes_shard && (tensor_rank == 0 || tensor_split_of(i).kind != TensorSplit::replicated);
-        if (local_at < hi && local_at + local_sizes[i] > lo)
-            for_each_tensor_piece(c, tp, tensor_rank, i, [&](size_t whole, size_t local, size_t n) {
-                const size_t begin = std::max(lo, local_at + local), end = std::min(hi, local_at + local + n);
-                if (begin >= end) return;
-                const uint64_t whole_begin = whole_at + whole + (begin - local_at - local);
-                if (!pieces.empty() && pieces.back().whole + pieces.back().count == whole_begin &&
-                    pieces.back().owned == owned)  // runs that continue each other (tp 1: one run)
-                    pieces.back().count += end - begin;
-                else
-                    pieces.push_back({whole_begin, begin - lo, end - begin, owned});
-            });
-        whole_at += whole_sizes[i];
-        local_at += local_sizes[i];
-    }
-    return pieces;
-}
-
-// Collective over the tensor group: every rank's `local` at group rank 0 (locals[r] is rank r's; empty
-// elsewhere), sent in chunks of at most 1 GiB (MPI counts are ints).
-template <typename T>
-inline std::vector<std::vector<T>> gather_tensor_slices(const TensorParallel& t, const std::vector<T>& local) {
-    constexpr size_t kChunk = size_t(1) << 30;
-    std::vector<std::vector<T>> locals;
-    if (t.size == 1) return {local};
-    const auto chunks = [&](auto&& move) {
-        const size_t bytes = local.size() * sizeof(T);
-        for (size_t at = 0; at < bytes; at += kChunk) move(at, int(std::min(kChunk, bytes - at)));
-    };
-    if (t.rank != 0) {
-        chunks([&](size_t at, int n) {
-            MPI_CHECK(MPI_Send(reinterpret_cast<const char*>(local.data()) + at, n, MPI_BYTE, 0, 0, t.mpi));
-        });
-        return locals;
-    }
-    locals.assign(size_t(t.size), std::vector<T>(local.size()));  // every rank's slices are the same size
-    locals[0] = local;
-    for (int r = 1; r < t.size; ++r)
-        chunks([&](size_t at, int n) {
-            MPI_CHECK(MPI_Recv(reinterpret_cast<char*>(locals[r].data()) + at, n, MPI_BYTE, r, 0, t.mpi, MPI_STATUS_IGNORE));
-        });
-    return locals;
-}
-
 // Megatron's g (forward) and f (backward): x (n elements, the same shape on every rank) becomes the sum
 // of every rank's x, in place, on `stream`. Nothing on one rank.
 inline void tensor_all_reduce(const TensorParallel& t, floatX* x, size_t n, cudaStream_t stream) {
@@ -280,49 +180,3 @@ inline void tensor_all_reduce(const TensorParallel& t, floatX* x, size_t n, cuda
     NCCL_CHECK(ncclAllReduce(x, x, n, std::is_same_v<floatX, float> ? ncclFloat32 : ncclBfloat16, ncclSum, t.nccl, stream));
 }
 
-// The run's groups: tensor groups of `tp` consecutive ranks (so they share a node), and the data
-// groups across them. Collective over the world. With tp = 1 the data group is the world itself.
-struct ParallelGroups {
-    Distributed data;       // gradients averaged, batches split, losses summed over these ranks
-    TensorParallel tensor;  // layers split over these
-    bool owns_data = false;  // data is a group of its own (released by release_parallel_groups)
-};
-
-inline ParallelGroups make_parallel_groups(const Distributed& world, int tp) {
-    ParallelGroups g;
-    if (tp == 1) {
-        g.data = world;
-        return g;
-    }
-    if (world.world_size % tp != 0)
-        throw TrainGptError("--tp " + std::to_string(tp) + " does not divide the " + std::to_string(world.world_size) +
-                            " ranks launched (world = data x tensor)");
-    GridCoordinates shape;
-    shape.tensor = tp;
-    shape.data = world.world_size / tp;
-    ProcessGroup tensor = make_process_group(shape, world.rank, Axis::tensor);
-    ProcessGroup data = make_process_group(shape, world.rank, Axis::data);
-    g.tensor = {tensor.nccl, tensor.mpi, tensor.rank, tensor.size};
-    g.data.mpi = data.mpi;
-    g.data.nccl = data.nccl;
-    g.data.rank = data.rank;
-    g.data.world_size = data.size;
-    g.data.local_rank = world.local_rank;
-    g.data.local_size = world.local_size;
-    CUDA_CHECK(cudaStreamCreate(&g.data.comm_stream));
-    CUDA_CHECK(cudaEventCreateWithFlags(&g.data.compute_done, cudaEventDisableTiming));
-    CUDA_CHECK(cudaEventCreateWithFlags(&g.data.comm_done, cudaEventDisableTiming));
-    g.owns_data = true;
-    return g;
-}
-
-inline void release_parallel_groups(ParallelGroups& g) {
-    if (g.tensor.nccl) NCCL_CHECK(ncclCommDestroy(g.tensor.nccl));
-    if (g.tensor.mpi != MPI_COMM_NULL) MPI_CHECK(MPI_Comm_free(&g.tensor.mpi));
-    if (g.owns_data) {
-        MPI_Comm data_mpi = g.data.mpi;
-        distributed_release(g.data);
-        if (data_mpi != MPI_COMM_NULL) MPI_CHECK(MPI_Comm_free(&data_mpi));
-    }
-    g = ParallelGroups{};
-}

@@ -18,6 +18,8 @@ namespace {
 Distributed world;
 int zero_stage = 0, accumulation = 1;
 int tensor_parallel = 1;                  // TRAIN_TP: the [tp] test case's tensor group size
+int pipeline_parallel = 1;                // TRAIN_PP: its pipeline stages
+PipelineSchedule pp_schedule = PipelineSchedule::one_f_one_b;  // TRAIN_PP_SCHEDULE
 Recompute tp_recompute = Recompute::none;  // TRAIN_RECOMPUTE: its recompute mode
 bool tp_sequence_parallel = false;         // TRAIN_SEQUENCE_PARALLEL=on: with sequence parallelism
 
@@ -414,31 +416,41 @@ TEST_CASE("weight decay: exactly the reference's tensors, by name and by effect 
 // memory over all of it is exactly its memory plan, it holds 1/tp of the split tensors, and after the steps holds bitwise the same
 // replicated tensors as the rest of its tensor group.
 
-// The whole model's parameters (or gradients: `buffer`) from the tensor group's slices (every rank of
-// the group gets them).
+// The whole model's parameters (or gradients: `buffer`) from the parts of the tensor x pipeline ranks
+// that hold one copy of it (every one of them gets it).
 std::vector<float> gather_whole_model(const Trainer& tr, const floatX* buffer) {
     const GPT2& m = tr.model;
+    const int tp = m.tensor.size, pp = m.pipeline.size;
     std::vector<float> local = download_as_float(buffer, m.num_parameters);
-    std::vector<std::vector<float>> locals(m.tensor.size, std::vector<float>(m.num_parameters));
-    std::vector<float> all(m.num_parameters * m.tensor.size);
-    MPI_CHECK(MPI_Allgather(local.data(), int(local.size()), MPI_FLOAT, all.data(), int(local.size()), MPI_FLOAT, m.tensor.mpi));
-    for (int r = 0; r < m.tensor.size; ++r)
-        std::copy(all.begin() + ptrdiff_t(r * m.num_parameters), all.begin() + ptrdiff_t((r + 1) * m.num_parameters),
-                  locals[r].begin());
-    std::vector<float> whole = tensor_unshard(locals, m.config);
-    // This rank's replicated tensors are rank 0's (unshard took them from there), its slices its own.
-    INFO("tensor rank " << m.tensor.rank << ": its slices and replicated tensors, against the whole model's");
-    CHECK(tensor_shard(whole, m.config, m.tensor.size, m.tensor.rank) == local);
+    std::vector<ModelPart> parts;
+    std::vector<int> counts, displs;
+    int total = 0;
+    for (int r = 0; r < tp * pp; ++r) {
+        parts.push_back(part_of_rank(r, tp, pp));
+        counts.push_back(int(model_part_num_parameters(m.whole_config, tp, pp, parts.back().stage)));
+        displs.push_back(total);
+        total += counts.back();
+    }
+    std::vector<float> all(static_cast<size_t>(total));
+    MPI_CHECK(MPI_Allgatherv(local.data(), int(local.size()), MPI_FLOAT, all.data(), counts.data(), displs.data(), MPI_FLOAT,
+                             tr.model_mpi));
+    std::vector<std::vector<float>> locals;
+    for (int r = 0; r < tp * pp; ++r) locals.emplace_back(all.begin() + displs[r], all.begin() + displs[r] + counts[r]);
+    std::vector<float> whole = model_unshard(locals, parts, m.whole_config);
+    // What this rank holds but does not own (replicated tensors, the last stage's wte) is its owner's.
+    INFO("tensor rank " << m.tensor.rank << ", stage " << m.pipeline.rank << ": its part against the whole model's");
+    CHECK(model_shard(whole, m.whole_config, model_part(m)) == local);
     return whole;
 }
 
-TEST_CASE("tensor parallelism follows a single-process run on the same global batch", "[tp]") {
+TEST_CASE("tensor and pipeline parallelism follow a single-process run on the same global batch", "[tp]") {
     // Four heads split over 2 or 4 ranks (32 or 16 channels each); a vocabulary that pads; T a multiple
-    // of tp (sequence parallelism splits the tokens).
-    const GPT2Config config{40, 301, pad_vocab(301), 2, 4, 128};
-    const int tp = tensor_parallel, sequences = 24, T = 36, steps = 5;
-    REQUIRE(world.world_size % tp == 0);
-    const int data_ranks = world.world_size / tp;
+    // of tp (sequence parallelism splits the tokens). Over pipeline stages one layer more than stages,
+    // so the first stage holds two (an uneven split).
+    const int tp = tensor_parallel, pp = pipeline_parallel, sequences = 24, T = 36, steps = 5;
+    const GPT2Config config{40, 301, pad_vocab(301), pp == 1 ? 2 : pp + 1, 4, 128};
+    REQUIRE(world.world_size % (tp * pp) == 0);
+    const int data_ranks = world.world_size / (tp * pp);
     REQUIRE(sequences % (data_ranks * accumulation) == 0);
     const auto batches = masked_batches(sequences, T, 301, 99);
     const std::vector<std::vector<int>>&inputs = batches.first, &targets = batches.second;
@@ -480,25 +492,36 @@ TEST_CASE("tensor parallelism follows a single-process run on the same global ba
         distributed_release(single);
     }
 
-    ParallelGroups groups = make_parallel_groups(world, tp);
+    ParallelGroups groups = make_parallel_groups(world, tp, pp);
     options.tensor_parallel = tp;
     options.sequence_parallel = tp_sequence_parallel;
+    options.pipeline_parallel = pp;
+    options.pipeline_stage = groups.pipeline.rank;
+    options.micro_batches_in_flight = simulate_pipeline(pp_schedule, pp, accumulation).max_in_flight[size_t(groups.pipeline.rank)];
     const int B = sequences / (data_ranks * accumulation);
 #ifndef __CUDACC__
     cuemu::reset_peak_memory();
     const size_t before = cuemu::memory_stats().current_bytes;
 #endif
     Trainer tr;
-    trainer_build(tr, groups.data, config, B, T, zero_stage, opt, options, groups.tensor);
+    trainer_build(tr, groups.data, config, B, T, zero_stage, opt, options, groups.tensor, groups.pipeline);
+    tr.model_mpi = groups.model_mpi;
+    tr.schedule = pp_schedule;
     // 1/tp of each split tensor, all of each replicated one; wte 1/tp of the vocabulary padded to a
-    // multiple of 128 tp (384 -> 512 rows at tp 2 and 4: 256 and 128 per rank).
+    // multiple of 128 tp (384 -> 512 rows at tp 2 and 4: 256 and 128 per rank). A stage: its layers'
+    // tensors, wte on the first and the last, wpe on the first, lnf on the last.
     size_t whole_sizes[kNumParameterTensors];
     parameter_sizes(config, whole_sizes);
+    const int stage = groups.pipeline.rank, stage_layers = pipeline_layers(config.num_layers, pp, stage).count;
+    CHECK(stage_layers == (pp == 1 ? 2 : stage == 0 ? 2 : 1));
     for (int i = 1; i < kNumParameterTensors; ++i) {
         INFO(kParameterNames[i]);
-        CHECK(tr.model.param_sizes[i] * (tensor_split_of(i).kind == TensorSplit::replicated ? 1 : size_t(tp)) == whole_sizes[i]);
+        const size_t held = is_layer_tensor(i) ? whole_sizes[i] / size_t(config.num_layers) * size_t(stage_layers)
+                            : i == 1          ? (stage == 0 ? whole_sizes[i] : 0)
+                                              : (stage == pp - 1 ? whole_sizes[i] : 0);
+        CHECK(tr.model.param_sizes[i] * (tensor_split_of(i).kind == TensorSplit::replicated ? 1 : size_t(tp)) == held);
     }
-    CHECK(tr.model.param_sizes[0] == size_t(512 / tp) * config.channels);
+    CHECK(tr.model.param_sizes[0] == (stage == 0 || stage == pp - 1 ? size_t(tp == 1 ? 384 : 512 / tp) * config.channels : 0));
     gpt2_init_weights(tr.model, 5);
     trainer_start(tr);
     std::vector<float> grads;
@@ -539,9 +562,9 @@ TEST_CASE("tensor parallelism follows a single-process run on the same global ba
         at += whole_sizes[i];
     }
     if (world.rank == 0)
-        std::printf("%d rank(s) = %d data x %d tensor%s, ZeRO-%d, %d micro-steps, recompute %s [%s, attention %s] vs 1 rank: loss err "
-                    "%.2e, norm err %.2e, gradient err %.2e, parameter err %.2e, short pass %.2e, next-token logits %.2e%s\n", world.world_size, data_ranks, tp,
-                    tp_sequence_parallel ? " (sequence parallel)" : "", zero_stage,
+        std::printf("%d rank(s) = %d data x %d pipeline (%s) x %d tensor%s, ZeRO-%d, %d micro-steps, recompute %s [%s, attention %s] vs 1 rank: loss err "
+                    "%.2e, norm err %.2e, gradient err %.2e, parameter err %.2e, short pass %.2e, next-token logits %.2e%s\n", world.world_size, data_ranks,
+                    pp, pipeline_schedule_name(pp_schedule), tp, tp_sequence_parallel ? " (sequence parallel)" : "", zero_stage,
                     accumulation, recompute_name(tp_recompute), kPrecisionName, attention_name(options.attention), loss_err.value, norm_err.value,
                     grads.empty() ? NAN : grad_err.value, param_err.value, short_err.value, next_err.value,
                     whole == base ? " (bitwise equal)" : "");
@@ -569,6 +592,8 @@ int main(int argc, char** argv) {
     if (const char* z = std::getenv("TRAIN_ZERO")) zero_stage = std::atoi(z);
     if (const char* a = std::getenv("TRAIN_ACCUM")) accumulation = std::atoi(a);
     if (const char* t = std::getenv("TRAIN_TP")) tensor_parallel = std::atoi(t);
+    if (const char* p = std::getenv("TRAIN_PP")) pipeline_parallel = std::atoi(p);
+    if (const char* s = std::getenv("TRAIN_PP_SCHEDULE")) pp_schedule = pipeline_schedule_of(s);
     if (const char* r = std::getenv("TRAIN_RECOMPUTE")) tp_recompute = recompute_of(r);
     if (const char* q = std::getenv("TRAIN_SEQUENCE_PARALLEL")) tp_sequence_parallel = std::string(q) == "on";
     // Test cases that need a particular configuration run only in it; elsewhere they are left out and
@@ -585,12 +610,13 @@ int main(int argc, char** argv) {
             "the fixture's batch is one micro-batch on one rank");
     exclude(zero_stage == 0 && masked_B % (world.world_size * accumulation) == 0, "[masked]",
             "needs ZeRO-0's full gradients and the fixture's B divisible by ranks x micro-steps");
-    exclude(tensor_parallel > 1, "[tp]", "needs TRAIN_TP > 1");
-    // A tensor-parallel configuration runs the [tp] case alone: the others are data-parallel runs,
-    // each in a configuration of its own.
-    if (tensor_parallel > 1) {
+    exclude(tensor_parallel > 1 || pipeline_parallel > 1, "[tp]", "needs TRAIN_TP > 1 or TRAIN_PP > 1");
+    // A tensor- or pipeline-parallel configuration runs the [tp] case alone: the others are
+    // data-parallel runs, each in a configuration of its own.
+    if (tensor_parallel > 1 || pipeline_parallel > 1) {
         excluded = "[tp]";
-        if (world.rank == 0) std::printf("test_mpi_train: TRAIN_TP=%d: the [tp] test case only\n", tensor_parallel);
+        if (world.rank == 0)
+            std::printf("test_mpi_train: TRAIN_TP=%d, TRAIN_PP=%d: the [tp] test case only\n", tensor_parallel, pipeline_parallel);
     }
     std::vector<char*> args(argv, argv + argc);
     const bool spec_given = std::any_of(args.begin() + 1, args.end(), [](const char* a) { return a[0] != '-'; });

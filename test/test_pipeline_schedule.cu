@@ -92,3 +92,59 @@ TEST_CASE("an order that cannot run is reported as a deadlock; bad settings name
     CHECK(table.find("rank 1  |  . F0 B0 F1 B1  . | activations held at most: 1\n") != std::string::npos);
     CHECK(table.find("bubble: 0.3333 of the rank-slots idle, formula 0.3333") != std::string::npos);
 }
+
+// The messages train_gpt.cu exchanges between stages (pipeline_actions): played out with sends that
+// wait for their receives, every rank's plan runs to its end, each stage receiving exactly the
+// activations and gradients it needs, in the order it needs them.
+TEST_CASE("the exchange plan of afab and 1f1b runs without deadlock, each message matched to its own") {
+    for (PipelineSchedule s : {PipelineSchedule::afab, PipelineSchedule::one_f_one_b})
+        for (int p : {1, 2, 3, 4, 5, 8})
+            for (int m : {1, 2, 3, 4, 7, 8, 16}) {
+                INFO(pipeline_schedule_name(s) << " p=" << p << " m=" << m);
+                std::vector<std::vector<PipelineAction>> plans;
+                for (int r = 0; r < p; ++r) plans.push_back(pipeline_actions(s, p, r, m));
+                CHECK(check_pipeline_exchanges(plans) == "");
+                for (int r = 0; r < p; ++r) {
+                    int receives = 0, sends = 0, ops = 0;
+                    for (const PipelineAction& a : plans[r]) {
+                        receives += int(a.receives.size());
+                        sends += int(a.sends.size());
+                        ops += a.has_op;
+                        for (const PipelineMessage& msg : a.receives)  // what the operation after it needs
+                            CHECK((a.has_op && msg.micro_batch == a.op.micro_batch && msg.activation == a.op.forward));
+                    }
+                    CHECK(ops == 2 * m);
+                    // Activations in from r - 1 (not on the first stage), gradients in from r + 1 (not on the last).
+                    CHECK(receives == m * ((r > 0) + (r < p - 1)));
+                    CHECK(sends == receives);
+                }
+            }
+}
+
+TEST_CASE("exchanges that cannot complete are reported: each stage sending first, or out of order") {
+    // 1F1B's steady state with every send posted alone, before any receive (no groups): rank 0 sends
+    // micro-batch 1's activation while rank 1 sends micro-batch 0's gradient, and both wait.
+    const int p = 2, m = 4;
+    std::vector<std::vector<PipelineAction>> plans;
+    for (int r = 0; r < p; ++r) {
+        std::vector<PipelineAction> split;
+        for (const PipelineAction& a : pipeline_actions(PipelineSchedule::one_f_one_b, p, r, m)) {
+            if (!a.sends.empty()) split.push_back({a.sends, {}, false, {}});
+            split.push_back({{}, a.receives, a.has_op, a.op});
+        }
+        plans.push_back(split);
+    }
+    const std::string deadlock = check_pipeline_exchanges(plans);
+    CHECK(deadlock.find("deadlock: rank 0 waits") == 0);
+    CHECK(deadlock.find("rank 1 waits") != std::string::npos);
+
+    // Rank 1 receiving micro-batch 1's activation first: rank 0 sends micro-batch 0's, which would be
+    // taken for it (the same size: NCCL would not notice).
+    std::vector<std::vector<PipelineAction>> swapped;
+    for (int r = 0; r < p; ++r) swapped.push_back(pipeline_actions(PipelineSchedule::afab, p, r, m));
+    std::swap(swapped[1][0].receives[0].micro_batch, swapped[1][1].receives[0].micro_batch);
+    CHECK(check_pipeline_exchanges(swapped) ==
+          "rank 1 receives the activation of micro-batch 0 from rank 0 as the activation of micro-batch 1");
+    CHECK_THROWS_WITH(pipeline_actions(PipelineSchedule::interleaved, 2, 0, 4),
+                      Catch::Contains("interleaved: training with model chunks is not built yet"));
+}

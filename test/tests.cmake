@@ -180,6 +180,36 @@ foreach(config IN LISTS tp_configs)
   endforeach()
 endforeach()
 
+# Pipeline parallelism (the same [tp] case, TRAIN_PP stages) against one process on the same global
+# batch: ranks, ZeRO stage, micro-batches per data rank, stages, schedule, recompute mode. The issue's
+# set: pp 2 and pp 4 with each schedule that trains (afab, 1f1b), 2 data x 2 stages with ZeRO-1; and 3
+# stages (more layers on the first), full and selective recompute.
+set(pp_configs "2,0,4,2,afab,none" "2,0,4,2,1f1b,full" "4,0,4,4,afab,none" "4,0,4,4,1f1b,selective" "4,1,4,2,1f1b,none"
+               "3,0,3,3,1f1b,none")
+if(ASAN)
+  set(pp_configs "2,0,4,2,1f1b,none")
+endif()
+foreach(config IN LISTS pp_configs)
+  string(REPLACE "," ";" config "${config}")
+  list(GET config 0 np)
+  list(GET config 1 zero)
+  list(GET config 2 accum)
+  list(GET config 3 pp)
+  list(GET config 4 schedule)
+  list(GET config 5 recompute)
+  foreach(precision IN LISTS train_precisions)
+    set(suffix "")
+    if(precision STREQUAL "fp32")
+      set(suffix "_fp32")
+    endif()
+    set(name test_mpi_train${suffix}_np${np}_pp${pp}_${schedule}_zero${zero}_accum${accum}_${recompute})
+    add_test(${name} ${MPIRUN} -np ${np} ${TEST_BIN}/test_mpi_train${suffix})
+    list(APPEND launched_tests ${name})
+    set_tests_properties(${name} PROPERTIES
+      ENVIRONMENT "CUEMU_RACECHECK=1;TRAIN_ZERO=${zero};TRAIN_ACCUM=${accum};TRAIN_PP=${pp};TRAIN_PP_SCHEDULE=${schedule};TRAIN_RECOMPUTE=${recompute};TRAIN_GPT_ROOT=${CMAKE_CURRENT_LIST_DIR}/..")
+  endforeach()
+endforeach()
+
 # Resume through the program: bitwise equal to an uninterrupted run, and on a different rank count.
 if(GPU)
   set(train_binary ${TEST_BIN}/train_gpt)
@@ -199,6 +229,9 @@ set_tests_properties(test_cuda_graphs PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1"
 add_test(test_tensor_parallel ${CMAKE_CURRENT_LIST_DIR}/test_tensor_parallel.sh ${train_binary} "${mpirun_line}")
 list(APPEND launched_tests test_tensor_parallel)
 set_tests_properties(test_tensor_parallel PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
+add_test(test_pipeline_parallel ${CMAKE_CURRENT_LIST_DIR}/test_pipeline_parallel.sh ${train_binary} "${mpirun_line}")
+list(APPEND launched_tests test_pipeline_parallel)
+set_tests_properties(test_pipeline_parallel PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
 add_test(test_train_smoke ${CMAKE_CURRENT_LIST_DIR}/test_train_smoke.sh ${train_binary})
 # Run identity across resumes (host/run_identity.h): a fresh run over checkpoints, changed identity
 # settings, --resume-override, --overwrite.
