@@ -560,7 +560,7 @@ inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int 
     model.dresidual_buffers[0] = b.dresidual;
     model.dresidual_buffers[1] = options.pipeline_parallel > 1 ? b.dresidual + BTs * C : b.dresidual;
     if (options.sequence_parallel) model.sequence_gathered = m.get<floatX>("sequence_gathered");
-    if (options.tensor_parallel > 1) model.classifier_stats = m.get<float>("classifier_stats");
+    if (options.tensor_parallel > 1 && options.last_stage()) model.classifier_stats = m.get<float>("classifier_stats");
     b.dbuf_c = m.get<floatX>("dbuf_c");
     b.dbuf_4c = m.get<floatX>("dbuf_4c");
     b.scratch = m.get<float>("scratch");
@@ -895,13 +895,41 @@ inline void gpt2_forward_kernels(GPT2& model, bool with_targets, bool write_dlog
 
 // The residual stream between pipeline stages: entering a stage's first layer (the current slot's),
 // and leaving its last (slot k's: residual3 is kept layer-major for every layer).
-inline floatX* stage_input(GPT2& m) { return m.acts.encoded; }
+inline floatX* stage_input(GPT2& m) { return m.acts.encoded + first_sequence_row(m) * size_t(m.config.channels); }
 inline floatX* stage_output(const GPT2& m, int k) {
     const size_t region = sequence_local_rows(m) * size_t(m.config.channels);
     return m.slots[size_t(k)].acts.residual3 + size_t(m.config.num_layers - 1) * region;
 }
-inline size_t stage_boundary_elements(const GPT2& m) { return sequence_local_rows(m) * size_t(m.config.channels); }
 constexpr ncclDataType_t kNcclFloatX = std::is_same_v<floatX, float> ? ncclFloat32 : ncclBfloat16;
+
+// What a tensor rank sends of a tensor crossing a stage boundary (the residual stream or its gradient)
+// to the same tensor rank of the neighbouring stage: with sequence parallelism its rows, all it holds;
+// otherwise every rank of the tensor group holds the whole (replicated), so each sends 1/tp of it and
+// the receiving group all-gathers the parts (Megatron's scatter-gather, Narayanan et al. 2021, 4.1):
+// the pipeline link carries 1/tp of the bytes, NVLink the rest.
+struct StageBoundaryPart {
+    size_t offset = 0, count = 0;  // elements
+    bool gathered = false;         // the receiver all-gathers over its tensor group
+};
+inline StageBoundaryPart stage_boundary_part(const GPT2& m) {
+    const size_t n = sequence_local_rows(m) * size_t(m.config.channels);
+    if (m.tensor.size == 1 || m.options.sequence_parallel) return {0, n, false};
+    const size_t part = n / size_t(m.tensor.size);  // C, and so n, is a multiple of tp (whole heads per rank)
+    return {size_t(m.tensor.rank) * part, part, true};
+}
+inline void send_stage_boundary(GPT2& m, const floatX* x, int peer) {
+    const StageBoundaryPart part = stage_boundary_part(m);
+    NCCL_CHECK(ncclSend(x + part.offset, part.count, kNcclFloatX, peer, m.pipeline.nccl, m.stream));
+}
+inline void receive_stage_boundary(GPT2& m, floatX* x, int peer) {
+    const StageBoundaryPart part = stage_boundary_part(m);
+    NCCL_CHECK(ncclRecv(x + part.offset, part.count, kNcclFloatX, peer, m.pipeline.nccl, m.stream));
+}
+// After the receive's group: the whole from the tensor group's parts, in place.
+inline void complete_stage_boundary(GPT2& m, floatX* x) {
+    const StageBoundaryPart part = stage_boundary_part(m);
+    if (part.gathered) NCCL_CHECK(ncclAllGather(x + part.offset, x, part.count, kNcclFloatX, m.tensor.nccl, m.stream));
+}
 
 // Under pipeline parallelism every stage calls it, in turn along the pipeline: a stage after the
 // first receives its input from the one before, a stage before the last sends its output on (one
@@ -910,12 +938,12 @@ inline void gpt2_forward_queue(GPT2& model, const int* inputs_host, const int* t
                                float grad_scale) {
     gpt2_upload(model, inputs_host, targets_host, B, T, grad_scale);
     const PipelineParallel& pipe = model.pipeline;
-    if (!pipe.first())
-        NCCL_CHECK(ncclRecv(stage_input(model), stage_boundary_elements(model), kNcclFloatX, pipe.rank - 1, pipe.nccl, model.stream));
+    if (!pipe.first()) {
+        receive_stage_boundary(model, stage_input(model), pipe.rank - 1);
+        complete_stage_boundary(model, stage_input(model));
+    }
     gpt2_forward_kernels(model, targets_host != nullptr, targets_host != nullptr && grad_scale > 0.0f);
-    if (!pipe.last())
-        NCCL_CHECK(ncclSend(stage_output(model, model.slot), stage_boundary_elements(model), kNcclFloatX, pipe.rank + 1,
-                            pipe.nccl, model.stream));
+    if (!pipe.last()) send_stage_boundary(model, stage_output(model, model.slot), pipe.rank + 1);
 }
 
 // Under pipeline parallelism: the last stage's `count` values at `data` on every stage of the pipeline.
@@ -1205,7 +1233,7 @@ inline void trainer_free(Trainer& tr) {
 // the tensor group (on the compute stream, with the group's other collectives) where the gradients are
 // reduced, so that every rank holds the whole, alike. Layer l's (l = -1: the final LayerNorm's).
 inline void sum_layernorm_gradients(GPT2& m, int l) {
-    if (!m.options.sequence_parallel) return;
+    if (!m.options.sequence_parallel || (l < 0 && !m.options.last_stage())) return;  // lnf: the last stage's
     const size_t C = size_t(m.config.channels);
     NCCL_CHECK(ncclGroupStart());
     if (l >= 0) {
@@ -1364,8 +1392,7 @@ inline void pipeline_micro_steps(Trainer& tr, const std::vector<const int*>& inp
     GPT2& m = tr.model;
     const PipelineParallel& pipe = m.pipeline;
     const int micro_batches = int(inputs.size()), slots = int(m.slots.size());
-    const size_t BT = size_t(B) * T, n = BT * size_t(m.config.channels);
-    const ncclDataType_t type = kNcclFloatX;
+    const size_t BT = size_t(B) * T;
     std::vector<int> in_slot(size_t(slots), -1);  // the micro-batch each slot holds
     int backwards = 0;  // backward passes so far: they use the two gradient buffers in turn
     for (const PipelineAction& a : pipeline_actions(tr.schedule, pipe.size, pipe.rank, micro_batches)) {
@@ -1387,11 +1414,11 @@ inline void pipeline_micro_steps(Trainer& tr, const std::vector<const int*>& inp
         // The group: the previous operation's output, and this operation's input (into this slot).
         NCCL_CHECK(ncclGroupStart());
         for (const PipelineMessage& s : a.sends)  // from the slot of the micro-batch it belongs to
-            NCCL_CHECK(ncclSend(s.activation ? stage_output(m, s.micro_batch % slots) : sent_gradient, n,
-                                type, s.peer, pipe.nccl, m.stream));
+            send_stage_boundary(m, s.activation ? stage_output(m, s.micro_batch % slots) : sent_gradient, s.peer);
         for (const PipelineMessage& r : a.receives)
-            NCCL_CHECK(ncclRecv(r.activation ? stage_input(m) : m.bwd.dresidual, n, type, r.peer, pipe.nccl, m.stream));
+            receive_stage_boundary(m, r.activation ? stage_input(m) : m.bwd.dresidual, r.peer);
         NCCL_CHECK(ncclGroupEnd());
+        for (const PipelineMessage& r : a.receives) complete_stage_boundary(m, r.activation ? stage_input(m) : m.bwd.dresidual);
         if (!a.has_op) continue;
         if (a.op.forward) {
             gpt2_forward_kernels(m, /*with_targets=*/true, /*write_dlogits=*/true);
@@ -1406,7 +1433,7 @@ inline void pipeline_micro_steps(Trainer& tr, const std::vector<const int*>& inp
     // The tied embedding: the first stage's gradient of the input embedding plus the last stage's of the
     // output head, on both (so the two copies of wte take the same update).
     if (pipe.embedding_nccl)
-        NCCL_CHECK(ncclAllReduce(m.grads.wte, m.grads.wte, m.param_sizes[0], type, ncclSum, pipe.embedding_nccl, m.stream));
+        NCCL_CHECK(ncclAllReduce(m.grads.wte, m.grads.wte, m.param_sizes[0], kNcclFloatX, ncclSum, pipe.embedding_nccl, m.stream));
     for (int l = m.config.num_layers - 1; l >= -1; --l) reduce_layer_gradients(tr, l);
     CUDA_CHECK(cudaEventRecord(tr.dist.comm_done, tr.dist.comm_stream));
     CUDA_CHECK(cudaStreamWaitEvent(m.stream, tr.dist.comm_done, 0));
@@ -1779,11 +1806,6 @@ inline int run(const RunConfig& rc, Distributed& dist) {
     tr.world = dist;
     tr.model_mpi = groups.model_mpi;
     tr.schedule = pipeline_schedule_of(rc.pp_schedule);
-    if (main_rank && rc.pp > 1)
-        std::printf("pipeline: %s; schedule %s, %d micro-batches per step and data rank; stage 0 keeps %d in flight%s\n",
-                    pipeline_split_text(p.config, rc.pp).c_str(), rc.pp_schedule.c_str(), int(cap / (int64_t(B) * T * p.data_ranks)),
-                    p.options.micro_batches_in_flight, rc.cuda_graphs == "on" ? "; CUDA graphs not used (point-to-point "
-                    "exchanges are not captured yet)" : "");
     RunInfo run{new_run_id(), cap};
     int64_t step = start_training(tr, rc, p, train_loader, eval.sample_rng, &run);
     DivergenceGuard divergence({rc.skip_loss_z, rc.skip_norm_z, rc.max_skipped_steps});
@@ -1795,6 +1817,11 @@ inline int run(const RunConfig& rc, Distributed& dist) {
     if (main_rank)
         announce_run(rc, prop.name, dist.world_size, kPrecisionName, attention_name(p.options.attention), p.num_parameters,
                      total_steps, run, step);
+    if (main_rank && rc.pp > 1)
+        std::printf("pipeline: %s; schedule %s, %d micro-batches per step and data rank; stage 0 keeps %d in flight%s\n",
+                    pipeline_split_text(p.config, rc.pp).c_str(), rc.pp_schedule.c_str(), int(cap / (int64_t(B) * T * p.data_ranks)),
+                    p.options.micro_batches_in_flight, rc.cuda_graphs == "on" ? "; CUDA graphs not used (point-to-point "
+                    "exchanges are not captured yet)" : "");
     RunLog log(main_rank, rc.output_dir);
     StepBatches batches;
     const auto micro_steps_of = [&](int64_t batch_tokens) { return int(batch_tokens / (int64_t(B) * T * data.world_size)); };

@@ -344,7 +344,6 @@ inline void validate(const RunConfig& c) {
                                           std::to_string(c.tp));
     require(c.sequence_parallel != "on" || c.tp > 1,
             flag("sequence-parallel") + " on splits the tokens over the tensor ranks: it needs " + flag("tp") + " > 1");
-    require(c.tp == 1 || c.pp == 1, flag("tp") + " and " + flag("pp") + " cannot go together yet (issue 15)");
     require(c.pp_virtual == 1 || c.pp_schedule == "interleaved",
             flag("pp-virtual") + " " + std::to_string(c.pp_virtual) + " needs " + flag("pp-schedule") + " interleaved");
     require(!c.resume || !c.output_dir.empty(), flag("resume") + " needs " + flag("output-dir") + " (where checkpoints are)");

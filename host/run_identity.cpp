@@ -70,7 +70,13 @@ ResumedRun check_resume(const std::string& state_path, const std::string& meta_t
 void announce_run(const RunConfig& rc, const char* device, int ranks, const char* precision, const char* attention,
                   size_t num_parameters, int64_t total_steps, const RunInfo& run, int64_t resumed_at) {
     const std::string model = model_label(rc);
-    const std::string grid = rc.tp > 1 ? " (" + std::to_string(ranks / rc.tp) + " data x " + std::to_string(rc.tp) + " tensor)" : "";
+    std::string grid;
+    if (rc.tp > 1 || rc.pp > 1) {
+        grid = " (" + std::to_string(ranks / (rc.tp * rc.pp)) + " data";
+        if (rc.pp > 1) grid += " x " + std::to_string(rc.pp) + " pipeline";
+        if (rc.tp > 1) grid += " x " + std::to_string(rc.tp) + " tensor";
+        grid += ")";
+    }
     std::printf("train_gpt: %s on %s x %d%s, %s, attention %s%s%s, %zu parameters, B=%d T=%d, %lld tokens/step, %lld steps, "
                 "run %s%s\n",
                 model.c_str(), device, ranks, grid.c_str(), precision, attention, rc.doc_mask ? " + doc-mask" : "",

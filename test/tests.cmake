@@ -181,13 +181,15 @@ foreach(config IN LISTS tp_configs)
 endforeach()
 
 # Pipeline parallelism (the same [tp] case, TRAIN_PP stages) against one process on the same global
-# batch: ranks, ZeRO stage, micro-batches per data rank, stages, schedule, recompute mode. The issue's
-# set: pp 2 and pp 4 with each schedule that trains (afab, 1f1b), 2 data x 2 stages with ZeRO-1; and 3
-# stages (more layers on the first), full and selective recompute.
-set(pp_configs "2,0,4,2,afab,none" "2,0,4,2,1f1b,full" "4,0,4,4,afab,none" "4,0,4,4,1f1b,selective" "4,1,4,2,1f1b,none"
-               "3,0,3,3,1f1b,none")
+# batch: ranks, ZeRO stage, micro-batches per data rank, stages, schedule, recompute mode, tensor ranks,
+# sequence parallelism. The issue's set: pp 2 and pp 4 with each schedule that trains (afab, 1f1b),
+# 2 data x 2 stages with ZeRO-1, 2 stages x 2 tensor ranks (with and without sequence parallelism);
+# and 3 stages (more layers on the first), full and selective recompute, 2 x 2 x 2 (3D).
+set(pp_configs "2,0,4,2,afab,none,1,off" "2,0,4,2,1f1b,full,1,off" "4,0,4,4,afab,none,1,off"
+               "4,0,4,4,1f1b,selective,1,off" "4,1,4,2,1f1b,none,1,off" "3,0,3,3,1f1b,none,1,off"
+               "4,0,4,2,1f1b,none,2,off" "4,0,4,2,afab,none,2,on" "8,1,2,2,1f1b,selective,2,on")
 if(ASAN)
-  set(pp_configs "2,0,4,2,1f1b,none")
+  set(pp_configs "2,0,4,2,1f1b,none,1,off")
 endif()
 foreach(config IN LISTS pp_configs)
   string(REPLACE "," ";" config "${config}")
@@ -197,16 +199,25 @@ foreach(config IN LISTS pp_configs)
   list(GET config 3 pp)
   list(GET config 4 schedule)
   list(GET config 5 recompute)
+  list(GET config 6 tp)
+  list(GET config 7 sp)
+  set(tp_suffix "")
+  if(tp GREATER 1)
+    set(tp_suffix "_tp${tp}")
+    if(sp STREQUAL "on")
+      set(tp_suffix "${tp_suffix}_sp")
+    endif()
+  endif()
   foreach(precision IN LISTS train_precisions)
     set(suffix "")
     if(precision STREQUAL "fp32")
       set(suffix "_fp32")
     endif()
-    set(name test_mpi_train${suffix}_np${np}_pp${pp}_${schedule}_zero${zero}_accum${accum}_${recompute})
+    set(name test_mpi_train${suffix}_np${np}_pp${pp}_${schedule}${tp_suffix}_zero${zero}_accum${accum}_${recompute})
     add_test(${name} ${MPIRUN} -np ${np} ${TEST_BIN}/test_mpi_train${suffix})
     list(APPEND launched_tests ${name})
     set_tests_properties(${name} PROPERTIES
-      ENVIRONMENT "CUEMU_RACECHECK=1;TRAIN_ZERO=${zero};TRAIN_ACCUM=${accum};TRAIN_PP=${pp};TRAIN_PP_SCHEDULE=${schedule};TRAIN_RECOMPUTE=${recompute};TRAIN_GPT_ROOT=${CMAKE_CURRENT_LIST_DIR}/..")
+      ENVIRONMENT "CUEMU_RACECHECK=1;TRAIN_ZERO=${zero};TRAIN_ACCUM=${accum};TRAIN_PP=${pp};TRAIN_PP_SCHEDULE=${schedule};TRAIN_RECOMPUTE=${recompute};TRAIN_TP=${tp};TRAIN_SEQUENCE_PARALLEL=${sp};TRAIN_GPT_ROOT=${CMAKE_CURRENT_LIST_DIR}/..")
   endforeach()
 endforeach()
 
