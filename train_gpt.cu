@@ -1605,6 +1605,7 @@ struct RunPlan {
     ModelOptions options;
     int world = 1;  // the planned world size (--dry-run may plan for more ranks than run it)
     int data_ranks = 1;  // world / (--tp x --pp)
+    int micro_batches = 1;  // per step and data rank, at the largest batch (the pipeline's micro-batches)
     size_t num_parameters = 0;  // the whole model's
     ShardLayout shard;  // of this rank's parameters (its slices under tensor parallelism) over the data ranks
     MemoryPlan memory;
@@ -1628,12 +1629,13 @@ inline RunPlan plan_run(const RunConfig& rc, const Distributed& dist) {
     // schedule's most: host/pipeline_schedule.h).
     const ModelPart part = part_of_rank(dist.rank % p.world, rc.tp, rc.pp);
     p.options.pipeline_stage = part.stage;
+    p.micro_batches = int(total_batch_tokens_for(rc, p.data_ranks) / (int64_t(rc.batch_size) * rc.seq_len * p.data_ranks));
     if (rc.pp > 1) {
-        const int micro_batches = int(total_batch_tokens_for(rc, p.data_ranks) / (int64_t(rc.batch_size) * rc.seq_len * p.data_ranks));
         const PipelineSchedule schedule = pipeline_schedule_of(rc.pp_schedule);
-        if (const std::string problem = pipeline_problem(schedule, rc.pp, micro_batches, rc.pp_virtual); !problem.empty())
+        if (const std::string problem = pipeline_problem(schedule, rc.pp, p.micro_batches, rc.pp_virtual); !problem.empty())
             throw std::runtime_error(problem);
-        p.options.micro_batches_in_flight = simulate_pipeline(schedule, rc.pp, micro_batches, rc.pp_virtual).max_in_flight[size_t(part.stage)];
+        p.options.micro_batches_in_flight =
+            simulate_pipeline(schedule, rc.pp, p.micro_batches, rc.pp_virtual).max_in_flight[size_t(part.stage)];
     }
     if (const std::string problem = gpt2_check_build(p.config, rc.batch_size, rc.seq_len, rc.zero_stage, p.options);
         !problem.empty())  // named with the shape flags where they made the shape
@@ -1675,8 +1677,28 @@ inline void print_dry_run(const RunConfig& rc, const RunPlan& p) {
     const LargestBatches largest{fits(Recompute::none), fits(Recompute::selective), fits(Recompute::full)};
     const TensorTraffic traffic = tensor_traffic(p.config, rc.batch_size, rc.seq_len, rc.tp, p.options.sequence_parallel,
                                                  p.options.recompute, sizeof(floatX));
+    PipelinePlan pipeline;
+    if (rc.pp > 1) {  // every stage's plan (data rank 0's shard), and the schedule played out
+        const PipelineSchedule schedule = pipeline_schedule_of(rc.pp_schedule);
+        const PipelineTimeline timeline = simulate_pipeline(schedule, rc.pp, p.micro_batches, rc.pp_virtual);
+        pipeline = {rc.pp_schedule, rc.pp, p.micro_batches, rc.pp_virtual, timeline.bubble_fraction,
+                    pipeline_bubble_formula(schedule, rc.pp, p.micro_batches, rc.pp_virtual),
+                    double(sequence_rows(size_t(rc.batch_size) * rc.seq_len, p.options)) * p.config.channels * sizeof(floatX) /
+                        (p.options.sequence_parallel ? 1 : rc.tp),
+                    {}};
+        for (int stage = 0; stage < rc.pp; ++stage) {
+            ModelOptions options = p.options;
+            options.pipeline_stage = stage;
+            options.micro_batches_in_flight = timeline.max_in_flight[size_t(stage)];
+            const ShardLayout shard = shard_layout(model_part_num_parameters(p.config, rc.tp, rc.pp, stage), 0, p.data_ranks, rc.zero_stage);
+            const MemoryPlan plan = gpt2_memory_plan(p.config, rc.batch_size, rc.seq_len, shard, options);
+            const LayerRange layers = pipeline_layers(p.config.num_layers, rc.pp, stage);
+            pipeline.per_stage.push_back({layers.first, layers.count, options.micro_batches_in_flight, plan.total(),
+                                          plan.group_bytes("activations")});
+        }
+    }
     std::printf("%s", dry_run_report(rc, p.memory, p.num_parameters, p.world, p.budget, largest, kPrecisionName,
-                                     attention_name(p.options.attention), traffic).c_str());
+                                     attention_name(p.options.attention), traffic, pipeline).c_str());
 }
 
 // --profile-step: a warm-up step, then one step with every launch recorded and timed (dev/roofline.h).

@@ -78,9 +78,24 @@ struct TensorTraffic {
     int collectives() const { return all_reduces + all_gathers + reduce_scatters; }
 };
 
+// Pipeline parallelism (--pp): each stage's plan (its layers, the micro-batches it keeps in flight under
+// the schedule, its bytes) and the schedule played out (host/pipeline_schedule.h).
+struct PipelineStagePlan {
+    int first_layer = 0, layers = 0, micro_batches_in_flight = 0;
+    size_t total_bytes = 0, activation_bytes = 0;
+};
+struct PipelinePlan {
+    std::string schedule;
+    int stages = 1, micro_batches = 0, virtual_chunks = 1;
+    double bubble_measured = 0, bubble_formula = 0;
+    double boundary_bytes = 0;  // one micro-batch's residual stream (or its gradient) between two stages, per tensor rank
+    std::vector<PipelineStagePlan> per_stage;
+};
+
 // --dry-run's report of a rank's plan for the run `rc`: its table, or with --json one JSON object, and
 // the largest micro-batch that fits `budget` bytes in each recompute mode; `attention`: the kernels
-// --attention resolved to (their scratch is in the plan); the tensor group's traffic.
+// --attention resolved to (their scratch is in the plan); the tensor group's traffic; with --pp every
+// stage's plan (`plan` is stage 0's).
 std::string dry_run_report(const RunConfig& rc, const MemoryPlan& plan, size_t num_parameters, int world,
                            size_t budget, const LargestBatches& fits, const char* precision, const char* attention,
-                           const TensorTraffic& traffic = {});
+                           const TensorTraffic& traffic = {}, const PipelinePlan& pipeline = {});

@@ -107,6 +107,27 @@ PY
 grep -q "pipeline schedule 1f1b: 2 stages, 4 micro-batches" "$dir/schedule.log" \
   || { cat "$dir/schedule.log"; echo "FAIL: --pp-print-schedule"; exit 1; }
 
+# The dry run plans every stage: its layers, the micro-batches it keeps in flight (1F1B: p - s on stage
+# s; afab: all m), its bytes, and the bubble played out (the formula's for these schedules).
+for schedule in 1f1b afab; do
+  "$bin" "${common[@]}" -d 1024 --pp 4 --world-size 4 --pp-schedule $schedule --dry-run --json > "$dir/plan_$schedule.json"
+done
+python3 - "$dir" <<'PY'
+import json, sys
+for schedule in ("1f1b", "afab"):
+    p = json.load(open(f"{sys.argv[1]}/plan_{schedule}.json"))["pipeline"]
+    stages, m = p["per_stage"], p["micro_batches"]
+    assert p["stages"] == 4 and m == 16 and len(stages) == 4, p
+    assert [s["layers"] for s in stages] == [2, 1, 1, 1] and [s["first_layer"] for s in stages] == [0, 2, 3, 4], stages
+    want = [4 - s for s in range(4)] if schedule == "1f1b" else [m] * 4
+    assert [s["micro_batches_in_flight"] for s in stages] == want, (schedule, stages)
+    assert abs(p["bubble_measured"] - 3 / 19) < 1e-12 and abs(p["bubble_formula"] - 3 / 19) < 1e-12, p
+    # Stage 1 keeps more micro-batches than stage 2 (1f1b) and the same layers: more activation bytes.
+    a1, a2 = stages[1]["activation_bytes"], stages[2]["activation_bytes"]
+    assert (a1 > a2) if schedule == "1f1b" else (a1 == a2), (schedule, a1, a2)
+    print(f"dry run, {schedule}: in flight {want}, bubble {p['bubble_measured']:.4f}, stage bytes {[s['bytes'] for s in stages]}")
+PY
+
 # Refusals: one line, the flags named, non-zero exit.
 refuse() {  # refuse "what must appear" command...
   local want=$1
