@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -232,6 +233,8 @@ struct GPT2 {
     PipelineParallel pipeline{};  // the pipeline group (size options.pipeline_parallel), set before gpt2_build
     std::vector<MicroBatchSlot> slots;  // micro-batches in flight; the current one's buffers are below
     int slot = 0;
+    StageLayers layers;  // this rank's layers: one range, or one per model chunk (parallel/pipeline.h)
+    int chunk = 0;       // the model chunk the current pass runs (interleaved; 0 otherwise)
     floatX* sequence_gathered = nullptr;  // (B, T, C): a region's rows from every rank (sequence parallelism)
     floatX* dresidual_buffers[2] = {nullptr, nullptr};  // bwd.dresidual is one of them (two: pipeline_micro_steps)
     float* classifier_stats = nullptr;    // (tp, B*T, kClassifierStats): the vocabulary-parallel classifier's
@@ -325,7 +328,9 @@ inline size_t activation_copies(const char* name, Keep keep, int L, const ModelO
 // `whole` is the whole model's configuration; a pipeline stage plans for its own layers and tensors.
 inline MemoryPlan gpt2_memory_plan(const GPT2Config& whole, int B, int T, const ShardLayout& shard,
                                    const ModelOptions& options = {}) {
-    const GPT2Config c = stage_config(whole, options.pipeline_parallel, options.pipeline_stage);
+    const GPT2Config c = stage_config(whole, options.pipeline_parallel, options.pipeline_stage, options.pipeline_chunks);
+    // Per-layer activations for one model chunk's layers at a time (all the rank's without chunks).
+    const int La = stage_layers(whole.num_layers, options.pipeline_parallel, options.pipeline_stage, options.pipeline_chunks).most();
     MemoryPlan plan;
     const size_t X = sizeof(floatX), F = sizeof(float), I = sizeof(int);
     const size_t L = c.num_layers, C = c.channels, BT = size_t(B) * T;
@@ -333,7 +338,7 @@ inline MemoryPlan gpt2_memory_plan(const GPT2Config& whole, int B, int T, const 
     const size_t BTs = sequence_rows(BT, options);
     const size_t K = size_t(options.micro_batches_in_flight);  // each micro-batch in flight has its own inputs
     size_t sizes[kNumParameterTensors];
-    model_part_sizes(whole, options.tensor_parallel, options.pipeline_parallel, options.pipeline_stage, sizes);
+    model_part_sizes(whole, options.tensor_parallel, options.pipeline_parallel, options.pipeline_stage, sizes, options.pipeline_chunks);
 
     size_t layer = 0, global = 0;  // parameters of one block, and of the global tensors
     for (int i = 0; i < kNumParameterTensors; ++i) (is_layer_tensor(i) ? layer : global) += sizes[i];
@@ -343,7 +348,7 @@ inline MemoryPlan gpt2_memory_plan(const GPT2Config& whole, int B, int T, const 
     // Forward activations kept for the backward pass: the table's rows, each for its kept copies.
     const size_t Vr = size_t(vocab_rows_per_rank(c, options.tensor_parallel));
 #define GPT2_PLAN_ACTIVATION(name, type, elements, keep)                                      \
-    if (const size_t copies = activation_copies(#name, keep, c.num_layers, options); copies > 0) \
+    if (const size_t copies = activation_copies(#name, keep, La, options); copies > 0)          \
         plan.add(#name, "activations", copies * (elements) * sizeof(type));
     GPT2_STEP_ACTIVATIONS(GPT2_PLAN_ACTIVATION)
     GPT2_LAYER_ACTIVATIONS(GPT2_PLAN_ACTIVATION)
@@ -401,7 +406,8 @@ inline std::string gpt2_check_build(const GPT2Config& config, int B, int T, int 
     if (problem.empty() && options.tensor_parallel > 1 && options.inference)
         problem = "model: generation (an inference model) runs on one rank, not split over --tp " +
                   std::to_string(options.tensor_parallel);
-    if (problem.empty() && options.pipeline_parallel > 1) problem = pipeline_split_problem(config, options.pipeline_parallel);
+    if (problem.empty() && options.pipeline_parallel > 1)
+        problem = pipeline_split_problem(config, options.pipeline_parallel, options.pipeline_chunks);
     if (problem.empty() && options.pipeline_parallel > 1 && options.inference)
         problem = "model: generation (an inference model) runs on one rank, not split over --pp " +
                   std::to_string(options.pipeline_parallel);
@@ -469,8 +475,11 @@ inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int 
                             std::to_string(model.pipeline.size) + ", its options say " + std::to_string(options.pipeline_stage) +
                             " of " + std::to_string(options.pipeline_parallel));
     model.whole_config = config;
-    model.config = stage_config(config, options.pipeline_parallel, options.pipeline_stage);
-    model_part_sizes(config, options.tensor_parallel, options.pipeline_parallel, options.pipeline_stage, model.param_sizes);
+    model.config = stage_config(config, options.pipeline_parallel, options.pipeline_stage, options.pipeline_chunks);
+    model.layers = stage_layers(config.num_layers, options.pipeline_parallel, options.pipeline_stage, options.pipeline_chunks);
+    model.chunk = 0;
+    model_part_sizes(config, options.tensor_parallel, options.pipeline_parallel, options.pipeline_stage, model.param_sizes,
+                     options.pipeline_chunks);
     model.num_parameters = 0;
     for (int i = 0; i < kNumParameterTensors; ++i) {
         model.param_offsets[i] = model.num_parameters;
@@ -504,7 +513,7 @@ inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int 
     model.matmul.autotune = options.matmul_autotune;
     // Micro-batch slot k's buffers: the k-th of each set of copies the backward pass reads, the one
     // buffer of the others (kept_for_backward).
-    const int L = model.config.num_layers;
+    const int L = model.layers.most();  // per-layer activations: one chunk's layers
     const size_t C = size_t(model.config.channels), Ct = size_t(tensor_channels(model.config, options));
     const size_t NHt = size_t(tensor_heads(model.config, options)), BTs = sequence_rows(BT, options);
     const size_t Vr = size_t(vocab_rows_per_rank(model.config, options.tensor_parallel));
@@ -586,7 +595,7 @@ inline void gpt2_free(GPT2& model) {
 // Under tensor and pipeline parallelism every rank draws the whole model's values and keeps its part
 // (parallel/pipeline.h), so the model is the same for any --tp and --pp.
 inline ModelPart model_part(const GPT2& m) {
-    return {m.tensor.size, m.tensor.rank, m.pipeline.size, m.pipeline.rank};
+    return {m.tensor.size, m.tensor.rank, m.pipeline.size, m.pipeline.rank, m.options.pipeline_chunks};
 }
 inline void gpt2_init_weights(GPT2& model, uint64_t seed) {
     const GPT2Config& c = model.whole_config;
@@ -659,21 +668,30 @@ inline floatX* sum_over_tensor_ranks(GPT2& m, floatX* partial) {
 
 // Layer l's activations for the current B x T: slices of the layer-major buffers (laid out for this
 // B x T), or the one-layer buffers of what recomputation rebuilds.
+// Layer l is one of the rank's (its local index); the buffers hold the current model chunk's layers.
 inline LayerActivations layer_activations(const GPT2& model, int l) {
     const ActivationTensors& a = model.acts;
     const size_t BT = size_t(model.B) * model.T, C = model.config.channels;
     const size_t Ct = size_t(tensor_channels(model.config, model.options)), NHt = size_t(tensor_heads(model.config, model.options));
     const size_t BTs = sequence_rows(BT, model.options);
-    const int L = model.config.num_layers;
+    const int L = model.layers.most(), i = l - model.layers.local_first(model.chunk);  // the layer within its chunk
     LayerActivations r;
-    r.input = l == 0 ? a.encoded + first_sequence_row(model) * C : a.residual3 + size_t(l - 1) * BTs * C;
+    r.input = i == 0 ? a.encoded + first_sequence_row(model) * C : a.residual3 + size_t(i - 1) * BTs * C;
     // The slice of layer l, or the single buffer when one layer's copy is kept (or ln1's, shared).
 #define GPT2_LAYER_SLICE(name, type, elements, keep) \
-    r.name = a.name + (kept_copies(keep, L, model.options.recompute) > 1 ? size_t(l) * (elements) : 0);
+    r.name = a.name + (kept_copies(keep, L, model.options.recompute) > 1 ? size_t(i) * (elements) : 0);
     GPT2_LAYER_ACTIVATIONS(GPT2_LAYER_SLICE)
 #undef GPT2_LAYER_SLICE
     return r;
 }
+
+// The current pass's layers (the rank's, or its current model chunk's), and whether it is the whole
+// model's first (it embeds the tokens) or last virtual stage (it runs the classifier).
+inline LayerRange pass_layers(const GPT2& m) {
+    return {m.layers.local_first(m.chunk), m.layers.chunks[size_t(m.chunk)].count};
+}
+inline bool embeds(const GPT2& m) { return m.options.first_stage() && m.chunk == 0; }
+inline bool classifies(const GPT2& m) { return m.options.last_stage() && m.chunk == m.options.pipeline_chunks - 1; }
 
 // The causal self-attention of B x T tokens: x.atty and x.att_lse from x.qkv, by the kernels
 // model.options.attention names. Under tensor parallelism over this rank's heads only: x.qkv holds
@@ -721,11 +739,13 @@ inline void block_forward_to_mlp(GPT2& model, int l, const LayerActivations& x) 
 // residual3 (the next stage's input): the residual add alone, which rounds as the fused one does.
 template <typename Attend> inline void gpt2_blocks_forward(GPT2& model, Attend&& attend) {
     const GPT2Config& cfg = model.config;
-    const int L = cfg.num_layers, C = cfg.channels, Ct = tensor_channels(cfg, model.options), BT = model.B * model.T;
+    const int C = cfg.channels, Ct = tensor_channels(cfg, model.options), BT = model.B * model.T;
     const int rows = int(sequence_local_rows(model));
     const ParameterTensors& p = model.params;
     ActivationTensors& a = model.acts;
-    for (int l = 0; l < L; ++l) {
+    const LayerRange range = pass_layers(model);
+    const int L = range.first + range.count;  // the pass's layers end here
+    for (int l = range.first; l < L; ++l) {
         const LayerTensors w = layer_view(p, cfg, l, model.tensor.size);
         const LayerActivations x = layer_activations(model, l);
         block_forward_to_mlp(model, l, x, [&](const LayerActivations& y) { attend(l, y); });
@@ -739,7 +759,7 @@ template <typename Attend> inline void gpt2_blocks_forward(GPT2& model, Attend&&
             const LayerActivations next = layer_activations(model, l + 1);
             fused_residual_layernorm_forward(x.residual3, next.ln1, next.ln1_mean, next.ln1_rstd, x.residual2, mlp_out,
                                              next_w.ln1w, next_w.ln1b, rows, C, model.stream);
-        } else if (model.options.last_stage()) {
+        } else if (classifies(model)) {
             fused_residual_layernorm_forward(x.residual3, a.lnf, a.lnf_mean, a.lnf_rstd, x.residual2, mlp_out, p.lnfw,
                                              p.lnfb, rows, C, model.stream);
         } else {
@@ -865,17 +885,19 @@ inline void gpt2_forward_kernels(GPT2& model, bool with_targets, bool write_dlog
     // positions) and the group sums them; with sequence parallelism each rank keeps its rows' sums,
     // in place (first.input).
     const int Vr = vocab_rows_per_rank(cfg, model.tensor.size), vocab_first = model.tensor.rank * Vr;
-    if (model.options.first_stage()) {
+    if (embeds(model)) {
         encoder_forward(a.encoded, model.inputs, p.wte, model.tensor.rank == 0 ? p.wpe : nullptr, B, T, C, stream,
                         model.options.doc_positions ? model.doc_start : nullptr, vocab_first, Vr);
         if (model.tensor.size > 1) sum_over_tensor_ranks(model, a.encoded);
     }
-    const LayerActivations first = layer_activations(model, 0);
-    layernorm_forward(first.ln1, first.ln1_mean, first.ln1_rstd, first.input, p.ln1w, p.ln1b, int(sequence_local_rows(model)),
-                      C, stream);
+    const int first_layer = pass_layers(model).first;
+    const LayerActivations first = layer_activations(model, first_layer);
+    const LayerTensors first_w = layer_view(p, cfg, first_layer, model.tensor.size);
+    layernorm_forward(first.ln1, first.ln1_mean, first.ln1_rstd, first.input, first_w.ln1w, first_w.ln1b,
+                      int(sequence_local_rows(model)), C, stream);
 
     gpt2_blocks_forward(model, [&model](int, const LayerActivations& x) { causal_attention_forward(model, x); });
-    if (!model.options.last_stage()) return;
+    if (!classifies(model)) return;
 
     // Tied output head: logits = lnf @ wte^T over the padded vocabulary (this rank's columns of it).
     matmul_forward(mm, a.logits, gather_sequence(model, a.lnf), p.wte, nullptr, BT, C, Vr, stream);
@@ -896,9 +918,9 @@ inline void gpt2_forward_kernels(GPT2& model, bool with_targets, bool write_dlog
 // The residual stream between pipeline stages: entering a stage's first layer (the current slot's),
 // and leaving its last (slot k's: residual3 is kept layer-major for every layer).
 inline floatX* stage_input(GPT2& m) { return m.acts.encoded + first_sequence_row(m) * size_t(m.config.channels); }
-inline floatX* stage_output(const GPT2& m, int k) {
+inline floatX* stage_output(const GPT2& m, int k, int chunk) {
     const size_t region = sequence_local_rows(m) * size_t(m.config.channels);
-    return m.slots[size_t(k)].acts.residual3 + size_t(m.config.num_layers - 1) * region;
+    return m.slots[size_t(k)].acts.residual3 + size_t(m.layers.chunks[size_t(chunk)].count - 1) * region;
 }
 constexpr ncclDataType_t kNcclFloatX = std::is_same_v<floatX, float> ? ncclFloat32 : ncclBfloat16;
 
@@ -917,13 +939,17 @@ inline StageBoundaryPart stage_boundary_part(const GPT2& m) {
     const size_t part = n / size_t(m.tensor.size);  // C, and so n, is a multiple of tp (whole heads per rank)
     return {size_t(m.tensor.rank) * part, part, true};
 }
-inline void send_stage_boundary(GPT2& m, const floatX* x, int peer) {
+// Activations and gradients travel on two communicators of the pipeline group, each matched in order
+// between two ranks (host/pipeline_schedule.h, check_pipeline_exchanges).
+inline void send_stage_boundary(GPT2& m, const floatX* x, int peer, bool activation = true) {
     const StageBoundaryPart part = stage_boundary_part(m);
-    NCCL_CHECK(ncclSend(x + part.offset, part.count, kNcclFloatX, peer, m.pipeline.nccl, m.stream));
+    NCCL_CHECK(ncclSend(x + part.offset, part.count, kNcclFloatX, peer,
+                        activation ? m.pipeline.nccl : m.pipeline.gradient_nccl, m.stream));
 }
-inline void receive_stage_boundary(GPT2& m, floatX* x, int peer) {
+inline void receive_stage_boundary(GPT2& m, floatX* x, int peer, bool activation = true) {
     const StageBoundaryPart part = stage_boundary_part(m);
-    NCCL_CHECK(ncclRecv(x + part.offset, part.count, kNcclFloatX, peer, m.pipeline.nccl, m.stream));
+    NCCL_CHECK(ncclRecv(x + part.offset, part.count, kNcclFloatX, peer,
+                        activation ? m.pipeline.nccl : m.pipeline.gradient_nccl, m.stream));
 }
 // After the receive's group: the whole from the tensor group's parts, in place.
 inline void complete_stage_boundary(GPT2& m, floatX* x) {
@@ -938,12 +964,16 @@ inline void gpt2_forward_queue(GPT2& model, const int* inputs_host, const int* t
                                float grad_scale) {
     gpt2_upload(model, inputs_host, targets_host, B, T, grad_scale);
     const PipelineParallel& pipe = model.pipeline;
-    if (!pipe.first()) {
-        receive_stage_boundary(model, stage_input(model), pipe.rank - 1);
-        complete_stage_boundary(model, stage_input(model));
+    const int p = pipe.size;
+    for (int chunk = 0; chunk < model.options.pipeline_chunks; ++chunk) {  // virtual stages chunk p + rank, in order
+        model.chunk = chunk;
+        if (!embeds(model)) {
+            receive_stage_boundary(model, stage_input(model), (pipe.rank + p - 1) % p);
+            complete_stage_boundary(model, stage_input(model));
+        }
+        gpt2_forward_kernels(model, targets_host != nullptr, targets_host != nullptr && grad_scale > 0.0f);
+        if (!classifies(model)) send_stage_boundary(model, stage_output(model, model.slot, chunk), (pipe.rank + 1) % p);
     }
-    gpt2_forward_kernels(model, targets_host != nullptr, targets_host != nullptr && grad_scale > 0.0f);
-    if (!pipe.last()) send_stage_boundary(model, stage_output(model, model.slot), pipe.rank + 1);
 }
 
 // Under pipeline parallelism: the last stage's `count` values at `data` on every stage of the pipeline.
@@ -1052,9 +1082,10 @@ inline LayerTensors layer_grads(const GPT2& model, int l) {
 inline void gpt2_backward(GPT2& model, const std::function<void(int)>& layer_done = {},
                           const std::function<void(int)>& before_layer = {}) {
     const GPT2Config& cfg = model.config;
-    const int L = cfg.num_layers, C = cfg.channels;
+    const int C = cfg.channels;
     const int Ct = tensor_channels(cfg, model.options), NHt = tensor_heads(cfg, model.options);
     const int B = model.B, T = model.T, BT = B * T;
+    const LayerRange range = pass_layers(model);  // the rank's layers, or the current chunk's
     // The LayerNorm and residual regions' rows on this rank (all BT without sequence parallelism): the
     // residual stream's gradient is kept for those rows, and gathered whole where a matmul reads it.
     const int rows = int(sequence_local_rows(model));
@@ -1070,7 +1101,7 @@ inline void gpt2_backward(GPT2& model, const std::function<void(int)>& layer_don
         CUDA_CHECK(cudaMemsetAsync(g.wte, 0, model.plan.bytes_of("grad_global_buffer"), stream));
     const int Vr = vocab_rows_per_rank(cfg, model.tensor.size);
     // A pipeline stage before the last starts from the gradient of its output, received into dresidual.
-    if (model.options.last_stage()) {
+    if (classifies(model)) {
         // Output head: dlnf = dlogits @ wte, dwte += dlogits^T @ lnf (lnf gathered again: the buffer is
         // shared). Vocabulary-parallel: each rank's columns give a part of dlnf, summed over the group.
         matmul_backward(mm, b.dbuf_c, g.wte, nullptr, b.scratch, a.logits, gather_sequence(model, a.lnf), p.wte, BT, C, Vr,
@@ -1078,11 +1109,11 @@ inline void gpt2_backward(GPT2& model, const std::function<void(int)>& layer_don
         const floatX* dlnf = model.tensor.size > 1 ? sum_over_tensor_ranks(model, b.dbuf_c) : b.dbuf_c;
         // Final LayerNorm: dresidual starts as the gradient of the last layer's output.
         CUDA_CHECK(cudaMemsetAsync(b.dresidual, 0, region * sizeof(floatX), stream));
-        layernorm_backward(b.dresidual, g.lnfw, g.lnfb, b.scratch, dlnf, a.residual3 + (L - 1) * region, p.lnfw, a.lnf_mean,
-                           a.lnf_rstd, rows, C, stream);
+        layernorm_backward(b.dresidual, g.lnfw, g.lnfb, b.scratch, dlnf, a.residual3 + (range.count - 1) * region, p.lnfw,
+                           a.lnf_mean, a.lnf_rstd, rows, C, stream);
     }
 
-    for (int l = L - 1; l >= 0; --l) {
+    for (int l = range.first + range.count - 1; l >= range.first; --l) {
         if (before_layer) before_layer(l);
         const LayerTensors w = layer_view(p, cfg, l, model.tensor.size), dw = layer_grads(model, l);
         if (model.shard.zero_stage == 2)
@@ -1130,7 +1161,7 @@ inline void gpt2_backward(GPT2& model, const std::function<void(int)>& layer_don
     // Embeddings: deterministic, grouped by token on the host (uploaded by the forward pass that wrote dlogits).
     // With sequence parallelism every rank gathers the whole gradient and computes the (replicated)
     // embeddings' gradients alike. A pipeline stage after the first leaves dresidual to be sent back.
-    if (model.options.first_stage()) {
+    if (embeds(model)) {
         const EncoderGrouping& grouping = model.slots[size_t(model.slot)].encoder;
         if (grouping.count == 0) throw TrainGptError("gpt2_backward: the forward pass before it wrote no dlogits (grad_scale 0)");
         encoder_backward(g.wte, g.wpe, b.encoder_scratch, gather_sequence(model, b.dresidual), grouping, B, T, C, stream,
@@ -1166,6 +1197,7 @@ struct Trainer {
     int graph_B = 0, graph_T = 0;
     int64_t steps_run = 0;  // train_step calls so far
     PipelineSchedule schedule = PipelineSchedule::one_f_one_b;  // with pipeline stages (pipeline_micro_steps)
+    std::set<int> pipeline_plans_checked;  // micro-batch counts whose exchange plan was played out (check_pipeline_plan)
 };
 
 inline void drop_micro_step_graphs(Trainer& tr) {
@@ -1387,47 +1419,75 @@ inline void run_micro_step(Trainer& tr, bool reduce) {
 // Then the tied embedding's gradient is summed between the first and the last stage, and the
 // gradients are reduced over the data group as without pipeline parallelism.
 
+// Every rank's plan for m micro-batches played out before the first step that runs them: a plan that
+// would deadlock or take one message for another is refused here, by name, instead of hanging.
+inline void check_pipeline_plan(const Trainer& tr, int micro_batches) {
+    const GPT2& m = tr.model;
+    std::vector<std::vector<PipelineAction>> plans;
+    for (int r = 0; r < m.pipeline.size; ++r)
+        plans.push_back(pipeline_actions(tr.schedule, m.pipeline.size, r, micro_batches, m.options.pipeline_chunks));
+    if (const std::string problem = check_pipeline_exchanges(plans); !problem.empty())
+        throw TrainGptError("--pp " + std::to_string(m.pipeline.size) + " --pp-schedule " + pipeline_schedule_name(tr.schedule) +
+                            " with " + std::to_string(micro_batches) + " micro-batches: the stages' exchanges cannot run (" +
+                            problem + "); use more micro-batches (-d) or another schedule");
+}
+
 inline void pipeline_micro_steps(Trainer& tr, const std::vector<const int*>& inputs, const std::vector<const int*>& targets,
                                  int B, int T, float grad_scale, float* losses) {
     GPT2& m = tr.model;
     const PipelineParallel& pipe = m.pipeline;
     const int micro_batches = int(inputs.size()), slots = int(m.slots.size());
+    if (tr.pipeline_plans_checked.insert(micro_batches).second) check_pipeline_plan(tr, micro_batches);
     const size_t BT = size_t(B) * T;
-    std::vector<int> in_slot(size_t(slots), -1);  // the micro-batch each slot holds
+    // Each (micro-batch, chunk) in flight holds a slot from its forward pass to its backward pass.
+    std::vector<std::pair<int, int>> in_slot(size_t(slots), {-1, -1});
+    const auto slot_of = [&](int j, int chunk) {
+        for (int k = 0; k < slots; ++k)
+            if (in_slot[size_t(k)] == std::pair<int, int>{j, chunk}) return k;
+        throw TrainGptError("pipeline: micro-batch " + std::to_string(j) + " (chunk " + std::to_string(chunk) +
+                            ") has no activations in flight");
+    };
     int backwards = 0;  // backward passes so far: they use the two gradient buffers in turn
-    for (const PipelineAction& a : pipeline_actions(tr.schedule, pipe.size, pipe.rank, micro_batches)) {
-        const int j = a.op.micro_batch, k = j % slots;
-        const floatX* sent_gradient = m.bwd.dresidual;  // the last backward pass's
-        if (a.has_op && a.op.forward) {  // the slot must be free: its last micro-batch's backward is done
-            if (in_slot[size_t(k)] != -1)
-                throw TrainGptError("pipeline: micro-batch " + std::to_string(j) + " needs slot " + std::to_string(k) +
-                                    ", still held by micro-batch " + std::to_string(in_slot[size_t(k)]) + " (" +
-                                    std::to_string(slots) + " slots planned)");
-            in_slot[size_t(k)] = j;
+    const floatX* sent_gradient = nullptr;  // the last backward pass's, sent with the next group
+    for (const PipelineAction& a : pipeline_actions(tr.schedule, pipe.size, pipe.rank, micro_batches, m.options.pipeline_chunks)) {
+        const int j = a.op.micro_batch;
+        if (a.has_op && a.op.forward) {  // a free slot (the schedule keeps at most `slots` in flight)
+            int k = 0;
+            while (k < slots && in_slot[size_t(k)].first != -1) ++k;
+            if (k == slots)
+                throw TrainGptError("pipeline: micro-batch " + std::to_string(j) + " finds all " + std::to_string(slots) +
+                                    " planned activation slots in flight");
+            in_slot[size_t(k)] = {j, a.op.chunk};
             select_micro_batch(m, k);
+            m.chunk = a.op.chunk;
             progress(tr, "a training step", tr.optimizer.step + 1);
             gpt2_upload(m, inputs[size_t(j)], targets[size_t(j)], B, T, grad_scale);
-        } else if (a.has_op) {
-            select_micro_batch(m, k);
-            m.bwd.dresidual = m.dresidual_buffers[backwards++ % 2];
         }
-        // The group: the previous operation's output, and this operation's input (into this slot).
+        // The group: outputs not sent yet, and the inputs of this operation (into its slot) and, in a
+        // forward-backward pair, of the backward after it (into the next gradient buffer).
+        floatX* next_gradient = m.dresidual_buffers[backwards % 2];
         NCCL_CHECK(ncclGroupStart());
-        for (const PipelineMessage& s : a.sends)  // from the slot of the micro-batch it belongs to
-            send_stage_boundary(m, s.activation ? stage_output(m, s.micro_batch % slots) : sent_gradient, s.peer);
+        for (const PipelineMessage& s : a.sends)  // from the slot of the micro-batch and chunk it belongs to
+            send_stage_boundary(m, s.activation ? stage_output(m, slot_of(s.micro_batch, s.chunk), s.chunk) : sent_gradient,
+                                s.peer, s.activation);
         for (const PipelineMessage& r : a.receives)
-            receive_stage_boundary(m, r.activation ? stage_input(m) : m.bwd.dresidual, r.peer);
+            receive_stage_boundary(m, r.activation ? stage_input(m) : next_gradient, r.peer, r.activation);
         NCCL_CHECK(ncclGroupEnd());
-        for (const PipelineMessage& r : a.receives) complete_stage_boundary(m, r.activation ? stage_input(m) : m.bwd.dresidual);
+        for (const PipelineMessage& r : a.receives) complete_stage_boundary(m, r.activation ? stage_input(m) : next_gradient);
         if (!a.has_op) continue;
         if (a.op.forward) {
             gpt2_forward_kernels(m, /*with_targets=*/true, /*write_dlogits=*/true);
-            if (pipe.last())
+            if (classifies(m))
                 CUDA_CHECK(cudaMemcpyAsync(losses + size_t(j) * BT, m.acts.losses, BT * sizeof(float), cudaMemcpyDeviceToHost,
                                            m.stream));
         } else {
+            const int k = slot_of(j, a.op.chunk);
+            select_micro_batch(m, k);
+            m.chunk = a.op.chunk;
+            m.bwd.dresidual = m.dresidual_buffers[backwards++ % 2];
             gpt2_backward(m);
-            in_slot[size_t(k)] = -1;
+            sent_gradient = m.bwd.dresidual;
+            in_slot[size_t(k)] = {-1, -1};
         }
     }
     // The tied embedding: the first stage's gradient of the input embedding plus the last stage's of the
@@ -1566,12 +1626,12 @@ inline std::function<void(const std::string&)> gather_model_writer(Trainer& tr) 
     if (tr.dist.rank != 0) return [](const std::string&) {};
     std::vector<floatX> local(m.num_parameters);
     copy_and_wait(m, local.data(), m.params_memory, local.size() * sizeof(floatX), cudaMemcpyDeviceToHost);
-    const int tp = m.tensor.size, pp = m.pipeline.size;
+    const int tp = m.tensor.size, pp = m.pipeline.size, chunks = m.options.pipeline_chunks;
     std::vector<ModelPart> parts;
     std::vector<size_t> sizes;
     for (int r = 0; r < tp * pp; ++r) {  // the model group's ranks in world order: tensor fastest, then stage
-        parts.push_back(part_of_rank(r, tp, pp));
-        sizes.push_back(model_part_num_parameters(m.whole_config, tp, pp, parts.back().stage));
+        parts.push_back(part_of_rank(r, tp, pp, chunks));
+        sizes.push_back(model_part_num_parameters(m.whole_config, tp, pp, parts.back().stage, chunks));
     }
     std::vector<std::vector<floatX>> locals = gather_model_parts(tr.model_mpi, local, sizes);
     if (m.tensor.rank != 0 || m.pipeline.rank != 0) return [](const std::string&) {};
@@ -1588,13 +1648,14 @@ inline std::function<void(const std::string&)> gather_model_writer(Trainer& tr) 
 inline CheckpointedTraining checkpointed(Trainer& tr) {
     GPT2& m = tr.model;
     const GPT2Config config = m.whole_config;
-    const int tp = m.tensor.size, pp = m.pipeline.size, data_ranks = tr.dist.world_size, zero_stage = m.shard.zero_stage;
+    const int tp = m.tensor.size, pp = m.pipeline.size, chunks = m.options.pipeline_chunks, data_ranks = tr.dist.world_size;
+    const int zero_stage = m.shard.zero_stage;
     return {tr.world, tr.optimizer, m.stream, gpt2_num_parameters(config), sizeof(floatX),
             [&tr] { return gather_model_writer(tr); },
             [&m](const std::string& path) { load_model_parameters(m, path); }, [&tr] { return parameter_norm(tr); },
             [&tr](const char* what, int64_t step) { progress(tr, what, step); },
-            [config, tp, pp, data_ranks, zero_stage](int rank) {
-                return optimizer_state_pieces(config, tp, pp, data_ranks, zero_stage, rank);
+            [config, tp, pp, chunks, data_ranks, zero_stage](int rank) {
+                return optimizer_state_pieces(config, tp, pp, data_ranks, zero_stage, rank, chunks);
             }};
 }
 
@@ -1622,13 +1683,15 @@ inline RunPlan plan_run(const RunConfig& rc, const Distributed& dist) {
                  .cuda_graphs = rc.cuda_graphs == "on" && rc.pp == 1, .tensor_parallel = rc.tp,
                  .sequence_parallel = rc.tp > 1 && rc.sequence_parallel != "off", .pipeline_parallel = rc.pp};
     if (p.world % (rc.tp * rc.pp) != 0)
-        throw std::runtime_error("--tp " + std::to_string(rc.tp) + " x --pp " + std::to_string(rc.pp) + " does not divide the " +
-                                 std::to_string(p.world) + " ranks (--world-size or those launched): world = data x pipeline x tensor");
+        throw std::runtime_error(model_parallel_flags(rc.tp, rc.pp) + " does not divide the " + std::to_string(p.world) +
+                                 " ranks (--world-size or those launched): world = data x pipeline x tensor");
     p.data_ranks = p.world / (rc.tp * rc.pp);
     // This rank's stage, and the micro-batches its schedule keeps in flight at the largest batch (the
     // schedule's most: host/pipeline_schedule.h).
-    const ModelPart part = part_of_rank(dist.rank % p.world, rc.tp, rc.pp);
+    const int chunks = rc.pp > 1 && rc.pp_schedule == "interleaved" ? rc.pp_virtual : 1;
+    const ModelPart part = part_of_rank(dist.rank % p.world, rc.tp, rc.pp, chunks);
     p.options.pipeline_stage = part.stage;
+    p.options.pipeline_chunks = chunks;
     p.micro_batches = int(total_batch_tokens_for(rc, p.data_ranks) / (int64_t(rc.batch_size) * rc.seq_len * p.data_ranks));
     if (rc.pp > 1) {
         const PipelineSchedule schedule = pipeline_schedule_of(rc.pp_schedule);
@@ -1642,7 +1705,7 @@ inline RunPlan plan_run(const RunConfig& rc, const Distributed& dist) {
         throw std::runtime_error(model_label(rc) == rc.model ? problem : "-e " + model_label(rc) + ": " + problem);
     p.num_parameters = gpt2_num_parameters(p.config);
     // Tensor ranks are consecutive, then pipeline stages (parallel/pipeline.h, part_of_rank).
-    p.shard = shard_layout(model_part_num_parameters(p.config, rc.tp, rc.pp, part.stage),
+    p.shard = shard_layout(model_part_num_parameters(p.config, rc.tp, rc.pp, part.stage, chunks),
                            data_rank_of(dist.rank % p.world, rc.tp, rc.pp), p.data_ranks, rc.zero_stage);
     p.memory = gpt2_memory_plan(p.config, rc.batch_size, rc.seq_len, p.shard, p.options);
     size_t free_bytes = 0, total_bytes = 0;
@@ -1690,10 +1753,11 @@ inline void print_dry_run(const RunConfig& rc, const RunPlan& p) {
             ModelOptions options = p.options;
             options.pipeline_stage = stage;
             options.micro_batches_in_flight = timeline.max_in_flight[size_t(stage)];
-            const ShardLayout shard = shard_layout(model_part_num_parameters(p.config, rc.tp, rc.pp, stage), 0, p.data_ranks, rc.zero_stage);
+            const ShardLayout shard = shard_layout(
+                model_part_num_parameters(p.config, rc.tp, rc.pp, stage, options.pipeline_chunks), 0, p.data_ranks, rc.zero_stage);
             const MemoryPlan plan = gpt2_memory_plan(p.config, rc.batch_size, rc.seq_len, shard, options);
-            const LayerRange layers = pipeline_layers(p.config.num_layers, rc.pp, stage);
-            pipeline.per_stage.push_back({layers.first, layers.count, options.micro_batches_in_flight, plan.total(),
+            const StageLayers layers = stage_layers(p.config.num_layers, rc.pp, stage, options.pipeline_chunks);
+            pipeline.per_stage.push_back({layers.chunks[0].first, layers.total(), options.micro_batches_in_flight, plan.total(),
                                           plan.group_bytes("activations")});
         }
     }
@@ -1841,7 +1905,8 @@ inline int run(const RunConfig& rc, Distributed& dist) {
                      total_steps, run, step);
     if (main_rank && rc.pp > 1)
         std::printf("pipeline: %s; schedule %s, %d micro-batches per step and data rank; stage 0 keeps %d in flight%s\n",
-                    pipeline_split_text(p.config, rc.pp).c_str(), rc.pp_schedule.c_str(), int(cap / (int64_t(B) * T * p.data_ranks)),
+                    pipeline_split_text(p.config, rc.pp, p.options.pipeline_chunks).c_str(), rc.pp_schedule.c_str(),
+                    int(cap / (int64_t(B) * T * p.data_ranks)),
                     p.options.micro_batches_in_flight, rc.cuda_graphs == "on" ? "; CUDA graphs not used (point-to-point "
                     "exchanges are not captured yet)" : "");
     RunLog log(main_rank, rc.output_dir);
@@ -1857,7 +1922,8 @@ inline int run(const RunConfig& rc, Distributed& dist) {
     }
 
     install_preemption_handlers();
-    Watchdog watchdog(rc.collective_timeout, dist.rank, {data.nccl, groups.tensor.nccl, groups.pipeline.nccl, groups.pipeline.embedding_nccl});
+    Watchdog watchdog(rc.collective_timeout, dist.rank,
+                      {data.nccl, groups.tensor.nccl, groups.pipeline.nccl, groups.pipeline.gradient_nccl, groups.pipeline.embedding_nccl});
     tr.watchdog = &watchdog;
     double elapsed = 0;
     for (int64_t steps_this_run = 1; step < total_steps; ++step, ++steps_this_run) {

@@ -335,9 +335,6 @@ inline void validate(const RunConfig& c) {
             flag("total-batch-tokens") + " " + std::to_string(c.total_batch_tokens) + " must be a multiple of " +
                 flag("batch-size") + " * " + flag("seq-len") + " = " + std::to_string(bt));
     require(!c.json || c.dry_run, flag("json") + " needs " + flag("dry-run"));
-    require(c.pp == 1 || c.pp_schedule != "interleaved" || c.pp_print_schedule,
-            flag("pp-schedule") + " interleaved: training with model chunks is not built yet (issue 15); afab and 1f1b "
-                "train, and " + flag("pp-print-schedule") + " prints the interleaved schedule");
     require(c.pp == 1 || !c.generate, flag("generate") + " runs one sequence on one rank: it cannot go with " + flag("pp") +
                                           " " + std::to_string(c.pp));
     require(c.tp == 1 || !c.generate, flag("generate") + " runs one sequence on one rank: it cannot go with " + flag("tp") + " " +

@@ -205,6 +205,7 @@ struct ModelOptions {
     bool sequence_parallel = false;  // with tensor_parallel > 1: LayerNorm/residual rows split over those ranks
     int pipeline_parallel = 1;       // stages the layers are split over (parallel/pipeline.h)
     int pipeline_stage = 0;          // this rank's
+    int pipeline_chunks = 1;         // model chunks per rank (the interleaved schedule)
     int micro_batches_in_flight = 1; // forward passes whose backward is still to come: the activations kept
     bool first_stage() const { return pipeline_stage == 0; }
     bool last_stage() const { return pipeline_stage == pipeline_parallel - 1; }

@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -200,14 +201,15 @@ inline std::string pipeline_schedule_table(PipelineSchedule s, int stages, int m
 // output (from rank + 1). A send waits for its receive (NCCL's ncclSend, and the emulator's), so a stage
 // that sent its forward output while the next stage sends it a gradient would wait forever (1F1B's
 // steady state does exactly that). Each send is therefore posted together with the receive of the
-// stage's next operation, in one ncclGroupStart/End (as Megatron's send_forward_recv_backward), or
-// alone after the last operation. The plan below is what train_gpt.cu runs; check_pipeline_exchanges
+// stage's next operation (and, before a forward-backward pair, with both operations' receives), in
+// one ncclGroupStart/End (as Megatron batches them), or alone after the last operation. The plan below is what train_gpt.cu runs; check_pipeline_exchanges
 // plays every rank's plan out under the send-waits-for-receive rule (tests, every schedule).
 
 struct PipelineMessage {
-    bool activation = true;  // forward output (to rank + 1), or gradient (to rank - 1)
+    bool activation = true;  // forward output (to the next virtual stage), or gradient (to the previous)
     int micro_batch = 0;
-    int peer = 0;  // the rank sent to or received from
+    int peer = 0;    // the rank sent to or received from
+    int chunk = 0;   // the sender's model chunk (interleaved; 0 otherwise)
     bool operator==(const PipelineMessage&) const = default;
 };
 
@@ -219,23 +221,48 @@ struct PipelineAction {
     PipelineOp op{};
 };
 
-inline std::vector<PipelineAction> pipeline_actions(PipelineSchedule s, int stages, int rank, int micro_batches) {
-    if (s == PipelineSchedule::interleaved)
-        throw std::invalid_argument("--pp-schedule interleaved: training with model chunks is not built yet (issue 15); "
-                                    "--pp-print-schedule prints its schedule");
+// With v chunks (interleaved), chunk c of rank r is virtual stage c p + r: its forward input comes from
+// rank r - 1's chunk c (rank p - 1's chunk c - 1 on rank 0), its output goes to the next virtual stage;
+// gradients the other way. The first virtual stage receives no activation, the last no gradient.
+inline std::vector<PipelineAction> pipeline_actions(PipelineSchedule s, int stages, int rank, int micro_batches, int chunks = 1) {
+    const int p = stages, last_virtual = p * chunks - 1;
+    const std::vector<PipelineOp> ops = pipeline_ops(s, stages, rank, micro_batches, chunks);
+    const int previous = (rank + p - 1) % p, next = (rank + 1) % p;
+    const auto input_of = [&](const PipelineOp& op, std::vector<PipelineMessage>& to) {
+        const int vs = op.chunk * p + rank;  // the operation's virtual stage
+        if (op.forward && vs > 0) to.push_back({true, op.micro_batch, previous, (vs - 1) / p});
+        if (!op.forward && vs < last_virtual) to.push_back({false, op.micro_batch, next, (vs + 1) / p});
+    };
+    const auto output_of = [&](const PipelineOp& op, std::vector<PipelineMessage>& to) {
+        const int vs = op.chunk * p + rank;
+        if (op.forward && vs < last_virtual) to.push_back({true, op.micro_batch, next, op.chunk});
+        if (!op.forward && vs > 0) to.push_back({false, op.micro_batch, previous, op.chunk});
+    };
     std::vector<PipelineAction> plan;
-    std::vector<PipelineMessage> pending;  // the previous operation's output, sent with the next receive
-    for (const PipelineOp& op : pipeline_ops(s, stages, rank, micro_batches)) {
+    std::vector<PipelineMessage> pending;  // outputs not sent yet: they go with the next receives
+    for (size_t i = 0; i < ops.size(); ++i) {
         PipelineAction a;
         a.sends = std::move(pending);
         pending.clear();
-        if (op.forward && rank > 0) a.receives.push_back({true, op.micro_batch, rank - 1});
-        if (!op.forward && rank < stages - 1) a.receives.push_back({false, op.micro_batch, rank + 1});
+        input_of(ops[i], a.receives);
+        // Interleaved: a forward followed by a backward (the steady state) receives both inputs in this
+        // group and sends both outputs in the next (as Megatron's interleaved schedule batches them);
+        // with the wrap from the last rank to the first, one send per group deadlocks (two stages each
+        // sending the other a gradient, each receive posted one group later).
+        // 1F1B needs no pairs (and with fewer micro-batches than stages must not: there the backward's
+        // gradient can depend on this very forward's output downstream); nor a backward of the same
+        // micro-batch, whose gradient waits for this forward.
+        const bool pair = s == PipelineSchedule::interleaved && ops[i].forward && i + 1 < ops.size() && !ops[i + 1].forward &&
+                          ops[i + 1].micro_batch != ops[i].micro_batch;
+        if (pair) input_of(ops[i + 1], a.receives);
         a.has_op = true;
-        a.op = op;
+        a.op = ops[i];
         plan.push_back(std::move(a));
-        if (op.forward && rank < stages - 1) pending.push_back({true, op.micro_batch, rank + 1});
-        if (!op.forward && rank > 0) pending.push_back({false, op.micro_batch, rank - 1});
+        output_of(ops[i], pending);
+        if (pair) {
+            plan.push_back({{}, {}, true, ops[++i]});
+            output_of(ops[i], pending);
+        }
     }
     if (!pending.empty()) plan.push_back({pending, {}, false, {}});
     return plan;
@@ -250,14 +277,18 @@ inline std::string check_pipeline_exchanges(const std::vector<std::vector<Pipeli
         PipelineMessage message;
         int rank;
     };
-    // channel[from][to]: sends and receives posted so far, in order; matched pairs by index.
-    std::vector<std::vector<std::vector<PipelineMessage>>> sent(p, std::vector<std::vector<PipelineMessage>>(p)),
+    // sent[kind][from][to], received[...]: messages posted so far on each channel, in order; matched
+    // pairs by index. Activations and gradients travel on two communicators (kind 1, 0), each matched
+    // in order between two ranks.
+    std::vector<std::vector<std::vector<std::vector<PipelineMessage>>>> sent(
+        2, std::vector<std::vector<std::vector<PipelineMessage>>>(p, std::vector<std::vector<PipelineMessage>>(p))),
         received = sent;
     std::vector<size_t> at(p, 0);
     std::vector<bool> posted(p, false);
-    std::vector<std::vector<std::pair<int, size_t>>> my_sends(p), my_receives(p);  // (channel peer, index) of the group's
+    std::vector<std::vector<std::tuple<int, int, size_t>>> my_sends(p), my_receives(p);  // (kind, peer, index) of the group's
     const auto describe = [](const PipelineMessage& m) {
-        return std::string(m.activation ? "activation" : "gradient") + " of micro-batch " + std::to_string(m.micro_batch);
+        return std::string(m.activation ? "activation" : "gradient") + " of micro-batch " + std::to_string(m.micro_batch) +
+               (m.chunk > 0 ? " (chunk " + std::to_string(m.chunk) + ")" : "");
     };
     for (bool moved = true; moved;) {
         moved = false;
@@ -268,13 +299,15 @@ inline std::string check_pipeline_exchanges(const std::vector<std::vector<Pipeli
             my_receives[r].clear();
             for (const PipelineMessage& m : a.sends) {
                 if (m.peer < 0 || m.peer >= p || m.peer == r) return "rank " + std::to_string(r) + " sends to rank " + std::to_string(m.peer);
-                sent[r][m.peer].push_back(m);
-                my_sends[r].push_back({m.peer, sent[r][m.peer].size() - 1});
+                auto& channel = sent[m.activation][r][m.peer];
+                channel.push_back(m);
+                my_sends[r].push_back({m.activation, m.peer, channel.size() - 1});
             }
             for (const PipelineMessage& m : a.receives) {
                 if (m.peer < 0 || m.peer >= p || m.peer == r) return "rank " + std::to_string(r) + " receives from rank " + std::to_string(m.peer);
-                received[m.peer][r].push_back(m);
-                my_receives[r].push_back({m.peer, received[m.peer][r].size() - 1});
+                auto& channel = received[m.activation][m.peer][r];
+                channel.push_back(m);
+                my_receives[r].push_back({m.activation, m.peer, channel.size() - 1});
             }
             posted[r] = true;
             moved = true;
@@ -282,15 +315,15 @@ inline std::string check_pipeline_exchanges(const std::vector<std::vector<Pipeli
         for (int r = 0; r < p; ++r) {
             if (!posted[r]) continue;
             bool done = true;
-            for (const auto& [peer, i] : my_sends[r]) done = done && received[r][peer].size() > i;
-            for (const auto& [peer, i] : my_receives[r]) {
-                if (sent[peer][r].size() <= i) {
+            for (const auto& [kind, peer, i] : my_sends[r]) done = done && received[kind][r][peer].size() > i;
+            for (const auto& [kind, peer, i] : my_receives[r]) {
+                if (sent[kind][peer][r].size() <= i) {
                     done = false;
                     continue;
                 }
-                const PipelineMessage& s = sent[peer][r][i];
-                const PipelineMessage& want = received[peer][r][i];
-                if (s.activation != want.activation || s.micro_batch != want.micro_batch)
+                const PipelineMessage& s = sent[kind][peer][r][i];
+                const PipelineMessage& want = received[kind][peer][r][i];
+                if (s.activation != want.activation || s.micro_batch != want.micro_batch || s.chunk != want.chunk)
                     return "rank " + std::to_string(r) + " receives the " + describe(s) + " from rank " + std::to_string(peer) +
                            " as the " + describe(want);
             }

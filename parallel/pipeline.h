@@ -28,7 +28,9 @@
 // A rank's place in its pipeline group (stage = rank) and the communicators it uses: the group's, and
 // the embedding group's (the first and the last stage, for the tied embedding's gradient).
 struct PipelineParallel {
-    ncclComm_t nccl = nullptr;
+    ncclComm_t nccl = nullptr;           // activations, to the next stage
+    ncclComm_t gradient_nccl = nullptr;  // gradients, to the previous stage (a communicator of their own: see
+                                         // host/pipeline_schedule.h, check_pipeline_exchanges)
     MPI_Comm mpi = MPI_COMM_NULL;
     int rank = 0, size = 1;
     ncclComm_t embedding_nccl = nullptr;  // first and last stage only (size > 1)
@@ -45,21 +47,55 @@ inline LayerRange pipeline_layers(int num_layers, int stages, int stage) {
     return {stage * base + std::min(stage, extra), base + (stage < extra ? 1 : 0)};
 }
 
-// "" when the model's layers split over `stages` stages, else why not (naming --pp and the shape).
-inline std::string pipeline_split_problem(const GPT2Config& c, int stages) {
+// A rank's layers with v model chunks per rank (the interleaved schedule; 1 otherwise): chunk c is
+// virtual stage c p + rank of p v, so rank r holds v ranges of the model's layers, which its flat
+// buffer keeps one after the other (its local layers: chunk 0's, then chunk 1's, ...).
+struct StageLayers {
+    std::vector<LayerRange> chunks;  // each chunk's layers in the whole model
+    int total() const {
+        int n = 0;
+        for (const LayerRange& r : chunks) n += r.count;
+        return n;
+    }
+    int local_first(int chunk) const {  // the chunk's first layer among the rank's
+        int n = 0;
+        for (int c = 0; c < chunk; ++c) n += chunks[size_t(c)].count;
+        return n;
+    }
+    int most() const {  // the most layers of one chunk
+        int n = 0;
+        for (const LayerRange& r : chunks) n = std::max(n, r.count);
+        return n;
+    }
+};
+inline StageLayers stage_layers(int num_layers, int stages, int stage, int chunks = 1) {
+    StageLayers s;
+    for (int c = 0; c < chunks; ++c) s.chunks.push_back(pipeline_layers(num_layers, stages * chunks, c * stages + stage));
+    return s;
+}
+
+// "" when the model's layers split over `stages` stages of `chunks` chunks, else why not (naming the
+// flags and the shape).
+inline std::string pipeline_split_problem(const GPT2Config& c, int stages, int chunks = 1) {
     if (stages < 1) return "--pp " + std::to_string(stages) + " must be at least 1";
-    if (c.num_layers < stages)
-        return "--pp " + std::to_string(stages) + ": the model has " + std::to_string(c.num_layers) +
-               " layers (--layers), fewer than the stages; every stage needs at least one";
+    if (c.num_layers < stages * chunks)
+        return "--pp " + std::to_string(stages) + (chunks > 1 ? " x --pp-virtual " + std::to_string(chunks) : std::string()) +
+               ": the model has " + std::to_string(c.num_layers) + " layers (--layers), fewer than the " +
+               (chunks > 1 ? "model chunks" : "stages") + "; every " + (chunks > 1 ? "chunk" : "stage") + " needs at least one";
     return "";
 }
 
-// "12 layers over 4 stages: 3, 3, 3, 3" (stated at start-up; uneven splits are allowed).
-inline std::string pipeline_split_text(const GPT2Config& c, int stages) {
-    std::string s = std::to_string(c.num_layers) + " layers over " + std::to_string(stages) + " stages:";
+// "12 layers over 4 stages: 0-2, 3-5, 6-8, 9-11" (stated at start-up; uneven splits are allowed); with
+// chunks each stage's ranges joined by '+'.
+inline std::string pipeline_split_text(const GPT2Config& c, int stages, int chunks = 1) {
+    std::string s = std::to_string(c.num_layers) + " layers over " + std::to_string(stages) + " stages" +
+                    (chunks > 1 ? " of " + std::to_string(chunks) + " chunks" : std::string()) + ":";
     for (int k = 0; k < stages; ++k) {
-        const LayerRange r = pipeline_layers(c.num_layers, stages, k);
-        s += (k ? ", " : " ") + std::to_string(r.first) + "-" + std::to_string(r.first + r.count - 1);
+        const StageLayers layers = stage_layers(c.num_layers, stages, k, chunks);
+        for (size_t i = 0; i < layers.chunks.size(); ++i) {
+            const LayerRange& r = layers.chunks[i];
+            s += (i ? "+" : k ? ", " : " ") + std::to_string(r.first) + "-" + std::to_string(r.first + r.count - 1);
+        }
     }
     return s;
 }
@@ -68,12 +104,13 @@ inline std::string pipeline_split_text(const GPT2Config& c, int stages) {
 struct ModelPart {
     int tp = 1, tensor_rank = 0;  // parallel/tensor.h
     int pp = 1, stage = 0;
+    int chunks = 1;  // model chunks per rank (interleaved)
 };
 
-// The configuration a stage builds: the whole model's, with its own number of layers.
-inline GPT2Config stage_config(const GPT2Config& c, int stages, int stage) {
+// The configuration a stage builds: the whole model's, with its own number of layers (all its chunks').
+inline GPT2Config stage_config(const GPT2Config& c, int stages, int stage, int chunks = 1) {
     GPT2Config s = c;
-    s.num_layers = pipeline_layers(c.num_layers, stages, stage).count;
+    s.num_layers = stage_layers(c.num_layers, stages, stage, chunks).total();
     return s;
 }
 
@@ -95,14 +132,14 @@ inline bool part_owns(const ModelPart& part, int tensor) {
 }
 
 // The part's tensor sizes in its flat buffer (0 for what it does not hold).
-inline void model_part_sizes(const GPT2Config& c, int tp, int pp, int stage, size_t sizes[kNumParameterTensors]) {
-    tensor_parallel_sizes(stage_config(c, pp, stage), tp, sizes);
+inline void model_part_sizes(const GPT2Config& c, int tp, int pp, int stage, size_t sizes[kNumParameterTensors], int chunks = 1) {
+    tensor_parallel_sizes(stage_config(c, pp, stage, chunks), tp, sizes);
     for (int i = 0; i < kNumParameterTensors; ++i)
         if (!stage_holds(i, pp, stage)) sizes[i] = 0;
 }
-inline size_t model_part_num_parameters(const GPT2Config& c, int tp, int pp, int stage) {
+inline size_t model_part_num_parameters(const GPT2Config& c, int tp, int pp, int stage, int chunks = 1) {
     size_t sizes[kNumParameterTensors], n = 0;
-    model_part_sizes(c, tp, pp, stage, sizes);
+    model_part_sizes(c, tp, pp, stage, sizes, chunks);
     for (size_t s : sizes) n += s;
     return n;
 }
@@ -116,12 +153,21 @@ inline void for_each_part_piece(const GPT2Config& c, const ModelPart& part, int 
         for_each_tensor_piece(c, part.tp, part.tensor_rank, tensor, piece);
         return;
     }
-    size_t whole_sizes[kNumParameterTensors];
+    size_t whole_sizes[kNumParameterTensors], local_sizes[kNumParameterTensors];
     parameter_sizes(c, whole_sizes);
-    const size_t layer_offset = size_t(pipeline_layers(c.num_layers, part.pp, part.stage).first) *
-                                (whole_sizes[tensor] / size_t(c.num_layers));
-    for_each_tensor_piece(stage_config(c, part.pp, part.stage), part.tp, part.tensor_rank, tensor,
-                          [&](size_t whole, size_t local, size_t n) { piece(layer_offset + whole, local, n); });
+    GPT2Config one_layer = c;
+    one_layer.num_layers = 1;
+    tensor_parallel_sizes(one_layer, part.tp, local_sizes);  // one layer's slice on this tensor rank
+    const StageLayers layers = stage_layers(c.num_layers, part.pp, part.stage, part.chunks);
+    for (size_t k = 0; k < layers.chunks.size(); ++k) {  // each chunk's layers: a block in the whole and in the part
+        const size_t whole_offset = size_t(layers.chunks[k].first) * (whole_sizes[tensor] / size_t(c.num_layers));
+        const size_t local_offset = size_t(layers.local_first(int(k))) * local_sizes[tensor];
+        GPT2Config chunk = c;
+        chunk.num_layers = layers.chunks[k].count;
+        for_each_tensor_piece(chunk, part.tp, part.tensor_rank, tensor, [&](size_t whole, size_t local, size_t n) {
+            piece(whole_offset + whole, local_offset + local, n);
+        });
+    }
 }
 
 // Calls f(tensor, whole_at + whole offset, local_at + local offset, count) for every piece of the part,
@@ -130,7 +176,7 @@ template <typename F>
 inline void for_each_model_piece(const GPT2Config& c, const ModelPart& part, F&& f) {
     size_t whole_sizes[kNumParameterTensors], local_sizes[kNumParameterTensors];
     parameter_sizes(c, whole_sizes);
-    model_part_sizes(c, part.tp, part.pp, part.stage, local_sizes);
+    model_part_sizes(c, part.tp, part.pp, part.stage, local_sizes, part.chunks);
     size_t whole_at = 0, local_at = 0;
     for (int i = 0; i < kNumParameterTensors; ++i) {
         for_each_part_piece(c, part, i, [&](size_t whole, size_t local, size_t n) { f(i, whole_at + whole, local_at + local, n); });
@@ -142,7 +188,7 @@ inline void for_each_model_piece(const GPT2Config& c, const ModelPart& part, F&&
 // The part's flat buffer from the whole model's.
 template <typename T>
 inline std::vector<T> model_shard(const std::vector<T>& whole, const GPT2Config& c, const ModelPart& part) {
-    std::vector<T> local(model_part_num_parameters(c, part.tp, part.pp, part.stage));
+    std::vector<T> local(model_part_num_parameters(c, part.tp, part.pp, part.stage, part.chunks));
     for_each_model_piece(c, part, [&](int, size_t from, size_t to, size_t n) {
         std::copy(whole.begin() + ptrdiff_t(from), whole.begin() + ptrdiff_t(from + n), local.begin() + ptrdiff_t(to));
     });
@@ -166,17 +212,17 @@ inline std::vector<T> model_unshard(const std::vector<std::vector<T>>& locals, c
 
 // The world's ranks as a grid (parallel/process_groups.h: tensor fastest, then pipeline, then data):
 // world rank r's part and its data rank.
-inline ModelPart part_of_rank(int rank, int tp, int pp) { return {tp, rank % tp, pp, (rank / tp) % pp}; }
+inline ModelPart part_of_rank(int rank, int tp, int pp, int chunks = 1) { return {tp, rank % tp, pp, (rank / tp) % pp, chunks}; }
 inline int data_rank_of(int rank, int tp, int pp) { return rank / (tp * pp); }
 
 // World rank `rank`'s optimizer range (parallel/zero.h) as pieces of the whole model's flat buffer, in
 // the range's order, for a run of data x pp x tp ranks at `zero_stage`: what a checkpoint writes from
 // each rank and reads back into each (host/checkpointing.h), at any tp, pp and data ranks.
 inline std::vector<StatePiece> optimizer_state_pieces(const GPT2Config& c, int tp, int pp, int data_ranks, int zero_stage,
-                                                      int rank) {
-    const ModelPart part = part_of_rank(rank, tp, pp);
+                                                      int rank, int chunks = 1) {
+    const ModelPart part = part_of_rank(rank, tp, pp, chunks);
     const int data_rank = data_rank_of(rank, tp, pp);
-    const ShardLayout sh = shard_layout(model_part_num_parameters(c, tp, pp, part.stage), data_rank, data_ranks, zero_stage);
+    const ShardLayout sh = shard_layout(model_part_num_parameters(c, tp, pp, part.stage, chunks), data_rank, data_ranks, zero_stage);
     const size_t lo = sh.optimizer_begin(), hi = lo + sh.optimizer_real_size();
     const bool writes_shard = zero_stage > 0 || data_rank == 0;  // ZeRO-0: every data rank holds it all
     std::vector<StatePiece> pieces;
@@ -225,6 +271,12 @@ inline std::vector<std::vector<T>> gather_model_parts(MPI_Comm mpi, const std::v
     return locals;
 }
 
+// "--tp 2", "--pp 4" or "--tp 2 x --pp 4": the flags that split each copy of the model (messages).
+inline std::string model_parallel_flags(int tp, int pp) {
+    const std::string t = "--tp " + std::to_string(tp), p = "--pp " + std::to_string(pp);
+    return pp == 1 ? t : tp == 1 ? p : t + " x " + p;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The run's groups (the grid of parallel/process_groups.h): tensor groups of `tp` consecutive ranks
 // (so they share a node), pipeline groups across them, data groups across both. Collective over the
@@ -245,17 +297,20 @@ inline ParallelGroups make_parallel_groups(const Distributed& world, int tp, int
         return g;
     }
     if (world.world_size % (tp * pp) != 0)
-        throw TrainGptError("--tp " + std::to_string(tp) + " x --pp " + std::to_string(pp) + " does not divide the " +
-                            std::to_string(world.world_size) + " ranks launched (world = data x pipeline x tensor)");
+        throw TrainGptError(model_parallel_flags(tp, pp) + " does not divide the " + std::to_string(world.world_size) +
+                            " ranks launched (world = data x pipeline x tensor)");
     GridCoordinates shape;
     shape.tensor = tp;
     shape.pipeline = pp;
     shape.data = world.world_size / (tp * pp);
     ProcessGroup tensor = make_process_group(shape, world.rank, Axis::tensor);
     ProcessGroup pipeline = make_process_group(shape, world.rank, Axis::pipeline);
+    ProcessGroup pipeline_gradients = make_process_group(shape, world.rank, Axis::pipeline);
+    MPI_CHECK(MPI_Comm_free(&pipeline_gradients.mpi));  // its NCCL communicator is all it is for
     ProcessGroup data = make_process_group(shape, world.rank, Axis::data);
     g.tensor = {tensor.nccl, tensor.mpi, tensor.rank, tensor.size};
     g.pipeline.nccl = pipeline.nccl;
+    g.pipeline.gradient_nccl = pipeline_gradients.nccl;
     g.pipeline.mpi = pipeline.mpi;
     g.pipeline.rank = pipeline.rank;
     g.pipeline.size = pipeline.size;
@@ -298,6 +353,7 @@ inline void release_parallel_groups(ParallelGroups& g) {
     if (g.tensor.nccl) NCCL_CHECK(ncclCommDestroy(g.tensor.nccl));
     if (g.tensor.mpi != MPI_COMM_NULL) MPI_CHECK(MPI_Comm_free(&g.tensor.mpi));
     if (g.pipeline.nccl) NCCL_CHECK(ncclCommDestroy(g.pipeline.nccl));
+    if (g.pipeline.gradient_nccl) NCCL_CHECK(ncclCommDestroy(g.pipeline.gradient_nccl));
     if (g.pipeline.embedding_nccl) NCCL_CHECK(ncclCommDestroy(g.pipeline.embedding_nccl));
     if (g.pipeline.mpi != MPI_COMM_NULL) MPI_CHECK(MPI_Comm_free(&g.pipeline.mpi));
     if (g.owns_data) {

@@ -392,9 +392,6 @@ TEST_CASE("contradictory flags are errors naming every flag involved", "[config]
     CHECK(contains(error_of({"-o", "out", "-y", "--overwrite"}), "--overwrite starts a fresh run: it cannot go with -y/--resume"));
     CHECK(contains(error_of({"--overwrite"}), "--overwrite needs -o/--output-dir"));
     CHECK(contains(error_of({"-o", "out", "--resume-override", "seed"}), "--resume-override needs -y/--resume"));
-    CHECK(contains(error_of({"--pp", "2", "--pp-schedule", "interleaved"}),
-                   "--pp-schedule interleaved: training with model chunks is not built yet (issue 15); afab and 1f1b train, "
-                   "and --pp-print-schedule prints the interleaved schedule"));
     CHECK(contains(error_of({"--pp", "2", "--generate"}), "--generate runs one sequence on one rank: it cannot go with --pp 2"));
     CHECK(contains(error_of({"--pp-virtual", "2"}), "--pp-virtual 2 needs --pp-schedule interleaved"));
     CHECK(contains(error_of({"--sequence-parallel", "on"}),

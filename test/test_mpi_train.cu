@@ -19,6 +19,7 @@ Distributed world;
 int zero_stage = 0, accumulation = 1;
 int tensor_parallel = 1;                  // TRAIN_TP: the [tp] test case's tensor group size
 int pipeline_parallel = 1;                // TRAIN_PP: its pipeline stages
+int pipeline_chunks = 1;                  // TRAIN_PP_VIRTUAL: model chunks per stage (interleaved)
 PipelineSchedule pp_schedule = PipelineSchedule::one_f_one_b;  // TRAIN_PP_SCHEDULE
 Recompute tp_recompute = Recompute::none;  // TRAIN_RECOMPUTE: its recompute mode
 bool tp_sequence_parallel = false;         // TRAIN_SEQUENCE_PARALLEL=on: with sequence parallelism
@@ -426,8 +427,8 @@ std::vector<float> gather_whole_model(const Trainer& tr, const floatX* buffer) {
     std::vector<int> counts, displs;
     int total = 0;
     for (int r = 0; r < tp * pp; ++r) {
-        parts.push_back(part_of_rank(r, tp, pp));
-        counts.push_back(int(model_part_num_parameters(m.whole_config, tp, pp, parts.back().stage)));
+        parts.push_back(part_of_rank(r, tp, pp, m.options.pipeline_chunks));
+        counts.push_back(int(model_part_num_parameters(m.whole_config, tp, pp, parts.back().stage, m.options.pipeline_chunks)));
         displs.push_back(total);
         total += counts.back();
     }
@@ -445,10 +446,10 @@ std::vector<float> gather_whole_model(const Trainer& tr, const floatX* buffer) {
 
 TEST_CASE("tensor and pipeline parallelism follow a single-process run on the same global batch", "[tp]") {
     // Four heads split over 2 or 4 ranks (32 or 16 channels each); a vocabulary that pads; T a multiple
-    // of tp (sequence parallelism splits the tokens). Over pipeline stages one layer more than stages,
-    // so the first stage holds two (an uneven split).
-    const int tp = tensor_parallel, pp = pipeline_parallel, sequences = 24, T = 36, steps = 5;
-    const GPT2Config config{40, 301, pad_vocab(301), pp == 1 ? 2 : pp + 1, 4, 128};
+    // of tp (sequence parallelism splits the tokens). Over pipeline stages one layer more than (virtual)
+    // stages, so the first holds two (an uneven split).
+    const int tp = tensor_parallel, pp = pipeline_parallel, v = pipeline_chunks, sequences = 24, T = 36, steps = 5;
+    const GPT2Config config{40, 301, pad_vocab(301), pp == 1 ? 2 : pp * v + 1, 4, 128};
     REQUIRE(world.world_size % (tp * pp) == 0);
     const int data_ranks = world.world_size / (tp * pp);
     REQUIRE(sequences % (data_ranks * accumulation) == 0);
@@ -497,7 +498,9 @@ TEST_CASE("tensor and pipeline parallelism follow a single-process run on the sa
     options.sequence_parallel = tp_sequence_parallel;
     options.pipeline_parallel = pp;
     options.pipeline_stage = groups.pipeline.rank;
-    options.micro_batches_in_flight = simulate_pipeline(pp_schedule, pp, accumulation).max_in_flight[size_t(groups.pipeline.rank)];
+    options.pipeline_chunks = v;
+    options.micro_batches_in_flight =
+        simulate_pipeline(pp_schedule, pp, accumulation, v).max_in_flight[size_t(groups.pipeline.rank)];
     const int B = sequences / (data_ranks * accumulation);
 #ifndef __CUDACC__
     cuemu::reset_peak_memory();
@@ -512,11 +515,11 @@ TEST_CASE("tensor and pipeline parallelism follow a single-process run on the sa
     // tensors, wte on the first and the last, wpe on the first, lnf on the last.
     size_t whole_sizes[kNumParameterTensors];
     parameter_sizes(config, whole_sizes);
-    const int stage = groups.pipeline.rank, stage_layers = pipeline_layers(config.num_layers, pp, stage).count;
-    CHECK(stage_layers == (pp == 1 ? 2 : stage == 0 ? 2 : 1));
+    const int stage = groups.pipeline.rank, layers_held = stage_layers(config.num_layers, pp, stage, v).total();
+    CHECK(layers_held == (pp == 1 ? 2 : stage == 0 ? v + 1 : v));  // one layer a virtual stage, two on the first
     for (int i = 1; i < kNumParameterTensors; ++i) {
         INFO(kParameterNames[i]);
-        const size_t held = is_layer_tensor(i) ? whole_sizes[i] / size_t(config.num_layers) * size_t(stage_layers)
+        const size_t held = is_layer_tensor(i) ? whole_sizes[i] / size_t(config.num_layers) * size_t(layers_held)
                             : i == 1          ? (stage == 0 ? whole_sizes[i] : 0)
                                               : (stage == pp - 1 ? whole_sizes[i] : 0);
         CHECK(tr.model.param_sizes[i] * (tensor_split_of(i).kind == TensorSplit::replicated ? 1 : size_t(tp)) == held);
@@ -562,9 +565,9 @@ TEST_CASE("tensor and pipeline parallelism follow a single-process run on the sa
         at += whole_sizes[i];
     }
     if (world.rank == 0)
-        std::printf("%d rank(s) = %d data x %d pipeline (%s) x %d tensor%s, ZeRO-%d, %d micro-steps, recompute %s [%s, attention %s] vs 1 rank: loss err "
+        std::printf("%d rank(s) = %d data x %d pipeline (%s, %d chunk(s)) x %d tensor%s, ZeRO-%d, %d micro-steps, recompute %s [%s, attention %s] vs 1 rank: loss err "
                     "%.2e, norm err %.2e, gradient err %.2e, parameter err %.2e, short pass %.2e, next-token logits %.2e%s\n", world.world_size, data_ranks,
-                    pp, pipeline_schedule_name(pp_schedule), tp, tp_sequence_parallel ? " (sequence parallel)" : "", zero_stage,
+                    pp, pipeline_schedule_name(pp_schedule), v, tp, tp_sequence_parallel ? " (sequence parallel)" : "", zero_stage,
                     accumulation, recompute_name(tp_recompute), kPrecisionName, attention_name(options.attention), loss_err.value, norm_err.value,
                     grads.empty() ? NAN : grad_err.value, param_err.value, short_err.value, next_err.value,
                     whole == base ? " (bitwise equal)" : "");
@@ -594,6 +597,7 @@ int main(int argc, char** argv) {
     if (const char* t = std::getenv("TRAIN_TP")) tensor_parallel = std::atoi(t);
     if (const char* p = std::getenv("TRAIN_PP")) pipeline_parallel = std::atoi(p);
     if (const char* s = std::getenv("TRAIN_PP_SCHEDULE")) pp_schedule = pipeline_schedule_of(s);
+    if (const char* v = std::getenv("TRAIN_PP_VIRTUAL")) pipeline_chunks = std::atoi(v);
     if (const char* r = std::getenv("TRAIN_RECOMPUTE")) tp_recompute = recompute_of(r);
     if (const char* q = std::getenv("TRAIN_SEQUENCE_PARALLEL")) tp_sequence_parallel = std::string(q) == "on";
     // Test cases that need a particular configuration run only in it; elsewhere they are left out and

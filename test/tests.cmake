@@ -182,14 +182,17 @@ endforeach()
 
 # Pipeline parallelism (the same [tp] case, TRAIN_PP stages) against one process on the same global
 # batch: ranks, ZeRO stage, micro-batches per data rank, stages, schedule, recompute mode, tensor ranks,
-# sequence parallelism. The issue's set: pp 2 and pp 4 with each schedule that trains (afab, 1f1b),
-# 2 data x 2 stages with ZeRO-1, 2 stages x 2 tensor ranks (with and without sequence parallelism);
-# and 3 stages (more layers on the first), full and selective recompute, 2 x 2 x 2 (3D).
-set(pp_configs "2,0,4,2,afab,none,1,off" "2,0,4,2,1f1b,full,1,off" "4,0,4,4,afab,none,1,off"
-               "4,0,4,4,1f1b,selective,1,off" "4,1,4,2,1f1b,none,1,off" "3,0,3,3,1f1b,none,1,off"
-               "4,0,4,2,1f1b,none,2,off" "4,0,4,2,afab,none,2,on" "8,1,2,2,1f1b,selective,2,on")
+# sequence parallelism, model chunks per stage. The issue's set: pp 2 and pp 4 with each schedule
+# (interleaved with 2 chunks), 2 data x 2 stages with ZeRO-1, 2 stages x 2 tensor ranks (with and
+# without sequence parallelism); and 3 stages (more layers on the first), full and selective
+# recompute, 2 x 2 x 2 (3D), 3 chunks.
+set(pp_configs "2,0,4,2,afab,none,1,off,1" "2,0,4,2,1f1b,full,1,off,1" "4,0,4,4,afab,none,1,off,1"
+               "4,0,4,4,1f1b,selective,1,off,1" "4,1,4,2,1f1b,none,1,off,1" "3,0,3,3,1f1b,none,1,off,1"
+               "4,0,4,2,1f1b,none,2,off,1" "4,0,4,2,afab,none,2,on,1" "8,1,2,2,1f1b,selective,2,on,1"
+               "2,0,4,2,interleaved,none,1,off,2" "4,0,8,4,interleaved,none,1,off,2" "4,1,4,2,interleaved,none,1,off,2"
+               "4,0,4,2,interleaved,selective,2,on,2" "2,0,6,2,interleaved,full,1,off,3")
 if(ASAN)
-  set(pp_configs "2,0,4,2,1f1b,none,1,off")
+  set(pp_configs "2,0,4,2,1f1b,none,1,off,1")
 endif()
 foreach(config IN LISTS pp_configs)
   string(REPLACE "," ";" config "${config}")
@@ -201,6 +204,7 @@ foreach(config IN LISTS pp_configs)
   list(GET config 5 recompute)
   list(GET config 6 tp)
   list(GET config 7 sp)
+  list(GET config 8 chunks)
   set(tp_suffix "")
   if(tp GREATER 1)
     set(tp_suffix "_tp${tp}")
@@ -213,11 +217,15 @@ foreach(config IN LISTS pp_configs)
     if(precision STREQUAL "fp32")
       set(suffix "_fp32")
     endif()
-    set(name test_mpi_train${suffix}_np${np}_pp${pp}_${schedule}${tp_suffix}_zero${zero}_accum${accum}_${recompute})
+    set(schedule_name ${schedule})
+    if(chunks GREATER 1)
+      set(schedule_name "${schedule}${chunks}")
+    endif()
+    set(name test_mpi_train${suffix}_np${np}_pp${pp}_${schedule_name}${tp_suffix}_zero${zero}_accum${accum}_${recompute})
     add_test(${name} ${MPIRUN} -np ${np} ${TEST_BIN}/test_mpi_train${suffix})
     list(APPEND launched_tests ${name})
     set_tests_properties(${name} PROPERTIES
-      ENVIRONMENT "CUEMU_RACECHECK=1;TRAIN_ZERO=${zero};TRAIN_ACCUM=${accum};TRAIN_PP=${pp};TRAIN_PP_SCHEDULE=${schedule};TRAIN_RECOMPUTE=${recompute};TRAIN_TP=${tp};TRAIN_SEQUENCE_PARALLEL=${sp};TRAIN_GPT_ROOT=${CMAKE_CURRENT_LIST_DIR}/..")
+      ENVIRONMENT "CUEMU_RACECHECK=1;TRAIN_ZERO=${zero};TRAIN_ACCUM=${accum};TRAIN_PP=${pp};TRAIN_PP_SCHEDULE=${schedule};TRAIN_PP_VIRTUAL=${chunks};TRAIN_RECOMPUTE=${recompute};TRAIN_TP=${tp};TRAIN_SEQUENCE_PARALLEL=${sp};TRAIN_GPT_ROOT=${CMAKE_CURRENT_LIST_DIR}/..")
   endforeach()
 endforeach()
 
@@ -334,12 +342,12 @@ add_test(dry_run_6p7b ${train_binary} -e d12 --layers 32 --heads 32 --channels 4
          -r full --dry-run --json)
 set_tests_properties(dry_run_6p7b PROPERTIES PASS_REGULAR_EXPRESSION "\"parameters\": 6654402560")
 # --pp-print-schedule: GPT-2 1.5B on 16 ranks as 4 data x 4 pipeline stages, 16 micro-batches, 1F1B:
-# the bubble (4-1)/(16+4-1) = 0.1579. Training with --pp > 1 is refused until it exists.
+# the bubble (4-1)/(16+4-1) = 0.1579. A stage per layer at most: more stages than layers is refused.
 add_test(pp_print_schedule ${train_binary} -e d48 -b 16 -t 1024 -d 1048576 --world-size 16 --pp 4 --pp-print-schedule)
 set_tests_properties(pp_print_schedule PROPERTIES PASS_REGULAR_EXPRESSION
                      "rank 0 +\\|  F0  F1  F2  F3   \\.   \\.   \\.  B0  F4 .*bubble: 0.1579 of the rank-slots idle, formula 0.1579")
-add_test(pp_training_refused ${CMAKE_CURRENT_LIST_DIR}/expect_failure.sh "--pp 2: training across pipeline stages is not built yet"
-         ${train_binary} -e tiny -b 2 -t 32 --pp 2)
+add_test(pp_more_stages_than_layers ${CMAKE_CURRENT_LIST_DIR}/expect_failure.sh "--pp 4: the model has 2 layers"
+         ${train_binary} -e tiny -b 2 -t 32 --pp 4 --world-size 4 --dry-run)
 add_test(plan_does_not_fit ${CMAKE_CURRENT_LIST_DIR}/expect_failure.sh "more than the .* available"
          ${train_binary} -e tiny -b 4 -t 64 --max-memory 0.01)
 
