@@ -411,9 +411,6 @@ inline std::string gpt2_check_build(const GPT2Config& config, int B, int T, int 
     if (problem.empty() && options.pipeline_parallel > 1 && options.inference)
         problem = "model: generation (an inference model) runs on one rank, not split over --pp " +
                   std::to_string(options.pipeline_parallel);
-    if (problem.empty() && options.pipeline_parallel > 1 && zero_stage == 2)
-        problem = "--pp " + std::to_string(options.pipeline_parallel) + " with -z 2: ZeRO-2's per-micro-step reduction is "
-                  "not built for pipeline stages yet (issue 15); -z 1 shards the optimizer state over the data ranks";
     if (problem.empty() && (options.pipeline_stage < 0 || options.pipeline_stage >= options.pipeline_parallel ||
                             options.micro_batches_in_flight < 1))
         problem = "model: pipeline stage " + std::to_string(options.pipeline_stage) + " of " +
@@ -1097,7 +1094,9 @@ inline void gpt2_backward(GPT2& model, const std::function<void(int)>& layer_don
     ActivationTensors& a = model.acts;
     BackwardBuffers& b = model.bwd;
 
-    if (model.shard.zero_stage == 2)  // the global tensors' gradients are per micro-step there
+    // The global tensors' gradients are per micro-step under ZeRO-2 (a pipeline stage accumulates them over
+    // the step instead, pipeline_micro_steps: the tied embedding's two halves are summed before reducing).
+    if (model.shard.zero_stage == 2 && model.pipeline.size == 1)
         CUDA_CHECK(cudaMemsetAsync(g.wte, 0, model.plan.bytes_of("grad_global_buffer"), stream));
     const int Vr = vocab_rows_per_rank(cfg, model.tensor.size);
     // A pipeline stage before the last starts from the gradient of its output, received into dresidual.
@@ -1449,6 +1448,16 @@ inline void pipeline_micro_steps(Trainer& tr, const std::vector<const int*>& inp
     };
     int backwards = 0;  // backward passes so far: they use the two gradient buffers in turn
     const floatX* sent_gradient = nullptr;  // the last backward pass's, sent with the next group
+    // ZeRO-2: each backward pass reduces its layers' gradients as it goes (into this rank's shard); the
+    // global tensors' accumulate over the step and are reduced after it, as with ZeRO-0 and 1.
+    const bool per_pass = m.shard.zero_stage == 2;
+    if (per_pass) CUDA_CHECK(cudaMemsetAsync(m.grads.wte, 0, m.plan.bytes_of("grad_global_buffer"), m.stream));
+    const auto layer_done = [&](int l) {
+        if (l >= 0) reduce_layer_gradients(tr, l);
+    };
+    const auto before_layer = [&](int l) {  // the layer buffer must be reduced before it is reused
+        CUDA_CHECK(cudaStreamWaitEvent(m.stream, tr.layer_buffer_free[l % 2], 0));
+    };
     for (const PipelineAction& a : pipeline_actions(tr.schedule, pipe.size, pipe.rank, micro_batches, m.options.pipeline_chunks)) {
         const int j = a.op.micro_batch;
         if (a.has_op && a.op.forward) {  // a free slot (the schedule keeps at most `slots` in flight)
@@ -1485,7 +1494,8 @@ inline void pipeline_micro_steps(Trainer& tr, const std::vector<const int*>& inp
             select_micro_batch(m, k);
             m.chunk = a.op.chunk;
             m.bwd.dresidual = m.dresidual_buffers[backwards++ % 2];
-            gpt2_backward(m);
+            if (per_pass) gpt2_backward(m, layer_done, before_layer);
+            else gpt2_backward(m);
             sent_gradient = m.bwd.dresidual;
             in_slot[size_t(k)] = {-1, -1};
         }
@@ -1494,7 +1504,7 @@ inline void pipeline_micro_steps(Trainer& tr, const std::vector<const int*>& inp
     // output head, on both (so the two copies of wte take the same update).
     if (pipe.embedding_nccl)
         NCCL_CHECK(ncclAllReduce(m.grads.wte, m.grads.wte, m.param_sizes[0], kNcclFloatX, ncclSum, pipe.embedding_nccl, m.stream));
-    for (int l = m.config.num_layers - 1; l >= -1; --l) reduce_layer_gradients(tr, l);
+    for (int l = per_pass ? -1 : m.config.num_layers - 1; l >= -1; --l) reduce_layer_gradients(tr, l);
     CUDA_CHECK(cudaEventRecord(tr.dist.comm_done, tr.dist.comm_stream));
     CUDA_CHECK(cudaStreamWaitEvent(m.stream, tr.dist.comm_done, 0));
 }

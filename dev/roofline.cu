@@ -29,6 +29,8 @@ struct Options {
     std::string model = "d12", recompute = "none", launches_json;
     std::string attention = RunConfig{}.attention;  // train_gpt's default (host/config.h)
     int B = 4, T = 1024, zero_stage = 1, world_size = 8;
+    int tp = 1, pp = 1, pp_virtual = 1;  // tensor and pipeline parallelism (world = data x pp x tp)
+    std::string pp_schedule = "1f1b";
     int layers = 0, heads = 0, channels = 0;  // a preset's shape changed, as train_gpt's flags (0 = keep)
     int64_t total_batch_tokens = 1048576;  // llm.c's GPT-2 1.5B run: 8 ranks x 16 x 1024 x 8 micro-steps
 };
@@ -37,7 +39,10 @@ const char* kUsage =
     "usage: roofline [-e d12|d24|d36|d48|tiny|mini] [-b B] [-t T] [-z ZERO_STAGE] [-w WORLD_SIZE]\n"
     "                [-r none|selective|full] [--attention auto|tc|simt] [-d TOTAL_BATCH_TOKENS]\n"
     "                [--layers L] [--heads NH] [--channels C] [--launches-json FILE]\n"
-    "defaults: -e d12 -b 4 -t 1024 -z 1 -w 8 -r none --attention auto (tc; simt in the FP32 build) -d 1048576\n";
+    "                [--tp N] [--pp N] [--pp-schedule afab|1f1b|interleaved] [--pp-virtual V]\n"
+    "defaults: -e d12 -b 4 -t 1024 -z 1 -w 8 -r none --attention auto (tc; simt in the FP32 build) -d 1048576\n"
+    "with --pp the last stage's step is recorded (the classifier's: the busiest), and the step time is its\n"
+    "busy time over 1 - the schedule's bubble\n";
 
 [[noreturn]] void usage_error(const std::string& message) {
     std::fprintf(stderr, "roofline: %s\n%s", message.c_str(), kUsage);
@@ -73,11 +78,26 @@ Options parse(int argc, char** argv) {
         else if (flag == "--heads") o.heads = int(parse_int(flag, value));
         else if (flag == "--channels") o.channels = int(parse_int(flag, value));
         else if (flag == "--launches-json") o.launches_json = value;
+        else if (flag == "--tp") o.tp = int(parse_int(flag, value));
+        else if (flag == "--pp") o.pp = int(parse_int(flag, value));
+        else if (flag == "--pp-virtual") o.pp_virtual = int(parse_int(flag, value));
+        else if (flag == "--pp-schedule") o.pp_schedule = value;
         else usage_error("unknown flag " + flag);
     }
     if (o.world_size < 1) usage_error("-w: the world size must be at least 1");
+    if (o.tp < 1 || o.pp < 1 || o.world_size % (o.tp * o.pp) != 0)
+        usage_error("--tp " + std::to_string(o.tp) + " x --pp " + std::to_string(o.pp) + " must divide -w " +
+                    std::to_string(o.world_size));
     if (o.B < 1 || o.T < 1) usage_error("-b, -t: B and T must be at least 1");
     return o;
+}
+
+// A record-only NCCL communicator of n ranks, this process rank `rank` of them (no peers).
+ncclComm_t record_only_comm(int n, int rank = 0) {
+    ncclComm_t comm = nullptr;
+    ncclUniqueId id{};
+    NCCL_CHECK(ncclCommInitRank(&comm, n, id, rank));
+    return comm;
 }
 
 // A rank-0-of-W run with no peers: MPI only for this process (the step's host-side sums), and a
@@ -86,8 +106,7 @@ Distributed record_only_distributed(int world_size) {
     Distributed d;
     d.mpi = MPI_COMM_SELF;
     d.world_size = world_size;
-    ncclUniqueId id{};
-    NCCL_CHECK(ncclCommInitRank(&d.nccl, world_size, id, 0));
+    d.nccl = record_only_comm(world_size);
     CUDA_CHECK(cudaStreamCreate(&d.comm_stream));
     CUDA_CHECK(cudaEventCreateWithFlags(&d.compute_done, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&d.comm_done, cudaEventDisableTiming));
@@ -152,17 +171,50 @@ int main(int argc, char** argv) {
         if (const std::string problem = attention_tc_requirements(o.B, o.T, config.channels, config.num_heads);
             !problem.empty())
             usage_error(problem);
-    const int64_t rank_tokens = int64_t(o.B) * o.T, step_tokens_per_micro = rank_tokens * o.world_size;
+    const int data_ranks = o.world_size / (o.tp * o.pp);
+    const int64_t rank_tokens = int64_t(o.B) * o.T, step_tokens_per_micro = rank_tokens * data_ranks;
     if (o.total_batch_tokens < step_tokens_per_micro || o.total_batch_tokens % step_tokens_per_micro != 0)
-        usage_error("-d: " + std::to_string(o.total_batch_tokens) + " tokens per step is not a multiple of W x B x T = " +
+        usage_error("-d: " + std::to_string(o.total_batch_tokens) + " tokens per step is not a multiple of data ranks x B x T = " +
                     std::to_string(step_tokens_per_micro));
     const int micro_steps = int(o.total_batch_tokens / step_tokens_per_micro);
 
     MPI_Init(&argc, &argv);
     cuemu::set_record_only(true);
-    Distributed dist = record_only_distributed(o.world_size);
+    Distributed dist = record_only_distributed(data_ranks);
+    // Tensor and pipeline groups of record-only communicators, MPI sums over this process alone; the
+    // pipeline's last stage (the classifier's) is the one recorded.
+    TensorParallel tensor{o.tp > 1 ? record_only_comm(o.tp) : nullptr, MPI_COMM_SELF, 0, o.tp};
+    PipelineParallel pipeline;
+    PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
+    double bubble = 0;
+    if (o.pp > 1) {
+        try {
+            schedule = pipeline_schedule_of(o.pp_schedule);
+            if (const std::string problem = pipeline_problem(schedule, o.pp, micro_steps, o.pp_virtual); !problem.empty())
+                usage_error(problem);
+        } catch (const std::invalid_argument& e) {
+            usage_error(e.what());
+        }
+        pipeline.nccl = record_only_comm(o.pp, o.pp - 1);
+        pipeline.gradient_nccl = record_only_comm(o.pp, o.pp - 1);
+        pipeline.embedding_nccl = record_only_comm(2, 1);
+        pipeline.mpi = MPI_COMM_SELF;
+        pipeline.rank = o.pp - 1;
+        pipeline.size = o.pp;
+        const int chunks = schedule == PipelineSchedule::interleaved ? o.pp_virtual : 1;
+        options.pipeline_parallel = o.pp;
+        options.pipeline_stage = o.pp - 1;
+        options.pipeline_chunks = chunks;
+        options.micro_batches_in_flight = simulate_pipeline(schedule, o.pp, micro_steps, chunks).max_in_flight[size_t(o.pp - 1)];
+        bubble = pipeline_bubble_formula(schedule, o.pp, micro_steps, chunks);
+    }
+    if (o.tp > 1) {
+        options.tensor_parallel = o.tp;
+        options.sequence_parallel = o.T % o.tp == 0;
+    }
     Trainer tr;
-    trainer_build(tr, dist, config, o.B, o.T, o.zero_stage, OptimizerConfig{}, options);
+    tr.schedule = schedule;
+    trainer_build(tr, dist, config, o.B, o.T, o.zero_stage, OptimizerConfig{}, options, tensor, pipeline);
     const GPT2& m = tr.model;
 
     const std::vector<LaunchRecord> one = record_step(tr, 1, o.B, o.T);
@@ -171,13 +223,15 @@ int main(int argc, char** argv) {
 
     const StepTimeline one_timeline = replay_streams(one), timeline = replay_streams(step);
     const int L = config.num_layers, C = config.channels;
-    std::printf("roofline: %s (L=%d, NH=%d, C=%d), %s parameters, B=%d T=%d, ZeRO-%d on %d rank(s) (recorded: rank 0), "
-                "recompute %s, attention %s, %s\n",
-                o.model.c_str(), config.num_layers, config.num_heads, config.channels, with_thousands(int64_t(m.num_parameters)).c_str(), o.B, o.T, o.zero_stage,
-                o.world_size, recompute_name(options.recompute), o.attention.c_str(), kPrecisionName);
-    std::printf("step: %d micro-step(s) x %d x %d tokens x %d rank(s) = %s tokens; memory plan %.2f GiB per rank\n",
-                micro_steps, o.B, o.T, o.world_size, with_thousands(o.total_batch_tokens).c_str(),
-                double(m.plan.total()) / double(size_t(1) << 30));
+    std::printf("roofline: %s (L=%d, NH=%d, C=%d), %s parameters, B=%d T=%d, ZeRO-%d on %d rank(s) = %d data x %d pipeline x "
+                "%d tensor (recorded: %s), recompute %s, attention %s, %s\n",
+                o.model.c_str(), config.num_layers, config.num_heads, config.channels,
+                with_thousands(int64_t(gpt2_num_parameters(config))).c_str(), o.B, o.T, o.zero_stage, o.world_size, data_ranks, o.pp,
+                o.tp, o.pp > 1 ? "the last stage's rank 0" : "rank 0", recompute_name(options.recompute), o.attention.c_str(),
+                kPrecisionName);
+    std::printf("step: %d micro-step(s) x %d x %d tokens x %d data rank(s) = %s tokens; memory plan %.2f GiB per rank%s\n",
+                micro_steps, o.B, o.T, data_ranks, with_thousands(o.total_batch_tokens).c_str(),
+                double(m.plan.total()) / double(size_t(1) << 30), o.pp > 1 ? " (the recorded stage's)" : "");
     std::printf("%s\n\n", H100Model::assumptions().c_str());
     std::printf("per kernel, one optimizer step of rank 0 (estimated H100 SXM time):\n%s\n", kernel_table(step).c_str());
 
@@ -192,8 +246,15 @@ int main(int argc, char** argv) {
                 timeline.busiest_stream_s * 1e3, timeline.other_streams_s * 1e3, timeline.exposed_s * 1e3,
                 timeline.step_s * 1e3, timeline.has_dependencies ? "" : " (no stream dependencies recorded)",
                 1 + H100Model::kUnmodeledStepShare, timeline.estimate_s() * 1e3);
-    std::printf("%s", throughput_line("estimate", step_throughput(timeline.estimate_s(), double(o.total_batch_tokens),
-                                                                  o.world_size, int64_t(m.num_parameters), L, C, o.T))
+    // A pipeline stage is busy 1 - bubble of the step (the schedule's formula, F and B alike long; the
+    // last stage, recorded, is the slowest: it also runs the classifier).
+    const double step_s = timeline.estimate_s() / (1.0 - bubble);
+    if (o.pp > 1)
+        std::printf("pipeline: %s over %d stages, %d micro-batches: bubble %.4f -> step %.2f ms\n", o.pp_schedule.c_str(), o.pp,
+                    micro_steps, bubble, step_s * 1e3);
+    const int64_t whole_parameters = int64_t(gpt2_num_parameters(config));
+    std::printf("%s", throughput_line("estimate", step_throughput(step_s, double(o.total_batch_tokens),
+                                                                  o.world_size, whole_parameters, L, C, o.T))
                           .c_str());
     double recorded_flops = 0;
     for (const LaunchRecord& r : step) recorded_flops += r.flops;
@@ -212,8 +273,7 @@ int main(int argc, char** argv) {
                 "%.1f%% MFU\n  this configuration with llm.c's attention (cuDNN's rates): %.3f s/step (%.3fx llm.c's)%s\n"
                 "  ours (FlashAttention-2-class kernels):                       %.3f s/step (%.3fx)\n",
                 kLlmcStepSeconds, 100 * kLlmcMfu, as_llmc_s, as_llmc_s / kLlmcStepSeconds,
-                llmc_config ? "" : " [not llm.c's configuration]", timeline.estimate_s(),
-                timeline.estimate_s() / kLlmcStepSeconds);
+                llmc_config ? "" : " [not llm.c's configuration]", step_s, step_s / kLlmcStepSeconds);
 
     trainer_free(tr);
     distributed_release(dist);

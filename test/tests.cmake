@@ -185,12 +185,13 @@ endforeach()
 # sequence parallelism, model chunks per stage. The issue's set: pp 2 and pp 4 with each schedule
 # (interleaved with 2 chunks), 2 data x 2 stages with ZeRO-1, 2 stages x 2 tensor ranks (with and
 # without sequence parallelism); and 3 stages (more layers on the first), full and selective
-# recompute, 2 x 2 x 2 (3D), 3 chunks.
+# recompute, 2 x 2 x 2 (3D), 3 chunks, ZeRO-2 (layers reduced after each backward pass).
 set(pp_configs "2,0,4,2,afab,none,1,off,1" "2,0,4,2,1f1b,full,1,off,1" "4,0,4,4,afab,none,1,off,1"
                "4,0,4,4,1f1b,selective,1,off,1" "4,1,4,2,1f1b,none,1,off,1" "3,0,3,3,1f1b,none,1,off,1"
                "4,0,4,2,1f1b,none,2,off,1" "4,0,4,2,afab,none,2,on,1" "8,1,2,2,1f1b,selective,2,on,1"
                "2,0,4,2,interleaved,none,1,off,2" "4,0,8,4,interleaved,none,1,off,2" "4,1,4,2,interleaved,none,1,off,2"
-               "4,0,4,2,interleaved,selective,2,on,2" "2,0,6,2,interleaved,full,1,off,3")
+               "4,0,4,2,interleaved,selective,2,on,2" "2,0,6,2,interleaved,full,1,off,3"
+               "4,2,4,2,1f1b,none,1,off,1" "4,2,4,2,interleaved,none,1,off,2")
 if(ASAN)
   set(pp_configs "2,0,4,2,1f1b,none,1,off,1")
 endif()
