@@ -10,11 +10,11 @@ bin=$1
 mpirun=${2:-mpirun --allow-run-as-root --oversubscribe}
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
+source "$(dirname "$0")/model_parallel_lib.sh"
 
 python3 "$(dirname "$0")/make_shards.py" "$dir" 17 20000
 # 5 layers: uneven over 2 stages (3 + 2) and over 4 (2 + 1 + 1 + 1); 4 micro-batches a step.
 common=(-e tiny --layers 5 -b 2 -t 32 -d 256 -x 6 -l 1e-3 -v 3 -m 2 -s 6 -g 8 -i "$dir/train_*.bin" -j "$dir/val_*.bin")
-run() { local name=$1; shift; "$@" > "$dir/$name.log" 2>&1 || { cat "$dir/$name.log"; echo "FAIL: $name exited non-zero"; exit 1; }; }
 run one "$bin" "${common[@]}"
 run pp2 $mpirun -np 2 "$bin" "${common[@]}" --pp 2
 run pp4 $mpirun -np 4 "$bin" "${common[@]}" --pp 4 --pp-schedule afab
@@ -61,49 +61,11 @@ for name in pp4 np1; do  # the step-3 checkpoint, copied before the resume below
   cp "$dir/resumed/"*00000003* "$dir/$name/"
 done
 run second $mpirun -np 4 "$bin" "${ck[@]}" --pp 2 -x 6 -o "$dir/resumed" -y
-cmp "$dir/straight/model_00000006.bin" "$dir/resumed/model_00000006.bin" \
-  || { echo "FAIL: --pp 2: the resumed model differs from the uninterrupted run"; exit 1; }
-python3 - "$dir/straight/state_00000006.bin" "$dir/resumed/state_00000006.bin" <<'PY'
-import struct, sys
-def content(path):  # header slots (uint64, host/checkpoint.h): 3 step, 5-11 RNG and loader, 14-17 arrays
-    data = open(path, "rb").read()
-    slot = struct.unpack_from("<256Q", data)
-    return slot[3:12], data[slot[14]:slot[17]]
-a, b = content(sys.argv[1]), content(sys.argv[2])
-assert a == b, "FAIL: --pp 2: the resumed state (step, RNG, data position, master, moments) differs"
-PY
+same_checkpoint "--pp 2" "$dir/straight" "$dir/resumed" 6
 echo "--pp 2, 2 data ranks, ZeRO-1: 3 + 3 steps equal 6 steps byte for byte (model and state)"
 run pp4_resume $mpirun -np 4 "$bin" "${ck[@]}" --pp 4 -x 6 -o "$dir/pp4" -y
 run np1_resume "$bin" "${ck[@]}" -x 6 -o "$dir/np1" -y
-python3 - "$dir" <<'PY'
-import json, struct, sys
-d = sys.argv[1]
-def losses(run):
-    return {r["step"]: r["loss"] for r in map(json.loads, open(f"{d}/{run}/metrics.jsonl")) if "loss" in r}
-straight = losses("straight")
-for run, what in (("pp4", "2 data x 2 stages -> 4 stages"), ("np1", "2 data x 2 stages -> 1 rank")):
-    resumed = losses(run)
-    for step in (4, 5, 6):
-        diff = abs(straight[step] - resumed[step])
-        print(f"resume {what}, step {step}: loss {resumed[step]:.5f} vs {straight[step]:.5f} (|diff| {diff:.1e})")
-        assert diff < 1e-3, f"FAIL: {what}, step {step}: loss differs by {diff}"
-# The model files at step 6: the same model to BF16 rounding (a stage's layers written to the wrong
-# place, or the last stage's wte instead of the first's after they drifted, would differ by the
-# parameters' own size).
-def params(run):
-    data = open(f"{d}/{run}/model_00000006.bin", "rb").read()
-    header = struct.unpack_from("<256i", data)
-    assert header[1] == 5, "a BF16 model file"
-    raw = struct.unpack_from(f"<{(len(data) - 1024) // 2}H", data, 1024)
-    return [struct.unpack("<f", struct.pack("<I", x << 16))[0] for x in raw]
-base = params("straight")
-scale = max(abs(x) for x in base)
-for run in ("pp4", "np1"):
-    other = params(run)
-    worst = max(abs(a - b) for a, b in zip(base, other)) / scale
-    print(f"model file after resuming on {run}: within {worst:.1e} of the straight run's (of scale)")
-    assert worst < 2e-2, f"FAIL: {run}: model file differs by {worst} of scale"
-PY
+continued_like straight "pp4:2 data x 2 stages -> 4 stages" "np1:2 data x 2 stages -> 1 rank"
 
 # The schedule prints for the run's micro-batches (interleaved too, which does not train yet).
 "$bin" "${common[@]}" --pp 2 --world-size 2 --pp-print-schedule > "$dir/schedule.log"
@@ -132,13 +94,6 @@ for schedule in ("1f1b", "afab"):
 PY
 
 # Refusals: one line, the flags named, non-zero exit.
-refuse() {  # refuse "what must appear" command...
-  local want=$1
-  shift
-  if "$@" > "$dir/refused.log" 2>&1; then cat "$dir/refused.log"; echo "FAIL: accepted: $*"; exit 1; fi
-  grep -q -- "$want" "$dir/refused.log" || { cat "$dir/refused.log"; echo "FAIL: '$*' did not say '$want'"; exit 1; }
-  echo "refused: $(grep -m1 -- "$want" "$dir/refused.log")"
-}
 refuse "fewer than the stages" "$bin" "${common[@]}" --layers 2 --pp 4 --world-size 4 --dry-run
 refuse "does not divide the 3 ranks" $mpirun -np 3 "$bin" "${common[@]}" --pp 2
 # Interleaved with one micro-batch per stage on 3 stages: the plan would deadlock; refused before step 1.

@@ -10,6 +10,7 @@ bin=$1
 mpirun=${2:-mpirun --allow-run-as-root --oversubscribe}
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
+source "$(dirname "$0")/model_parallel_lib.sh"
 
 python3 "$(dirname "$0")/make_shards.py" "$dir" 13 20000
 common=(-e tiny -b 2 -t 32 -x 6 -l 1e-3 -v 3 -m 2 -s 6 -g 8 -i "$dir/train_*.bin" -j "$dir/val_*.bin")
@@ -46,7 +47,6 @@ samples=$(grep -c "^sample" "$dir/tp.log" || true)
 # 6 steps straight, byte for byte; (2) the step-3 checkpoint resumed on 1 data x 4 tensor ranks and on
 # one rank continues the same run (losses within BF16 rounding of the straight run's).
 ck=(-e tiny -b 2 -t 32 -d 128 -k constant -l 1e-3 -c 0.1 -v 0 -s 0 -i "$dir/train_*.bin" -j "$dir/val_*.bin" -n 3 -z 1)
-run() { local name=$1; shift; "$@" > "$dir/$name.log" 2>&1 || { cat "$dir/$name.log"; echo "FAIL: $name exited non-zero"; exit 1; }; }
 run straight $mpirun -np 4 "$bin" "${ck[@]}" --tp 2 -x 6 -o "$dir/straight"
 run first $mpirun -np 4 "$bin" "${ck[@]}" --tp 2 -x 3 -o "$dir/resumed"
 for grid in "4 4" "1 1"; do  # the step-3 checkpoint, copied before the resumes below add to it
@@ -55,48 +55,11 @@ for grid in "4 4" "1 1"; do  # the step-3 checkpoint, copied before the resumes 
   cp "$dir/resumed/"*00000003* "$dir/np$1/"
 done
 run second $mpirun -np 4 "$bin" "${ck[@]}" --tp 2 -x 6 -o "$dir/resumed" -y
-cmp "$dir/straight/model_00000006.bin" "$dir/resumed/model_00000006.bin" \
-  || { echo "FAIL: --tp 2: the resumed model differs from the uninterrupted run"; exit 1; }
-python3 - "$dir/straight/state_00000006.bin" "$dir/resumed/state_00000006.bin" <<'PY'
-import struct, sys
-def content(path):  # header slots (uint64, host/checkpoint.h): 3 step, 5-11 RNG and loader, 14-17 arrays
-    data = open(path, "rb").read()
-    slot = struct.unpack_from("<256Q", data)
-    return slot[3:12], data[slot[14]:slot[17]]
-a, b = content(sys.argv[1]), content(sys.argv[2])
-assert a == b, "FAIL: --tp 2: the resumed state (step, RNG, data position, master, moments) differs"
-PY
+same_checkpoint "--tp 2" "$dir/straight" "$dir/resumed" 6
 echo "--tp 2, 2 data ranks, ZeRO-1: 3 + 3 steps equal 6 steps byte for byte (model and state)"
 run np4 $mpirun -np 4 "$bin" "${ck[@]}" --tp 4 -x 6 -o "$dir/np4" -y
 run np1 "$bin" "${ck[@]}" -x 6 -o "$dir/np1" -y
-python3 - "$dir" <<'PY'
-import json, struct, sys
-d = sys.argv[1]
-def losses(run):
-    return {r["step"]: r["loss"] for r in map(json.loads, open(f"{d}/{run}/metrics.jsonl")) if "loss" in r}
-straight = losses("straight")
-for run, what in (("np4", "2 data x 2 tensor -> 1 data x 4 tensor"), ("np1", "2 data x 2 tensor -> 1 rank")):
-    resumed = losses(run)
-    for step in (4, 5, 6):
-        diff = abs(straight[step] - resumed[step])
-        print(f"resume {what}, step {step}: loss {resumed[step]:.5f} vs {straight[step]:.5f} (|diff| {diff:.1e})")
-        assert diff < 1e-3, f"FAIL: {what}, step {step}: loss differs by {diff}"  # measured <= 2.3e-4 (BF16)
-# The model files of all three at step 6: the same model to BF16 rounding (a slice gathered into the
-# wrong place would differ by the parameters' own size).
-def params(run):
-    data = open(f"{d}/{run}/model_00000006.bin", "rb").read()
-    header = struct.unpack_from("<256i", data)
-    assert header[1] == 5, "a BF16 model file"
-    raw = struct.unpack_from(f"<{(len(data) - 1024) // 2}H", data, 1024)
-    return [struct.unpack("<f", struct.pack("<I", x << 16))[0] for x in raw]
-base = params("straight")
-scale = max(abs(x) for x in base)
-for run in ("np4", "np1"):
-    other = params(run)
-    worst = max(abs(a - b) for a, b in zip(base, other)) / scale
-    print(f"model file after resuming on {run}: within {worst:.1e} of the straight run's (of scale)")
-    assert worst < 2e-2, f"FAIL: {run}: model file differs by {worst} of scale"
-PY
+continued_like straight "np4:2 data x 2 tensor -> 1 data x 4 tensor" "np1:2 data x 2 tensor -> 1 rank"
 
 # The dry run's count of the tensor group's collectives (what its traffic estimate multiplies) is what
 # a profiled step issues: its ncclAllGather and ncclReduceScatter rows, with and without sequence
@@ -121,13 +84,6 @@ PY
 done
 
 # Refusals: one line, the flags named, non-zero exit.
-refuse() {  # refuse "what must appear" command...
-  local want=$1
-  shift
-  if "$@" > "$dir/refused.log" 2>&1; then cat "$dir/refused.log"; echo "FAIL: accepted: $*"; exit 1; fi
-  grep -q -- "$want" "$dir/refused.log" || { cat "$dir/refused.log"; echo "FAIL: '$*' did not say '$want'"; exit 1; }
-  echo "refused: $(grep -m1 -- "$want" "$dir/refused.log")"
-}
 refuse "does not divide the model's 4 heads" "$bin" "${common[@]}" --tp 3 --world-size 3 --dry-run
 refuse "--tp 2 does not divide the 3 ranks" $mpirun -np 3 "$bin" "${common[@]}" --tp 2
 refuse "cannot go with --tp 2" "$bin" -e tiny --generate --tp 2
