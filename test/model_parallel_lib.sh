@@ -60,3 +60,26 @@ for run, what in runs:
     assert worst < 2e-2, f"FAIL: {run}: model file differs by {worst} of scale"
 PY
 }
+
+# losses_follow BASE RUN BOUND "what RUN is": RUN's logged train and validation losses (and its
+# samples) against BASE's, step for step, within BOUND relative (NaN fails); both logs in $dir.
+losses_follow() {
+  python3 - "$dir/$1.log" "$dir/$2.log" "$3" "$4" <<'PY'
+import re, sys
+base_log, run_log, bound, what_run = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
+def series(path, pattern):
+    return [float(x) for x in re.findall(pattern, open(path).read())]
+for what, pattern in (("train", r"step \d+/\d+ \| loss ([0-9.]+)"), ("val", r"val loss ([0-9.]+)")):
+    base, run = series(base_log, pattern), series(run_log, pattern)
+    if len(base) == 0 or len(base) != len(run):
+        sys.exit(f"FAIL: {what} losses: {len(base)} in {base_log}, {len(run)} in {run_log}")
+    worst = max(abs(a - b) / abs(a) for a, b in zip(base, run))
+    if not worst < bound:  # also fails on NaN
+        sys.exit(f"FAIL: {what} losses differ by {worst:.2e} relative (bound {bound}): {base} vs {run}")
+    print(f"{what} losses of {what_run} within {worst:.1e} of the baseline's ({len(base)} values)")
+PY
+  local samples
+  samples=$(grep -c "^sample" "$dir/$2.log" || true)
+  [ "$samples" = "$(grep -c "^sample" "$dir/$1.log" || true)" ] && [ "$samples" -gt 0 ] \
+    || { cat "$dir/$2.log"; echo "FAIL: $2 printed $samples samples"; exit 1; }
+}

@@ -28,26 +28,12 @@ grep -q "pipeline: 5 layers over 4 stages: 0-1, 2-2, 3-3, 4-4; schedule afab, 4 
   "$dir/pp4.log" || { cat "$dir/pp4.log"; echo "FAIL: --pp 4 does not state its split and schedule"; exit 1; }
 grep -q "x 4 (1 data x 2 pipeline x 2 tensor)" "$dir/pp2_tp2.log" || { cat "$dir/pp2_tp2.log"; echo "FAIL: the run does not announce its grid"; exit 1; }
 
-for run in pp2 pp4 pp2_tp2 interleaved; do
-python3 - "$dir/one.log" "$dir/$run.log" "$run" <<'PY'
-import re, sys
-def series(path, pattern):
-    return [float(x) for x in re.findall(pattern, open(path).read())]
 # BF16: the tied embedding's two gradients (input and output) are accumulated apart over the micro-batches
 # and summed after, not into one BF16 buffer in turn. Measured at most 9.2e-6 (train) and 2.8e-5 (val).
-for what, pattern, bound in (("train", r"step \d+/\d+ \| loss ([0-9.]+)", 1e-4), ("val", r"val loss ([0-9.]+)", 1e-4)):
-    one, pp = series(sys.argv[1], pattern), series(sys.argv[2], pattern)
-    if len(one) == 0 or len(one) != len(pp):
-        sys.exit(f"FAIL: {what} losses: {len(one)} on one rank, {len(pp)} with {sys.argv[3]}")
-    worst = max(abs(a - b) / abs(a) for a, b in zip(one, pp))
-    if not worst < bound:  # also fails on NaN
-        sys.exit(f"FAIL: {what} losses differ by {worst:.2e} relative (bound {bound}): {one} vs {pp}")
-    print(f"{what} losses of {sys.argv[3]} within {worst:.1e} of one rank's ({len(one)} values)")
-PY
-samples=$(grep -c "^sample" "$dir/$run.log" || true)
-[ "$samples" = "$(grep -c "^sample" "$dir/one.log" || true)" ] && [ "$samples" -gt 0 ] \
-  || { cat "$dir/$run.log"; echo "FAIL: $run printed $samples samples"; exit 1; }
-done
+losses_follow one pp2 1e-4 "2 stages (1f1b)"
+losses_follow one pp4 1e-4 "4 stages (afab)"
+losses_follow one pp2_tp2 1e-4 "2 stages x 2 tensor ranks"
+losses_follow one interleaved 1e-4 "2 stages of 2 chunks (interleaved)"
 
 # Checkpoints under --pp: the model file holds the whole model (each stage's layers, the first stage's
 # wte), the state file the whole model's layout. (1) 3 steps, stop, resume to 6 on the same 2 data x 2

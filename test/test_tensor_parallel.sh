@@ -20,27 +20,11 @@ $mpirun -np 4 "$bin" "${common[@]}" --tp 2 --sequence-parallel off > "$dir/tp_no
   || { cat "$dir/tp_nosp.log"; echo "FAIL: --tp 2 --sequence-parallel off exited non-zero"; exit 1; }
 grep -q "x 4 (2 data x 2 tensor)" "$dir/tp.log" || { cat "$dir/tp.log"; echo "FAIL: the run does not announce its grid"; exit 1; }
 
-# The same tokens per step, the same losses (BF16: partial projections rounded before their sum).
-for run in tp tp_nosp; do
-python3 - "$dir/dp.log" "$dir/$run.log" "$run" <<'PY'
-import re, sys
-def series(path, pattern):
-    return [float(x) for x in re.findall(pattern, open(path).read())]
-for what, pattern, bound in (("train", r"step \d+/\d+ \| loss ([0-9.]+)", 2e-4), ("val", r"val loss ([0-9.]+)", 2e-4)):
-    dp, tp = series(sys.argv[1], pattern), series(sys.argv[2], pattern)
-    if len(dp) == 0 or len(dp) != len(tp):
-        sys.exit(f"FAIL: {what} losses: {len(dp)} without --tp, {len(tp)} with ({sys.argv[3]})")
-    worst = max(abs(a - b) / abs(a) for a, b in zip(dp, tp))
-    if not worst < bound:  # also fails on NaN
-        sys.exit(f"FAIL: {what} losses differ by {worst:.2e} relative (bound {bound}): {dp} vs {tp}")
-    sp = "without" if sys.argv[3] == "tp_nosp" else "with"
-    print(f"{what} losses of 2 data x 2 tensor ranks {sp} sequence parallelism within {worst:.1e} of 2 data ranks' ({len(dp)} values)")
-PY
-done
+# The same tokens per step, the same losses within 2e-4 (BF16: partial projections rounded before
+# their sum).
+losses_follow dp tp 2e-4 "2 data x 2 tensor ranks with sequence parallelism"
+losses_follow dp tp_nosp 2e-4 "2 data x 2 tensor ranks without sequence parallelism"
 grep -q "^cuda graph" "$dir/tp.log" || { echo "FAIL: --tp 2 captured no CUDA graph"; exit 1; }
-samples=$(grep -c "^sample" "$dir/tp.log" || true)
-[ "$samples" = "$(grep -c "^sample" "$dir/dp.log" || true)" ] && [ "$samples" -gt 0 ] \
-  || { cat "$dir/tp.log"; echo "FAIL: --tp printed $samples samples"; exit 1; }
 
 # Checkpoints under --tp: the model file holds the whole model (gathered from the slices), the state
 # file the whole model's layout. (1) 3 steps, stop, resume to 6 on the same 2 x 2 grid at ZeRO-1 equals
