@@ -145,57 +145,31 @@ foreach(config IN LISTS train_configs)
   endforeach()
 endforeach()
 
-# Tensor parallelism (the [tp] case of test_mpi_train.cu) against one process on the same global batch:
-# ranks, ZeRO stage, micro-steps per data rank, tensor group size, recompute mode, sequence parallelism.
-# The issue's set: tp 2 and tp 4 on one data rank, 2 data x 2 tensor with ZeRO-1 and accumulation,
-# tp 2 with full recompute; with and without sequence parallelism; and ZeRO-2 with selective
-# recompute. BF16 runs the tensor-core attention, FP32 the SIMT one.
-set(tp_configs "2,0,1,2,none,off" "2,0,1,2,none,on" "4,0,1,4,none,on" "4,0,1,4,full,off" "4,1,2,2,none,on"
-               "2,0,1,2,full,on" "4,2,1,2,selective,on")
+# Tensor and pipeline parallelism (the [tp] case of test_mpi_train.cu) against one process on the same
+# global batch: ranks, ZeRO stage, micro-batches per data rank, pipeline stages, schedule, recompute
+# mode, tensor ranks, sequence parallelism, model chunks per stage. BF16 runs the tensor-core
+# attention, FP32 the SIMT one.
+# Tensor parallelism's set: tp 2 and tp 4 on one data rank, 2 data x 2 tensor with ZeRO-1 and
+# accumulation, tp 2 with full recompute; with and without sequence parallelism; and ZeRO-2 with
+# selective recompute.
+set(model_parallel_configs "2,0,1,1,-,none,2,off,1" "2,0,1,1,-,none,2,on,1" "4,0,1,1,-,none,4,on,1"
+                           "4,0,1,1,-,full,4,off,1" "4,1,2,1,-,none,2,on,1" "2,0,1,1,-,full,2,on,1"
+                           "4,2,1,1,-,selective,2,on,1")
+# Pipeline parallelism's: pp 2 and pp 4 with each schedule (interleaved with 2 chunks), 2 data x 2
+# stages with ZeRO-1, 2 stages x 2 tensor ranks (with and without sequence parallelism); and 3 stages
+# (more layers on the first), full and selective recompute, 2 x 2 x 2 (3D), 3 chunks, ZeRO-2 (layers
+# reduced after each backward pass).
+list(APPEND model_parallel_configs
+     "2,0,4,2,afab,none,1,off,1" "2,0,4,2,1f1b,full,1,off,1" "4,0,4,4,afab,none,1,off,1"
+     "4,0,4,4,1f1b,selective,1,off,1" "4,1,4,2,1f1b,none,1,off,1" "3,0,3,3,1f1b,none,1,off,1"
+     "4,0,4,2,1f1b,none,2,off,1" "4,0,4,2,afab,none,2,on,1" "8,1,2,2,1f1b,selective,2,on,1"
+     "2,0,4,2,interleaved,none,1,off,2" "4,0,8,4,interleaved,none,1,off,2" "4,1,4,2,interleaved,none,1,off,2"
+     "4,0,4,2,interleaved,selective,2,on,2" "2,0,6,2,interleaved,full,1,off,3"
+     "4,2,4,2,1f1b,none,1,off,1" "4,2,4,2,interleaved,none,1,off,2")
 if(ASAN)
-  set(tp_configs "2,0,1,2,none,on")
+  set(model_parallel_configs "2,0,1,1,-,none,2,on,1" "2,0,4,2,1f1b,none,1,off,1")
 endif()
-foreach(config IN LISTS tp_configs)
-  string(REPLACE "," ";" config "${config}")
-  list(GET config 0 np)
-  list(GET config 1 zero)
-  list(GET config 2 accum)
-  list(GET config 3 tp)
-  list(GET config 4 recompute)
-  list(GET config 5 sp)
-  set(sp_suffix "")
-  if(sp STREQUAL "on")
-    set(sp_suffix "_sp")
-  endif()
-  foreach(precision IN LISTS train_precisions)
-    set(suffix "")
-    if(precision STREQUAL "fp32")
-      set(suffix "_fp32")
-    endif()
-    set(name test_mpi_train${suffix}_np${np}_tp${tp}${sp_suffix}_zero${zero}_accum${accum}_${recompute})
-    add_test(${name} ${MPIRUN} -np ${np} ${TEST_BIN}/test_mpi_train${suffix})
-    list(APPEND launched_tests ${name})
-    set_tests_properties(${name} PROPERTIES
-      ENVIRONMENT "CUEMU_RACECHECK=1;TRAIN_ZERO=${zero};TRAIN_ACCUM=${accum};TRAIN_TP=${tp};TRAIN_RECOMPUTE=${recompute};TRAIN_SEQUENCE_PARALLEL=${sp};TRAIN_GPT_ROOT=${CMAKE_CURRENT_LIST_DIR}/..")
-  endforeach()
-endforeach()
-
-# Pipeline parallelism (the same [tp] case, TRAIN_PP stages) against one process on the same global
-# batch: ranks, ZeRO stage, micro-batches per data rank, stages, schedule, recompute mode, tensor ranks,
-# sequence parallelism, model chunks per stage. The issue's set: pp 2 and pp 4 with each schedule
-# (interleaved with 2 chunks), 2 data x 2 stages with ZeRO-1, 2 stages x 2 tensor ranks (with and
-# without sequence parallelism); and 3 stages (more layers on the first), full and selective
-# recompute, 2 x 2 x 2 (3D), 3 chunks, ZeRO-2 (layers reduced after each backward pass).
-set(pp_configs "2,0,4,2,afab,none,1,off,1" "2,0,4,2,1f1b,full,1,off,1" "4,0,4,4,afab,none,1,off,1"
-               "4,0,4,4,1f1b,selective,1,off,1" "4,1,4,2,1f1b,none,1,off,1" "3,0,3,3,1f1b,none,1,off,1"
-               "4,0,4,2,1f1b,none,2,off,1" "4,0,4,2,afab,none,2,on,1" "8,1,2,2,1f1b,selective,2,on,1"
-               "2,0,4,2,interleaved,none,1,off,2" "4,0,8,4,interleaved,none,1,off,2" "4,1,4,2,interleaved,none,1,off,2"
-               "4,0,4,2,interleaved,selective,2,on,2" "2,0,6,2,interleaved,full,1,off,3"
-               "4,2,4,2,1f1b,none,1,off,1" "4,2,4,2,interleaved,none,1,off,2")
-if(ASAN)
-  set(pp_configs "2,0,4,2,1f1b,none,1,off,1")
-endif()
-foreach(config IN LISTS pp_configs)
+foreach(config IN LISTS model_parallel_configs)
   string(REPLACE "," ";" config "${config}")
   list(GET config 0 np)
   list(GET config 1 zero)
@@ -206,11 +180,19 @@ foreach(config IN LISTS pp_configs)
   list(GET config 6 tp)
   list(GET config 7 sp)
   list(GET config 8 chunks)
-  set(tp_suffix "")
+  set(layout "")
+  if(pp GREATER 1)
+    set(layout "_pp${pp}_${schedule}")
+    if(chunks GREATER 1)
+      set(layout "${layout}${chunks}")
+    endif()
+  else()
+    set(schedule "1f1b")
+  endif()
   if(tp GREATER 1)
-    set(tp_suffix "_tp${tp}")
+    set(layout "${layout}_tp${tp}")
     if(sp STREQUAL "on")
-      set(tp_suffix "${tp_suffix}_sp")
+      set(layout "${layout}_sp")
     endif()
   endif()
   foreach(precision IN LISTS train_precisions)
@@ -218,11 +200,7 @@ foreach(config IN LISTS pp_configs)
     if(precision STREQUAL "fp32")
       set(suffix "_fp32")
     endif()
-    set(schedule_name ${schedule})
-    if(chunks GREATER 1)
-      set(schedule_name "${schedule}${chunks}")
-    endif()
-    set(name test_mpi_train${suffix}_np${np}_pp${pp}_${schedule_name}${tp_suffix}_zero${zero}_accum${accum}_${recompute})
+    set(name test_mpi_train${suffix}_np${np}${layout}_zero${zero}_accum${accum}_${recompute})
     add_test(${name} ${MPIRUN} -np ${np} ${TEST_BIN}/test_mpi_train${suffix})
     list(APPEND launched_tests ${name})
     set_tests_properties(${name} PROPERTIES
