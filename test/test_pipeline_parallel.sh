@@ -38,11 +38,12 @@ losses_follow one interleaved 1e-4 "2 stages of 2 chunks (interleaved)"
 # Checkpoints under --pp: the model file holds the whole model (each stage's layers, the first stage's
 # wte), the state file the whole model's layout. (1) 3 steps, stop, resume to 6 on the same 2 data x 2
 # stage grid at ZeRO-1 equals 6 steps straight, byte for byte; (2) the step-3 checkpoint resumed on 4
-# stages and on one rank continues the same run (losses within BF16 rounding of the straight run's).
+# stages, on one rank, on 2 stages x 2 tensor ranks and on 2 stages of 2 chunks continues the same run
+# (losses within BF16 rounding of the straight run's).
 ck=(-e tiny --layers 4 -b 2 -t 32 -d 256 -k constant -l 1e-3 -c 0.1 -v 0 -s 0 -i "$dir/train_*.bin" -j "$dir/val_*.bin" -n 3 -z 1)
 run straight $mpirun -np 4 "$bin" "${ck[@]}" --pp 2 -x 6 -o "$dir/straight"
 run first $mpirun -np 4 "$bin" "${ck[@]}" --pp 2 -x 3 -o "$dir/resumed"
-for name in pp4 np1; do  # the step-3 checkpoint, copied before the resume below adds to it
+for name in pp4 np1 pp2_tp2 chunks; do  # the step-3 checkpoint, copied before the resume below adds to it
   mkdir -p "$dir/$name"
   cp "$dir/resumed/"*00000003* "$dir/$name/"
 done
@@ -51,7 +52,10 @@ same_checkpoint "--pp 2" "$dir/straight" "$dir/resumed" 6
 echo "--pp 2, 2 data ranks, ZeRO-1: 3 + 3 steps equal 6 steps byte for byte (model and state)"
 run pp4_resume $mpirun -np 4 "$bin" "${ck[@]}" --pp 4 -x 6 -o "$dir/pp4" -y
 run np1_resume "$bin" "${ck[@]}" -x 6 -o "$dir/np1" -y
-continued_like straight "pp4:2 data x 2 stages -> 4 stages" "np1:2 data x 2 stages -> 1 rank"
+run pp2_tp2_resume $mpirun -np 4 "$bin" "${ck[@]}" --pp 2 --tp 2 -x 6 -o "$dir/pp2_tp2" -y
+run chunks_resume $mpirun -np 2 "$bin" "${ck[@]}" --pp 2 --pp-schedule interleaved --pp-virtual 2 -x 6 -o "$dir/chunks" -y
+continued_like straight "pp4:2 data x 2 stages -> 4 stages" "np1:2 data x 2 stages -> 1 rank" \
+  "pp2_tp2:2 data x 2 stages -> 2 stages x 2 tensor ranks" "chunks:2 data x 2 stages -> 2 stages of 2 chunks"
 
 # The schedule prints for the run's micro-batches (interleaved too, which does not train yet).
 "$bin" "${common[@]}" --pp 2 --world-size 2 --pp-print-schedule > "$dir/schedule.log"
