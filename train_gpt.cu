@@ -531,7 +531,6 @@ inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int 
         if (!options.inference && options.first_stage())
             slot.encoder_scratch = m.get<int>("encoder_scratch") + k * grouping_ints;
     }
-    (void)NHt, (void)Ct, (void)BTs, (void)Vr, (void)C;  // in the table's sizes, which the binding may not use
     select_micro_batch(model, 0);
     if (options.inference) {
         model.kv_keys = m.get<floatX>("kv_cache");
