@@ -1,7 +1,8 @@
 // Pipeline parallelism (Huang et al. 2019, "GPipe"; Narayanan et al. 2021, "Efficient Large-Scale Language
 // Model Training on GPU Clusters Using Megatron-LM", section 2.2): the model's layers split into
-// contiguous ranges, one per stage (a rank of the pipeline group); the token and position embeddings
-// on the first stage, the final LayerNorm and the classifier on the last. Micro-batches flow through
+// contiguous ranges, one per stage (a rank of the pipeline group; with the interleaved schedule v
+// ranges per rank, one per model chunk: StageLayers); the token and position embeddings on the first
+// stage, the final LayerNorm and the classifier on the last. Micro-batches flow through
 // the stages: the residual stream after a stage's last layer goes to the next stage (ncclSend/Recv),
 // its gradient comes back. The order of each stage's forward and backward passes is the schedule's
 // (host/pipeline_schedule.h); train_gpt.cu runs it (pipeline_micro_steps).
@@ -9,7 +10,7 @@
 // update it alike from the sum of their gradients (Megatron's embedding group), so the two copies stay
 // equal; checkpoints and the gradient norm count the first stage's.
 //
-// A rank's part of the model (ModelPart): its stage's layers, and of them its tensor rank's slices
+// A rank's part of the model (ModelPart): its stage's layers (all its chunks'), and of them its tensor rank's slices
 // (parallel/tensor.h). Its flat buffer holds, in llm.c's tensor order, the tensors it holds (the others
 // have size 0 there); model_shard / model_unshard convert between it and the whole model's buffer.
 #pragma once
