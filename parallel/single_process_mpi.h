@@ -161,6 +161,16 @@ inline int MPI_Allgather(const void* send, int send_count, MPI_Datatype send_typ
         return MPI_ERR_OTHER;
     return single_process_mpi::copy_to_receive(send, recv, send_count, send_type);
 }
+// Rank 0's part from itself to its place (test_mpi_train gathers the model parts this way).
+inline int MPI_Allgatherv(const void* send, int send_count, MPI_Datatype send_type, void* recv, const int* recv_counts,
+                          const int* recv_displs, MPI_Datatype recv_type, MPI_Comm) {
+    const size_t recv_bytes = single_process_mpi::datatype_bytes(recv_type);
+    if (single_process_mpi::datatype_bytes(send_type) * size_t(send_count) != recv_bytes * size_t(recv_counts[0]))
+        return MPI_ERR_OTHER;
+    if (send == MPI_IN_PLACE) return MPI_SUCCESS;
+    return single_process_mpi::copy_to_receive(send, static_cast<char*>(recv) + size_t(recv_displs[0]) * recv_bytes, send_count,
+                                               send_type);
+}
 inline int MPI_Alltoall(const void* send, int send_count, MPI_Datatype send_type, void* recv, int recv_count,
                         MPI_Datatype recv_type, MPI_Comm comm) {
     return MPI_Allgather(send, send_count, send_type, recv, recv_count, recv_type, comm);
