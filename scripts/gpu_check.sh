@@ -29,6 +29,14 @@
 #   - NCCL: the CUDA toolkit's nccl.h and libnccl when there, else the nvidia.nccl Python package's
 #     include/ and lib/ (make NCCL_HOME=...; the binaries find libnccl.so.2 through their rpath).
 # MPI=0|1, DEPS_PREFIX=DIR and NCCL_HOME=DIR in the environment override what is found.
+#
+# Prebuilt binaries (GPU_PREBUILT): a lease's minutes are too few to spend compiling (the test binaries
+# take ~15 CPU-minutes of nvcc). scripts/gpu_prebuild.sh builds train_gpt and the GPU test
+# binaries here (MPI=0, sm_90 only, stripped) into build/device/gpu-nompi and packs them (8 MB); carry
+# build/device_pack, and GPU_PREBUILT=build/device_pack/gpu-nompi.tar.xz (or a folder of binaries)
+# unpacks them and makes the build stage check what was carried (every binary's libraries, the ptxas
+# logs' spills) instead of running make. The libraries nvcc linked here (libcublasLt.so.13,
+# libnccl.so.2) are found there in the toolkit or the nvidia-* Python packages.
 # With the device tool: run(carry=["build/gpu_deps"], command="GPU_CHECK_OUT=$OUT scripts/gpu_check.sh build
 # test"), then the same carry with "... train profile sanitize". A machine stays warm only briefly
 # between calls; on a fresh one the later stages build train_gpt first (the test binaries need the
@@ -41,6 +49,7 @@
 #   STAGE_TIMEOUT   seconds a stage may run (default 470: under 8 minutes)
 #   B, T            micro-batch and sequence length of train/profile (default 16, 1024; d12 at B=64 needs
 #                   about 30 GB)
+#   CTEST_ARGS      extra ctest arguments of the test stage (e.g. "-R test_kernel -j 8")
 #   TRAIN_DATA      token-shard glob (default data/shakespeare/train_*.bin, prepared by data/prepare.py
 #                   when it can be; else a synthetic shard of random tokens: the timing does not depend
 #                   on the tokens)
@@ -66,6 +75,7 @@ nvcc_path=$(command -v nvcc || true)
 cuda_home=${CUDA_HOME:-$(dirname "$(dirname "$(readlink -f "$nvcc_path")")")}
 make_vars=(CUDA_HOME="$cuda_home")
 mpi=${MPI:-1}
+[ -n "${GPU_PREBUILT:-}" ] && mpi=0  # scripts/gpu_prebuild.sh builds with MPI=0
 if [ -z "${MPI:-}" ] && { ! command -v mpicxx >/dev/null 2>&1 || ! command -v mpirun >/dev/null 2>&1; }; then
   mpi=0
 fi
@@ -93,8 +103,28 @@ if [ -z "$nccl_home" ] && ! [ -f "$cuda_home/include/nccl.h" ] && ! [ -f /usr/in
 fi
 [ -n "$nccl_home" ] && make_vars+=(NCCL_HOME="$nccl_home")
 gpu_dir=build/gpu$([ "$mpi" = 0 ] && echo -nompi)
+prebuilt=${GPU_PREBUILT:-}
+if [[ "$prebuilt" == *.tar.xz ]]; then  # scripts/gpu_prebuild.sh's pack: build/device/gpu-nompi
+  [ -f "$prebuilt" ] || { echo "gpu_check.sh: GPU_PREBUILT=$prebuilt: no such file" >&2; exit 1; }
+  mkdir -p build && tar -xJf "$prebuilt" -C build || { echo "gpu_check.sh: GPU_PREBUILT=$prebuilt: cannot unpack" >&2; exit 1; }
+  prebuilt=build/device/gpu-nompi
+fi
+if [ -n "$prebuilt" ]; then
+  [ -x "$prebuilt/train_gpt" ] || { echo "gpu_check.sh: GPU_PREBUILT=$prebuilt holds no train_gpt" >&2; exit 1; }
+  gpu_dir=${prebuilt%/}
+  make_vars+=(BUILD="$(dirname "$gpu_dir")")  # the test stage's CTest file names this folder
+fi
 # cuBLASLt from the toolkit that compiled the binaries, whatever the loader's default path holds.
 export LD_LIBRARY_PATH="$cuda_home/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# Prebuilt binaries name libnccl.so.2 and libcublasLt.so.13 without a run path: where the toolkit
+# lacks one, the nvidia-* Python packages' lib/ folders hold them.
+if [ -n "$prebuilt" ]; then
+  for pkg in nccl cublas; do
+    lib=$(python3 -c "import nvidia.$pkg as n; print(list(n.__path__)[0] + '/lib')" 2>/dev/null || true)
+    [ -n "$lib" ] && [ -d "$lib" ] && LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$lib"
+  done
+  export LD_LIBRARY_PATH
+fi
 
 # One JSON object from key=value words (a value that parses as JSON stays JSON, else it is a string).
 write_json() {
@@ -131,7 +161,19 @@ run_logged() {
 # ---- stages -------------------------------------------------------------------------------------
 stage_build() {
   local start=$SECONDS rc=0
-  run_logged "$logs/build.log" make --no-print-directory "${make_vars[@]}" train_gpt test-gpu-binaries || rc=$?
+  if [ -n "$prebuilt" ]; then
+    # Carried binaries: every library each one needs is found here, or the stage fails naming it.
+    local b missing=()
+    for b in "$gpu_dir"/train_gpt "$gpu_dir"/test_* "$gpu_dir"/forward_logits*; do
+      [ -x "$b" ] && [[ "$b" != *.* ]] || continue
+      ldd "$b" | grep -q "not found" && missing+=("$(basename "$b"): $(ldd "$b" | grep "not found" | awk '{print $1}' | sort -u | tr '\n' ' ')")
+    done
+    { echo "prebuilt binaries in $gpu_dir; LD_LIBRARY_PATH=$LD_LIBRARY_PATH"; ldd "$gpu_dir/train_gpt"
+      printf '%s\n' "${missing[@]}"; } > "$logs/build.log"
+    [ ${#missing[@]} -eq 0 ] || rc=1
+  else
+    run_logged "$logs/build.log" make --no-print-directory "${make_vars[@]}" train_gpt test-gpu-binaries || rc=$?
+  fi
   local spills
   spills=$(cat "$gpu_dir"/*.ptxas.log "$gpu_dir"/train_gpt.ptxas.log 2>/dev/null | grep -cE "[1-9][0-9]* bytes spill (stores|loads)" || true)
   write_json "$out/build.json" stage=build ok="$([ $rc = 0 ] && echo true || echo false)" exit_code=$rc \
@@ -145,7 +187,8 @@ stage_test() {
   local start=$SECONDS rc=0
   [ -x "$gpu_dir/train_gpt" ] || { write_json "$out/test.json" stage=test ok=false error="no $gpu_dir/train_gpt: run the build stage first"; return 1; }
   make --no-print-directory "${make_vars[@]}" "$gpu_dir/CTestTestfile.cmake" >/dev/null || return 1
-  run_logged "$logs/test.log" ctest --test-dir "$gpu_dir" --output-on-failure --timeout 300 || rc=$?
+  # shellcheck disable=SC2086
+  run_logged "$logs/test.log" ctest --test-dir "$gpu_dir" --output-on-failure --timeout 300 ${CTEST_ARGS:-} || rc=$?
   python3 - "$logs/test.log" "$out/test.json" "$rc" "$((SECONDS - start))" <<'PY'
 import json, re, sys
 log, dest, rc, seconds = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
