@@ -175,6 +175,9 @@ struct Preference {
     // The alignments the caller promises for A, B, C and D. The one algorithm here works at any
     // alignment, so they are kept (for GetAttribute) but do not restrict it.
     uint32_t min_alignment_a = 256, min_alignment_b = 256, min_alignment_c = 256, min_alignment_d = 256;
+    // Split-K reduction schemes allowed (default all, CUBLASLT_REDUCTION_SCHEME_MASK). The one
+    // algorithm here never splits k, so any mask leaves it available.
+    uint32_t reduction_scheme_mask = CUBLASLT_REDUCTION_SCHEME_MASK;
 };
 static_assert(sizeof(Layout) <= sizeof(cublasLtMatrixLayoutOpaque_t));
 static_assert(sizeof(MatmulDesc) <= sizeof(cublasLtMatmulDescOpaque_t));
@@ -240,6 +243,7 @@ Field preference_field(Preference& object, cublasLtMatmulPreferenceAttributes_t 
         FIELD(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, min_alignment_b);
         FIELD(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, min_alignment_c);
         FIELD(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, min_alignment_d);
+        FIELD(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, reduction_scheme_mask);
         default: return {};
     }
 }
@@ -404,6 +408,12 @@ cublasStatus_t check_problem(const char* caller, const MatmulDesc* desc, const L
     const int64_t aux_type = desc->aux_type == -1 ? d->type : desc->aux_type;
     if (e.needs_bias() && !is_supported_type(bias_type))
         return fail(CUBLAS_STATUS_NOT_SUPPORTED, "%s: bias data type %lld is not supported (CUDA_R_32F, CUDA_R_16BF)",
+                    caller, (long long)bias_type);
+    // Not in the documentation, measured on an H100 with cuBLAS 13 (2026-11-27): an FP32 bias or bias
+    // gradient with a BF16 D is refused with INVALID_VALUE, by the heuristic (BGRADB) and by the
+    // matmul (GELU_AUX_BIAS). A BF16 D takes a BF16 bias only.
+    if (e.needs_bias() && d->type == CUDA_R_16BF && bias_type != CUDA_R_16BF)
+        return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: a BF16 D takes a BF16 bias (BIAS_DATA_TYPE %lld), as cuBLAS 13 on an H100 does",
                     caller, (long long)bias_type);
     if (e.needs_aux()) {
         if (!is_supported_type(aux_type))
@@ -924,8 +934,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t comp
     if (p.epilogue.needs_bias() && desc->bias == nullptr)
         return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: epilogue %u needs CUBLASLT_MATMUL_DESC_BIAS_POINTER", caller,
                     desc->epilogue);
+    // NOT_SUPPORTED, not INVALID_VALUE as for a missing bias pointer: what an H100's cuBLAS 13 returns
+    // (measured by test_cublaslt, 2026-11-27).
     if (p.epilogue.needs_aux() && desc->aux == nullptr)
-        return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: epilogue %u needs CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER", caller,
+        return fail(CUBLAS_STATUS_NOT_SUPPORTED, "%s: epilogue %u needs CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER", caller,
                     desc->epilogue);
     if (cuemu::record_only()) return CUBLAS_STATUS_SUCCESS;  // checked, not executed (cuda_emu.h)
     // What the call does: now, or when a captured graph is launched (with the descriptors as captured).

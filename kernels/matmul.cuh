@@ -130,6 +130,7 @@ struct Plan {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
     cublasLtMatmulAlgo_t algo{};
     bool supported = false;  // the heuristic found an algorithm
+    cublasStatus_t heuristic_status = CUBLAS_STATUS_SUCCESS;  // why not, where it found none
     int candidates = 0;      // how many it offered (autotune times up to kAutotuneCandidates)
     int chosen = 0;          // which of them runs
 };
@@ -252,15 +253,27 @@ inline const Plan& plan_for(const Matmul& mm, const Gemm& g, const void* bias, i
     CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key.align_b, sizeof key.align_b));
     CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key.align_d, sizeof key.align_d));
     CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.align_d, sizeof key.align_d));
+    // Split-K partial sums in FP32 only: the default mask also allows INPLACE and OUTPUT_TYPE, which
+    // add the parts up in D's type (REDUCTION_SCHEME docs), i.e. in BF16 for a BF16 output. The weight
+    // gradients (small m x n, k = B*T) are where the heuristic splits k; on an H100 (cuBLAS 13) such
+    // a GEMM (m 96, n 288, k 111, beta 1) was off by 6e-5 of its magnitude, 9x FP32's bound.
+    const uint32_t reduction_schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;  // | NONE, which is 0
+    CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                                        &reduction_schemes, sizeof reduction_schemes));
 
     cublasLtMatmulHeuristicResult_t candidates[kAutotuneCandidates] = {};
     const int requested = mm.autotune ? kAutotuneCandidates : 1;
     const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(mm.handle, plan.desc, plan.a, plan.b, plan.d, plan.d,
                                                                  preference, requested, candidates, &plan.candidates);
     cublasLtMatmulPreferenceDestroy(preference);
-    // No algorithm for this problem: NOT_SUPPORTED from the call, or success with none returned.
-    if (status != CUBLAS_STATUS_NOT_SUPPORTED) CUBLASLT_CHECK(status);
+    // No algorithm for this problem: NOT_SUPPORTED, or success with none returned; and INVALID_VALUE,
+    // which an H100's cuBLAS 13 returns for a type combination it lacks (an FP32 bias gradient with a
+    // BF16 D under BGRADB), where the documentation would lead one to expect NOT_SUPPORTED. Which
+    // call needed the algorithm decides: run() fails naming this status, the fused bias gradient
+    // falls back to its kernels.
+    if (status != CUBLAS_STATUS_NOT_SUPPORTED && status != CUBLAS_STATUS_INVALID_VALUE) CUBLASLT_CHECK(status);
     if (status != CUBLAS_STATUS_SUCCESS) plan.candidates = 0;
+    plan.heuristic_status = status;
     plan.supported = plan.candidates > 0;
     if (plan.supported) {
         plan.chosen = plan.candidates > 1 ? fastest_candidate(mm, plan, candidates, plan.candidates, g, stream) : 0;
@@ -269,11 +282,13 @@ inline const Plan& plan_for(const Matmul& mm, const Gemm& g, const void* bias, i
     return mm.plans->plans.emplace(key, plan).first->second;
 }
 
-// Runs one GEMM through its plan; false (and nothing run) where cuBLASLt has no algorithm for it.
-// `bias` is g.bias, or the bias gradient's output for BGRAD* epilogues, of type `bias_type`.
+// Runs one GEMM through its plan; false (and nothing run) where cuBLASLt has no algorithm for it,
+// with the heuristic's status in *why_not. `bias` is g.bias, or the bias gradient's output for BGRAD*
+// epilogues, of type `bias_type`.
 inline bool try_run(const Matmul& mm, const Gemm& g, const void* bias, int bias_type, cudaStream_t stream,
-                    const std::string& name) {
+                    const std::string& name, cublasStatus_t* why_not = nullptr) {
     const Plan& plan = plan_for(mm, g, bias, bias_type, stream);
+    if (why_not) *why_not = plan.heuristic_status;
     if (!plan.supported) return false;
     set_pointers(plan, g, bias);
     const KernelCost cost = gemm_cost(g);
@@ -285,11 +300,12 @@ inline bool try_run(const Matmul& mm, const Gemm& g, const void* bias, int bias_
 
 // `name` labels the GEMM in launch records (launch_record.h).
 inline void run(const Matmul& mm, const Gemm& g, cudaStream_t stream, const std::string& name) {
-    if (!try_run(mm, g, g.bias, kFloatXType, stream, name))
+    cublasStatus_t why_not = CUBLAS_STATUS_SUCCESS;
+    if (!try_run(mm, g, g.bias, kFloatXType, stream, name, &why_not))
         require_supported("cublasLtMatmulAlgoGetHeuristic",
                           "matmul: cuBLASLt has no algorithm for m = " + std::to_string(g.m) + ", n = " +
                               std::to_string(g.n) + ", k = " + std::to_string(g.k) + ", epilogue " +
-                              std::to_string(uint32_t(g.epilogue)));
+                              std::to_string(uint32_t(g.epilogue)) + " (" + cublasLtGetStatusName(why_not) + ")");
 }
 
 // ---------------------------------------------------------------------------------------------
