@@ -2,6 +2,14 @@
 # scratch directory): running the program with its log kept, refusals, and the checkpoint checks
 # (resumed byte for byte on one grid; continued on other grids).
 
+# require_ranks N: $mpirun must start N ranks. A build without MPI cannot (test/no_mpi_launch.sh exits
+# 77): the test is reported skipped then, before any of its runs could end it as failed.
+require_ranks() {
+  local rc=0
+  $mpirun -np "$1" true > /dev/null 2>&1 || rc=$?
+  [ $rc != 77 ] || { echo "skipped: $1 ranks need MPI, and this build has none (make MPI=0)"; exit 77; }
+}
+
 # run NAME COMMAND...: the command's output in $dir/NAME.log; its log and a FAIL line if it fails.
 run() { local name=$1; shift; "$@" > "$dir/$name.log" 2>&1 || { cat "$dir/$name.log"; echo "FAIL: $name exited non-zero"; exit 1; }; }
 

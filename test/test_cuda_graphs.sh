@@ -9,6 +9,8 @@ bin=$1
 mpirun=${2:-mpirun --allow-run-as-root --oversubscribe}
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
+source "$(dirname "$0")/model_parallel_lib.sh"
+require_ranks 2
 
 python3 "$(dirname "$0")/make_shards.py" "$dir" 11 20000
 common=(-e tiny -b 2 -t 32 -d 512 -x 3 -l 1e-3 -v 0 -s 0 -i "$dir/train_*.bin" -j "$dir/val_*.bin" -n 3)

@@ -11,6 +11,7 @@ mpirun=${2:-mpirun --allow-run-as-root --oversubscribe}
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 source "$(dirname "$0")/model_parallel_lib.sh"
+require_ranks 4
 
 python3 "$(dirname "$0")/make_shards.py" "$dir" 17 20000
 # 5 layers: uneven over 2 stages (3 + 2) and over 4 (2 + 1 + 1 + 1); 4 micro-batches a step.

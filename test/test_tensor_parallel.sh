@@ -11,6 +11,7 @@ mpirun=${2:-mpirun --allow-run-as-root --oversubscribe}
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 source "$(dirname "$0")/model_parallel_lib.sh"
+require_ranks 4
 
 python3 "$(dirname "$0")/make_shards.py" "$dir" 13 20000
 common=(-e tiny -b 2 -t 32 -x 6 -l 1e-3 -v 3 -m 2 -s 6 -g 8 -i "$dir/train_*.bin" -j "$dir/val_*.bin")

@@ -54,7 +54,7 @@ with open(f"{sys.argv[1]}/docs_000000.bin", "wb") as f:
     f.write(struct.pack(f"<{len(tokens)}H", *tokens))
 PY
 "$bin" -e tiny -b 2 -t 64 -x 2 -v 0 -s 0 -i "$dir/docs_*.bin" --doc-mask --doc-positions > "$dir/docs.log"
-grep -q "attention simt + doc-mask, doc-positions," "$dir/docs.log" || { echo "smoke: no doc-mask in the first line"; cat "$dir/docs.log"; exit 1; }
+grep -qE "attention (simt|tc) \+ doc-mask, doc-positions," "$dir/docs.log" || { echo "smoke: no doc-mask in the first line"; cat "$dir/docs.log"; exit 1; }
 grep -q "^step 2/2 " "$dir/docs.log" || { echo "smoke: the document-masked run did not train"; cat "$dir/docs.log"; exit 1; }
 
 "$bin" -e tiny -b 2 -t 32 -x 1 -s 1 -i "$dir/train_*.bin" -j "$dir/none_*.bin" > "$dir/notes.log"

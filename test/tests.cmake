@@ -332,7 +332,12 @@ add_test(plan_does_not_fit ${CMAKE_CURRENT_LIST_DIR}/expect_failure.sh "more tha
 
 # Launch recording, the emulator's record-only mode (the executed and the record-only step record
 # the same launches) and the roofline arithmetic (dev/roofline.cu); then --profile-step's table.
-add_test(test_roofline ${TEST_BIN}/test_roofline)
+if(GPU)  # the calibration records a d48 step on 8 ranks in record-only mode, which only the emulator has
+  add_test(test_roofline ${TEST_BIN}/test_roofline "~*published 2.75 s")
+  add_skipped_test(test_roofline_calibration "record-only mode, a d48 step of 8 ranks recorded and not run, exists in the emulator alone")
+else()
+  add_test(test_roofline ${TEST_BIN}/test_roofline)
+endif()
 add_test(test_profile_step ${CMAKE_CURRENT_LIST_DIR}/test_profile_step.sh ${train_binary})
 # The libraries' time per kernel family (dev/bench/library_baselines.py), run on the CPU: skipped (77)
 # without PyTorch.
