@@ -50,6 +50,8 @@
 #   B, T            micro-batch and sequence length of train/profile (default 16, 1024; d12 at B=64 needs
 #                   about 30 GB)
 #   CTEST_ARGS      extra ctest arguments of the test stage (e.g. "-R test_kernel -j 8")
+#   SANITIZE_RUNS   the sanitize stage's runs to make, as tool:target words (default all 9: memcheck,
+#                   racecheck, synccheck x train, test_kernel_layernorm, test_kernel_attention)
 #   TRAIN_DATA      token-shard glob (default data/shakespeare/train_*.bin, prepared by data/prepare.py
 #                   when it can be; else a synthetic shard of random tokens: the timing does not depend
 #                   on the tokens)
@@ -147,6 +149,7 @@ write_json "$out/env.json" stage=env \
   nvcc="$(nvcc --version | tail -1)" cuda_home="$cuda_home" mpi="$([ $mpi = 1 ] && echo true || echo false)" \
   deps_prefix="$deps_prefix" nccl_home="$nccl_home" make_vars="$(printf '%s ' "${make_vars[@]}")" \
   cores="$(nproc)" compute_sanitizer="$(command -v compute-sanitizer || true)" ncu="$(command -v ncu || true)" \
+  prebuilt_commit="$([ -n "$prebuilt" ] && cat "$gpu_dir/COMMIT" 2>/dev/null)" \
   commit="$(git rev-parse HEAD 2>/dev/null || echo unknown)" dirty="$(git status --porcelain 2>/dev/null | grep -qv '^??' && echo true || echo false)"
 echo "gpu_check.sh: make ${make_vars[*]}"
 
@@ -314,17 +317,36 @@ stage_sanitize() {
   for t in "$gpu_dir"/test_kernel_layernorm "$gpu_dir"/test_kernel_attention; do
     [ -x "$t" ] && targets+=("$(basename "$t"):$t")
   done
+  # Each run its share of the stage's time; SANITIZE_RUNS="tool:target ..." (e.g. "racecheck:train")
+  # picks some of them.
+  local runs=()
   for tool in memcheck racecheck synccheck; do
     for target in "${targets[@]}"; do
-      local name=${target%%:*} cmd=${target#*:} rc=0 t0=$SECONDS
-      # shellcheck disable=SC2086
-      timeout --kill-after=10 $((stage_timeout / 9)) compute-sanitizer --tool "$tool" --error-exitcode 99 $cmd \
-        > "$logs/sanitize_${tool}_$name.log" 2>&1 || rc=$?
-      local summary
-      summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$logs/sanitize_${tool}_$name.log" | tail -1)
-      results+=("${tool}_${name}={\"exit_code\": $rc, \"seconds\": $((SECONDS - t0)), \"summary\": $(python3 -c 'import json,sys; print(json.dumps(sys.argv[1]))' "$summary")}")
-      [ $rc = 0 ] || ok=false
+      [ -z "${SANITIZE_RUNS:-}" ] || [[ " $SANITIZE_RUNS " == *" $tool:${target%%:*} "* ]] && runs+=("$tool:$target")
     done
+  done
+  [ ${#runs[@]} -gt 0 ] || { write_json "$out/sanitize.json" stage=sanitize ok=false error="no run matches SANITIZE_RUNS=$SANITIZE_RUNS"; return 1; }
+  for run_spec in "${runs[@]}"; do
+      local tool=${run_spec%%:*} target=${run_spec#*:}
+      local name=${target%%:*} cmd=${target#*:} rc=0 t0=$SECONDS
+      # API errors unreported: NCCL's start-up probes kernel images and gets cudaErrorNoKernelImageForDevice,
+      # which memcheck counted as 8 errors on an H100 (2026-11-27); every CUDA call of ours is checked
+      # and ends the run with a message, so the run's exit code reports ours.
+      # shellcheck disable=SC2086
+      timeout --kill-after=10 $((stage_timeout / ${#runs[@]})) compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 99 $cmd \
+        > "$logs/sanitize_${tool}_$name.log" 2>&1 || rc=$?
+      local summary library_only=false
+      summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$logs/sanitize_${tool}_$name.log" | tail -1)
+      # Reports inside the libraries' own kernels (cuBLAS's nvjet/xmma/cutlass, NCCL's) are theirs: on an
+      # H100, racecheck reported 464 hazards in cuBLAS 13's nvjet split-K kernel (2026-11-27). A run whose
+      # every report names such a kernel is recorded as library_only and does not fail the stage.
+      if [ $rc = 99 ] && grep -q "^========= Error: " "$logs/sanitize_${tool}_$name.log" &&
+         ! grep -E "^========= +(Error: |and )" "$logs/sanitize_${tool}_$name.log" |
+           grep -vqE " at (nvjet_|sm[0-9]+_xmma|cutlass|ncclDevKernel|ncclKernel)"; then
+        library_only=true
+      fi
+      results+=("${tool}_${name}={\"exit_code\": $rc, \"seconds\": $((SECONDS - t0)), \"library_only\": $library_only, \"summary\": $(python3 -c 'import json,sys; print(json.dumps(sys.argv[1]))' "$summary")}")
+      [ $rc = 0 ] || $library_only || ok=false
   done
   write_json "$out/sanitize.json" stage=sanitize ok=$ok seconds=$((SECONDS - start)) "${results[@]}"
   [ $ok = true ]
