@@ -6,11 +6,17 @@
 #include <cstdint>
 
 struct Rng {
+    static constexpr uint64_t kIncrement = 0x9E3779B97F4A7C15ull;  // SplitMix64's per-draw step
     uint64_t state;
     explicit Rng(uint64_t seed) : state(seed) {}
 
+    // The generator as it is after `draws` more calls of next_u64 (the state only adds a constant per
+    // draw), so a long stream can be cut into pieces drawn in parallel, bit for bit the same.
+    void skip(uint64_t draws) { state += draws * kIncrement; }
+    static constexpr int kDrawsPerNormal = 2;
+
     uint64_t next_u64() {
-        uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+        uint64_t z = (state += kIncrement);
         z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
         z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
         return z ^ (z >> 31);

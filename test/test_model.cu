@@ -233,6 +233,32 @@ TEST_CASE("GPT-2 initialization: seeded, right scales, zero biases and padding")
     gpt2_free(model);
 }
 
+// Drawn in pieces by several threads, each skipping the generator to its first draw: the same bits as
+// one thread, and as the plain serial stream (one Rng, every normal in tensor order).
+TEST_CASE("GPT-2 initialization: any thread count draws the serial stream, bit for bit") {
+    GPT2Config config{64, 301, pad_vocab(301), 2, 4, 128};
+    const std::vector<floatX> one = gpt2_initial_parameters(config, 11, 1);
+    size_t sizes[kNumParameterTensors];
+    parameter_sizes(config, sizes);
+    std::vector<floatX> serial;
+    Rng rng(11);
+    for (int i = 0; i < kNumParameterTensors; ++i) {
+        const std::string name = kParameterNames[i];
+        const bool ln_weight = name == "ln1w" || name == "ln2w" || name == "lnfw", bias = name.back() == 'b';
+        const double std_dev = (name == "attprojw" || name == "fcprojw") ? 0.02 / std::sqrt(2.0 * config.num_layers) : 0.02;
+        const size_t drawn = name == "wte" ? size_t(config.vocab_size) * config.channels : sizes[i];
+        for (size_t j = 0; j < sizes[i]; ++j)
+            serial.push_back(from_float<floatX>(ln_weight ? 1.0f : !bias && j < drawn ? float(rng.normal(0.0, std_dev)) : 0.0f));
+    }
+    REQUIRE(serial.size() == one.size());
+    CHECK(bitwise_equal(one, serial));
+    for (unsigned threads : {2u, 3u, 7u, 64u}) {
+        INFO(threads << " threads");
+        CHECK(bitwise_equal(gpt2_initial_parameters(config, 11, threads), one));
+    }
+    CHECK_FALSE(bitwise_equal(gpt2_initial_parameters(config, 12, 3), one));
+}
+
 TEST_CASE("configurations the kernels cannot take are rejected naming the constraint") {
     GPT2Config good{64, 512, 512, 2, 4, 64};
     REQUIRE(gpt2_check_config(good).empty());
