@@ -435,6 +435,22 @@ def parquet_documents(path, group, first_row, text_field, state):
 _worker = {}  # per process: the encoding, the options, an open parquet file
 
 
+def start_pool(workers, options):
+    """The workers, started with SIGINT ignored. Ctrl-C reaches the whole process group, and a worker
+    still in multiprocessing's start-up (importing, before init_worker ignores SIGINT) died of it with
+    a traceback: seen under load in test_prepare's Ctrl-C case, the first shards written by the other
+    worker. An ignored signal stays ignored across exec, and Python then installs no handler of its
+    own. (A blocked one does not stay blocked in the spawned worker: tried.) The parent ignores it only
+    while the workers are forked, a few milliseconds."""
+    # spawn, not fork: a forked child of a process that has run pyarrow's threads can deadlock.
+    context = multiprocessing.get_context("spawn")
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return context.Pool(workers, initializer=init_worker, initargs=(*options, True))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def init_worker(ranks, text_field, txt_split, in_pool):
     if in_pool:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the parent handles it
@@ -755,9 +771,7 @@ class Preparation:
             for index, unit in todo:
                 yield index, tokenize_unit(unit)
             return
-        # spawn, not fork: a forked child of a process that has run pyarrow's threads can deadlock.
-        context = multiprocessing.get_context("spawn")
-        with context.Pool(self.workers, initializer=init_worker, initargs=(*options, True)) as pool:
+        with start_pool(self.workers, options) as pool:
             queue, pending = iter(todo), collections.deque()
 
             def submit():
