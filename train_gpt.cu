@@ -596,7 +596,7 @@ inline ModelPart model_part(const GPT2& m) {
 }
 // The values, in one seeded stream of normals (tensor by tensor, in order), drawn by `threads` threads
 // (0: the hardware's): each piece of the stream starts from the generator skipped to its first draw,
-// so any thread count gives the same bits. One thread took ~40 s for GPT-2 1.5B's 1.56 billion.
+// so any thread count gives the same bits. One thread took 46 s here for GPT-2 1.5B's 1.56 billion.
 inline std::vector<floatX> gpt2_initial_parameters(const GPT2Config& c, uint64_t seed, unsigned threads = 0) {
     size_t whole_sizes[kNumParameterTensors];
     parameter_sizes(c, whole_sizes);
