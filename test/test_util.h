@@ -18,6 +18,16 @@
 
 #include "kernels/cuda_common.h"
 
+// cuBLASLt's epilogues with a BF16 D, as an H100's cuBLAS 13 computes them (measured 2026-11-27 by
+// test_cublaslt and test_kernel_matmul): the terms (alpha AB, beta C, the bias) are added as if each
+// were first rounded to BF16 (a result near zero after cancellation came out 0 or a multiple of 2^-9:
+// aux 0.0039 for 0.0015; a weight gradient accumulated onto a BF16 dweight 0 for -0.0015), and GELU and
+// GELU' are evaluated at about BF16 precision (DGELU's product 6.5e-4 off at 6.5e-3, GELU' near its
+// zero). So on a GPU a BF16 result may be two more BF16 units of its terms' magnitudes off, and a
+// GELU output 2^-6 (four BF16 units) of |x|. The emulator's epilogues work in FP32: no such terms.
+constexpr double kBf16EpilogueTermUnits = kEmulatedDevice ? 0.0 : 2 * 0x1p-8;
+constexpr double kBf16EpilogueGeluTolerance = 0x1p-6;  // on a GPU
+
 // The exit code of a test executable that cannot run in this configuration: test/tests.cmake gives
 // such tests SKIP_RETURN_CODE 77, so CTest reports them skipped, never passed.
 constexpr int kSkipReturnCode = 77;
