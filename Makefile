@@ -109,7 +109,7 @@ TEST_NAMES := $(patsubst test/%.cu,%,$(TEST_SRC))
 # those whose source has the line "// precision: BF16 only" (test/tests.cmake reads the same line):
 # they are built in BF16 whatever PRECISION says, and have no twin.
 BF16_ONLY_TESTS := $(patsubst test/%.cu,%,$(shell grep -l '^// precision: BF16 only' $(TEST_SRC)))
-BOTH_PRECISION_TESTS := $(filter-out $(BF16_ONLY_TESTS),$(filter test_kernel_% test_model% test_mpi_train,$(TEST_NAMES)))
+BOTH_PRECISION_TESTS := $(filter-out $(BF16_ONLY_TESTS),$(filter test_kernel_% test_model% test_mpi_train test_mpi_context,$(TEST_NAMES)))
 FP32_TEST_NAMES := $(addsuffix _fp32,$(BOTH_PRECISION_TESTS))
 ALL_TEST_NAMES := $(TEST_NAMES) $(FP32_TEST_NAMES)
 GPU_TEST_NAMES := $(filter-out test_emu_%,$(ALL_TEST_NAMES))

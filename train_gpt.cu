@@ -50,6 +50,7 @@
 #include "kernels/layernorm.cuh"
 #include "kernels/matmul.cuh"
 #include "parallel/process_groups.h"
+#include "parallel/context.h"
 #include "parallel/pipeline.h"
 #include "parallel/tensor.h"
 #include "parallel/zero.h"
@@ -218,6 +219,7 @@ struct MicroBatchSlot {
     int* inputs = nullptr;           // (B, T) on the device
     int* targets = nullptr;          // (B, T) on the device
     int* doc_start = nullptr;        // (B, T) document starts (--doc-mask, --doc-positions; host/documents.h)
+    int* token_positions = nullptr;  // (B, T) positions, ModelOptions::uses_token_positions (kernels/encoder.cuh)
     int* encoder_scratch = nullptr;  // the encoder backward's grouping of its tokens (kernels/encoder.cuh)
     EncoderGrouping encoder;         // its sizes (count 0: no backward pass may follow the forward pass)
 };
@@ -232,6 +234,7 @@ struct GPT2 {
     ModelOptions options{};
     TensorParallel tensor{};    // the tensor group (size options.tensor_parallel), set before gpt2_build
     PipelineParallel pipeline{};  // the pipeline group (size options.pipeline_parallel), set before gpt2_build
+    ContextRing context{};        // the context group (size options.context_parallel), set before gpt2_build
     std::vector<MicroBatchSlot> slots;  // micro-batches in flight; the current one's buffers are below
     int slot = 0;
     StageLayers layers;  // this rank's layers: one range, or one per model chunk (parallel/pipeline.h)
@@ -257,6 +260,7 @@ struct GPT2 {
     int* inputs = nullptr;       // the current micro-batch slot's (MicroBatchSlot)
     int* targets = nullptr;
     int* doc_start = nullptr;
+    int* token_positions = nullptr;
     // What each forward pass uploads (token ids, targets, document starts) and the encoder backward's
     // grouping of its tokens, in page-locked host memory, so the copies do not make the host wait.
     // Two slots, used in turn: the host fills one while the device may still copy from the other;
@@ -266,6 +270,7 @@ struct GPT2 {
         int* inputs = nullptr;
         int* targets = nullptr;
         int* doc_start = nullptr;
+        int* token_positions = nullptr;
         int* grouping = nullptr;  // encoder_backward_scratch_ints
         float* grad_scale = nullptr;
         EncoderGrouping encoder;  // made from `inputs` for the backward pass (count 0: not yet)
@@ -359,6 +364,7 @@ inline MemoryPlan gpt2_memory_plan(const GPT2Config& whole, int B, int T, const 
         plan.add("kv_cache", "activations", 2 * L * BT * C * X);
         plan.add("inputs", "workspace", BT * I);
         if (options.uses_documents()) plan.add("doc_start", "workspace", BT * I);
+        if (options.uses_token_positions()) plan.add("token_positions", "workspace", BT * I);
         plan.add("matmul_workspace", "workspace", kMatmulWorkspaceBytes);
         return plan;
     }
@@ -377,15 +383,24 @@ inline MemoryPlan gpt2_memory_plan(const GPT2Config& whole, int B, int T, const 
                                          : attention_backward_scratch_floats(B, T, int(NHt)),
                                      global_norm_scratch_floats(shard.optimizer_size()), size_t(1)});
     plan.add("scratch", "workspace", scratch * F);
+    if (options.context_parallel > 1) {  // the ring's buffers (parallel/context.h), for the whole sequence of T cp
+        const ContextRingSizes ring = context_ring_sizes(B, T * options.context_parallel, int(Ct), int(NHt), options.context_parallel);
+        plan.add("context_kv", "communication", 2 * ring.kv * X);
+        plan.add("context_dkv", "communication", 2 * ring.kv * F);
+        plan.add("context_sum", "workspace", ring.out * F);
+        plan.add("context_part_out", "workspace", ring.out * F);
+        plan.add("context_part_lse", "workspace", ring.lse * F);
+    }
     if (options.tensor_parallel > 1 && options.last_stage())  // the vocabulary-parallel classifier's row statistics, every rank's
         plan.add("classifier_stats", "communication", size_t(options.tensor_parallel) * BT * kClassifierStats * F);
     plan.add("grad_norm", "workspace", (options.tensor_parallel > 1 ? kNumParameterTensors : 1) * F);  // all_ranks_norm
     plan.add("grad_scale", "workspace", F);
     if (options.first_stage())
-        plan.add("encoder_scratch", "workspace", K * encoder_backward_scratch_ints(B, T, options.doc_positions) * I);
+        plan.add("encoder_scratch", "workspace", K * encoder_backward_scratch_ints(B, T, options.uses_token_positions()) * I);
     plan.add("inputs", "workspace", K * BT * I);
     plan.add("targets", "workspace", K * BT * I);
     if (options.uses_documents()) plan.add("doc_start", "workspace", K * BT * I);
+    if (options.uses_token_positions()) plan.add("token_positions", "workspace", K * BT * I);
     plan.add("matmul_workspace", "workspace", kMatmulWorkspaceBytes);
     return plan;
 }
@@ -419,6 +434,16 @@ inline std::string gpt2_check_build(const GPT2Config& config, int B, int T, int 
                   " micro-batches in flight";
     if (problem.empty() && options.attention == Attention::tc)
         problem = attention_tc_requirements(B, T, tensor_channels(config, options), tensor_heads(config, options));
+    if (problem.empty() && options.context_parallel > 1) {  // T is this rank's share (see ModelOptions)
+        problem = context_parallel_problem(T * options.context_parallel, options.context_parallel);
+        if (problem.empty() && int64_t(T) * options.context_parallel > config.max_seq_len)
+            problem = "model: --cp " + std::to_string(options.context_parallel) + " x T = " + std::to_string(T) +
+                      " exceeds max_seq_len = " + std::to_string(config.max_seq_len);
+        if (problem.empty() && (options.attention == Attention::tc || options.uses_documents() || options.inference ||
+                                options.tensor_parallel > 1 || options.pipeline_parallel > 1))
+            problem = "model: context parallelism runs the SIMT attention, without documents, tensor or pipeline "
+                      "parallelism, for training";
+    }
     if (problem.empty() && (zero_stage < 0 || zero_stage > 2))
         problem = "model: ZeRO stage " + std::to_string(zero_stage) + " is not one of 0, 1, 2";
     if (problem.empty() && options.uses_documents() && (options.eot_token < 0 || options.eot_token >= config.vocab_size))
@@ -456,6 +481,7 @@ inline void select_micro_batch(GPT2& model, int k) {
     model.inputs = slot.inputs;
     model.targets = slot.targets;
     model.doc_start = slot.doc_start;
+    model.token_positions = slot.token_positions;
     model.bwd.encoder_scratch = slot.encoder_scratch;
 }
 
@@ -497,15 +523,16 @@ inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int 
     model.max_batch = B;
     model.max_tokens = T;
     model.matmul = matmul_create(m.get<void>("matmul_workspace"));
-    const size_t BT = size_t(B) * T, grouping_ints = encoder_backward_scratch_ints(B, T, options.doc_positions);
+    const size_t BT = size_t(B) * T, grouping_ints = encoder_backward_scratch_ints(B, T, options.uses_token_positions());
     for (GPT2::UploadSlot& up : model.uploads) {  // page-locked host memory: not in the device plan
         int* block = nullptr;
-        CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&block), (3 * BT + grouping_ints + 1) * sizeof(int)));
+        CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&block), (4 * BT + grouping_ints + 1) * sizeof(int)));
         up.inputs = block;
         up.targets = block + BT;
         up.doc_start = block + 2 * BT;
-        up.grouping = block + 3 * BT;
-        up.grad_scale = reinterpret_cast<float*>(block + 3 * BT + grouping_ints);
+        up.token_positions = block + 3 * BT;
+        up.grouping = block + 4 * BT;
+        up.grad_scale = reinterpret_cast<float*>(block + 4 * BT + grouping_ints);
         CUDA_CHECK(cudaEventCreateWithFlags(&up.copied, cudaEventDisableTiming));
     }
     model.matmul.autotune = options.matmul_autotune;
@@ -529,6 +556,7 @@ inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int 
         slot.inputs = m.get<int>("inputs") + k * BT;
         if (!options.inference) slot.targets = m.get<int>("targets") + k * BT;
         if (options.uses_documents()) slot.doc_start = m.get<int>("doc_start") + k * BT;
+        if (options.uses_token_positions()) slot.token_positions = m.get<int>("token_positions") + k * BT;
         if (!options.inference && options.first_stage())
             slot.encoder_scratch = m.get<int>("encoder_scratch") + k * grouping_ints;
     }
@@ -571,6 +599,27 @@ inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int 
     b.dbuf_4c = m.get<floatX>("dbuf_4c");
     b.scratch = m.get<float>("scratch");
     b.grad_scale = m.get<float>("grad_scale");
+    if (options.context_parallel > 1) {
+        if (model.context.size != options.context_parallel)
+            throw TrainGptError("gpt2_build: the model's context group has " + std::to_string(model.context.size) +
+                                " ranks, its options say " + std::to_string(options.context_parallel));
+        ContextRing& ring = model.context;
+        ring.kv[0] = m.get<floatX>("context_kv");
+        ring.kv[1] = ring.kv[0] + model.plan.bytes_of("context_kv") / sizeof(floatX) / 2;
+        ring.dkv[0] = m.get<float>("context_dkv");
+        ring.dkv[1] = ring.dkv[0] + model.plan.bytes_of("context_dkv") / sizeof(float) / 2;
+        ring.sum = m.get<float>("context_sum");
+        ring.part_out = m.get<float>("context_part_out");
+        ring.part_lse = m.get<float>("context_part_lse");
+        // One buffer is computed on while the other is written by a transfer: labeled apart for the
+        // emulator's race detector (a kernel's pointer is taken to reach the end of its labeled range).
+        const size_t kv_bytes = model.plan.bytes_of("context_kv") / 2, dkv_bytes = model.plan.bytes_of("context_dkv") / 2;
+        for (int i = 0; i < 2; ++i) {
+            label_device_memory(ring.kv[i], kv_bytes, i == 0 ? "context_kv[0]" : "context_kv[1]");
+            label_device_memory(ring.dkv[i], dkv_bytes, i == 0 ? "context_dkv[0]" : "context_dkv[1]");
+        }
+        context_ring_start(ring);
+    }
     select_micro_batch(model, 0);
 }
 
@@ -582,6 +631,7 @@ inline void gpt2_free(GPT2& model) {
         up = {};
     }
     matmul_destroy(model.matmul);
+    context_ring_stop(model.context);
     model.memory.free_all();
     model.params_memory = model.grads_memory = nullptr;
 }
@@ -713,6 +763,10 @@ inline bool classifies(const GPT2& m) { return m.options.last_stage() && m.chunk
 // their queries, keys and values, x.atty their outputs.
 inline void causal_attention_forward(GPT2& model, const LayerActivations& x) {
     const int B = model.B, T = model.T, Ct = tensor_channels(model.config, model.options), NHt = tensor_heads(model.config, model.options);
+    if (model.options.context_parallel > 1) {  // this rank's T of the whole T cp, the others' keys around the ring
+        ring_attention_forward(model.context, x.atty, x.att_lse, x.qkv, B, T * model.context.size, Ct, NHt, model.stream);
+        return;
+    }
     const int* doc_mask = model.options.doc_mask ? model.doc_start : nullptr;
     if (model.options.attention == Attention::tc) attention_tc_forward(x.atty, x.att_lse, x.qkv, B, T, Ct, NHt, model.stream, doc_mask);
     else attention_forward(x.atty, x.att_lse, x.qkv, B, T, Ct, NHt, model.stream, doc_mask);
@@ -802,7 +856,8 @@ inline GPT2::UploadSlot& next_upload_slot(GPT2& model) {
 }
 
 inline EncoderGrouping encoder_grouping_of(const GPT2& model, const GPT2::UploadSlot& up) {
-    return encoder_backward_grouping(up.grouping, up.inputs, model.B, model.T, model.options.doc_positions ? up.doc_start : nullptr);
+    return encoder_backward_grouping(up.grouping, up.inputs, model.B, model.T,
+                                     model.options.uses_token_positions() ? up.token_positions : nullptr, model.config.max_seq_len);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -825,6 +880,9 @@ inline void gpt2_upload(GPT2& model, const int* inputs_host, const int* targets_
         fail("B = " + std::to_string(B) + ", T = " + std::to_string(T) + " exceed the allocated " +
              std::to_string(model.max_batch) + " x " + std::to_string(model.max_tokens));
     if (targets_host && !model.targets) fail("an inference model (ModelOptions::inference) computes no losses");
+    if (model.context.size > 1 && T != model.max_tokens)  // the ring's chunks are the build's (parallel/context.h)
+        fail("context parallelism (--cp) runs whole sequences: T = " + std::to_string(T) + " per rank, not the built " +
+             std::to_string(model.max_tokens));
     const GPT2Config& cfg = model.config;
     const int V = cfg.vocab_size;
     const int BT = B * T;
@@ -861,6 +919,15 @@ inline void gpt2_upload(GPT2& model, const int* inputs_host, const int* targets_
     if (model.options.uses_documents()) {  // each token's document start (host/documents.h), on the same stream
         document_starts(up.doc_start, up.inputs, B, padded_T, model.options.eot_token);
         CUDA_CHECK(cudaMemcpyAsync(model.doc_start, up.doc_start, padded_BT * sizeof(int), cudaMemcpyHostToDevice, stream));
+    }
+    if (model.options.uses_token_positions()) {  // restarted per document, or the zigzag chunks' (parallel/context.h)
+        const ZigzagLayout zigzag{padded_T * model.context.size, model.context.size};
+        for (int i = 0; i < padded_BT; ++i) {
+            const int t = i % padded_T;
+            up.token_positions[i] = model.options.doc_positions ? t - up.doc_start[i] : zigzag.position(model.context.rank, t);
+        }
+        CUDA_CHECK(cudaMemcpyAsync(model.token_positions, up.token_positions, padded_BT * sizeof(int), cudaMemcpyHostToDevice,
+                                   stream));
     }
     // A backward pass follows (dlogits are written): its grouping now, while the device runs ahead
     // (the embeddings' backward: the first pipeline stage's).
@@ -902,7 +969,7 @@ inline void gpt2_forward_kernels(GPT2& model, bool with_targets, bool write_dlog
     const int Vr = vocab_rows_per_rank(cfg, model.tensor.size), vocab_first = model.tensor.rank * Vr;
     if (embeds(model)) {
         encoder_forward(a.encoded, model.inputs, p.wte, model.tensor.rank == 0 ? p.wpe : nullptr, B, T, C, stream,
-                        model.options.doc_positions ? model.doc_start : nullptr, vocab_first, Vr);
+                        model.options.uses_token_positions() ? model.token_positions : nullptr, vocab_first, Vr);
         if (model.tensor.size > 1) sum_over_tensor_ranks(model, a.encoded);
     }
     const int first_layer = pass_layers(model).first;
@@ -1161,7 +1228,10 @@ inline void gpt2_backward(GPT2& model, const std::function<void(int)>& layer_don
         matmul_backward(mm, b.dbuf_c, dw.attprojw, dw.attprojb, b.scratch, gather_sequence(model, b.dresidual), x.atty,
                         w.attprojw, BT, Ct, C, stream);
         const int* doc_mask = model.options.doc_mask ? model.doc_start : nullptr;
-        if (model.options.attention == Attention::tc)
+        if (model.options.context_parallel > 1)
+            ring_attention_backward(model.context, b.dbuf_4c, b.scratch, b.dbuf_c, x.qkv, x.atty, x.att_lse, B,
+                                    T * model.context.size, Ct, NHt, stream);
+        else if (model.options.attention == Attention::tc)
             attention_tc_backward(b.dbuf_4c, b.scratch, b.dbuf_c, x.qkv, x.atty, x.att_lse, B, T, Ct, NHt, stream, doc_mask);
         else
             attention_backward(b.dbuf_4c, b.scratch, b.dbuf_c, x.qkv, x.atty, x.att_lse, B, T, Ct, NHt, stream, doc_mask);
@@ -1248,13 +1318,17 @@ inline void progress(Trainer& tr, const char* what, int64_t step) {
 // is options.tensor_parallel) and ZeRO shards this rank's slices over `dist`.
 // With pipeline parallelism `pipeline` is this rank's pipeline group (options.pipeline_parallel ranks,
 // this one stage options.pipeline_stage) and ZeRO shards its stage's part.
+// With context parallelism `context` is this rank's context group (options.context_parallel ranks, each
+// holding T of every sequence of T cp: parallel/context.h); its ranks are also in `dist`, which reduces
+// the gradients over data and context ranks together.
 inline void trainer_build(Trainer& tr, const Distributed& dist, const GPT2Config& config, int B, int T, int zero_stage,
                           const OptimizerConfig& opt, const ModelOptions& options = {}, const TensorParallel& tensor = {},
-                          const PipelineParallel& pipeline = {}) {
+                          const PipelineParallel& pipeline = {}, const ProcessGroup& context = {}) {
     tr.dist = dist;
     tr.world = dist;  // run() sets the world when the data group is not all of it
     tr.model.tensor = tensor;
     tr.model.pipeline = pipeline;
+    tr.model.context = ContextRing{context.nccl, context.mpi, context.rank, context.size};
     tr.model_mpi = tensor.size > 1 && pipeline.size == 1 ? tensor.mpi : MPI_COMM_SELF;  // run() sets it with --pp
     CUDA_CHECK(cudaStreamCreateWithFlags(&tr.model.stream, cudaStreamNonBlocking));
     gpt2_build(tr.model, config, B, T, dist.rank, dist.world_size, zero_stage, options);
@@ -1637,6 +1711,14 @@ inline EvaluatedModel evaluated_model(Trainer& tr) {
     GPT2& m = tr.model;
     return {[&tr, &m](const int* inputs, const int* targets) {
                 progress(tr, "validation", tr.optimizer.step);
+                if (m.context.size > 1) {  // B x T cp whole sequences: this rank's rows of them (context_rows)
+                    const ZigzagLayout z{m.max_tokens * m.context.size, m.context.size};
+                    std::vector<int> mine(size_t(m.max_batch) * m.max_tokens), mine_targets(mine.size());
+                    zigzag_rows(mine.data(), inputs, m.max_batch, z, m.context.rank);
+                    zigzag_rows(mine_targets.data(), targets, m.max_batch, z, m.context.rank);
+                    const double sum = gpt2_forward(m, mine.data(), mine_targets.data(), m.max_batch, m.max_tokens, 0.0f);
+                    return std::pair<double, long long>(sum, m.valid_targets);
+                }
                 const double sum = gpt2_forward(m, inputs, targets, m.max_batch, m.max_tokens, 0.0f);
                 return std::pair<double, long long>(sum, m.valid_targets);
             },
@@ -1693,7 +1775,9 @@ struct RunPlan {
     std::string checkpoint;  // the llm.c checkpoint the parameters come from ("" for a preset)
     ModelOptions options;
     int world = 1;  // the planned world size (--dry-run may plan for more ranks than run it)
-    int data_ranks = 1;  // world / (--tp x --pp)
+    int data_ranks = 1;  // world / (--tp x --pp): the ranks ZeRO shards over and gradients are reduced over
+    int batch_ranks = 1;  // data_ranks / --cp: the ranks that read different batches (a context group shares one)
+    int local_T = 1;      // the tokens of each sequence a rank holds: -t / --cp
     int micro_batches = 1;  // per step and data rank, at the largest batch (the pipeline's micro-batches)
     size_t num_parameters = 0;  // the whole model's
     ShardLayout shard;  // of this rank's parameters (its slices under tensor parallelism) over the data ranks
@@ -1706,21 +1790,31 @@ inline RunPlan plan_run(const RunConfig& rc, const Distributed& dist) {
     p.world = planned_world_size(rc, dist.world_size);
     p.config = with_shape_flags(model_config_of(rc.model, rc.seq_len, &p.checkpoint), rc.layers, rc.heads, rc.channels,
                                 p.checkpoint);
-    p.options = {.recompute = recompute_of(rc.recompute), .attention = attention_of(rc.attention, kEmulatedDevice),
+    // Context parallelism's ring steps run the SIMT kernels (parallel/context.h); --cp refuses --attention tc.
+    p.options = {.recompute = recompute_of(rc.recompute),
+                 .attention = rc.cp > 1 ? Attention::simt : attention_of(rc.attention, kEmulatedDevice),
                  .doc_mask = rc.doc_mask, .doc_positions = rc.doc_positions, .matmul_autotune = rc.matmul_autotune,
-                 .cuda_graphs = rc.cuda_graphs == "on" && rc.pp == 1, .tensor_parallel = rc.tp,
-                 .sequence_parallel = rc.tp > 1 && rc.sequence_parallel != "off", .pipeline_parallel = rc.pp};
+                 .cuda_graphs = rc.cuda_graphs == "on" && rc.pp == 1 && rc.cp == 1, .tensor_parallel = rc.tp,
+                 .sequence_parallel = rc.tp > 1 && rc.sequence_parallel != "off", .pipeline_parallel = rc.pp,
+                 .context_parallel = rc.cp};
     if (p.world % (rc.tp * rc.pp) != 0)
         throw std::runtime_error(model_parallel_flags(rc.tp, rc.pp) + " does not divide the " + std::to_string(p.world) +
                                  " ranks (--world-size or those launched): world = data x pipeline x tensor");
     p.data_ranks = p.world / (rc.tp * rc.pp);
+    if (const std::string problem = context_parallel_problem(rc.seq_len, rc.cp); !problem.empty())
+        throw std::runtime_error(problem);
+    if (p.data_ranks % rc.cp != 0)
+        throw std::runtime_error("--cp " + std::to_string(rc.cp) + " does not divide the " + std::to_string(p.world) +
+                                 " ranks (--world-size or those launched): world = data x cp");
+    p.batch_ranks = p.data_ranks / rc.cp;
+    p.local_T = rc.seq_len / rc.cp;
     // This rank's stage, and the micro-batches its schedule keeps in flight at the largest batch (the
     // schedule's most: host/pipeline_schedule.h).
     const int chunks = rc.pp > 1 && rc.pp_schedule == "interleaved" ? rc.pp_virtual : 1;
     const ModelPart part = part_of_rank(dist.rank % p.world, rc.tp, rc.pp, chunks);
     p.options.pipeline_stage = part.stage;
     p.options.pipeline_chunks = chunks;
-    p.micro_batches = int(total_batch_tokens_for(rc, p.data_ranks) / (int64_t(rc.batch_size) * rc.seq_len * p.data_ranks));
+    p.micro_batches = int(total_batch_tokens_for(rc, p.batch_ranks) / (int64_t(rc.batch_size) * rc.seq_len * p.batch_ranks));
     if (rc.pp > 1) {
         const PipelineSchedule schedule = pipeline_schedule_of(rc.pp_schedule);
         if (const std::string problem = pipeline_problem(schedule, rc.pp, p.micro_batches, rc.pp_virtual); !problem.empty())
@@ -1728,14 +1822,14 @@ inline RunPlan plan_run(const RunConfig& rc, const Distributed& dist) {
         p.options.micro_batches_in_flight =
             simulate_pipeline(schedule, rc.pp, p.micro_batches, rc.pp_virtual).max_in_flight[size_t(part.stage)];
     }
-    if (const std::string problem = gpt2_check_build(p.config, rc.batch_size, rc.seq_len, rc.zero_stage, p.options);
+    if (const std::string problem = gpt2_check_build(p.config, rc.batch_size, p.local_T, rc.zero_stage, p.options);
         !problem.empty())  // named with the shape flags where they made the shape
         throw std::runtime_error(model_label(rc) == rc.model ? problem : "-e " + model_label(rc) + ": " + problem);
     p.num_parameters = gpt2_num_parameters(p.config);
     // Tensor ranks are consecutive, then pipeline stages (parallel/pipeline.h, part_of_rank).
     p.shard = shard_layout(model_part_num_parameters(p.config, rc.tp, rc.pp, part.stage, chunks),
                            data_rank_of(dist.rank % p.world, rc.tp, rc.pp), p.data_ranks, rc.zero_stage);
-    p.memory = gpt2_memory_plan(p.config, rc.batch_size, rc.seq_len, p.shard, p.options);
+    p.memory = gpt2_memory_plan(p.config, rc.batch_size, p.local_T, p.shard, p.options);
     size_t free_bytes = 0, total_bytes = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
     p.budget = rc.max_memory > 0 ? size_t(rc.max_memory * double(size_t(1) << 30)) : free_bytes;
@@ -1762,7 +1856,7 @@ inline void print_dry_run(const RunConfig& rc, const RunPlan& p) {
     const auto fits = [&](Recompute r) {
         ModelOptions options = p.options;
         options.recompute = r;
-        return largest_fitting_batch([&](int B) { return gpt2_memory_plan(p.config, B, rc.seq_len, p.shard, options).total(); },
+        return largest_fitting_batch([&](int B) { return gpt2_memory_plan(p.config, B, p.local_T, p.shard, options).total(); },
                                      p.budget);
     };
     const LargestBatches largest{fits(Recompute::none), fits(Recompute::selective), fits(Recompute::full)};
@@ -1793,10 +1887,30 @@ inline void print_dry_run(const RunConfig& rc, const RunPlan& p) {
                                      attention_name(p.options.attention), traffic, pipeline).c_str());
 }
 
+// Context parallelism: this rank's rows (parallel/context.h's zigzag chunks) of each micro-batch of B
+// whole sequences of T tokens; every rank of a context group reads the same batches.
+inline StepBatches context_rows(const StepBatches& whole, int B, int T, const ContextRing& ring) {
+    const ZigzagLayout z{T, ring.size};
+    const size_t local = size_t(B) * z.local_length(ring.rank);
+    StepBatches mine;
+    for (size_t s = 0; s < whole.inputs.size(); ++s) {
+        mine.inputs.emplace_back(local);
+        mine.targets.emplace_back(local);
+        zigzag_rows(mine.inputs.back().data(), whole.inputs[s].data(), B, z, ring.rank);
+        zigzag_rows(mine.targets.back().data(), whole.targets[s].data(), B, z, ring.rank);
+    }
+    for (size_t s = 0; s < mine.inputs.size(); ++s) {
+        mine.input_ptrs.push_back(mine.inputs[s].data());
+        mine.target_ptrs.push_back(mine.targets[s].data());
+    }
+    return mine;
+}
+
 // --profile-step: a warm-up step, then one step with every launch recorded and timed (dev/roofline.h).
 inline void profile_step(Trainer& tr, const RunPlan& p, StepBatches& batches, int64_t batch_tokens, float lr, int B, int T,
                          const char* device, double peak) {
-    const auto [seconds, records] = record_one_step([&] { train_step(tr, batches.input_ptrs, batches.target_ptrs, B, T, lr); });
+    const auto [seconds, records] =
+        record_one_step([&] { train_step(tr, batches.input_ptrs, batches.target_ptrs, B, p.local_T, lr); });
     if (tr.dist.rank == 0 && tr.model.tensor.rank == 0)
         std::printf("%s", profile_report(records, seconds, double(batch_tokens), tr.dist.world_size, int64_t(p.num_parameters),
                                          p.config.num_layers, p.config.channels, T, device, peak).c_str());
@@ -1907,16 +2021,31 @@ inline int run(const RunConfig& rc, Distributed& dist) {
     const Distributed& data = groups.data;
 
     const int B = rc.batch_size, T = rc.seq_len;
-    const int64_t cap = total_batch_tokens_for(rc, p.data_ranks);
+    const int64_t cap = total_batch_tokens_for(rc, p.batch_ranks);
     const BatchRamp ramp = rc.batch_ramp.empty() ? BatchRamp{} : parse_batch_ramp(rc.batch_ramp);
-    DataLoader train_loader(rc.train_data, B, T, data.rank, data.world_size, uint64_t(rc.seed), true);
+    // Context groups (--cp, consecutive ranks: the data group is the world) read one batch per group and
+    // each rank keeps its rows of it (context_rows); without --cp every data rank reads its own.
+    ProcessGroup context;
+    if (rc.cp > 1) {
+        GridCoordinates shape;
+        shape.context = rc.cp;
+        shape.data = dist.world_size / rc.cp;
+        context = make_process_group(shape, dist.rank, Axis::context);
+    }
+    const int batch_rank = data.rank / rc.cp, batch_ranks = p.batch_ranks;
+    const auto release_groups = [&] {
+        if (context.nccl) release_process_group(context);
+        release_parallel_groups(groups);
+    };
+    DataLoader train_loader(rc.train_data, B, T, batch_rank, batch_ranks, uint64_t(rc.seed), true);
     train_loader.check_tokens(p.config.vocab_size);  // every token below the vocabulary, before the first step
-    Evaluation eval = evaluation_of(rc, data, p.config.vocab_size);
+    Evaluation eval = evaluation_of(rc, data, p.config.vocab_size, batch_rank, batch_ranks);
     const int64_t total_steps = rc.max_steps > 0 ? rc.max_steps : steps_for_tokens(int64_t(train_loader.total_tokens()), ramp, cap);
     const LrSchedule schedule = lr_schedule_of(rc);
 
     Trainer tr;
-    trainer_build(tr, data, p.config, B, T, rc.zero_stage, optimizer_config_of(rc), p.options, groups.tensor, groups.pipeline);
+    trainer_build(tr, data, p.config, B, p.local_T, rc.zero_stage, optimizer_config_of(rc), p.options, groups.tensor,
+                  groups.pipeline, context);
     tr.world = dist;
     tr.model_mpi = groups.model_mpi;
     tr.schedule = pipeline_schedule_of(rc.pp_schedule);
@@ -1931,6 +2060,11 @@ inline int run(const RunConfig& rc, Distributed& dist) {
     if (main_rank)
         announce_run(rc, prop.name, dist.world_size, kPrecisionName, attention_name(p.options.attention), p.num_parameters,
                      total_steps, run, step);
+    if (main_rank && rc.cp > 1)
+        std::printf("context parallel: --cp %d, each rank holds %d of every sequence's %d tokens in two zigzag chunks of %d "
+                    "(rank r: chunks r and %d-r); keys and values go around a ring of %d%s\n",
+                    rc.cp, p.local_T, T, T / (2 * rc.cp), 2 * rc.cp - 1, rc.cp,
+                    rc.cuda_graphs == "on" ? "; CUDA graphs not used (the ring's transfers are not captured yet)" : "");
     if (main_rank && rc.pp > 1)
         std::printf("pipeline: %s; schedule %s, %d micro-batches per step and data rank; stage 0 keeps %d in flight%s\n",
                     pipeline_split_text(p.config, rc.pp, p.options.pipeline_chunks).c_str(), rc.pp_schedule.c_str(),
@@ -1939,19 +2073,27 @@ inline int run(const RunConfig& rc, Distributed& dist) {
                     "exchanges are not captured yet)" : "");
     RunLog log(main_rank, rc.output_dir);
     StepBatches batches;
-    const auto micro_steps_of = [&](int64_t batch_tokens) { return int(batch_tokens / (int64_t(B) * T * data.world_size)); };
+    const auto micro_steps_of = [&](int64_t batch_tokens) { return int(batch_tokens / (int64_t(B) * T * batch_ranks)); };
+    // This rank's part of the step's batches: all of them, or its rows under --cp.
+    StepBatches context_batches;
+    const auto step_batches = [&]() -> StepBatches& {
+        if (rc.cp == 1) return batches;
+        context_batches = context_rows(batches, B, T, tr.model.context);
+        return context_batches;
+    };
     if (rc.profile_step) {
         const int64_t batch_tokens = total_batch_tokens_at(tokens_seen, ramp, cap);
         batches.load(train_loader, micro_steps_of(batch_tokens), B, T);
-        profile_step(tr, p, batches, batch_tokens, learning_rate(schedule, step, total_steps), B, T, prop.name, peak);
+        profile_step(tr, p, step_batches(), batch_tokens, learning_rate(schedule, step, total_steps), B, T, prop.name, peak);
         trainer_free(tr);
-        release_parallel_groups(groups);
+        release_groups();
         return 0;
     }
 
     install_preemption_handlers();
     Watchdog watchdog(rc.collective_timeout, dist.rank,
-                      {data.nccl, groups.tensor.nccl, groups.pipeline.nccl, groups.pipeline.gradient_nccl, groups.pipeline.embedding_nccl});
+                      {data.nccl, groups.tensor.nccl, groups.pipeline.nccl, groups.pipeline.gradient_nccl, groups.pipeline.embedding_nccl,
+                       context.nccl});
     tr.watchdog = &watchdog;
     double elapsed = 0;
     for (int64_t steps_this_run = 1; step < total_steps; ++step, ++steps_this_run) {
@@ -1959,7 +2101,8 @@ inline int run(const RunConfig& rc, Distributed& dist) {
         batches.load(train_loader, micro_steps_of(batch_tokens), B, T);
         const float lr = learning_rate(schedule, step, total_steps);
         const auto t0 = std::chrono::steady_clock::now();
-        const StepResult r = train_step(tr, batches.input_ptrs, batches.target_ptrs, B, T, lr, &divergence);
+        const StepBatches& mine = step_batches();
+        const StepResult r = train_step(tr, mine.input_ptrs, mine.target_ptrs, B, p.local_T, lr, &divergence);
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         tokens_seen += batch_tokens;
         elapsed += seconds;
@@ -1979,12 +2122,12 @@ inline int run(const RunConfig& rc, Distributed& dist) {
         const bool due = checkpoint_due(rc, done, total_steps), saved = due && save();
         if (done < total_steps && stop_requested(dist, done, !rc.output_dir.empty(), due, saved, save)) {
             trainer_free(tr);
-            release_parallel_groups(groups);
+            release_groups();
             return kPreemptedExitCode;
         }
     }
     trainer_free(tr);
-    release_parallel_groups(groups);
+    release_groups();
     return 0;
 }
 

@@ -454,11 +454,17 @@ inline std::vector<float> read_model_parameters_as_float(const std::string& path
 }
 
 // A preset's shape (host/model_config.h; tiny and mini sized for T), or else the shape in the llm.c
-// checkpoint `model` names: then *checkpoint is set to its path ("" for a preset).
+// checkpoint `model` names: then *checkpoint is set to its path ("" for a preset). A GPT-2 preset
+// trained from scratch on sequences longer than GPT-2's 1024 (long contexts, --cp) gets a position
+// table of T rows; a checkpoint's table is what it is.
 inline GPT2Config model_config_of(const std::string& model, int T, std::string* checkpoint) {
     GPT2Config c;
     checkpoint->clear();
-    if (gpt2_preset(model, &c) || small_preset(model, T, &c)) return c;
+    if (gpt2_preset(model, &c)) {
+        c.max_seq_len = std::max(c.max_seq_len, T);
+        return c;
+    }
+    if (small_preset(model, T, &c)) return c;
     std::error_code ec;
     if (!std::filesystem::exists(model, ec))
         checkpoint_internal::fail("-e/--model '" + model + "' is neither a preset (" + kPresetNames +

@@ -104,6 +104,10 @@ inline const std::vector<Option>& options() {
          "pipeline schedule: afab (all forwards, then all backwards), 1f1b, interleaved (--pp-virtual chunks per rank)",
          nullptr, {"afab", "1f1b", "interleaved"}},
         {"Parallelism and memory", 0, "pp-virtual", &R::pp_virtual, "model chunks per rank (interleaved schedule)", "V"},
+        {"Parallelism and memory", 0, "cp", &R::cp,
+         "context parallelism: each sequence split over this many consecutive ranks, 2 cp chunks dealt zigzag "
+         "(rank r: chunks r and 2cp-1-r), keys and values passed around a ring (world = data x cp; ZeRO shards over "
+         "both); -t must be a multiple of 2 cp", "N"},
         {"Parallelism and memory", 0, "pp-print-schedule", &R::pp_print_schedule,
          "print the pipeline schedule (one row per rank, F/B and the micro-batch per time slot, the bubble measured "
          "beside the formula's, the activations each rank holds) and exit; the micro-batches are the step's "
@@ -315,6 +319,7 @@ inline void validate(const RunConfig& c) {
     check(c.tp >= 1, "tp", c.tp, "must be >= 1");
     check(c.pp >= 1, "pp", c.pp, "must be >= 1");
     check(c.pp_virtual >= 1, "pp-virtual", c.pp_virtual, "must be >= 1");
+    check(c.cp >= 1, "cp", c.cp, "must be >= 1");
     check(c.max_memory >= 0, "max-memory", c.max_memory, "must be >= 0");
     check(c.checkpoint_every >= 0, "checkpoint-every", c.checkpoint_every, "must be >= 0");
     check(c.keep_last >= 0, "keep-last", c.keep_last, "must be >= 0");
@@ -339,6 +344,17 @@ inline void validate(const RunConfig& c) {
                                           " " + std::to_string(c.pp));
     require(c.tp == 1 || !c.generate, flag("generate") + " runs one sequence on one rank: it cannot go with " + flag("tp") + " " +
                                           std::to_string(c.tp));
+    require(c.cp == 1 || !c.generate, flag("generate") + " runs one sequence on one rank: it cannot go with " + flag("cp") +
+                                          " " + std::to_string(c.cp));
+    require(c.cp == 1 || (c.tp == 1 && c.pp == 1),
+            flag("cp") + " " + std::to_string(c.cp) + " does not compose with " + flag("tp") + " or " + flag("pp") +
+                " yet: context parallelism runs over data-parallel ranks only");
+    require(c.cp == 1 || (!c.doc_mask && !c.doc_positions),
+            flag("cp") + " " + std::to_string(c.cp) + " does not support " + flag("doc-mask") + " or " +
+                flag("doc-positions") + " yet: documents would cross the ranks' chunks");
+    require(c.cp == 1 || c.attention != "tc",
+            flag("cp") + " " + std::to_string(c.cp) + " runs the SIMT attention kernels (" + flag("attention") +
+                " simt; auto picks them): the tensor-core kernels have no ring steps yet");
     require(c.sequence_parallel != "on" || c.tp > 1,
             flag("sequence-parallel") + " on splits the tokens over the tensor ranks: it needs " + flag("tp") + " > 1");
     require(c.pp_virtual == 1 || c.pp_schedule == "interleaved",

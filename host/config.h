@@ -62,6 +62,7 @@ struct RunConfig {
     std::string pp_schedule = "1f1b";    // afab | 1f1b | interleaved
     int pp_virtual = 1;                  // model chunks per rank (interleaved)
     bool pp_print_schedule = false;      // print the pipeline schedule and exit
+    int cp = 1;                          // context-parallel ranks (parallel/context.h): world = data x cp
     std::string recompute = "none";
     int world_size = 0;       // 0 = the launched ranks
     double max_memory = 0.0;  // GiB; 0 = the device's

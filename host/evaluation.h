@@ -68,22 +68,37 @@ struct Evaluation {
     std::optional<HellaSwagSet> hellaswag;
     std::optional<Tokenizer> tokenizer;
     Rng sample_rng{0};
+    bool sample = true;  // --sample-every applies (off under context parallelism: see evaluation_of)
 };
 
 // Opens the run's evaluation data; every validation token is checked against the vocabulary first.
 // Two defaults give way with a one-line note (rank 0) instead of an error: validation when -v was not
-// given and no shard matches -j, and the sample length when -g exceeds -t - 1.
-inline Evaluation evaluation_of(const RunConfig& rc, const Distributed& d, int vocab_size) {
+// given and no shard matches -j, and the sample length when -g exceeds -t - 1. Validation batches are
+// split over `batch_ranks` readers (the ranks of `d` but with --cp, whose context groups share theirs).
+// Under --cp, sampling and HellaSwag, which run sequences of their own lengths on one rank or on each,
+// are not available: an explicit -s or -h is an error, the default -s gives way with a note.
+inline Evaluation evaluation_of(const RunConfig& rc, const Distributed& d, int vocab_size, int batch_rank, int batch_ranks) {
     Evaluation e;
+    if (rc.cp > 1) {
+        const std::string cp = "--cp " + std::to_string(rc.cp);
+        if (!rc.hellaswag.empty()) throw std::runtime_error("-h/--hellaswag cannot go with " + cp + " yet: its rows are not split");
+        if (rc.sample_every > 0 && rc.was_given("sample-every"))
+            throw std::runtime_error("-s/--sample-every cannot go with " + cp + " yet: sampling runs on one rank (--generate "
+                                     "samples from the run's checkpoint)");
+        if (rc.sample_every > 0 && d.rank == 0)
+            std::printf("note: no samples during training with %s (sampling runs on one rank; --generate samples from "
+                        "the run's checkpoint)\n", cp.c_str());
+        e.sample = false;
+    }
     const bool no_val_shards = rc.val_every > 0 && !rc.was_given("val-every") && !any_file_matches(rc.val_data);
     if (no_val_shards && d.rank == 0)
         std::printf("note: no validation shard matches -j/--val-data '%s': validation is off (an explicit -v makes "
                     "this an error)\n", rc.val_data.c_str());
-    if (rc.sample_every > 0 && rc.gen_tokens > rc.seq_len - 1 && d.rank == 0)
+    if (rc.sample_every > 0 && rc.cp == 1 && rc.gen_tokens > rc.seq_len - 1 && d.rank == 0)
         std::printf("note: samples are %d tokens, not -g/--gen-tokens %d: a sample fits one -t/--seq-len %d window\n",
                     rc.seq_len - 1, rc.gen_tokens, rc.seq_len);
     if (rc.val_every > 0 && !no_val_shards) {
-        e.val.emplace(rc.val_data, rc.batch_size, rc.seq_len, d.rank, d.world_size, uint64_t(rc.seed), false);
+        e.val.emplace(rc.val_data, rc.batch_size, rc.seq_len, batch_rank, batch_ranks, uint64_t(rc.seed), false);
         e.val->check_tokens(vocab_size);
     }
     if (!rc.hellaswag.empty()) e.hellaswag = read_hellaswag(rc.hellaswag, vocab_size);
@@ -127,7 +142,7 @@ inline void evaluate_when_due(const RunConfig& rc, Evaluation& e, const Evaluate
         const HellaSwagResult hs = hellaswag_all_ranks(*e.hellaswag, B, T, d, model.token_losses);
         log.hellaswag(done, hs.accuracy(), hs.correct, hs.total, hs.skipped);
     }
-    if (rc.sample_every > 0 && (done % rc.sample_every == 0 || last) && d.rank == 0) {
+    if (e.sample && rc.sample_every > 0 && (done % rc.sample_every == 0 || last) && d.rank == 0) {
         const std::vector<int> tokens = sample_tokens(model, e.tokenizer ? e.tokenizer->eot_token() : 50256,
                                                       std::min(rc.gen_tokens, rc.seq_len - 1), sampling_settings_of(rc),
                                                       e.sample_rng);

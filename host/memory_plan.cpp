@@ -48,6 +48,7 @@ std::string dry_run_report(const RunConfig& rc, const MemoryPlan& plan, size_t n
         const nlohmann::json largest = {{"none", fits.none}, {"selective", fits.selective}, {"full", fits.full}};
         nlohmann::json j = {{"model", model_label(rc)},       {"parameters", num_parameters}, {"world_size", world},
                                   {"tensor_parallel", rc.tp},     {"sequence_parallel", sequence_parallel},
+                                  {"context_parallel", rc.cp},
                                   {"zero_stage", rc.zero_stage},  {"recompute", rc.recompute},
                                   {"attention", attention},      {"micro_batch", rc.batch_size},
                                   {"doc_mask", rc.doc_mask},      {"doc_positions", rc.doc_positions},
@@ -76,8 +77,11 @@ std::string dry_run_report(const RunConfig& rc, const MemoryPlan& plan, size_t n
         return j.dump(2) + "\n";
     }
     char line[512];
-    std::snprintf(line, sizeof line, ", %zu parameters, B=%d T=%d, %d rank(s) (tp %d%s, pp %d), ZeRO-%d, recompute %s, attention %s%s%s, %s\n",
-                  num_parameters, rc.batch_size, rc.seq_len, world, rc.tp, sequence_parallel ? ", sequence parallel" : "", rc.pp, rc.zero_stage, rc.recompute.c_str(), attention,
+    char context[64] = "";  // --cp: each rank's share of the sequence (parallel/context.h)
+    if (rc.cp > 1) std::snprintf(context, sizeof context, ", cp %d: %d tokens of each sequence per rank", rc.cp, rc.seq_len / rc.cp);
+    std::snprintf(line, sizeof line, ", %zu parameters, B=%d T=%d, %d rank(s) (tp %d%s, pp %d%s), ZeRO-%d, recompute %s, attention %s%s%s, %s\n",
+                  num_parameters, rc.batch_size, rc.seq_len, world, rc.tp, sequence_parallel ? ", sequence parallel" : "", rc.pp, context,
+                  rc.zero_stage, rc.recompute.c_str(), attention,
                   rc.doc_mask ? " + doc-mask" : "", rc.doc_positions ? ", doc-positions" : "", precision);
     std::string out = "memory plan per rank: " + model_label(rc) + line + plan.table();
     std::snprintf(line, sizeof line, "largest micro-batch within %.2f GiB: none %d, selective %d, full %d\n",

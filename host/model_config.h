@@ -207,6 +207,11 @@ struct ModelOptions {
     int pipeline_stage = 0;          // this rank's
     int pipeline_chunks = 1;         // model chunks per rank (the interleaved schedule)
     int micro_batches_in_flight = 1; // forward passes whose backward is still to come: the activations kept
+    int context_parallel = 1;        // ranks each sequence is split over (parallel/context.h): the model's
+                                     // T is this rank's share, T / context_parallel
+    // Whether tokens carry positions other than their row index (kernels/encoder.cuh's token_positions):
+    // restarted per document, or their places in the whole sequence under context parallelism.
+    bool uses_token_positions() const { return doc_positions || context_parallel > 1; }
     bool first_stage() const { return pipeline_stage == 0; }
     bool last_stage() const { return pipeline_stage == pipeline_parallel - 1; }
 };

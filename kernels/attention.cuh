@@ -17,6 +17,14 @@
 // the smallest start: key tiles before it are skipped, not loaded, and so are, for a key tile, the
 // query tiles from the first query whose document starts after the tile's last key.
 //
+// Spans (AttentionSpan): the kernels run queries [0, Tq) of each sequence against keys [0, Tk), query
+// t seeing key k when k <= t + key_lead. The plain call is causal_span(T, C): one qkv buffer, Tq = Tk =
+// T, key_lead 0. Context parallelism (parallel/context.h) runs a rank's queries against the keys of
+// another rank's chunk: then the query-side arrays (q, out, lse, D, dout, dq) and the key-side ones
+// (k, v, dk, dv) differ in length and sequence stride, and key_lead >= Tk lets every query see every key
+// of a chunk that lies wholly before it. With `accumulate`, the backward kernels add their gradients to
+// what the destination holds (one ring step's share of a sum over all of them) instead of writing them.
+//
 // Shared memory reaches 76 KB per block (dK/dV kernel, hs 128); launchers opt in beyond 48 KB.
 // __launch_bounds__(kThreads, 1): without the minimum-blocks hint ptxas capped registers at
 // 80-128 and spilled a few bytes on sm_80/sm_90; with it the kernels use 130-180 and never spill.
@@ -27,6 +35,20 @@
 #include <type_traits>
 
 #include "common.cuh"
+
+// Which queries see which keys, and how the arrays are laid out; see the top of the file.
+// Query-side arrays: q rows 3C apart (a qkv buffer), out/dout rows C apart, lse/D one float per row, dq
+// rows 3C apart; q_seq rows (entries) from one sequence to the next, (b, h)'s lse/D at (b NH + h) q_seq.
+// Key-side arrays: k rows kv_stride apart (3C in a qkv buffer, 2C in a compact k|v buffer), v = k + C;
+// dk, dv likewise; kv_seq rows from one sequence to the next.
+struct AttentionSpan {
+    int Tq = 0, Tk = 0;
+    int q_seq = 0, kv_seq = 0;
+    int kv_stride = 0;
+    int key_lead = 0;  // query t sees key k <= t + key_lead (>= 0; >= Tk: every key)
+};
+// Causal self-attention over sequences of T positions in one qkv buffer (B, T, 3C).
+inline AttentionSpan causal_span(int T, int C) { return {T, T, T, T, 3 * C, 0}; }
 
 namespace attention_detail {
 
@@ -65,16 +87,22 @@ __device__ inline void load_tile(float* dst, const floatX* src, size_t src_strid
     }
 }
 
-// The inverse of load_tile for rows below T.
-__device__ inline void store_tile(floatX* dst, size_t dst_stride, const float* src, int row0, int T, int hs) {
-    const int vecs_per_row = hs / Packed128<floatX>::size;
+// The inverse of load_tile for rows below T, into floatX or float (context parallelism's FP32
+// partial results and sums); with `accumulate`, added to what dst holds.
+template <typename Dst>
+__device__ inline void store_tile(Dst* dst, size_t dst_stride, const float* src, int row0, int T, int hs,
+                                  bool accumulate = false) {
+    using Pack = Packed128<Dst>;
+    const int vecs_per_row = hs / Pack::size;
     for (int i = int(threadIdx.x); i < kTile * vecs_per_row; i += int(blockDim.x)) {
-        const int r = i / vecs_per_row, d = (i % vecs_per_row) * Packed128<floatX>::size;
+        const int r = i / vecs_per_row, d = (i % vecs_per_row) * Pack::size;
         if (row0 + r >= T) continue;
         const float* from = src + r * row_stride(hs) + d;
-        Packed128<floatX> v;
-        for (int k = 0; k < Packed128<floatX>::size; ++k) v[k] = from_float<floatX>(from[k]);
-        store128(dst + size_t(row0 + r) * dst_stride + d, v);
+        Dst* to = dst + size_t(row0 + r) * dst_stride + d;
+        const Pack before = accumulate ? load128(to) : Pack::filled(0.0f);
+        Pack v;
+        for (int k = 0; k < Pack::size; ++k) v[k] = from_float<Dst>(to_float(before[k]) + from[k]);
+        store128(to, v);
     }
 }
 
@@ -133,9 +161,14 @@ template <int HS_MAX> struct RowShare {
 __device__ inline float row_max(float v) { return warp_xor_chain<MaxOp, 1, 2>(v); }
 __device__ inline float row_sum(float v) { return warp_xor_chain<AddOp, 1, 2>(v); }
 
-// Key tiles a query tile starting at q0 sees under the causal mask: those starting at or before
-// its last query (fully masked tiles are never loaded).
-__device__ inline int causal_key_tiles(int q0, int T) { return (min(q0 + kTile, T) + kTile - 1) / kTile; }
+// Key tiles a query tile starting at q0 sees: those starting at or before the last key its last query
+// sees (fully masked tiles are never loaded). key_lead is at most Tk (the launchers clamp it).
+__device__ inline int span_key_tiles(int q0, const AttentionSpan& s) {
+    const int last_key = min(min(q0 + kTile, s.Tq) - 1 + s.key_lead, s.Tk - 1);
+    return last_key / kTile + 1;
+}
+// The first query tile (kTile-aligned) with a query that sees key k0.
+__device__ inline int span_first_query_tile(int k0, const AttentionSpan& s) { return max(0, k0 - s.key_lead) / kTile * kTile; }
 
 // Document masking (see the top of the file). doc_row: the document starts of one row of the batch,
 // or null without document masking. Used by the tensor-core kernels too, with their tile sizes.
@@ -174,11 +207,12 @@ __device__ inline int visible_query_end(const int* doc_row, int from, int last_k
 // query), m' = max(m, rowmax S), P = exp(S - m'), l' = l exp(m - m') + rowsum P,
 // O' = O exp(m - m') + P V (FlashAttention-2, Algorithm 1); at the end O / l and lse = m + log l.
 
-template <int HS_MAX>
+template <int HS_MAX, typename Out>
 static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
-    attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, const int* doc_start, int T, int C, int NH) {
+    attention_forward_kernel(Out* out, float* lse, const floatX* q, const floatX* kv, const int* doc_start,
+                             AttentionSpan span, int C, int NH) {
     using namespace attention_detail;
-    const int hs = C / NH, stride = row_stride(hs);
+    const int hs = C / NH, stride = row_stride(hs), Tq = span.Tq, Tk = span.Tk;
     const float score_scale = 1.0f / sqrtf(float(hs));
     const int q0 = (int(gridDim.x) - 1 - int(blockIdx.x)) * kTile;  // longest causal rows first
     const int h = int(blockIdx.y), b = int(blockIdx.z);
@@ -191,28 +225,30 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
     float* v_tile = k_tile + kTile * stride;   // [kTile][stride]
     float* p_tile = v_tile + kTile * stride;   // [kTile][kScoreStride]: P[query row][key]
 
-    const floatX* q_src = qkv + size_t(b) * T * 3 * C + h * hs;
-    load_tile(q_tile, q_src, 3 * size_t(C), q0, T, hs);
-    const int* doc_row = doc_start != nullptr ? doc_start + size_t(b) * T : nullptr;
-    const int first_key = first_visible_key(doc_row, query, T);
+    const floatX* q_src = q + size_t(b) * span.q_seq * 3 * C + h * hs;
+    const floatX* k_src = kv + size_t(b) * span.kv_seq * span.kv_stride + h * hs;
+    load_tile(q_tile, q_src, 3 * size_t(C), q0, Tq, hs);
+    const int* doc_row = doc_start != nullptr ? doc_start + size_t(b) * Tq : nullptr;
+    const int first_key = first_visible_key(doc_row, query, Tq);
+    const int last_key = min(query + span.key_lead, Tk - 1);  // of this row
 
     float m = -INFINITY, l = 0.0f;  // running max and softmax denominator of this row
     RowShare<HS_MAX> o;
     o.zero();
-    const int key_tiles = causal_key_tiles(q0, T);
+    const int key_tiles = span_key_tiles(q0, span);
     for (int kt = first_key_tile(doc_row, q0, kTile); kt < key_tiles; ++kt) {
         const int k0 = kt * kTile;
         __syncthreads();  // the previous tile's k/v/p reads are done
-        load_tile(k_tile, q_src + C, 3 * size_t(C), k0, T, hs);
-        load_tile(v_tile, q_src + 2 * C, 3 * size_t(C), k0, T, hs);
+        load_tile(k_tile, k_src, size_t(span.kv_stride), k0, Tk, hs);
+        load_tile(v_tile, k_src + C, size_t(span.kv_stride), k0, Tk, hs);
         __syncthreads();
 
         float s[kEntriesPerThread];
         float tile_max = -INFINITY;
         for (int j = 0; j < kEntriesPerThread; ++j) {
             const int key_col = part + kThreadsPerRow * j, key = k0 + key_col;
-            s[j] = first_key <= key && key <= query ? dot(q_tile + row * stride, k_tile + key_col * stride, hs) * score_scale
-                                                    : -INFINITY;
+            s[j] = first_key <= key && key <= last_key ? dot(q_tile + row * stride, k_tile + key_col * stride, hs) * score_scale
+                                                       : -INFINITY;
             tile_max = max_number(tile_max, s[j]);
         }
         // A row's fully masked tile after its first visible key gives correction 1 and P = 0. Before
@@ -236,9 +272,9 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
     }
     // q_tile's last reads were before the last "P complete" barrier, so it can stage the output.
     o.write_scaled(1.0f / l, q_tile + row * stride, part, hs);
-    if (part == 0 && query < T) lse[(size_t(b) * NH + h) * T + query] = m + logf(l);
+    if (part == 0 && query < Tq) lse[(size_t(b) * NH + h) * span.q_seq + query] = m + logf(l);
     __syncthreads();
-    store_tile(out + size_t(b) * T * C + h * hs, size_t(C), q_tile, q0, T, hs);
+    store_tile(out + size_t(b) * span.q_seq * C + h * hs, size_t(C), q_tile, q0, Tq, hs);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -269,12 +305,13 @@ static __global__ void attention_backward_rowdot_kernel(float* D, const floatX* 
 // dK, dV: grid (key tiles, NH, B). A thread owns a key row (with its 3 siblings) and loops over
 // the query tiles at or after the key tile, the ones the causal mask lets see these keys, up to
 // the first query whose document starts after the tile's last key.
-template <int HS_MAX>
+template <int HS_MAX, typename Grad>
 static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
-    attention_backward_dkdv_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse,
-                                   const float* D, const int* doc_start, int T, int C, int NH) {
+    attention_backward_dkdv_kernel(Grad* dkv, int dkv_stride, const floatX* dout, const floatX* q, const floatX* kv,
+                                   const float* lse, const float* D, const int* doc_start, AttentionSpan span, int C, int NH,
+                                   bool accumulate) {
     using namespace attention_detail;
-    const int hs = C / NH, stride = row_stride(hs);
+    const int hs = C / NH, stride = row_stride(hs), Tq = span.Tq, Tk = span.Tk;
     const float score_scale = 1.0f / sqrtf(float(hs));
     const int k0 = int(blockIdx.x) * kTile;  // the first key tiles see the most queries: first
     const int h = int(blockIdx.y), b = int(blockIdx.z);
@@ -291,32 +328,35 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
     float* lse_rows = ds_tile + kTile * kScoreStride;  // [kTile]
     float* d_rows = lse_rows + kTile;                   // [kTile]
 
-    const size_t qkv_stride = 3 * size_t(C);
-    const floatX* q_src = qkv + size_t(b) * T * qkv_stride + h * hs;
-    const floatX* dout_src = dout + size_t(b) * T * C + h * hs;
-    const int* doc_row = doc_start != nullptr ? doc_start + size_t(b) * T : nullptr;
-    const int query_end = visible_query_end(doc_row, k0, min(k0 + kTile, T) - 1, T);  // of the whole tile
-    const int key_query_end = visible_query_end(doc_row, min(key, T), key, T);       // of this thread's key (<= T)
-    const float* lse_src = lse + (size_t(b) * NH + h) * T;
-    const float* d_src = D + (size_t(b) * NH + h) * T;
-    load_tile(k_tile, q_src + C, qkv_stride, k0, T, hs);
-    load_tile(v_tile, q_src + 2 * C, qkv_stride, k0, T, hs);
+    const size_t qkv_stride = 3 * size_t(C), kv_stride = size_t(span.kv_stride);
+    const floatX* q_src = q + size_t(b) * span.q_seq * qkv_stride + h * hs;
+    const floatX* k_src = kv + size_t(b) * span.kv_seq * kv_stride + h * hs;
+    const floatX* dout_src = dout + size_t(b) * span.q_seq * C + h * hs;
+    const int* doc_row = doc_start != nullptr ? doc_start + size_t(b) * Tq : nullptr;
+    // Document masking comes with the causal span only (Tq = Tk, key_lead 0; the launcher checks).
+    const int query_end = visible_query_end(doc_row, k0, min(k0 + kTile, Tk) - 1, Tq);  // of the whole tile
+    const int key_query_end = key < Tk ? visible_query_end(doc_row, min(key, Tq), key, Tq) : 0;  // this thread's key's
+    const float* lse_src = lse + (size_t(b) * NH + h) * span.q_seq;
+    const float* d_src = D + (size_t(b) * NH + h) * span.q_seq;
+    load_tile(k_tile, k_src, kv_stride, k0, Tk, hs);
+    load_tile(v_tile, k_src + C, kv_stride, k0, Tk, hs);
 
     RowShare<HS_MAX> dk, dv;
     dk.zero();
     dv.zero();
-    for (int q0 = k0; q0 < query_end; q0 += kTile) {  // kTile-aligned: query tiles before k0 see none of these keys
+    // kTile-aligned: the query tiles before the first that sees key k0 see none of these keys
+    for (int q0 = span_first_query_tile(k0, span); q0 < query_end; q0 += kTile) {
         __syncthreads();  // the previous query tile's reads are done
-        load_tile(q_tile, q_src, qkv_stride, q0, T, hs);
-        load_tile(dout_tile, dout_src, size_t(C), q0, T, hs);
-        load_row_values(lse_rows, lse_src, q0, T);
-        load_row_values(d_rows, d_src, q0, T);
+        load_tile(q_tile, q_src, qkv_stride, q0, Tq, hs);
+        load_tile(dout_tile, dout_src, size_t(C), q0, Tq, hs);
+        load_row_values(lse_rows, lse_src, q0, Tq);
+        load_row_values(d_rows, d_src, q0, Tq);
         __syncthreads();
 
         for (int j = 0; j < kEntriesPerThread; ++j) {
             const int r = part + kThreadsPerRow * j, query = q0 + r;
             float p = 0.0f, ds = 0.0f;
-            if (key <= query && query < key_query_end) {
+            if (key <= query + span.key_lead && query < key_query_end) {
                 p = expf(dot(q_tile + r * stride, k_tile + key_col * stride, hs) * score_scale - lse_rows[r]);
                 ds = p * (dot(dout_tile + r * stride, v_tile + key_col * stride, hs) - d_rows[r]);
             }
@@ -333,19 +373,20 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
     dk.write_scaled(score_scale, k_tile + key_col * stride, part, hs);
     dv.write_scaled(1.0f, v_tile + key_col * stride, part, hs);
     __syncthreads();
-    floatX* head_dst = dqkv + size_t(b) * T * qkv_stride + h * hs;
-    store_tile(head_dst + C, qkv_stride, k_tile, k0, T, hs);
-    store_tile(head_dst + 2 * C, qkv_stride, v_tile, k0, T, hs);
+    Grad* head_dst = dkv + size_t(b) * span.kv_seq * dkv_stride + h * hs;
+    store_tile(head_dst, size_t(dkv_stride), k_tile, k0, Tk, hs, accumulate);
+    store_tile(head_dst + C, size_t(dkv_stride), v_tile, k0, Tk, hs, accumulate);
 }
 
 // dQ: grid (query tiles, NH, B). A thread owns a query row (with its 3 siblings) and loops over
 // the key tiles the causal and document masks let it see, as the forward pass does.
-template <int HS_MAX>
+template <int HS_MAX, typename Grad>
 static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
-    attention_backward_dq_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse,
-                                 const float* D, const int* doc_start, int T, int C, int NH) {
+    attention_backward_dq_kernel(Grad* dq, int dq_stride, const floatX* dout, const floatX* q, const floatX* kv,
+                                 const float* lse, const float* D, const int* doc_start, AttentionSpan span, int C, int NH,
+                                 bool accumulate) {
     using namespace attention_detail;
-    const int hs = C / NH, stride = row_stride(hs);
+    const int hs = C / NH, stride = row_stride(hs), Tq = span.Tq, Tk = span.Tk;
     const float score_scale = 1.0f / sqrtf(float(hs));
     const int q0 = (int(gridDim.x) - 1 - int(blockIdx.x)) * kTile;  // longest causal rows first
     const int h = int(blockIdx.y), b = int(blockIdx.z);
@@ -361,29 +402,31 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
     float* lse_rows = ds_tile + kTile * kScoreStride;  // [kTile]
     float* d_rows = lse_rows + kTile;                   // [kTile]
 
-    const size_t qkv_stride = 3 * size_t(C);
-    const floatX* q_src = qkv + size_t(b) * T * qkv_stride + h * hs;
-    load_tile(q_tile, q_src, qkv_stride, q0, T, hs);
-    load_tile(dout_tile, dout + size_t(b) * T * C + h * hs, size_t(C), q0, T, hs);
-    load_row_values(lse_rows, lse + (size_t(b) * NH + h) * T, q0, T);
-    load_row_values(d_rows, D + (size_t(b) * NH + h) * T, q0, T);
-    const int* doc_row = doc_start != nullptr ? doc_start + size_t(b) * T : nullptr;
-    const int first_key = first_visible_key(doc_row, query, T);
+    const size_t qkv_stride = 3 * size_t(C), kv_stride = size_t(span.kv_stride);
+    const floatX* q_src = q + size_t(b) * span.q_seq * qkv_stride + h * hs;
+    const floatX* k_src = kv + size_t(b) * span.kv_seq * kv_stride + h * hs;
+    load_tile(q_tile, q_src, qkv_stride, q0, Tq, hs);
+    load_tile(dout_tile, dout + size_t(b) * span.q_seq * C + h * hs, size_t(C), q0, Tq, hs);
+    load_row_values(lse_rows, lse + (size_t(b) * NH + h) * span.q_seq, q0, Tq);
+    load_row_values(d_rows, D + (size_t(b) * NH + h) * span.q_seq, q0, Tq);
+    const int* doc_row = doc_start != nullptr ? doc_start + size_t(b) * Tq : nullptr;
+    const int first_key = first_visible_key(doc_row, query, Tq);
+    const int last_key = min(query + span.key_lead, Tk - 1);  // of this row
 
-    RowShare<HS_MAX> dq;
-    dq.zero();
-    const int key_tiles = causal_key_tiles(q0, T);
+    RowShare<HS_MAX> dq_row;
+    dq_row.zero();
+    const int key_tiles = span_key_tiles(q0, span);
     for (int kt = first_key_tile(doc_row, q0, kTile); kt < key_tiles; ++kt) {
         const int k0 = kt * kTile;
         __syncthreads();  // the previous key tile's reads are done
-        load_tile(k_tile, q_src + C, qkv_stride, k0, T, hs);
-        load_tile(v_tile, q_src + 2 * C, qkv_stride, k0, T, hs);
+        load_tile(k_tile, k_src, kv_stride, k0, Tk, hs);
+        load_tile(v_tile, k_src + C, kv_stride, k0, Tk, hs);
         __syncthreads();
 
         for (int j = 0; j < kEntriesPerThread; ++j) {
             const int key_col = part + kThreadsPerRow * j, key = k0 + key_col;
             float ds = 0.0f;
-            if (first_key <= key && key <= query && query < T) {
+            if (first_key <= key && key <= last_key && query < Tq) {
                 const float p =
                     expf(dot(q_tile + row * stride, k_tile + key_col * stride, hs) * score_scale - lse_rows[row]);
                 ds = p * (dot(dout_tile + row * stride, v_tile + key_col * stride, hs) - d_rows[row]);
@@ -392,12 +435,40 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
         }
         __syncthreads();  // dS complete
         for (int key_col = 0; key_col < kTile; ++key_col)
-            dq.add_scaled(ds_tile[row * kScoreStride + key_col], k_tile + key_col * stride, part, hs);
+            dq_row.add_scaled(ds_tile[row * kScoreStride + key_col], k_tile + key_col * stride, part, hs);
     }
     // q_tile's last reads were before the last "dS complete" barrier.
-    dq.write_scaled(score_scale, q_tile + row * stride, part, hs);
+    dq_row.write_scaled(score_scale, q_tile + row * stride, part, hs);
     __syncthreads();
-    store_tile(dqkv + size_t(b) * T * qkv_stride + h * hs, qkv_stride, q_tile, q0, T, hs);
+    store_tile(dq + size_t(b) * span.q_seq * dq_stride + h * hs, size_t(dq_stride), q_tile, q0, Tq, hs, accumulate);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Merging two attentions of the same queries over disjoint sets of keys (context parallelism's ring
+// steps, parallel/context.h): each result is normalized over its own keys, and its lse is the log of
+// its softmax denominator, so over the union lse = log(e^lse1 + e^lse2) and out = e^(lse1 - lse) out1
+// + e^(lse2 - lse) out2 (the online softmax's rescaling, Milakov & Gimelshein 2018; Liu et al. 2023,
+// "Ring Attention"). In place into (out, lse), in FP32 (the ring rounds its sum to floatX once, at the
+// end); query-side layouts as in AttentionSpan (rows [0, Tq) of sequences q_seq apart). One thread per
+// (b, t, h) row, 16-byte vectors along the head.
+static __global__ void attention_merge_kernel(float* out, float* lse, const float* part_out, const float* part_lse, int B,
+                                              int Tq, int q_seq, int C, int NH) {
+    using Pack = Packed128<float>;
+    const size_t row = size_t(blockIdx.x) * blockDim.x + threadIdx.x;  // (b, t, h)
+    if (row >= size_t(B) * Tq * NH) return;
+    const int hs = C / NH, h = int(row % NH), t = int(row / NH % Tq), b = int(row / NH / Tq);
+    const size_t lse_at = (size_t(b) * NH + h) * q_seq + t, out_at = (size_t(b) * q_seq + t) * C + size_t(h) * hs;
+    const float a = lse[lse_at], c = part_lse[lse_at];
+    const float m = fmaxf(a, c);  // both finite: every query of a span sees a key
+    const float merged = m + logf(expf(a - m) + expf(c - m));
+    const float wa = expf(a - merged), wc = expf(c - merged);
+    for (int d = 0; d < hs; d += Pack::size) {
+        const Pack x = load128(out + out_at + d), y = load128(part_out + out_at + d);
+        Pack v;
+        for (int k = 0; k < Pack::size; ++k) v[k] = wa * x[k] + wc * y[k];
+        store128(out + out_at + d, v);
+    }
+    lse[lse_at] = merged;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -436,13 +507,31 @@ template <typename F> void dispatch_head_size(int hs, F&& f) {
     else f(std::integral_constant<int, 128>{});
 }
 
-// Work of one (b, h) for the launch costs: the query-key pairs the causal mask keeps, T(T+1)/2,
-// and the pairs of the 32 x 32 tiles the kernels sweep (every tile on or below the diagonal,
+// Work of one (b, h) for the launch costs: the query-key pairs the span's mask keeps (T(T+1)/2 for
+// causal attention), and the pairs of the 32 x 32 tiles the kernels sweep (every tile with a kept pair,
 // masked entries included: the P V and dS K products run over whole tiles).
-inline double causal_pairs(int T) { return double(T) * (double(T) + 1) / 2; }
-inline double swept_pairs(int T) {
-    const double tiles = ceil_div(T, kTile);
-    return double(kTile) * kTile * tiles * (tiles + 1) / 2;
+inline double kept_pairs(const AttentionSpan& s) {
+    double pairs = 0;
+    for (int t = 0; t < s.Tq; ++t) pairs += std::min(s.Tk, t + s.key_lead + 1);
+    return pairs;
+}
+inline double swept_pairs(const AttentionSpan& s) {
+    double tiles = 0;
+    for (int q0 = 0; q0 < s.Tq; q0 += kTile) tiles += ceil_div(std::min(std::min(q0 + kTile, s.Tq) - 1 + s.key_lead, s.Tk - 1) + 1, kTile);
+    return double(kTile) * kTile * tiles;
+}
+
+// "" when the span fits its arrays and the kernels' masks (see AttentionSpan), else why not.
+inline std::string span_problem(const AttentionSpan& s, bool doc_mask) {
+    const auto str = [](int v) { return std::to_string(v); };
+    if (s.Tq < 1 || s.Tk < 1) return "attention span: Tq = " + str(s.Tq) + " and Tk = " + str(s.Tk) + " must be positive";
+    if (s.q_seq < s.Tq || s.kv_seq < s.Tk)
+        return "attention span: sequence strides q_seq = " + str(s.q_seq) + ", kv_seq = " + str(s.kv_seq) + " are below Tq = " +
+               str(s.Tq) + ", Tk = " + str(s.Tk);
+    if (s.key_lead < 0) return "attention span: key_lead = " + str(s.key_lead) + " would leave queries without keys";
+    if (doc_mask && (s.Tq != s.Tk || s.key_lead != 0 || s.q_seq != s.Tq || s.kv_seq != s.Tk))
+        return "attention span: document masking needs the causal span of one sequence";
+    return "";
 }
 
 // Dynamic shared memory beyond the default 48 KB must be opted into per kernel.
@@ -452,26 +541,38 @@ template <auto Kernel> void allow_smem(size_t bytes) {
 
 }  // namespace attention_detail
 
-// doc_start: (B, T) document starts for document masking (host/documents.h), or null (causal only).
-inline void attention_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH,
-                              cudaStream_t stream, const int* doc_start = nullptr) {
+// Queries of `q` against the keys and values at `kv` (v = k + C) over `span` (see AttentionSpan):
+// out (floatX, or float for context parallelism's merges; rows C apart) and lse for the span's
+// queries. doc_start: (B, T) document starts for document masking (the causal span only), or null.
+template <typename Out>
+inline void attention_forward(Out* out, float* lse, const floatX* q, const floatX* kv, AttentionSpan span, int B, int C,
+                              int NH, cudaStream_t stream, const int* doc_start = nullptr) {
     using namespace attention_detail;
-    check_sizes("attention_forward", B, T, C, NH);
+    check_sizes("attention_forward", B, std::max(span.Tq, span.Tk), C, NH);
+    require_supported("attention_forward", span_problem(span, doc_start != nullptr));
+    span.key_lead = std::min(span.key_lead, span.Tk);  // every key already; keeps the kernels' sums in int
     const int hs = C / NH;
-    const dim3 grid(ceil_div(T, kTile), NH, B);
+    const dim3 grid(ceil_div(span.Tq, kTile), NH, B);
     const size_t smem = forward_smem_floats(hs) * sizeof(float);
     // Per (b, h): a scaled q.k dot for each kept pair; per swept pair the online softmax (max,
-    // subtract, exp, add) and a p * v row update. Bytes: qkv read once, out and lse written once;
-    // each key tile is re-read by every query tile at or after it (from L2, not counted). With
+    // subtract, exp, add) and a p * v row update. Bytes: q, k and v read once, out and lse written
+    // once; each key tile is re-read by every query tile that sees it (from L2, not counted). With
     // document masking these are upper bounds: the pairs and tiles skipped depend on the data.
-    const double heads = double(B) * NH, X = sizeof(floatX), btc = double(B) * T * C;
-    const KernelCost cost{heads * (causal_pairs(T) * (2.0 * hs + 1) + swept_pairs(T) * (2.0 * hs + 4)),
-                          4.0 * btc * X + heads * T * sizeof(float)};
+    const double heads = double(B) * NH, X = sizeof(floatX);
+    const double q_elems = double(B) * span.Tq * C, k_elems = double(B) * span.Tk * C;
+    const KernelCost cost{heads * (kept_pairs(span) * (2.0 * hs + 1) + swept_pairs(span) * (2.0 * hs + 4)),
+                          (q_elems + 2.0 * k_elems) * X + q_elems * sizeof(Out) + heads * span.Tq * sizeof(float)};
     dispatch_head_size(hs, [&](auto hs_max) {
-        constexpr auto kernel = attention_forward_kernel<decltype(hs_max)::value>;
+        constexpr auto kernel = attention_forward_kernel<decltype(hs_max)::value, Out>;
         allow_smem<kernel>(smem);
-        launch<kernel>(cost, grid, dim3(kThreads), smem, stream, out, lse, qkv, doc_start, T, C, NH);
+        launch<kernel>(cost, grid, dim3(kThreads), smem, stream, out, lse, q, kv, doc_start, span, C, NH);
     });
+}
+
+// Causal self-attention of B rows of T tokens: qkv (B, T, 3C) -> out (B, T, C), lse (B, NH, T).
+inline void attention_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH,
+                              cudaStream_t stream, const int* doc_start = nullptr) {
+    attention_forward<floatX>(out, lse, qkv, qkv + C, causal_span(T, C), B, C, NH, stream, doc_start);
 }
 
 // D = rowsum(dout * out) per (b, h, t) into D (B, NH, T): the first step of both backward passes
@@ -485,35 +586,65 @@ inline void attention_backward_rowdot(float* D, const floatX* dout, const floatX
                                              D, dout, out, B, T, C, NH);
 }
 
-inline void attention_backward(floatX* dqkv, float* scratch, const floatX* dout, const floatX* qkv,
-                               const floatX* out, const float* lse, int B, int T, int C, int NH,
-                               cudaStream_t stream, const int* doc_start = nullptr) {
+// The gradients of attention_forward over `span`, given the forward pass's lse and D = rowsum(dout *
+// out) of the span's queries (attention_backward_rowdot): dq (rows dq_stride apart) and dk, dv at dkv
+// (dv = dk + C, rows dkv_stride apart), floatX or float (context parallelism's sums), written, or with
+// `accumulate` added to what they hold.
+template <typename Grad>
+inline void attention_backward(Grad* dq, int dq_stride, Grad* dkv, int dkv_stride, const floatX* dout, const floatX* q,
+                               const floatX* kv, const float* lse, const float* D, AttentionSpan span, int B, int C, int NH,
+                               cudaStream_t stream, const int* doc_start = nullptr, bool accumulate = false) {
     using namespace attention_detail;
-    check_sizes("attention_backward", B, T, C, NH);
+    check_sizes("attention_backward", B, std::max(span.Tq, span.Tk), C, NH);
+    require_supported("attention_backward", span_problem(span, doc_start != nullptr));
+    span.key_lead = std::min(span.key_lead, span.Tk);
     const int hs = C / NH;
-    float* D = scratch;  // (B, NH, T)
-    attention_backward_rowdot(D, dout, out, B, T, C, NH, stream);
-    const double heads = double(B) * NH, X = sizeof(floatX), btc = double(B) * T * C;
-    const double row_floats = heads * T * sizeof(float);  // lse or D
-    const dim3 grid(ceil_div(T, kTile), NH, B);
+    const double heads = double(B) * NH, X = sizeof(floatX);
+    const double q_elems = double(B) * span.Tq * C, k_elems = double(B) * span.Tk * C;
+    const double row_floats = heads * span.Tq * sizeof(float);  // lse or D
     const size_t dkdv_smem = dkdv_smem_floats(hs) * sizeof(float), dq_smem = dq_smem_floats(hs) * sizeof(float);
     // Per kept pair both kernels recompute p (a q.k dot, scale, subtract, exp) and dS (a dout.v
     // dot, subtract, multiply); per swept pair dK/dV add two rows (dS q and p dout), dQ one (dS k).
-    // Bytes: q, k, v, dout, lse and D read once, the gradients written once; the kernels re-read
-    // the tiles of the other side once per tile (from L2, not counted).
-    const double kept = causal_pairs(T), swept = swept_pairs(T);
+    // Bytes: q, k, v, dout, lse and D read once, the gradients written once (and read once more when
+    // accumulated); the kernels re-read the tiles of the other side once per tile (from L2, not counted).
+    const double kept = kept_pairs(span), swept = swept_pairs(span), G = sizeof(Grad) * (accumulate ? 2.0 : 1.0);
     const KernelCost dkdv_cost{heads * (kept * (4.0 * hs + 5) + swept * 4.0 * hs),
-                               4.0 * btc * X + 2.0 * row_floats + 2.0 * btc * X};
+                               (2.0 * q_elems + 2.0 * k_elems) * X + 2.0 * row_floats + 2.0 * k_elems * G};
     const KernelCost dq_cost{heads * (kept * (4.0 * hs + 5) + swept * 2.0 * hs),
-                             4.0 * btc * X + 2.0 * row_floats + btc * X};
+                             (2.0 * q_elems + 2.0 * k_elems) * X + 2.0 * row_floats + q_elems * G};
     dispatch_head_size(hs, [&](auto hs_max) {
-        constexpr auto dkdv_kernel = attention_backward_dkdv_kernel<decltype(hs_max)::value>;
-        constexpr auto dq_kernel = attention_backward_dq_kernel<decltype(hs_max)::value>;
+        constexpr auto dkdv_kernel = attention_backward_dkdv_kernel<decltype(hs_max)::value, Grad>;
+        constexpr auto dq_kernel = attention_backward_dq_kernel<decltype(hs_max)::value, Grad>;
         allow_smem<dkdv_kernel>(dkdv_smem);
         allow_smem<dq_kernel>(dq_smem);
-        launch<dkdv_kernel>(dkdv_cost, grid, dim3(kThreads), dkdv_smem, stream, dqkv, dout, qkv, lse, D, doc_start, T,
-                            C, NH);
-        launch<dq_kernel>(dq_cost, grid, dim3(kThreads), dq_smem, stream, dqkv, dout, qkv, lse, D, doc_start, T, C,
-                          NH);
+        launch<dkdv_kernel>(dkdv_cost, dim3(ceil_div(span.Tk, kTile), NH, B), dim3(kThreads), dkdv_smem, stream, dkv,
+                            dkv_stride, dout, q, kv, lse, D, doc_start, span, C, NH, accumulate);
+        launch<dq_kernel>(dq_cost, dim3(ceil_div(span.Tq, kTile), NH, B), dim3(kThreads), dq_smem, stream, dq, dq_stride,
+                          dout, q, kv, lse, D, doc_start, span, C, NH, accumulate);
     });
+}
+
+// Causal self-attention's backward: dqkv (B, T, 3C) from dout, with scratch for D (B, NH, T).
+inline void attention_backward(floatX* dqkv, float* scratch, const floatX* dout, const floatX* qkv,
+                               const floatX* out, const float* lse, int B, int T, int C, int NH,
+                               cudaStream_t stream, const int* doc_start = nullptr) {
+    attention_detail::check_sizes("attention_backward", B, T, C, NH);
+    float* D = scratch;  // (B, NH, T)
+    attention_backward_rowdot(D, dout, out, B, T, C, NH, stream);
+    attention_backward(dqkv, 3 * C, dqkv + C, 3 * C, dout, qkv, qkv + C, lse, D, causal_span(T, C), B, C, NH, stream,
+                       doc_start);
+}
+
+// (out, lse) of the span's queries merged with (part_out, part_lse) of the same queries over other keys;
+// query-side pointers already at the span's first query (see attention_merge_kernel).
+inline void attention_merge(float* out, float* lse, const float* part_out, const float* part_lse, int B, int Tq, int q_seq,
+                            int C, int NH, cudaStream_t stream) {
+    attention_detail::check_sizes("attention_merge", B, Tq, C, NH);
+    constexpr int kMergeBlock = 128;
+    const double rows = double(B) * Tq * NH, elems = double(B) * Tq * C;
+    // Per row 2 exps, a log and 2 more exps; per element 2 multiplies and an add. Bytes: both outputs
+    // read, one written; both lse read, one written.
+    launch<attention_merge_kernel>(KernelCost{5.0 * rows + 3.0 * elems, 3.0 * elems * sizeof(float) + 3.0 * rows * sizeof(float)},
+                                   dim3(ceil_div(size_t(rows), kMergeBlock)), dim3(kMergeBlock), 0, stream, out, lse, part_out,
+                                   part_lse, B, Tq, q_seq, C, NH);
 }

@@ -1,8 +1,11 @@
 // GPT-2 embeddings (Radford et al. 2019): a token embedding (wte, V x C) plus a learned position
 // embedding (wpe, maxT x C). The backward pass is deterministic without atomics: the host groups
 // positions by token, and each token's gradient row is summed by one thread per channel group.
-// With --doc-positions (host/documents.h) the position of token t is t - doc_start[t], restarting at
-// each document; its wpe gradient goes to that position, grouped on the host the same way.
+// Positions: by default token t of a row is at position t. A (B, T) array, token_positions, may say
+// otherwise: --doc-positions (host/documents.h) restarts them at each document (t - doc_start[t]);
+// context parallelism (parallel/context.h) holds rows made of two chunks of the sequence (zigzag),
+// whose tokens keep their places in the whole sequence. wpe's gradient goes to each token's position,
+// grouped on the host the same way as by token.
 #pragma once
 
 #include <limits>
@@ -30,14 +33,14 @@ inline std::string encoder_batch_problem(int B, int T) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Forward: out[b,t,:] = wte[inp[b,t],:] + wpe[t - doc_start[b,t],:] (doc_start null: wpe[t,:]), one
+// Forward: out[b,t,:] = wte[inp[b,t],:] + wpe[token_positions[b,t],:] (null: wpe[t,:]), one
 // Packed128 per thread. Vocabulary-parallel (Shoeybi et al. 2019: the input embedding split by
 // vocabulary over the tensor ranks): wte holds only rows [vocab_first, vocab_first + vocab_rows), a
 // token outside them contributes zeros, and wpe may be null (no position part): the tensor group's
 // sum of its ranks' outputs, one of them with wpe, is the embedding.
 
 static __global__ void encoder_forward_kernel(floatX* out, const int* inp, const floatX* wte, const floatX* wpe,
-                                              const int* doc_start, int T, int C, size_t total_packs, int vocab_first,
+                                              const int* token_positions, int T, int C, size_t total_packs, int vocab_first,
                                               int vocab_rows) {
     using Pack = Packed128<floatX>;
     const size_t pack = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -45,7 +48,7 @@ static __global__ void encoder_forward_kernel(floatX* out, const int* inp, const
     const size_t packs_per_row = size_t(C) / Pack::size;
     const size_t position = pack / packs_per_row;  // b * T + t
     const int c = int(pack % packs_per_row) * Pack::size;
-    const int t = int(position % T) - (doc_start != nullptr ? doc_start[position] : 0);
+    const int t = token_positions != nullptr ? token_positions[position] : int(position % T);
     const int row = inp[position] - vocab_first;
     const bool mine = row >= 0 && row < vocab_rows;
     const Pack token_part = mine ? load128(wte + size_t(row) * C + c) : Pack::filled(0.0f);
@@ -55,10 +58,10 @@ static __global__ void encoder_forward_kernel(floatX* out, const int* inp, const
     store128(out + position * C + c, sum);
 }
 
-// doc_start: (B, T) document starts on the device for --doc-positions, or null. vocab_first and
-// vocab_rows: the rows of the vocabulary wte holds (vocabulary-parallel; default: all).
+// token_positions: (B, T) positions (wpe rows) on the device, or null (t). vocab_first and vocab_rows:
+// the rows of the vocabulary wte holds (vocabulary-parallel; default: all).
 inline void encoder_forward(floatX* out, const int* inp, const floatX* wte, const floatX* wpe, int B, int T, int C,
-                            cudaStream_t stream, const int* doc_start = nullptr, int vocab_first = 0,
+                            cudaStream_t stream, const int* token_positions = nullptr, int vocab_first = 0,
                             int vocab_rows = std::numeric_limits<int>::max()) {
     require_supported("encoder_forward", encoder_requirements(C));
     require_supported("encoder_forward", encoder_batch_problem(B, T));
@@ -71,7 +74,7 @@ inline void encoder_forward(floatX* out, const int* inp, const floatX* wte, cons
     const double btc = double(B) * T * C, X = sizeof(floatX);
     const KernelCost cost{btc, double(B) * T * sizeof(int) + 2 * btc * X + double(T) * C * X};
     launch<encoder_forward_kernel>(cost, dim3(ceil_div(total_packs, block)), dim3(block), 0, stream, out, inp, wte, wpe,
-                                   doc_start, T, C, total_packs, vocab_first, vocab_rows);
+                                   token_positions, T, C, total_packs, vocab_first, vocab_rows);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -81,12 +84,13 @@ inline void encoder_forward(floatX* out, const int* inp, const floatX* wte, cons
 //   group_start[N + 1]  group g owns positions[group_start[g] .. group_start[g+1]); G + 1 used
 //   group_token[N]      the token of group g; G used
 //   groups[1]           G, the number of distinct tokens (<= N)
-// hence 3N + 2 ints. With document positions a second grouping follows, by restarted position
-// (G' <= T groups), laid out the same way with T in place of N in the group arrays: N + 2T + 2 ints.
+// hence 3N + 2 ints. With token positions a second grouping follows, by position, laid out the same
+// way with T in place of N in the group arrays (G' <= T groups: a row's positions are distinct, and
+// every row has the same ones or, restarted per document, ones below T): N + 2T + 2 ints.
 
-inline size_t encoder_backward_scratch_ints(int B, int T, bool doc_positions = false) {
+inline size_t encoder_backward_scratch_ints(int B, int T, bool token_positions = false) {
     const size_t N = size_t(B) * size_t(T);
-    return 3 * N + 2 + (doc_positions ? N + 2 * size_t(T) + 2 : 0);
+    return 3 * N + 2 + (token_positions ? N + 2 * size_t(T) + 2 : 0);
 }
 
 // Blocks of the grouped sums: each takes groups blockIdx.x, + gridDim.x, ... of the *groups there
@@ -204,19 +208,20 @@ inline int write_grouping(int* out, const std::vector<uint64_t>& keys, int M) {
 
 }  // namespace encoder_detail
 
-// The grouping of one micro-batch's token ids (and, with doc_start_host, (B, T) document starts for
-// --doc-positions, its restarted positions), written to `grouping` (encoder_backward_scratch_ints
-// ints, the layout above). It needs only the host's copy of the batch, so it is made when the batch
-// is known, and copied to the device with the batch.
+// The grouping of one micro-batch's token ids (and, with token_positions_host, the (B, T) positions of
+// its tokens: grouped by position), written to `grouping` (encoder_backward_scratch_ints ints, the
+// layout above). It needs only the host's copy of the batch, so it is made when the batch is known,
+// and copied to the device with the batch. wpe_rows: the positions there are (max_seq_len).
 struct EncoderGrouping {
-    const int* ints = nullptr;  // host memory: by token, then (doc positions) by restarted position
+    const int* ints = nullptr;  // host memory: by token, then (token positions) by position
     size_t count = 0;           // ints to copy: encoder_backward_scratch_ints
     int groups = 0;             // G
-    int position_groups = -1;   // G'; -1: dwpe by t (no document positions)
+    int position_groups = -1;   // G'; -1: dwpe by t (no token positions)
 };
 
 inline EncoderGrouping encoder_backward_grouping(int* grouping, const int* inp_host, int B, int T,
-                                                 const int* doc_start_host = nullptr) {
+                                                 const int* token_positions_host = nullptr,
+                                                 int wpe_rows = std::numeric_limits<int>::max()) {
     require_supported("encoder_backward", encoder_batch_problem(B, T));
     const int N = B * T;
     // Sort (token, position) pairs: positions of one token become contiguous and increasing.
@@ -231,13 +236,14 @@ inline EncoderGrouping encoder_backward_grouping(int* grouping, const int* inp_h
     EncoderGrouping g;
     g.ints = grouping;
     g.groups = encoder_detail::write_grouping(grouping, keys, N);
-    g.count = encoder_backward_scratch_ints(B, T, doc_start_host != nullptr);
-    if (doc_start_host != nullptr) {
+    g.count = encoder_backward_scratch_ints(B, T, token_positions_host != nullptr);
+    if (token_positions_host != nullptr) {
         for (int i = 0; i < N; ++i) {
-            const int position = i % T - doc_start_host[i];
-            if (position < 0 || doc_start_host[i] < 0)
-                require_supported("encoder_backward", "doc_start_host[" + std::to_string(i) + "] = " +
-                                                          std::to_string(doc_start_host[i]) + " is not a start in [0, t]");
+            const int position = token_positions_host[i];
+            if (position < 0 || position >= wpe_rows)
+                require_supported("encoder_backward", "token_positions_host[" + std::to_string(i) + "] = " +
+                                                          std::to_string(position) + " is not a position in [0, " +
+                                                          std::to_string(wpe_rows) + ")");
             keys[i] = uint64_t(uint32_t(position)) << 32 | uint32_t(i);
         }
         std::sort(keys.begin(), keys.end());
@@ -249,7 +255,7 @@ inline EncoderGrouping encoder_backward_grouping(int* grouping, const int* inp_h
 // dwte (and dwpe) from a grouping made by encoder_backward_grouping and copied to the device at
 // `device_grouping`. The kernels read G (and G') there, and the launches depend only on B, T and C,
 // so a CUDA graph that captured this call replays for every batch. `grouping` (host) gives G, G'
-// for the cost estimate and whether wpe goes by restarted position.
+// for the cost estimate and whether wpe goes by token position.
 // vocab_first, vocab_rows: the rows of the vocabulary dwte holds (vocabulary-parallel; default: all).
 inline void encoder_backward(floatX* dwte, floatX* dwpe, const int* device_grouping, const floatX* dout,
                              const EncoderGrouping& grouping, int B, int T, int C, cudaStream_t stream, int vocab_first = 0,
@@ -259,7 +265,7 @@ inline void encoder_backward(floatX* dwte, floatX* dwpe, const int* device_group
     const int N = B * T;
     if (N == 0) return;
     const int G = grouping.groups, G_positions = grouping.position_groups;
-    const bool by_restarted_position = G_positions >= 0;
+    const bool by_position = G_positions >= 0;
 
     const unsigned threads_per_row = ceil_div(C, kEncoderChannelsPerThread);
     const unsigned block = std::min(256u, ceil_div(threads_per_row, 32) * 32);
@@ -271,14 +277,15 @@ inline void encoder_backward(floatX* dwte, floatX* dwpe, const int* device_group
     const KernelCost wte_cost{btc + double(G) * C, btc * X + 2.0 * G * C * X + (double(N) + 2.0 * G + 2) * sizeof(int)};
     launch<encoder_backward_wte_kernel>(wte_cost, by_token_grid, dim3(block), 0, stream, dwte, wte.positions,
                                         wte.group_start, wte.group_key, wte.groups, dout, C, vocab_first, vocab_rows);
-    if (by_restarted_position) {
-        // wpe by restarted position: the same grouped sums, G' rows of dwpe.
+    if (by_position) {
+        // wpe by token position: the same grouped sums, G' rows of dwpe (positions checked on the host).
         const auto wpe = encoder_detail::grouping_parts(device_grouping + encoder_detail::grouping_ints(N, N), N, T);
         const KernelCost cost{btc + double(G_positions) * C,
                               btc * X + 2.0 * G_positions * C * X + (double(N) + 2.0 * G_positions + 2) * sizeof(int)};
         const dim3 by_position_grid(std::min<unsigned>(T, kEncoderGroupBlocks), ceil_div(threads_per_row, block));
         launch<encoder_backward_wte_kernel>(cost, by_position_grid, dim3(block), 0, stream, dwpe, wpe.positions,
-                                            wpe.group_start, wpe.group_key, wpe.groups, dout, C, 0, T);
+                                            wpe.group_start, wpe.group_key, wpe.groups, dout, C, 0,
+                                            std::numeric_limits<int>::max());
         return;
     }
     // wpe: dout read once (B additions per element), dwpe read and written once.
@@ -290,12 +297,12 @@ inline void encoder_backward(floatX* dwte, floatX* dwpe, const int* device_group
 
 // The grouping made here, from pageable memory (tests and callers without staging memory of their own).
 inline void encoder_backward(floatX* dwte, floatX* dwpe, int* scratch, const floatX* dout, const int* inp_host, int B,
-                             int T, int C, cudaStream_t stream, const int* doc_start_host = nullptr, int vocab_first = 0,
+                             int T, int C, cudaStream_t stream, const int* token_positions_host = nullptr, int vocab_first = 0,
                              int vocab_rows = std::numeric_limits<int>::max()) {
     require_supported("encoder_backward", encoder_batch_problem(B, T));
     if (B * T == 0) return;
-    std::vector<int> grouping(encoder_backward_scratch_ints(B, T, doc_start_host != nullptr));
-    const EncoderGrouping g = encoder_backward_grouping(grouping.data(), inp_host, B, T, doc_start_host);
+    std::vector<int> grouping(encoder_backward_scratch_ints(B, T, token_positions_host != nullptr));
+    const EncoderGrouping g = encoder_backward_grouping(grouping.data(), inp_host, B, T, token_positions_host);
     // From pageable memory the copy is staged before the call returns (CUDA Runtime API, "API
     // synchronization behavior"), so `grouping` may go when it does.
     CUDA_CHECK(cudaMemcpyAsync(scratch, g.ints, g.count * sizeof(int), cudaMemcpyHostToDevice, stream));

@@ -63,11 +63,16 @@ inline std::vector<int> packed_rows(int T, const std::vector<std::vector<int>>& 
 // to doc_start[query] <= key), P = softmax(S), out = P v, lse = log sum exp S; with dout = G:
 // dv = P^T G, dP = G v^T, dS = P * (dP - rowsum(dP * P)), dq = dS k / sqrt(hs), dk = dS^T q / sqrt(hs).
 // Masked pairs are never touched, so NaN inputs of keys a query cannot see stay out of its results.
+// `window` limits the problem to the queries and keys of two position ranges (a span of the kernels,
+// AttentionSpan: a chunk's queries against a chunk's keys); rows outside it stay 0 (lse: -inf).
+struct Window {
+    int q_begin = 0, q_end = 1 << 30, k_begin = 0, k_end = 1 << 30;
+};
 inline Reference reference_attention(const std::vector<floatX>& qkv, const std::vector<floatX>& dout, const Sizes& s,
-                                     const std::vector<int>* doc_start = nullptr) {
+                                     const std::vector<int>* doc_start = nullptr, Window window = {}) {
     const int B = s.B, T = s.T, C = s.C, NH = s.NH, hs = C / NH;
     const double scale = 1.0 / std::sqrt(double(hs));
-    Reference ref{std::vector<double>(size_t(B) * T * C), std::vector<double>(size_t(B) * NH * T),
+    Reference ref{std::vector<double>(size_t(B) * T * C), std::vector<double>(size_t(B) * NH * T, -INFINITY),
                   std::vector<double>(size_t(B) * T * 3 * C, 0.0)};
     auto q = [&](int b, int t, int h, int d) { return double(to_float(qkv[(size_t(b) * T + t) * 3 * C + h * hs + d])); };
     auto k = [&](int b, int t, int h, int d) { return q(b, t, h, d + C); };
@@ -78,30 +83,36 @@ inline Reference reference_attention(const std::vector<floatX>& qkv, const std::
     };
     std::vector<double> P(size_t(T) * T);
     for (int b = 0; b < B; ++b) {
-        auto first = [&](int i) { return doc_start ? (*doc_start)[size_t(b) * T + i] : 0; };  // i's first visible key
+        auto first = [&](int i) {  // i's first visible key
+            return std::max(window.k_begin, doc_start ? (*doc_start)[size_t(b) * T + i] : 0);
+        };
+        auto last = [&](int i) { return std::min(i, window.k_end - 1); };
+        auto in_window = [&](int i) { return window.q_begin <= i && i < window.q_end && first(i) <= last(i); };
         for (int h = 0; h < NH; ++h) {
             for (int i = 0; i < T; ++i) {
+                if (!in_window(i)) continue;
                 double max_score = -INFINITY;
-                for (int j = first(i); j <= i; ++j) {
+                for (int j = first(i); j <= last(i); ++j) {
                     double dot = 0.0;
                     for (int d = 0; d < hs; ++d) dot += q(b, i, h, d) * k(b, j, h, d);
                     P[size_t(i) * T + j] = dot * scale;
                     max_score = std::max(max_score, dot * scale);
                 }
                 double sum = 0.0;
-                for (int j = first(i); j <= i; ++j) sum += std::exp(P[size_t(i) * T + j] - max_score);
-                for (int j = first(i); j <= i; ++j) P[size_t(i) * T + j] = std::exp(P[size_t(i) * T + j] - max_score) / sum;
+                for (int j = first(i); j <= last(i); ++j) sum += std::exp(P[size_t(i) * T + j] - max_score);
+                for (int j = first(i); j <= last(i); ++j) P[size_t(i) * T + j] = std::exp(P[size_t(i) * T + j] - max_score) / sum;
                 ref.lse[(size_t(b) * NH + h) * T + i] = max_score + std::log(sum);
                 for (int d = 0; d < hs; ++d) {
                     double o = 0.0;
-                    for (int j = first(i); j <= i; ++j) o += P[size_t(i) * T + j] * v(b, j, h, d);
+                    for (int j = first(i); j <= last(i); ++j) o += P[size_t(i) * T + j] * v(b, j, h, d);
                     ref.out[(size_t(b) * T + i) * C + h * hs + d] = o;
                 }
             }
             for (int i = 0; i < T; ++i) {
+                if (!in_window(i)) continue;
                 double row_dot = 0.0;  // rowsum(dP * P) = G_i . out_i
                 for (int d = 0; d < hs; ++d) row_dot += g(b, i, h, d) * ref.out[(size_t(b) * T + i) * C + h * hs + d];
-                for (int j = first(i); j <= i; ++j) {
+                for (int j = first(i); j <= last(i); ++j) {
                     const double p = P[size_t(i) * T + j];
                     double dp = 0.0;
                     for (int d = 0; d < hs; ++d) dp += g(b, i, h, d) * v(b, j, h, d);

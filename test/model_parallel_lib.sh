@@ -71,7 +71,15 @@ PY
 
 # losses_follow BASE RUN BOUND "what RUN is": RUN's logged train and validation losses (and its
 # samples) against BASE's, step for step, within BOUND relative (NaN fails); both logs in $dir.
+# series_follow is the losses' part alone (runs that print no samples).
 losses_follow() {
+  series_follow "$@"
+  local samples
+  samples=$(grep -c "^sample" "$dir/$2.log" || true)
+  [ "$samples" = "$(grep -c "^sample" "$dir/$1.log" || true)" ] && [ "$samples" -gt 0 ] \
+    || { cat "$dir/$2.log"; echo "FAIL: $2 printed $samples samples"; exit 1; }
+}
+series_follow() {
   python3 - "$dir/$1.log" "$dir/$2.log" "$3" "$4" <<'PY'
 import re, sys
 base_log, run_log, bound, what_run = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
@@ -86,8 +94,4 @@ for what, pattern in (("train", r"step \d+/\d+ \| loss ([0-9.]+)"), ("val", r"va
         sys.exit(f"FAIL: {what} losses differ by {worst:.2e} relative (bound {bound}): {base} vs {run}")
     print(f"{what} losses of {what_run} within {worst:.1e} of the baseline's ({len(base)} values)")
 PY
-  local samples
-  samples=$(grep -c "^sample" "$dir/$2.log" || true)
-  [ "$samples" = "$(grep -c "^sample" "$dir/$1.log" || true)" ] && [ "$samples" -gt 0 ] \
-    || { cat "$dir/$2.log"; echo "FAIL: $2 printed $samples samples"; exit 1; }
 }

@@ -143,6 +143,7 @@ const std::vector<FlagCase> flag_cases = {
     {"pp-schedule", 0, "interleaved", "interleaved"},
     {"pp-virtual", 0, "2", 2, {"--pp-schedule", "interleaved"}},
     {"pp-print-schedule", 0, nullptr, true},
+    {"cp", 0, "4", 4},
     {"recompute", 'r', "selective", "selective"},
     {"world-size", 0, "8", 8},
     {"max-memory", 0, "40.5", 40.5},

@@ -123,42 +123,44 @@ std::vector<Case> backward_cases() {
     return cases;
 }
 
-// Positions of the tokens: t, or with documents (--doc-positions) t minus the start of t's document,
-// which starts at the last `eot` at or before t, or at the row's start (host/documents.h), by brute
-// force. The cases' EOT is row 0's second token: in "every position one token" every position is 0.
-std::vector<int> positions_of(const Case& s, bool documents) {
+// Positions of the tokens (the token_positions array; `plain` passes none): t; with documents
+// (--doc-positions) t minus the start of t's document, which starts at the last `eot` at or before t,
+// or at the row's start (host/documents.h), by brute force (the cases' EOT is row 0's second token: in
+// "every position one token" every position is 0); or two chunks of a sequence of 2T, as context
+// parallelism's rank 0 of 2 holds it (parallel/context.h): the first T/2 positions and, after a gap,
+// the last ones, up to 2T - 1 (beyond the row's T).
+enum class Positions { plain, documents, two_chunks };
+std::vector<int> positions_of(const Case& s, Positions mode) {
     const int eot = s.tokens[1];
     std::vector<int> positions;
     for (int b = 0; b < s.B; ++b)
         for (int t = 0; t < s.T; ++t) {
             int start = 0;
-            for (int p = 0; p <= t && documents; ++p)
+            for (int p = 0; p <= t && mode == Positions::documents; ++p)
                 if (s.tokens[size_t(b) * s.T + p] == eot) start = p;
-            positions.push_back(t - start);
+            positions.push_back(mode == Positions::two_chunks && t >= s.T / 2 ? t + s.T : t - start);
         }
     return positions;
 }
-std::vector<int> starts_of(const Case& s, bool documents) {
-    std::vector<int> starts = positions_of(s, documents);
-    for (size_t i = 0; i < starts.size(); ++i) starts[i] = int(i % s.T) - starts[i];
-    return starts;
-}
+constexpr Positions kPositionModes[] = {Positions::plain, Positions::documents, Positions::two_chunks};
+int wpe_rows_of(const Case& s, Positions mode) { return (mode == Positions::two_chunks ? 2 * s.T : s.T) + 3; }
 
 }  // namespace
 
 TEST_CASE("encoder_forward adds the token's wte row and the position's wpe row, positions restarting per document") {
     std::mt19937 rng(1);
-    for (const bool documents : {false, true})
+    for (const Positions mode : kPositionModes)
     for (const Case& s : backward_cases()) {
-        INFO(s.name << ": B = " << s.B << ", T = " << s.T << ", C = " << s.C << (documents ? ", document positions" : ""));
-        const int maxT = s.T + 3;
+        INFO(s.name << ": B = " << s.B << ", T = " << s.T << ", C = " << s.C << ", positions mode " << int(mode));
+        const int maxT = wpe_rows_of(s, mode);
         const auto wte = random_floatX(size_t(s.V) * s.C, -1.0f, 1.0f, rng);
         const auto wpe = random_floatX(size_t(maxT) * s.C, -0.3f, 0.3f, rng);
-        const std::vector<int> positions = positions_of(s, documents);
-        DeviceBuffer<int> d_inp(s.tokens), d_starts(starts_of(s, documents));
+        const std::vector<int> positions = positions_of(s, mode);
+        DeviceBuffer<int> d_inp(s.tokens), d_positions(positions);
         DeviceBuffer<floatX> d_wte(wte), d_wpe(wpe), d_out(s.tokens.size() * s.C);
         d_out.fill_bytes(0xFF);
-        encoder_forward(d_out.ptr, d_inp.ptr, d_wte.ptr, d_wpe.ptr, s.B, s.T, s.C, nullptr, documents ? d_starts.ptr : nullptr);
+        encoder_forward(d_out.ptr, d_inp.ptr, d_wte.ptr, d_wpe.ptr, s.B, s.T, s.C, nullptr,
+                        mode != Positions::plain ? d_positions.ptr : nullptr);
         // One float addition of two floatX values, then one rounding: within the store unit.
         std::vector<double> want(d_out.count), bound(d_out.count);
         for (int b = 0; b < s.B; ++b)
@@ -176,12 +178,13 @@ TEST_CASE("encoder_forward adds the token's wte row and the position's wpe row, 
 
 TEST_CASE("encoder_backward accumulates dwte per token and dwpe per position, deterministically") {
     std::mt19937 rng(2);
-    for (const bool documents : {false, true})
+    for (const Positions mode : kPositionModes)
     for (const Case& s : backward_cases()) {
-        INFO(s.name << ": B = " << s.B << ", T = " << s.T << ", C = " << s.C << ", V = " << s.V
-                    << (documents ? ", document positions" : ""));
-        const int maxT = s.T + 3, N = s.B * s.T;
-        const std::vector<int> positions = positions_of(s, documents), starts = starts_of(s, documents);
+        INFO(s.name << ": B = " << s.B << ", T = " << s.T << ", C = " << s.C << ", V = " << s.V << ", positions mode "
+                    << int(mode));
+        const int maxT = wpe_rows_of(s, mode), N = s.B * s.T;
+        const bool documents = mode != Positions::plain;  // a positions array is passed
+        const std::vector<int> positions = positions_of(s, mode);
         const auto dout = random_floatX(size_t(N) * s.C, -1.0f, 1.0f, rng);
         // Non-zero gradients already in place: the kernels must add to them.
         const auto dwte_init = random_floatX(size_t(s.V) * s.C, -2.0f, 2.0f, rng);
@@ -191,7 +194,7 @@ TEST_CASE("encoder_backward accumulates dwte per token and dwpe per position, de
         d_scratch.fill_bytes(0xFF);
         auto run = [&] {
             encoder_backward(d_dwte.ptr, d_dwpe.ptr, d_scratch.ptr, d_dout.ptr, s.tokens.data(), s.B, s.T, s.C, nullptr,
-                             documents ? starts.data() : nullptr);
+                             documents ? positions.data() : nullptr);
         };
         auto references = [&](const std::vector<floatX>& dwte0, const std::vector<floatX>& dwpe0) {
             GradReference wte(dwte0), wpe(dwpe0);
@@ -200,8 +203,8 @@ TEST_CASE("encoder_backward accumulates dwte per token and dwpe per position, de
                 wte.add_row(s.tokens[p], &dout[size_t(p) * s.C], s.C);
                 wte_order.add_row(s.tokens[p], &dout[size_t(p) * s.C], s.C);
             }
-            // dwpe: increasing b for each t; with documents grouped by restarted position like dwte,
-            // so increasing b * T + t within a position's sum (the same order for equal positions).
+            // dwpe: increasing b for each t; with token positions grouped by position like dwte, so
+            // increasing b * T + t within a position's sum (the same order for equal positions).
             for (int b = 0; b < s.B; ++b)
                 for (int t = 0; t < s.T; ++t) {
                     const size_t p = size_t(b) * s.T + t;
@@ -230,8 +233,7 @@ TEST_CASE("encoder_backward accumulates dwte per token and dwpe per position, de
             INFO("token " << v << " does not occur");
             CHECK(std::memcmp(&dwte1[size_t(v) * s.C], &dwte_init[size_t(v) * s.C], s.C * sizeof(floatX)) == 0);
         }
-        CHECK(std::memcmp(&dwpe1[size_t(s.T) * s.C], &dwpe_init[size_t(s.T) * s.C], 3 * s.C * sizeof(floatX)) == 0);
-        for (int t = 0; t < s.T; ++t) {  // and, with documents, positions no document reaches
+        for (int t = 0; t < maxT; ++t) {  // wpe rows no token's position reaches (past T; with documents, more)
             if (std::find(positions.begin(), positions.end(), t) != positions.end()) continue;
             INFO("position " << t << " does not occur");
             CHECK(std::memcmp(&dwpe1[size_t(t) * s.C], &dwpe_init[size_t(t) * s.C], s.C * sizeof(floatX)) == 0);

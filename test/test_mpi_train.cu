@@ -23,6 +23,7 @@ int pipeline_chunks = 1;                  // TRAIN_PP_VIRTUAL: model chunks per 
 PipelineSchedule pp_schedule = PipelineSchedule::one_f_one_b;  // TRAIN_PP_SCHEDULE
 Recompute tp_recompute = Recompute::none;  // TRAIN_RECOMPUTE: its recompute mode
 bool tp_sequence_parallel = false;         // TRAIN_SEQUENCE_PARALLEL=on: with sequence parallelism
+int context_parallel = 1;                  // TRAIN_CP: the [cp] test case's context group size
 
 OptimizerConfig optimizer_of(const Fixture& fx) {
     const nlohmann::json& a = fx.meta.at("adamw");
@@ -593,6 +594,111 @@ TEST_CASE("tensor and pipeline parallelism follow a single-process run on the sa
     CHECK(rank0 == whole);
 }
 
+// Context parallelism (parallel/context.h): each sequence's tokens split over a context group in zigzag
+// chunks, keys and values passed around a ring; gradients reduced over data and context ranks together.
+TEST_CASE("context parallelism follows a single-process run on the same global batch", "[cp]") {
+    // T = 48: 2 cp chunks of 12 (cp 2) or 6 (cp 4), so the ring's spans cut through 32-row tiles.
+    const int cp = context_parallel, sequences = 8, T = 48, steps = 5;
+    const GPT2Config config{64, 301, pad_vocab(301), 2, 4, 128};
+    REQUIRE(world.world_size % cp == 0);
+    const int data_ranks = world.world_size / cp;
+    REQUIRE(sequences % (data_ranks * accumulation) == 0);
+    const auto batches = masked_batches(sequences, T, 301, 77);
+    const std::vector<std::vector<int>>&inputs = batches.first, &targets = batches.second;
+    OptimizerConfig opt;
+    opt.weight_decay = 0.1f;
+    opt.grad_clip = 0.5f;
+    const auto lr_at = [](int step) { return step == 0 ? 0.0f : 2e-3f; };  // step 0: the initial gradients
+    ModelOptions options;
+    options.recompute = tp_recompute;
+    options.attention = Attention::simt;
+
+    std::vector<double> base_losses, losses;
+    std::vector<float> base_norms, norms, base, base_grads;
+    {
+        Distributed single = distributed_single(world);
+        Trainer tr;
+        trainer_build(tr, single, config, sequences, T, 0, opt, options);
+        gpt2_init_weights(tr.model, 5);
+        trainer_start(tr);
+        for (int s = 0; s < steps; ++s) {
+            const StepResult r = train_step(tr, {inputs[s % 2].data()}, {targets[s % 2].data()}, sequences, T, lr_at(s));
+            REQUIRE(r.updated);
+            base_losses.push_back(r.loss);
+            base_norms.push_back(r.grad_norm);
+            if (s == 0) base_grads = download_as_float(tr.model.grads_memory, tr.model.num_parameters);
+        }
+        base = download_as_float(tr.model.params_memory, tr.model.num_parameters);
+        trainer_free(tr);
+        distributed_release(single);
+    }
+
+    // Consecutive ranks form a context group (world = data x cp); the data group, which reduces the
+    // gradients and shards ZeRO's state, is the world.
+    GridCoordinates shape;
+    shape.context = cp;
+    shape.data = data_ranks;
+    ProcessGroup context = make_process_group(shape, world.rank, Axis::context);
+    options.context_parallel = cp;
+    const int B = sequences / (data_ranks * accumulation), local_T = T / cp;
+    const ZigzagLayout zigzag{T, cp};
+#ifndef __CUDACC__
+    cuemu::reset_peak_memory();
+    const size_t before = cuemu::memory_stats().current_bytes;
+#endif
+    Trainer tr;
+    trainer_build(tr, world, config, B, local_T, zero_stage, opt, options, {}, {}, context);
+    gpt2_init_weights(tr.model, 5);
+    trainer_start(tr);
+    std::vector<float> grads;
+    std::vector<std::vector<int>> mine(2 * size_t(accumulation), std::vector<int>(size_t(B) * local_T));
+    for (int s = 0; s < steps; ++s) {
+        const Split sp = split_batch(inputs[s % 2], targets[s % 2], sequences, T, world.rank / cp, data_ranks, accumulation);
+        std::vector<const int*> my_inputs, my_targets;
+        for (int a = 0; a < accumulation; ++a) {
+            zigzag_rows(mine[2 * a].data(), sp.inputs[a], B, zigzag, context.rank);
+            zigzag_rows(mine[2 * a + 1].data(), sp.targets[a], B, zigzag, context.rank);
+            my_inputs.push_back(mine[2 * a].data());
+            my_targets.push_back(mine[2 * a + 1].data());
+        }
+        const StepResult r = train_step(tr, my_inputs, my_targets, B, local_T, lr_at(s));
+        REQUIRE(r.updated);
+        losses.push_back(r.loss);
+        norms.push_back(r.grad_norm);
+        if (s == 0 && zero_stage == 0) grads = download_as_float(tr.model.grads_memory, tr.model.num_parameters);
+    }
+    const std::vector<float> whole = download_as_float(tr.model.params_memory, tr.model.num_parameters);
+#ifndef __CUDACC__
+    // The peak device memory of the steps is exactly the rank's plan, the ring's buffers included.
+    CHECK(cuemu::memory_stats().peak_bytes - before == tr.model.plan.total());
+#endif
+    CHECK(tr.model.plan.bytes_of("context_kv") > 0);
+    trainer_free(tr);
+    release_process_group(context);
+
+    const TensorError loss_err = tensor_error(losses, base_losses, ErrorScale::element);
+    const TensorError norm_err = tensor_error(norms, base_norms, ErrorScale::element);
+    const TensorError param_err = tensor_error(whole, base);  // on the whole model's scale, as in the [tp] case
+    const TensorError grad_err = grads.empty() ? TensorError{} : tensor_error(grads, base_grads);
+    if (world.rank == 0)
+        std::printf("%d rank(s) = %d data x %d context, ZeRO-%d, %d micro-steps, recompute %s [%s] vs 1 rank: loss err %.2e, "
+                    "norm err %.2e, gradient err %.2e, parameter err %.2e%s\n",
+                    world.world_size, data_ranks, cp, zero_stage, accumulation, recompute_name(tp_recompute), kPrecisionName,
+                    loss_err.value, norm_err.value, grads.empty() ? NAN : grad_err.value, param_err.value,
+                    whole == base ? " (bitwise equal)" : "");
+    // The ring's sums (per-chunk softmax merged by log-sum-exp, dq and dk|dv added chunk by chunk in FP32)
+    // differ from one kernel's only in rounding. FP32: the issue's bounds (losses 1e-6 relative,
+    // parameters 1e-5 of scale). BF16: the [tp] case's bounds (see there).
+    CHECK(loss_err.value < (kFP32 ? 1e-6 : 5e-4));
+    CHECK(norm_err.value < (kFP32 ? 5e-7 : 1.5e-2));
+    CHECK(param_err.value < (kFP32 ? 1e-5 : 3e-2));
+    CHECK(grad_err.value < (kFP32 ? 3e-6 : 3e-2));
+    // Every rank ends with the same model.
+    std::vector<float> rank0 = whole;
+    MPI_Bcast(rank0.data(), int(rank0.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
+    CHECK(rank0 == whole);
+}
+
 int main(int argc, char** argv) {
     world = distributed_init(&argc, &argv);
     if (const char* z = std::getenv("TRAIN_ZERO")) zero_stage = std::atoi(z);
@@ -603,6 +709,7 @@ int main(int argc, char** argv) {
     if (const char* v = std::getenv("TRAIN_PP_VIRTUAL")) pipeline_chunks = std::atoi(v);
     if (const char* r = std::getenv("TRAIN_RECOMPUTE")) tp_recompute = recompute_of(r);
     if (const char* q = std::getenv("TRAIN_SEQUENCE_PARALLEL")) tp_sequence_parallel = std::string(q) == "on";
+    if (const char* c = std::getenv("TRAIN_CP")) context_parallel = std::atoi(c);
     // Test cases that need a particular configuration run only in it; elsewhere they are left out and
     // named, never run as an empty pass (Catch2 also fails any test case that asserts nothing).
     const char* root = std::getenv("TRAIN_GPT_ROOT");
@@ -620,10 +727,15 @@ int main(int argc, char** argv) {
     exclude(tensor_parallel > 1 || pipeline_parallel > 1, "[tp]", "needs TRAIN_TP > 1 or TRAIN_PP > 1");
     // A tensor- or pipeline-parallel configuration runs the [tp] case alone: the others are
     // data-parallel runs, each in a configuration of its own.
+    exclude(context_parallel > 1, "[cp]", "needs TRAIN_CP > 1");
     if (tensor_parallel > 1 || pipeline_parallel > 1) {
         excluded = "[tp]";
         if (world.rank == 0)
             std::printf("test_mpi_train: TRAIN_TP=%d, TRAIN_PP=%d: the [tp] test case only\n", tensor_parallel, pipeline_parallel);
+    }
+    if (context_parallel > 1) {  // likewise the [cp] case
+        excluded = "[cp]";
+        if (world.rank == 0) std::printf("test_mpi_train: TRAIN_CP=%d: the [cp] test case only\n", context_parallel);
     }
     std::vector<char*> args(argv, argv + argc);
     const bool spec_given = std::any_of(args.begin() + 1, args.end(), [](const char* a) { return a[0] != '-'; });

@@ -95,14 +95,21 @@ bool contains_name(const std::vector<LaunchRecord>& records, const std::string& 
 
 }  // namespace
 
+// A SIMT attention kernel's recorded name at head size 16 (HS_MAX 32) with floatX outputs.
+std::string attention_kernel(const char* name) {
+    return std::string(name) + (std::is_same_v<floatX, float> ? "<32, float>" : "<32, __nv_bfloat16>");
+}
+
 TEST_CASE("recording an executed step: every launch of the model, timed") {
     for (int zero_stage : {0, 2}) {
         const std::vector<LaunchRecord> records = record_one_step({zero_stage, 2, 1, false, true});
         INFO("ZeRO-" << zero_stage);
-        // The model's kernels, by the names the tables print (head size 16 -> the HS_MAX 32 kernels).
-        for (const char* name : {"encoder_forward_kernel", "layernorm_forward_kernel<2>", "fused_residual_layernorm_forward_kernel<2>",
-                                 "attention_forward_kernel<32>", "attention_backward_dkdv_kernel<32>",
-                                 "attention_backward_dq_kernel<32>", "fused_classifier_kernel", "layernorm_backward_kernel<true>",
+        // The model's kernels, by the names the tables print (head size 16 -> the HS_MAX 32 kernels; the
+        // attention kernels' second argument is the type of their outputs, floatX in the model).
+        for (const std::string& name : std::vector<std::string>{"encoder_forward_kernel", "layernorm_forward_kernel<2>",
+                                 "fused_residual_layernorm_forward_kernel<2>", attention_kernel("attention_forward_kernel"),
+                                 attention_kernel("attention_backward_dkdv_kernel"), attention_kernel("attention_backward_dq_kernel"),
+                                 "fused_classifier_kernel", "layernorm_backward_kernel<true>",
                                  "encoder_backward_wte_kernel", "adamw_kernel", "global_norm_partials_kernel",
                                  "matmul_forward(C=64, OC=192, bias)", "matmul_forward(C=64, OC=256, bias, gelu)",
                                  "matmul_backward_dinp(C=256, OC=64, dgelu)", "matmul_backward_dweight(C=64, OC=512)"})
@@ -110,7 +117,7 @@ TEST_CASE("recording an executed step: every launch of the model, timed") {
         size_t forward_launches = 0;
         double matmul_flops = 0;
         for (const LaunchRecord& r : records) {
-            forward_launches += r.name == "attention_forward_kernel<32>";
+            forward_launches += r.name == attention_kernel("attention_forward_kernel");
             if (r.kind == WorkKind::matmul) matmul_flops += r.flops;
             if (!is_sync_record(r)) CHECK(r.ms >= 0);  // timed (CUDA events; the emulator's wall clock)
             if (r.kind == WorkKind::cuda_cores) CHECK(r.block.x * r.block.y * r.block.z > 0);
@@ -133,7 +140,7 @@ TEST_CASE("recording an executed step: every launch of the model, timed") {
                 CHECK(r.flops > 0);
             }
         CHECK(tensor_launches == 3 * 2);  // forward, dK/dV, dQ per layer
-        CHECK_FALSE(contains_name(records, "attention_forward_kernel<32>"));
+        CHECK_FALSE(contains_name(records, attention_kernel("attention_forward_kernel")));
     }
 }
 

@@ -81,6 +81,18 @@ foreach(np 1 2 3 4)  # 1: the single-rank path (no MPI work, a copy); 4: process
   set_tests_properties(test_mpi_nccl_np${np} PROPERTIES SKIP_RETURN_CODE 77 ENVIRONMENT "CUEMU_RACECHECK=1")
 endforeach()
 
+# Ring attention (parallel/context.h) over 1-4 context ranks, both precisions, against a double reference
+# over the whole sequence: odd lengths split unevenly, and bitwise repeatable (skipped, 77, as above).
+foreach(np 1 2 3 4)
+  foreach(suffix "" "_fp32")
+    if(suffix STREQUAL "_fp32" AND ASAN)
+      continue()
+    endif()
+    add_test(test_mpi_context${suffix}_np${np} ${MPIRUN} -np ${np} ${TEST_BIN}/test_mpi_context${suffix})
+    set_tests_properties(test_mpi_context${suffix}_np${np} PROPERTIES SKIP_RETURN_CODE 77 ENVIRONMENT "CUEMU_RACECHECK=1")
+  endforeach()
+endforeach()
+
 # Reference fixtures (dev/gpt2_reference.py): the test finds them from the repository root.
 add_test(test_fixtures ${TEST_BIN}/test_fixtures)
 set_tests_properties(test_fixtures PROPERTIES ENVIRONMENT "TRAIN_GPT_ROOT=${CMAKE_CURRENT_LIST_DIR}/..")
@@ -208,6 +220,33 @@ foreach(config IN LISTS model_parallel_configs)
   endforeach()
 endforeach()
 
+# Context parallelism (the [cp] case of test_mpi_train.cu) against one process on the same global batch:
+# ranks, ZeRO stage, micro-batches per data rank, context ranks, recompute mode. cp 2 and cp 4 alone,
+# 2 data x 2 context ranks with ZeRO-1 and accumulation, ZeRO-2 with full recompute, cp 4 selective.
+set(context_parallel_configs "2,0,1,2,none" "4,0,1,4,none" "4,1,2,2,none" "2,2,1,2,full" "4,0,1,4,selective")
+if(ASAN)
+  set(context_parallel_configs "2,0,1,2,none")
+endif()
+foreach(config IN LISTS context_parallel_configs)
+  string(REPLACE "," ";" config "${config}")
+  list(GET config 0 np)
+  list(GET config 1 zero)
+  list(GET config 2 accum)
+  list(GET config 3 cp)
+  list(GET config 4 recompute)
+  foreach(precision IN LISTS train_precisions)
+    set(suffix "")
+    if(precision STREQUAL "fp32")
+      set(suffix "_fp32")
+    endif()
+    set(name test_mpi_train${suffix}_np${np}_cp${cp}_zero${zero}_accum${accum}_${recompute})
+    add_test(${name} ${MPIRUN} -np ${np} ${TEST_BIN}/test_mpi_train${suffix})
+    list(APPEND launched_tests ${name})
+    set_tests_properties(${name} PROPERTIES
+      ENVIRONMENT "CUEMU_RACECHECK=1;TRAIN_ZERO=${zero};TRAIN_ACCUM=${accum};TRAIN_CP=${cp};TRAIN_RECOMPUTE=${recompute};TRAIN_GPT_ROOT=${CMAKE_CURRENT_LIST_DIR}/..")
+  endforeach()
+endforeach()
+
 # Resume through the program: bitwise equal to an uninterrupted run, and on a different rank count.
 if(GPU)
   set(train_binary ${TEST_BIN}/train_gpt)
@@ -227,6 +266,11 @@ set_tests_properties(test_cuda_graphs PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1"
 add_test(test_tensor_parallel ${CMAKE_CURRENT_LIST_DIR}/test_tensor_parallel.sh ${train_binary} "${mpirun_line}")
 list(APPEND launched_tests test_tensor_parallel)
 set_tests_properties(test_tensor_parallel PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
+# --cp through the program: 2 context ranks train like one, 2 data x 2 context like 2 data ranks; resume;
+# the dry run's plan; what it cannot do is refused.
+add_test(test_context_parallel ${CMAKE_CURRENT_LIST_DIR}/test_context_parallel.sh ${train_binary} "${mpirun_line}")
+list(APPEND launched_tests test_context_parallel)
+set_tests_properties(test_context_parallel PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
 add_test(test_pipeline_parallel ${CMAKE_CURRENT_LIST_DIR}/test_pipeline_parallel.sh ${train_binary} "${mpirun_line}")
 list(APPEND launched_tests test_pipeline_parallel)
 set_tests_properties(test_pipeline_parallel PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")

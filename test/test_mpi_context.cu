@@ -1,0 +1,208 @@
+// Ring attention (parallel/context.h) across the ranks of `mpirun -np N test_mpi_context`, each rank
+// one context rank: every rank holds the zigzag rows of the same random sequences, runs the ring's
+// forward and backward passes, and its rows of out, lse and dq, dk, dv must match a double-precision
+// reference over the whole sequence (test/attention_reference.h, the full T x T softmax from the
+// definitions). Lengths not divisible by 2 x ranks split unevenly (chunks one position apart).
+#include "parallel/mpi_api.h"
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "attention_reference.h"
+#include "parallel/context.h"
+#include "test_util.h"
+
+using namespace attention_reference;
+
+namespace {
+
+int world_rank = 0, world_size = 1;
+ProcessGroup context_group;  // the whole world as one context group
+
+// The single-kernel test's bounds (test_kernel_attention.cu), relative to each tensor's max |ref|: the
+// ring sums its partial results in FP32 and rounds each output to floatX once, as the kernel does.
+struct Tolerances {
+    double out, dqk, lse;
+};
+constexpr Tolerances kTolerances = std::is_same_v<floatX, float> ? Tolerances{5e-6, 5e-6, 1e-6}
+                                                                 : Tolerances{0x1p-8 + 5e-6, 1e-2, 1e-6};
+
+struct RingResults {
+    std::vector<floatX> out, dqkv;
+    std::vector<float> lse;
+};
+
+// This rank's rows through the ring, outputs NaN-filled first (every element must be written).
+RingResults run_ring(const std::vector<floatX>& qkv_whole, const std::vector<floatX>& dout_whole, const Sizes& s) {
+    const ZigzagLayout z{s.T, world_size};
+    const int L = z.local_length(world_rank), C = s.C;
+    std::vector<floatX> qkv_local(size_t(s.B) * L * 3 * C), dout_local(size_t(s.B) * L * C);
+    for (int b = 0; b < s.B; ++b)
+        for (int t = 0; t < L; ++t) {
+            const size_t from = size_t(b) * s.T + z.position(world_rank, t), to = size_t(b) * L + t;
+            std::memcpy(&qkv_local[to * 3 * C], &qkv_whole[from * 3 * C], 3 * C * sizeof(floatX));
+            std::memcpy(&dout_local[to * C], &dout_whole[from * C], C * sizeof(floatX));
+        }
+    const ContextRingSizes sizes = context_ring_sizes(s.B, s.T, C, s.NH, world_size);
+    DeviceBuffer<floatX> qkv(qkv_local), dout(dout_local), out(size_t(s.B) * L * C), dqkv(qkv_local.size());
+    DeviceBuffer<floatX> kv0(sizes.kv), kv1(sizes.kv);
+    DeviceBuffer<float> dkv0(sizes.kv), dkv1(sizes.kv), sum(sizes.out), part_out(sizes.out), part_lse(sizes.lse);
+    DeviceBuffer<float> lse(size_t(s.B) * s.NH * L), D(size_t(s.B) * s.NH * L);
+    for (auto* b : {&out, &dqkv, &kv0, &kv1}) b->fill_bytes(0xFF);
+    for (auto* b : {&lse, &D, &dkv0, &dkv1, &sum, &part_out, &part_lse}) b->fill_bytes(0xFF);
+    CUDA_CHECK(cudaDeviceSynchronize());  // the fills (legacy stream) before the ring's non-blocking streams
+    ContextRing ring{context_group.nccl, context_group.mpi, context_group.rank, context_group.size};
+    ring.kv[0] = kv0.ptr, ring.kv[1] = kv1.ptr, ring.dkv[0] = dkv0.ptr, ring.dkv[1] = dkv1.ptr;
+    ring.sum = sum.ptr, ring.part_out = part_out.ptr, ring.part_lse = part_lse.ptr;
+    context_ring_start(ring);
+    cudaStream_t stream = nullptr;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    ring_attention_forward(ring, out.ptr, lse.ptr, qkv.ptr, s.B, s.T, C, s.NH, stream);
+    ring_attention_backward(ring, dqkv.ptr, D.ptr, dout.ptr, qkv.ptr, out.ptr, lse.ptr, s.B, s.T, C, s.NH, stream);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    CUDA_CHECK(cudaStreamDestroy(stream));
+    context_ring_stop(ring);
+    return {out.download(), dqkv.download(), lse.download()};
+}
+
+}  // namespace
+
+TEST_CASE("zigzag layout: every position on exactly one rank, the causal work balanced") {
+    for (const int cp : {1, 2, 3, 4, 8})
+        for (const int T : {16, 37, 64, 1000, 1024}) {
+            CAPTURE(cp, T);
+            const ZigzagLayout z{T, cp};
+            std::set<int> seen;
+            double most = 0, least = 1e300;
+            for (int r = 0; r < cp; ++r) {
+                double pairs = 0;  // causal (query, key) pairs of the rank's queries: position + 1 each
+                for (int t = 0; t < z.local_length(r); ++t) {
+                    CHECK(seen.insert(z.position(r, t)).second);
+                    pairs += z.position(r, t) + 1;
+                    if (t > 0) CHECK(z.position(r, t) > z.position(r, t - 1));  // local order is position order
+                }
+                most = std::max(most, pairs), least = std::min(least, pairs);
+            }
+            CHECK(int(seen.size()) == T);
+            CHECK(*seen.begin() == 0);
+            CHECK(*seen.rbegin() == T - 1);
+            // Chunks i and 2cp-1-i pair a short causal row count with a long one: with even chunks every
+            // rank has the same pairs; uneven ones differ by at most a chunk's worth of rows.
+            if (T % (2 * cp) == 0) CHECK(most == least);
+            else CHECK(most - least <= 2.0 * T);
+        }
+    CHECK(context_parallel_problem(1024, 4) == "");
+    CHECK(context_parallel_problem(1000, 8) == "--cp 8 splits each sequence into 2 x cp = 16 chunks (zigzag), which must divide -t 1000");
+    CHECK(context_parallel_problem(64, 0) == "--cp 0 must be at least 1");
+}
+
+TEST_CASE("ring attention over the context group equals attention over the whole sequence") {
+    const Sizes cases[] = {
+        {2, 37, 32, 2, 3.0f},    // hs 16; T = 37: uneven chunks at every rank count
+        {1, 130, 128, 2, 2.0f},  // hs 64 (GPT-2); several 32-row tiles per chunk at 2 ranks
+        {2, 48, 256, 2, 1.5f},   // hs 128
+        {1, 96, 64, 1, 4.0f},    // sharp rows: the merges rescale by large factors
+    };
+    for (const Sizes& s : cases) {
+        CAPTURE(world_size, s.B, s.T, s.C, s.NH);
+        std::mt19937 rng(2024 + s.T + s.C);  // the same sequences on every rank
+        const std::vector<floatX> qkv = random_qkv(s, rng);
+        const std::vector<floatX> dout = random_floatX(size_t(s.B) * s.T * s.C, 1.0f, rng);
+        const Reference ref = reference_attention(qkv, dout, s);
+        const RingResults got = run_ring(qkv, dout, s);
+
+        const ZigzagLayout z{s.T, world_size};
+        const int L = z.local_length(world_rank), C = s.C;
+        std::vector<double> out_ref, lse_ref, grad_ref[3];
+        std::vector<floatX> grad[3];
+        for (int b = 0; b < s.B; ++b)
+            for (int t = 0; t < L; ++t) {
+                const size_t whole = size_t(b) * s.T + z.position(world_rank, t), local = size_t(b) * L + t;
+                for (int c = 0; c < C; ++c) out_ref.push_back(ref.out[whole * C + c]);
+                for (int part = 0; part < 3; ++part)
+                    for (int c = 0; c < C; ++c) {
+                        grad_ref[part].push_back(ref.dqkv[whole * 3 * C + part * C + c]);
+                        grad[part].push_back(got.dqkv[local * 3 * C + part * C + c]);
+                    }
+            }
+        for (int b = 0; b < s.B; ++b)
+            for (int h = 0; h < s.NH; ++h)
+                for (int t = 0; t < L; ++t) lse_ref.push_back(ref.lse[(size_t(b) * s.NH + h) * s.T + z.position(world_rank, t)]);
+        const TensorError e_out = tensor_error(got.out, out_ref), e_lse = tensor_error(got.lse, lse_ref);
+        const TensorError e_dq = tensor_error(grad[0], grad_ref[0]), e_dk = tensor_error(grad[1], grad_ref[1]);
+        const TensorError e_dv = tensor_error(grad[2], grad_ref[2]);
+        CHECK(e_out <= kTolerances.out);
+        CHECK(e_lse <= kTolerances.lse);
+        CHECK(e_dq <= kTolerances.dqk);
+        CHECK(e_dk <= kTolerances.dqk);
+        CHECK(e_dv <= kTolerances.out);
+        if (std::getenv("TEST_MPI_CONTEXT_VERBOSE"))
+            std::printf("rank %d/%d T %d C %d: out %.3g lse %.3g dq %.3g dk %.3g dv %.3g\n", world_rank, world_size, s.T, C,
+                        e_out.value, e_lse.value, e_dq.value, e_dk.value, e_dv.value);
+    }
+}
+
+TEST_CASE("ring attention is bitwise deterministic") {
+    const Sizes s{2, 64, 128, 2, 2.0f};
+    std::mt19937 rng(7);
+    const std::vector<floatX> qkv = random_qkv(s, rng);
+    const std::vector<floatX> dout = random_floatX(size_t(s.B) * s.T * s.C, 1.0f, rng);
+    const RingResults first = run_ring(qkv, dout, s), second = run_ring(qkv, dout, s);
+    auto same_bits = [](const auto& a, const auto& b) {
+        return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
+    };
+    CHECK(same_bits(first.out, second.out));
+    CHECK(same_bits(first.lse, second.lse));
+    CHECK(same_bits(first.dqkv, second.dqkv));
+}
+
+int main(int argc, char** argv) {
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+    MPI_Comm node;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank, MPI_INFO_NULL, &node);
+    int local_rank = 0, local_size = 1, devices = 0;
+    MPI_Comm_rank(node, &local_rank);
+    MPI_Comm_size(node, &local_size);
+    MPI_Comm_free(&node);
+    if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
+    if (devices > 0) CUDA_CHECK(cudaSetDevice(local_rank % devices));
+#ifdef __CUDACC__
+    int enough = local_size <= devices;
+#else
+    int enough = devices > 0;  // every process emulates a device of its own
+#endif
+    MPI_Allreduce(MPI_IN_PLACE, &enough, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (!enough) {  // NCCL needs a GPU per rank: skipped (tests.cmake: SKIP_RETURN_CODE 77), not passed
+        if (world_rank == 0)
+            std::printf("test_mpi_context: SKIPPED: %d rank(s) on a node with %d GPU(s); NCCL needs one GPU per rank\n",
+                        local_size, devices);
+        MPI_Finalize();
+        return kSkipReturnCode;
+    }
+    GridCoordinates shape;
+    shape.context = world_size;
+    context_group = make_process_group(shape, world_rank, Axis::context);
+
+    Catch::Session session;
+    int failed = session.applyCommandLine(argc, argv);
+    if (failed == 0) {
+        Catch::ConfigData config = session.configData();
+        config.name = "test_mpi_context rank " + std::to_string(world_rank) + " of " + std::to_string(world_size);
+        session.useConfigData(config);
+        failed = session.run();
+    }
+    release_process_group(context_group);
+    int ranks_failed = failed != 0;
+    MPI_Allreduce(MPI_IN_PLACE, &ranks_failed, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    if (world_rank == 0) std::printf("test_mpi_context: %d rank(s), %d with failures\n", world_size, ranks_failed);
+    MPI_Finalize();
+    return ranks_failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
