@@ -440,9 +440,9 @@ inline std::string gpt2_check_build(const GPT2Config& config, int B, int T, int 
             problem = "model: --cp " + std::to_string(options.context_parallel) + " x T = " + std::to_string(T) +
                       " exceeds max_seq_len = " + std::to_string(config.max_seq_len);
         if (problem.empty() && (options.attention == Attention::tc || options.uses_documents() || options.inference ||
-                                options.tensor_parallel > 1 || options.pipeline_parallel > 1))
-            problem = "model: context parallelism runs the SIMT attention, without documents, tensor or pipeline "
-                      "parallelism, for training";
+                                options.pipeline_parallel > 1))
+            problem = "model: context parallelism runs the SIMT attention, without documents or pipeline parallelism, "
+                      "for training";
     }
     if (problem.empty() && (zero_stage < 0 || zero_stage > 2))
         problem = "model: ZeRO stage " + std::to_string(zero_stage) + " is not one of 0, 1, 2";
@@ -1804,8 +1804,10 @@ inline RunPlan plan_run(const RunConfig& rc, const Distributed& dist) {
     if (const std::string problem = context_parallel_problem(rc.seq_len, rc.cp); !problem.empty())
         throw std::runtime_error(problem);
     if (p.data_ranks % rc.cp != 0)
-        throw std::runtime_error("--cp " + std::to_string(rc.cp) + " does not divide the " + std::to_string(p.world) +
-                                 " ranks (--world-size or those launched): world = data x cp");
+        throw std::runtime_error((rc.tp > 1 ? "--tp " + std::to_string(rc.tp) + " x " : std::string()) + "--cp " +
+                                 std::to_string(rc.cp) + " does not divide the " + std::to_string(p.world) +
+                                 " ranks (--world-size or those launched): world = data x context" +
+                                 (rc.tp > 1 ? " x tensor" : ""));
     p.batch_ranks = p.data_ranks / rc.cp;
     p.local_T = rc.seq_len / rc.cp;
     // This rank's stage, and the micro-batches its schedule keeps in flight at the largest batch (the
@@ -2017,26 +2019,16 @@ inline int run(const RunConfig& rc, Distributed& dist) {
     prepare_output_dir(rc, main_rank);
     // The data-parallel group splits the batches and reduces the gradients; a tensor group (--tp) splits
     // the layers and sees the same batches (parallel/tensor.h). Without --tp the data group is the world.
-    ParallelGroups groups = make_parallel_groups(dist, rc.tp, rc.pp);
+    ParallelGroups groups = make_parallel_groups(dist, rc.tp, rc.pp, rc.cp);
     const Distributed& data = groups.data;
 
     const int B = rc.batch_size, T = rc.seq_len;
     const int64_t cap = total_batch_tokens_for(rc, p.batch_ranks);
     const BatchRamp ramp = rc.batch_ramp.empty() ? BatchRamp{} : parse_batch_ramp(rc.batch_ramp);
-    // Context groups (--cp, consecutive ranks: the data group is the world) read one batch per group and
-    // each rank keeps its rows of it (context_rows); without --cp every data rank reads its own.
-    ProcessGroup context;
-    if (rc.cp > 1) {
-        GridCoordinates shape;
-        shape.context = rc.cp;
-        shape.data = dist.world_size / rc.cp;
-        context = make_process_group(shape, dist.rank, Axis::context);
-    }
+    // A context group (--cp; its ranks are in the data group, which then spans data x context) reads one
+    // batch and each rank keeps its rows of it (context_rows); without --cp every data rank reads its own.
     const int batch_rank = data.rank / rc.cp, batch_ranks = p.batch_ranks;
-    const auto release_groups = [&] {
-        if (context.nccl) release_process_group(context);
-        release_parallel_groups(groups);
-    };
+    const auto release_groups = [&] { release_parallel_groups(groups); };
     DataLoader train_loader(rc.train_data, B, T, batch_rank, batch_ranks, uint64_t(rc.seed), true);
     train_loader.check_tokens(p.config.vocab_size);  // every token below the vocabulary, before the first step
     Evaluation eval = evaluation_of(rc, data, p.config.vocab_size, batch_rank, batch_ranks);
@@ -2045,7 +2037,7 @@ inline int run(const RunConfig& rc, Distributed& dist) {
 
     Trainer tr;
     trainer_build(tr, data, p.config, B, p.local_T, rc.zero_stage, optimizer_config_of(rc), p.options, groups.tensor,
-                  groups.pipeline, context);
+                  groups.pipeline, groups.context);
     tr.world = dist;
     tr.model_mpi = groups.model_mpi;
     tr.schedule = pipeline_schedule_of(rc.pp_schedule);
@@ -2093,7 +2085,7 @@ inline int run(const RunConfig& rc, Distributed& dist) {
     install_preemption_handlers();
     Watchdog watchdog(rc.collective_timeout, dist.rank,
                       {data.nccl, groups.tensor.nccl, groups.pipeline.nccl, groups.pipeline.gradient_nccl, groups.pipeline.embedding_nccl,
-                       context.nccl});
+                       groups.context.nccl});
     tr.watchdog = &watchdog;
     double elapsed = 0;
     for (int64_t steps_this_run = 1; step < total_steps; ++step, ++steps_this_run) {

@@ -346,9 +346,8 @@ inline void validate(const RunConfig& c) {
                                           std::to_string(c.tp));
     require(c.cp == 1 || !c.generate, flag("generate") + " runs one sequence on one rank: it cannot go with " + flag("cp") +
                                           " " + std::to_string(c.cp));
-    require(c.cp == 1 || (c.tp == 1 && c.pp == 1),
-            flag("cp") + " " + std::to_string(c.cp) + " does not compose with " + flag("tp") + " or " + flag("pp") +
-                " yet: context parallelism runs over data-parallel ranks only");
+    require(c.cp == 1 || c.pp == 1,
+            flag("cp") + " " + std::to_string(c.cp) + " does not compose with " + flag("pp") + " yet");
     require(c.cp == 1 || (!c.doc_mask && !c.doc_positions),
             flag("cp") + " " + std::to_string(c.cp) + " does not support " + flag("doc-mask") + " or " +
                 flag("doc-positions") + " yet: documents would cross the ranks' chunks");

@@ -281,34 +281,42 @@ inline std::string model_parallel_flags(int tp, int pp) {
 // ---------------------------------------------------------------------------------------------
 // The run's groups (the grid of parallel/process_groups.h): tensor groups of `tp` consecutive ranks
 // (so they share a node), pipeline groups across them, data groups across both. Collective over the
-// world. Without --tp and --pp the data group is the world itself.
+// world. Without --tp and --pp the data group is the world itself. With --cp (parallel/context.h; not
+// with --pp yet) context groups of cp ranks sit between the tensor and the data axis, and the data group
+// spans the context and data axes: each context group reads one batch, and the gradients are reduced
+// over all its ranks and all data ranks together.
 struct ParallelGroups {
     Distributed data;           // gradients averaged, batches split, losses summed over these ranks
     TensorParallel tensor;      // each layer split over these
     PipelineParallel pipeline;  // the layers split over these
+    ProcessGroup context;       // each sequence split over these (size 1: no context parallelism)
     MPI_Comm model_mpi = MPI_COMM_NULL;  // the tensor x pipeline ranks of this data rank (one copy of the model)
     bool owns_data = false;     // data is a group of its own (released by release_parallel_groups)
 };
 
-inline ParallelGroups make_parallel_groups(const Distributed& world, int tp, int pp = 1) {
+inline ParallelGroups make_parallel_groups(const Distributed& world, int tp, int pp = 1, int cp = 1) {
     ParallelGroups g;
-    if (tp == 1 && pp == 1) {
+    if (tp == 1 && pp == 1 && cp == 1) {
         g.data = world;
         g.model_mpi = MPI_COMM_SELF;
         return g;
     }
-    if (world.world_size % (tp * pp) != 0)
-        throw TrainGptError(model_parallel_flags(tp, pp) + " does not divide the " + std::to_string(world.world_size) +
-                            " ranks launched (world = data x pipeline x tensor)");
+    if (world.world_size % (tp * pp * cp) != 0)
+        throw TrainGptError(model_parallel_flags(tp, pp) + (cp > 1 ? " x --cp " + std::to_string(cp) : "") +
+                            " does not divide the " + std::to_string(world.world_size) +
+                            " ranks launched (world = data x pipeline x context x tensor)");
+    if (cp > 1 && pp > 1) throw TrainGptError("--cp " + std::to_string(cp) + " does not compose with --pp yet");
     GridCoordinates shape;
     shape.tensor = tp;
+    shape.context = cp;
     shape.pipeline = pp;
-    shape.data = world.world_size / (tp * pp);
+    shape.data = world.world_size / (tp * pp * cp);
     ProcessGroup tensor = make_process_group(shape, world.rank, Axis::tensor);
     ProcessGroup pipeline = make_process_group(shape, world.rank, Axis::pipeline);
     ProcessGroup pipeline_gradients = make_process_group(shape, world.rank, Axis::pipeline);
     MPI_CHECK(MPI_Comm_free(&pipeline_gradients.mpi));  // its NCCL communicator is all it is for
-    ProcessGroup data = make_process_group(shape, world.rank, Axis::data);
+    if (cp > 1) g.context = make_process_group(shape, world.rank, Axis::context);
+    ProcessGroup data = make_process_group(shape, world.rank, Axis::context, Axis::data);  // the data axis alone without cp
     g.tensor = {tensor.nccl, tensor.mpi, tensor.rank, tensor.size};
     g.pipeline.nccl = pipeline.nccl;
     g.pipeline.gradient_nccl = pipeline_gradients.nccl;
@@ -351,6 +359,7 @@ inline ParallelGroups make_parallel_groups(const Distributed& world, int tp, int
 }
 
 inline void release_parallel_groups(ParallelGroups& g) {
+    if (g.context.nccl) release_process_group(g.context);
     if (g.tensor.nccl) NCCL_CHECK(ncclCommDestroy(g.tensor.nccl));
     if (g.tensor.mpi != MPI_COMM_NULL) MPI_CHECK(MPI_Comm_free(&g.tensor.mpi));
     if (g.pipeline.nccl) NCCL_CHECK(ncclCommDestroy(g.pipeline.nccl));

@@ -178,22 +178,30 @@ struct ProcessGroup {
     int rank = 0, size = 1;
 };
 
-// Creates this rank's group along `axis`. Collective over the whole world: every rank calls it with the
-// same shape and axis (each belongs to exactly one group per axis). Group rank 0 makes the NCCL id and
-// broadcasts it over the group's MPI communicator.
-inline ProcessGroup make_process_group(const GridCoordinates& shape, int world_rank, Axis axis) {
+// Creates this rank's group along `axis`, or over two axes: the ranks that differ from it in `axis` and
+// `outer` only, group rank at[outer] x shape[axis] + at[axis] (context parallelism's gradients are
+// reduced over the context and data axes together). Collective over the whole world: every rank calls
+// it with the same shape and axes (each belongs to exactly one group). Group rank 0 makes the NCCL id
+// and broadcasts it over the group's MPI communicator.
+inline ProcessGroup make_process_group(const GridCoordinates& shape, int world_rank, Axis axis, Axis outer) {
     const GridCoordinates at = grid_position(world_rank, shape);
     GridCoordinates first = at;  // the group's rank 0 names it
     first[axis] = 0;
+    const bool two_axes = outer != axis;
+    if (two_axes) first[outer] = 0;
     ProcessGroup g;
-    g.rank = at[axis];
-    g.size = shape[axis];
+    g.rank = two_axes ? at[outer] * shape[axis] + at[axis] : at[axis];
+    g.size = two_axes ? shape[outer] * shape[axis] : shape[axis];
     MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, grid_rank(first, shape), g.rank, &g.mpi));
     ncclUniqueId id;
     if (g.rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
     MPI_CHECK(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, g.mpi));
     NCCL_CHECK(ncclCommInitRank(&g.nccl, g.size, id, g.rank));
     return g;
+}
+
+inline ProcessGroup make_process_group(const GridCoordinates& shape, int world_rank, Axis axis) {
+    return make_process_group(shape, world_rank, axis, axis);
 }
 
 inline void release_process_group(ProcessGroup& g) {

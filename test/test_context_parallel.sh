@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# --cp through the real program: 2 context ranks train the same model as one rank, and 2 data x 2
-# context ranks (4 processes) as 2 data ranks, step for step (train and validation losses agree to BF16
+# --cp through the real program: 2 context ranks train the same model as one rank, 2 data x 2 context
+# ranks (4 processes) as 2 data ranks, and 2 context x 2 tensor ranks as one rank, step for step (train and validation losses agree to BF16
 # rounding; test_mpi_train's [cp] case checks the numbers to FP32 rounding); checkpoints resume byte for
 # byte on the same grid and continue the run on one rank; the dry run plans the ring's buffers and 1/cp
 # of the activations; and every run the program cannot do is refused with one line naming the flags.
@@ -19,6 +19,7 @@ run one "$bin" "${common[@]}" -s 0
 run cp2 $mpirun -np 2 "$bin" "${common[@]}" --cp 2
 run dp2 $mpirun -np 2 "$bin" "${common[@]}" -s 0
 run dp2_cp2 $mpirun -np 4 "$bin" "${common[@]}" --cp 2
+run tp2_cp2 $mpirun -np 4 "$bin" "${common[@]}" --cp 2 --tp 2
 grep -q "context parallel: --cp 2, each rank holds 16 of every sequence's 32 tokens" "$dir/cp2.log" \
   || { cat "$dir/cp2.log"; echo "FAIL: --cp 2 does not announce its split"; exit 1; }
 grep -q "note: no samples during training with --cp 2" "$dir/cp2.log" \
@@ -27,6 +28,7 @@ grep -q "note: no samples during training with --cp 2" "$dir/cp2.log" \
 # FP32 but the other ranks' keys are rounded activations like the rank's own; measured <= 3e-5).
 series_follow one cp2 2e-4 "2 context ranks"
 series_follow dp2 dp2_cp2 2e-4 "2 data x 2 context ranks"
+series_follow one tp2_cp2 2e-4 "2 context x 2 tensor ranks (sequence parallel)"
 
 # Checkpoints under --cp: (1) 3 steps, stop, resume to 6 on the same 2 x 2 grid at ZeRO-1 equals 6
 # steps straight, byte for byte; (2) the step-3 checkpoint resumed on one data rank without --cp
@@ -68,7 +70,7 @@ PY
 refuse "--cp 2 splits each sequence into 2 x cp = 4 chunks (zigzag), which must divide -t 30" \
   "$bin" "${common[@]}" -t 30 --cp 2 --world-size 2 --dry-run
 refuse "--cp 2 does not divide the 3 ranks" $mpirun -np 3 "$bin" "${common[@]}" --cp 2
-refuse "--cp 2 does not compose with --tp or --pp yet" "$bin" "${common[@]}" --cp 2 --tp 2 --world-size 4 --dry-run
+refuse "--cp 2 does not compose with --pp yet" "$bin" "${common[@]}" --cp 2 --pp 2 --world-size 4 --dry-run
 refuse "--cp 2 does not support --doc-mask or --doc-positions yet" "$bin" "${common[@]}" --cp 2 --doc-mask
 refuse "--cp 2 runs the SIMT attention kernels" "$bin" "${common[@]}" --cp 2 --attention tc
 refuse "cannot go with --cp 2" "$bin" -e tiny --generate --cp 2

@@ -598,10 +598,10 @@ TEST_CASE("tensor and pipeline parallelism follow a single-process run on the sa
 // chunks, keys and values passed around a ring; gradients reduced over data and context ranks together.
 TEST_CASE("context parallelism follows a single-process run on the same global batch", "[cp]") {
     // T = 48: 2 cp chunks of 12 (cp 2) or 6 (cp 4), so the ring's spans cut through 32-row tiles.
-    const int cp = context_parallel, sequences = 8, T = 48, steps = 5;
+    const int cp = context_parallel, tp = tensor_parallel, sequences = 8, T = 48, steps = 5;
     const GPT2Config config{64, 301, pad_vocab(301), 2, 4, 128};
-    REQUIRE(world.world_size % cp == 0);
-    const int data_ranks = world.world_size / cp;
+    REQUIRE(world.world_size % (cp * tp) == 0);
+    const int data_ranks = world.world_size / (cp * tp);
     REQUIRE(sequences % (data_ranks * accumulation) == 0);
     const auto batches = masked_batches(sequences, T, 301, 77);
     const std::vector<std::vector<int>>&inputs = batches.first, &targets = batches.second;
@@ -633,13 +633,13 @@ TEST_CASE("context parallelism follows a single-process run on the same global b
         distributed_release(single);
     }
 
-    // Consecutive ranks form a context group (world = data x cp); the data group, which reduces the
-    // gradients and shards ZeRO's state, is the world.
-    GridCoordinates shape;
-    shape.context = cp;
-    shape.data = data_ranks;
-    ProcessGroup context = make_process_group(shape, world.rank, Axis::context);
+    // world = data x context x tensor (TRAIN_TP): the data group, which reduces the gradients and shards
+    // ZeRO's state, spans data and context ranks; each context group reads one batch.
+    ParallelGroups groups = make_parallel_groups(world, tp, 1, cp);
+    const ProcessGroup& context = groups.context;
     options.context_parallel = cp;
+    options.tensor_parallel = tp;
+    options.sequence_parallel = tp_sequence_parallel;
     const int B = sequences / (data_ranks * accumulation), local_T = T / cp;
     const ZigzagLayout zigzag{T, cp};
 #ifndef __CUDACC__
@@ -647,13 +647,14 @@ TEST_CASE("context parallelism follows a single-process run on the same global b
     const size_t before = cuemu::memory_stats().current_bytes;
 #endif
     Trainer tr;
-    trainer_build(tr, world, config, B, local_T, zero_stage, opt, options, {}, {}, context);
+    trainer_build(tr, groups.data, config, B, local_T, zero_stage, opt, options, groups.tensor, {}, context);
+    tr.model_mpi = groups.model_mpi;
     gpt2_init_weights(tr.model, 5);
     trainer_start(tr);
     std::vector<float> grads;
     std::vector<std::vector<int>> mine(2 * size_t(accumulation), std::vector<int>(size_t(B) * local_T));
     for (int s = 0; s < steps; ++s) {
-        const Split sp = split_batch(inputs[s % 2], targets[s % 2], sequences, T, world.rank / cp, data_ranks, accumulation);
+        const Split sp = split_batch(inputs[s % 2], targets[s % 2], sequences, T, groups.data.rank / cp, data_ranks, accumulation);
         std::vector<const int*> my_inputs, my_targets;
         for (int a = 0; a < accumulation; ++a) {
             zigzag_rows(mine[2 * a].data(), sp.inputs[a], B, zigzag, context.rank);
@@ -665,30 +666,31 @@ TEST_CASE("context parallelism follows a single-process run on the same global b
         REQUIRE(r.updated);
         losses.push_back(r.loss);
         norms.push_back(r.grad_norm);
-        if (s == 0 && zero_stage == 0) grads = download_as_float(tr.model.grads_memory, tr.model.num_parameters);
+        if (s == 0 && zero_stage == 0) grads = gather_whole_model(tr, tr.model.grads_memory);
     }
-    const std::vector<float> whole = download_as_float(tr.model.params_memory, tr.model.num_parameters);
+    const std::vector<float> whole = gather_whole_model(tr, tr.model.params_memory);
 #ifndef __CUDACC__
     // The peak device memory of the steps is exactly the rank's plan, the ring's buffers included.
     CHECK(cuemu::memory_stats().peak_bytes - before == tr.model.plan.total());
 #endif
     CHECK(tr.model.plan.bytes_of("context_kv") > 0);
     trainer_free(tr);
-    release_process_group(context);
+    release_parallel_groups(groups);
 
     const TensorError loss_err = tensor_error(losses, base_losses, ErrorScale::element);
     const TensorError norm_err = tensor_error(norms, base_norms, ErrorScale::element);
     const TensorError param_err = tensor_error(whole, base);  // on the whole model's scale, as in the [tp] case
     const TensorError grad_err = grads.empty() ? TensorError{} : tensor_error(grads, base_grads);
     if (world.rank == 0)
-        std::printf("%d rank(s) = %d data x %d context, ZeRO-%d, %d micro-steps, recompute %s [%s] vs 1 rank: loss err %.2e, "
-                    "norm err %.2e, gradient err %.2e, parameter err %.2e%s\n",
-                    world.world_size, data_ranks, cp, zero_stage, accumulation, recompute_name(tp_recompute), kPrecisionName,
+        std::printf("%d rank(s) = %d data x %d context x %d tensor%s, ZeRO-%d, %d micro-steps, recompute %s [%s] vs 1 rank: loss "
+                    "err %.2e, norm err %.2e, gradient err %.2e, parameter err %.2e%s\n",
+                    world.world_size, data_ranks, cp, tp, tp_sequence_parallel ? " (sequence parallel)" : "", zero_stage,
+                    accumulation, recompute_name(tp_recompute), kPrecisionName,
                     loss_err.value, norm_err.value, grads.empty() ? NAN : grad_err.value, param_err.value,
                     whole == base ? " (bitwise equal)" : "");
     // The ring's sums (per-chunk softmax merged by log-sum-exp, dq and dk|dv added chunk by chunk in FP32)
-    // differ from one kernel's only in rounding. FP32: the issue's bounds (losses 1e-6 relative,
-    // parameters 1e-5 of scale). BF16: the [tp] case's bounds (see there).
+    // differ from one kernel's only in rounding, as the tensor group's split sums do. FP32: the issue's
+    // bounds (losses 1e-6 relative, parameters 1e-5 of scale). BF16: the [tp] case's bounds (see there).
     CHECK(loss_err.value < (kFP32 ? 1e-6 : 5e-4));
     CHECK(norm_err.value < (kFP32 ? 5e-7 : 1.5e-2));
     CHECK(param_err.value < (kFP32 ? 1e-5 : 3e-2));
@@ -733,7 +735,7 @@ int main(int argc, char** argv) {
         if (world.rank == 0)
             std::printf("test_mpi_train: TRAIN_TP=%d, TRAIN_PP=%d: the [tp] test case only\n", tensor_parallel, pipeline_parallel);
     }
-    if (context_parallel > 1) {  // likewise the [cp] case
+    if (context_parallel > 1) {  // likewise the [cp] case (with TRAIN_TP: context x tensor)
         excluded = "[cp]";
         if (world.rank == 0) std::printf("test_mpi_train: TRAIN_CP=%d: the [cp] test case only\n", context_parallel);
     }
