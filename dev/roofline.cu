@@ -30,6 +30,7 @@ struct Options {
     std::string attention = RunConfig{}.attention;  // train_gpt's default (host/config.h)
     int B = 4, T = 1024, zero_stage = 1, world_size = 8;
     int tp = 1, pp = 1, pp_virtual = 1;  // tensor and pipeline parallelism (world = data x pp x tp)
+    int cp = 1;                          // context parallelism (world = data x cp x tp; not with pp)
     std::string pp_schedule = "1f1b";
     int layers = 0, heads = 0, channels = 0;  // a preset's shape changed, as train_gpt's flags (0 = keep)
     int64_t total_batch_tokens = 1048576;  // llm.c's GPT-2 1.5B run: 8 ranks x 16 x 1024 x 8 micro-steps
@@ -39,10 +40,11 @@ const char* kUsage =
     "usage: roofline [-e d12|d24|d36|d48|tiny|mini] [-b B] [-t T] [-z ZERO_STAGE] [-w WORLD_SIZE]\n"
     "                [-r none|selective|full] [--attention auto|tc|simt] [-d TOTAL_BATCH_TOKENS]\n"
     "                [--layers L] [--heads NH] [--channels C] [--launches-json FILE]\n"
-    "                [--tp N] [--pp N] [--pp-schedule afab|1f1b|interleaved] [--pp-virtual V]\n"
+    "                [--tp N] [--pp N] [--pp-schedule afab|1f1b|interleaved] [--pp-virtual V] [--cp N]\n"
     "defaults: -e d12 -b 4 -t 1024 -z 1 -w 8 -r none --attention auto (tc; simt in the FP32 build) -d 1048576\n"
     "with --pp the last stage's step is recorded (the classifier's: the busiest), and the step time is its\n"
-    "busy time over 1 - the schedule's bubble\n";
+    "busy time over 1 - the schedule's bubble; with --cp rank 0's (every context rank does the same work),\n"
+    "the ring's transfers on their own stream\n";
 
 [[noreturn]] void usage_error(const std::string& message) {
     std::fprintf(stderr, "roofline: %s\n%s", message.c_str(), kUsage);
@@ -82,12 +84,15 @@ Options parse(int argc, char** argv) {
         else if (flag == "--pp") o.pp = int(parse_int(flag, value));
         else if (flag == "--pp-virtual") o.pp_virtual = int(parse_int(flag, value));
         else if (flag == "--pp-schedule") o.pp_schedule = value;
+        else if (flag == "--cp") o.cp = int(parse_int(flag, value));
         else usage_error("unknown flag " + flag);
     }
     if (o.world_size < 1) usage_error("-w: the world size must be at least 1");
-    if (o.tp < 1 || o.pp < 1 || o.world_size % (o.tp * o.pp) != 0)
-        usage_error("--tp " + std::to_string(o.tp) + " x --pp " + std::to_string(o.pp) + " must divide -w " +
-                    std::to_string(o.world_size));
+    if (o.tp < 1 || o.pp < 1 || o.cp < 1 || o.world_size % (o.tp * o.pp * o.cp) != 0)
+        usage_error("--tp " + std::to_string(o.tp) + " x --pp " + std::to_string(o.pp) + " x --cp " + std::to_string(o.cp) +
+                    " must divide -w " + std::to_string(o.world_size));
+    if (o.cp > 1 && o.pp > 1) usage_error("--cp does not compose with --pp yet");
+    if (const std::string problem = context_parallel_problem(o.T, o.cp); !problem.empty()) usage_error(problem);
     if (o.B < 1 || o.T < 1) usage_error("-b, -t: B and T must be at least 1");
     return o;
 }
@@ -162,7 +167,8 @@ int main(int argc, char** argv) {
     ModelOptions options;
     try {
         config = with_shape_flags(model_config_of(o.model, o.T, &checkpoint), o.layers, o.heads, o.channels, checkpoint);
-        options = {recompute_of(o.recompute), attention_of(o.attention, false)};  // an H100's choice
+        // An H100's choice; --cp runs the SIMT kernels (parallel/context.h).
+        options = {recompute_of(o.recompute), o.cp > 1 ? Attention::simt : attention_of(o.attention, false)};
         o.attention = attention_name(options.attention);  // "auto" resolved, as printed and in the JSON
     } catch (const std::exception& e) {
         usage_error(e.what());
@@ -171,8 +177,9 @@ int main(int argc, char** argv) {
         if (const std::string problem = attention_tc_requirements(o.B, o.T, config.channels, config.num_heads);
             !problem.empty())
             usage_error(problem);
-    const int data_ranks = o.world_size / (o.tp * o.pp);
-    const int64_t rank_tokens = int64_t(o.B) * o.T, step_tokens_per_micro = rank_tokens * data_ranks;
+    const int data_ranks = o.world_size / (o.tp * o.pp * o.cp), local_T = o.T / o.cp;
+    // A rank's tokens per micro-step (T / cp of each sequence), and the step's (every data rank's B x T).
+    const int64_t rank_tokens = int64_t(o.B) * local_T, step_tokens_per_micro = int64_t(o.B) * o.T * data_ranks;
     if (o.total_batch_tokens < step_tokens_per_micro || o.total_batch_tokens % step_tokens_per_micro != 0)
         usage_error("-d: " + std::to_string(o.total_batch_tokens) + " tokens per step is not a multiple of data ranks x B x T = " +
                     std::to_string(step_tokens_per_micro));
@@ -180,7 +187,7 @@ int main(int argc, char** argv) {
 
     MPI_Init(&argc, &argv);
     cuemu::set_record_only(true);
-    Distributed dist = record_only_distributed(data_ranks);
+    Distributed dist = record_only_distributed(data_ranks * o.cp);  // gradients: over data x context
     // Tensor and pipeline groups of record-only communicators, MPI sums over this process alone; the
     // pipeline's last stage (the classifier's) is the one recorded.
     TensorParallel tensor{o.tp > 1 ? record_only_comm(o.tp) : nullptr, MPI_COMM_SELF, 0, o.tp};
@@ -210,24 +217,29 @@ int main(int argc, char** argv) {
     }
     if (o.tp > 1) {
         options.tensor_parallel = o.tp;
-        options.sequence_parallel = o.T % o.tp == 0;
+        options.sequence_parallel = local_T % o.tp == 0;
+    }
+    ProcessGroup context;  // rank 0 of a record-only ring of cp
+    if (o.cp > 1) {
+        context = {MPI_COMM_SELF, record_only_comm(o.cp), 0, o.cp};
+        options.context_parallel = o.cp;
     }
     Trainer tr;
     tr.schedule = schedule;
-    trainer_build(tr, dist, config, o.B, o.T, o.zero_stage, OptimizerConfig{}, options, tensor, pipeline);
+    trainer_build(tr, dist, config, o.B, local_T, o.zero_stage, OptimizerConfig{}, options, tensor, pipeline, context);
     const GPT2& m = tr.model;
 
-    const std::vector<LaunchRecord> one = record_step(tr, 1, o.B, o.T);
-    const std::vector<LaunchRecord> step = micro_steps == 1 ? one : record_step(tr, micro_steps, o.B, o.T);
+    const std::vector<LaunchRecord> one = record_step(tr, 1, o.B, local_T);
+    const std::vector<LaunchRecord> step = micro_steps == 1 ? one : record_step(tr, micro_steps, o.B, local_T);
     if (!o.launches_json.empty()) write_launches_json(o.launches_json, step, o);
 
     const StepTimeline one_timeline = replay_streams(one), timeline = replay_streams(step);
     const int L = config.num_layers, C = config.channels;
     std::printf("roofline: %s (L=%d, NH=%d, C=%d), %s parameters, B=%d T=%d, ZeRO-%d on %d rank(s) = %d data x %d pipeline x "
-                "%d tensor (recorded: %s), recompute %s, attention %s, %s\n",
+                "%d context x %d tensor (recorded: %s), recompute %s, attention %s, %s\n",
                 o.model.c_str(), config.num_layers, config.num_heads, config.channels,
                 with_thousands(int64_t(gpt2_num_parameters(config))).c_str(), o.B, o.T, o.zero_stage, o.world_size, data_ranks, o.pp,
-                o.tp, o.pp > 1 ? "the last stage's rank 0" : "rank 0", recompute_name(options.recompute), o.attention.c_str(),
+                o.cp, o.tp, o.pp > 1 ? "the last stage's rank 0" : "rank 0", recompute_name(options.recompute), o.attention.c_str(),
                 kPrecisionName);
     std::printf("step: %d micro-step(s) x %d x %d tokens x %d data rank(s) = %s tokens; memory plan %.2f GiB per rank%s\n",
                 micro_steps, o.B, o.T, data_ranks, with_thousands(o.total_batch_tokens).c_str(),
