@@ -210,6 +210,11 @@ struct BackwardBuffers {
 inline int tensor_channels(const GPT2Config& c, const ModelOptions& o) { return c.channels / o.tensor_parallel; }
 inline int tensor_heads(const GPT2Config& c, const ModelOptions& o) { return c.num_heads / o.tensor_parallel; }
 inline size_t sequence_rows(size_t rows, const ModelOptions& o) { return o.sequence_parallel ? rows / o.tensor_parallel : rows; }
+// The device ints of a micro-batch's documents: each token's document start, or with --cp and
+// --doc-mask each ring step's first visible key of each token (parallel/context.h, context_first_keys).
+inline size_t document_ints(int B, int T, const ModelOptions& o) {
+    return size_t(B) * T * (o.context_parallel > 1 && o.doc_mask ? size_t(o.context_parallel) : 1);
+}
 
 // What one micro-batch keeps from its forward pass to its backward pass. Without pipeline parallelism
 // one micro-batch is in flight; a pipeline stage keeps up to ModelOptions::micro_batches_in_flight
@@ -218,7 +223,8 @@ struct MicroBatchSlot {
     ActivationTensors acts{};
     int* inputs = nullptr;           // (B, T) on the device
     int* targets = nullptr;          // (B, T) on the device
-    int* doc_start = nullptr;        // (B, T) document starts (--doc-mask, --doc-positions; host/documents.h)
+    int* doc_start = nullptr;        // (B, T) document starts (--doc-mask, --doc-positions; host/documents.h);
+                                     // with --cp and --doc-mask the ring's first keys (cp, B, T): document_ints
     int* token_positions = nullptr;  // (B, T) positions, ModelOptions::uses_token_positions (kernels/encoder.cuh)
     int* encoder_scratch = nullptr;  // the encoder backward's grouping of its tokens (kernels/encoder.cuh)
     EncoderGrouping encoder;         // its sizes (count 0: no backward pass may follow the forward pass)
@@ -269,8 +275,9 @@ struct GPT2 {
     struct UploadSlot {
         int* inputs = nullptr;
         int* targets = nullptr;
-        int* doc_start = nullptr;
+        int* doc_start = nullptr;        // (B, T): under --cp, as positions in the whole sequence
         int* token_positions = nullptr;
+        int* first_keys = nullptr;       // (cp, B, T): --cp with --doc-mask (parallel/context.h)
         int* grouping = nullptr;  // encoder_backward_scratch_ints
         float* grad_scale = nullptr;
         EncoderGrouping encoder;  // made from `inputs` for the backward pass (count 0: not yet)
@@ -399,7 +406,7 @@ inline MemoryPlan gpt2_memory_plan(const GPT2Config& whole, int B, int T, const 
         plan.add("encoder_scratch", "workspace", K * encoder_backward_scratch_ints(B, T, options.uses_token_positions()) * I);
     plan.add("inputs", "workspace", K * BT * I);
     plan.add("targets", "workspace", K * BT * I);
-    if (options.uses_documents()) plan.add("doc_start", "workspace", K * BT * I);
+    if (options.uses_documents()) plan.add("doc_start", "workspace", K * document_ints(B, T, options) * I);
     if (options.uses_token_positions()) plan.add("token_positions", "workspace", K * BT * I);
     plan.add("matmul_workspace", "workspace", kMatmulWorkspaceBytes);
     return plan;
@@ -439,10 +446,8 @@ inline std::string gpt2_check_build(const GPT2Config& config, int B, int T, int 
         if (problem.empty() && int64_t(T) * options.context_parallel > config.max_seq_len)
             problem = "model: --cp " + std::to_string(options.context_parallel) + " x T = " + std::to_string(T) +
                       " exceeds max_seq_len = " + std::to_string(config.max_seq_len);
-        if (problem.empty() && (options.attention == Attention::tc || options.uses_documents() || options.inference ||
-                                options.pipeline_parallel > 1))
-            problem = "model: context parallelism runs the SIMT attention, without documents or pipeline parallelism, "
-                      "for training";
+        if (problem.empty() && (options.attention == Attention::tc || options.inference || options.pipeline_parallel > 1))
+            problem = "model: context parallelism runs the SIMT attention, without pipeline parallelism, for training";
     }
     if (problem.empty() && (zero_stage < 0 || zero_stage > 2))
         problem = "model: ZeRO stage " + std::to_string(zero_stage) + " is not one of 0, 1, 2";
@@ -526,13 +531,15 @@ inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int 
     const size_t BT = size_t(B) * T, grouping_ints = encoder_backward_scratch_ints(B, T, options.uses_token_positions());
     for (GPT2::UploadSlot& up : model.uploads) {  // page-locked host memory: not in the device plan
         int* block = nullptr;
-        CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&block), (4 * BT + grouping_ints + 1) * sizeof(int)));
+        const size_t first_keys = options.context_parallel > 1 && options.doc_mask ? size_t(options.context_parallel) * BT : 0;
+        CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&block), (4 * BT + first_keys + grouping_ints + 1) * sizeof(int)));
         up.inputs = block;
         up.targets = block + BT;
         up.doc_start = block + 2 * BT;
         up.token_positions = block + 3 * BT;
-        up.grouping = block + 4 * BT;
-        up.grad_scale = reinterpret_cast<float*>(block + 4 * BT + grouping_ints);
+        up.first_keys = first_keys ? block + 4 * BT : nullptr;
+        up.grouping = block + 4 * BT + first_keys;
+        up.grad_scale = reinterpret_cast<float*>(block + 4 * BT + first_keys + grouping_ints);
         CUDA_CHECK(cudaEventCreateWithFlags(&up.copied, cudaEventDisableTiming));
     }
     model.matmul.autotune = options.matmul_autotune;
@@ -555,7 +562,7 @@ inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int 
         if (recompute != Recompute::none) a.ln2 = a.ln1;  // Keep::shares_ln1
         slot.inputs = m.get<int>("inputs") + k * BT;
         if (!options.inference) slot.targets = m.get<int>("targets") + k * BT;
-        if (options.uses_documents()) slot.doc_start = m.get<int>("doc_start") + k * BT;
+        if (options.uses_documents()) slot.doc_start = m.get<int>("doc_start") + k * document_ints(B, T, options);
         if (options.uses_token_positions()) slot.token_positions = m.get<int>("token_positions") + k * BT;
         if (!options.inference && options.first_stage())
             slot.encoder_scratch = m.get<int>("encoder_scratch") + k * grouping_ints;
@@ -764,7 +771,8 @@ inline bool classifies(const GPT2& m) { return m.options.last_stage() && m.chunk
 inline void causal_attention_forward(GPT2& model, const LayerActivations& x) {
     const int B = model.B, T = model.T, Ct = tensor_channels(model.config, model.options), NHt = tensor_heads(model.config, model.options);
     if (model.options.context_parallel > 1) {  // this rank's T of the whole T cp, the others' keys around the ring
-        ring_attention_forward(model.context, x.atty, x.att_lse, x.qkv, B, T * model.context.size, Ct, NHt, model.stream);
+        ring_attention_forward(model.context, x.atty, x.att_lse, x.qkv, B, T * model.context.size, Ct, NHt, model.stream,
+                               model.options.doc_mask ? model.doc_start : nullptr);  // the ring's first keys
         return;
     }
     const int* doc_mask = model.options.doc_mask ? model.doc_start : nullptr;
@@ -916,15 +924,29 @@ inline void gpt2_upload(GPT2& model, const int* inputs_host, const int* targets_
     CUDA_CHECK(cudaMemcpyAsync(model.inputs, up.inputs, padded_BT * sizeof(int), cudaMemcpyHostToDevice, stream));
     if (targets_host)
         CUDA_CHECK(cudaMemcpyAsync(model.targets, up.targets, padded_BT * sizeof(int), cudaMemcpyHostToDevice, stream));
-    if (model.options.uses_documents()) {  // each token's document start (host/documents.h), on the same stream
+    const ZigzagLayout zigzag{padded_T * model.context.size, model.context.size};  // --cp's rows (parallel/context.h)
+    if (model.options.uses_documents() && model.context.size == 1) {  // each token's document start (host/documents.h)
         document_starts(up.doc_start, up.inputs, B, padded_T, model.options.eot_token);
         CUDA_CHECK(cudaMemcpyAsync(model.doc_start, up.doc_start, padded_BT * sizeof(int), cudaMemcpyHostToDevice, stream));
+    } else if (model.options.uses_documents()) {
+        // Documents cross the ranks' chunks: their starts are found on the whole rows, gathered from the
+        // context group, as positions in the sequence; the ring's kernels take each step's first keys.
+        const int n = model.context.size, rank = model.context.rank;
+        std::vector<int> all(size_t(n) * padded_BT), whole(size_t(n) * padded_BT), starts(whole.size());
+        MPI_CHECK(MPI_Allgather(up.inputs, padded_BT, MPI_INT, all.data(), padded_BT, MPI_INT, model.context.mpi));
+        for (int r = 0; r < n; ++r) unzigzag_rows(whole.data(), all.data() + size_t(r) * padded_BT, B, zigzag, r);
+        document_starts(starts.data(), whole.data(), B, zigzag.T, model.options.eot_token);
+        zigzag_rows(up.doc_start, starts.data(), B, zigzag, rank);
+        if (model.options.doc_mask) {
+            context_first_keys(up.first_keys, up.doc_start, B, zigzag, rank);
+            CUDA_CHECK(cudaMemcpyAsync(model.doc_start, up.first_keys, size_t(n) * padded_BT * sizeof(int),
+                                       cudaMemcpyHostToDevice, stream));
+        }
     }
-    if (model.options.uses_token_positions()) {  // restarted per document, or the zigzag chunks' (parallel/context.h)
-        const ZigzagLayout zigzag{padded_T * model.context.size, model.context.size};
+    if (model.options.uses_token_positions()) {  // restarted per document, the zigzag chunks' (--cp), or both
         for (int i = 0; i < padded_BT; ++i) {
-            const int t = i % padded_T;
-            up.token_positions[i] = model.options.doc_positions ? t - up.doc_start[i] : zigzag.position(model.context.rank, t);
+            const int t = i % padded_T, position = zigzag.position(model.context.rank, t);
+            up.token_positions[i] = model.options.doc_positions ? position - up.doc_start[i] : position;
         }
         CUDA_CHECK(cudaMemcpyAsync(model.token_positions, up.token_positions, padded_BT * sizeof(int), cudaMemcpyHostToDevice,
                                    stream));
@@ -1230,7 +1252,7 @@ inline void gpt2_backward(GPT2& model, const std::function<void(int)>& layer_don
         const int* doc_mask = model.options.doc_mask ? model.doc_start : nullptr;
         if (model.options.context_parallel > 1)
             ring_attention_backward(model.context, b.dbuf_4c, b.scratch, b.dbuf_c, x.qkv, x.atty, x.att_lse, B,
-                                    T * model.context.size, Ct, NHt, stream);
+                                    T * model.context.size, Ct, NHt, stream, doc_mask);
         else if (model.options.attention == Attention::tc)
             attention_tc_backward(b.dbuf_4c, b.scratch, b.dbuf_c, x.qkv, x.atty, x.att_lse, B, T, Ct, NHt, stream, doc_mask);
         else

@@ -348,9 +348,6 @@ inline void validate(const RunConfig& c) {
                                           " " + std::to_string(c.cp));
     require(c.cp == 1 || c.pp == 1,
             flag("cp") + " " + std::to_string(c.cp) + " does not compose with " + flag("pp") + " yet");
-    require(c.cp == 1 || (!c.doc_mask && !c.doc_positions),
-            flag("cp") + " " + std::to_string(c.cp) + " does not support " + flag("doc-mask") + " or " +
-                flag("doc-positions") + " yet: documents would cross the ranks' chunks");
     require(c.cp == 1 || c.attention != "tc",
             flag("cp") + " " + std::to_string(c.cp) + " runs the SIMT attention kernels (" + flag("attention") +
                 " simt; auto picks them): the tensor-core kernels have no ring steps yet");

@@ -13,7 +13,8 @@
 //
 // Document masking (--doc-mask, host/documents.h): with doc_start (B, T) ints, the start of each
 // token's document within its row, query t sees key k only when doc_start[t] <= k <= t; null is plain
-// causal attention. Document starts never decrease along a row, so a query tile's first query has
+// causal attention. Over a span (below) doc_start[t] is the first key, in the span's key coordinates,
+// that query t sees (Tk or more: none; parallel/context.h's context_first_keys), query-side layout. Document starts never decrease along a row, so a query tile's first query has
 // the smallest start: key tiles before it are skipped, not loaded, and so are, for a key tile, the
 // query tiles from the first query whose document starts after the tile's last key.
 //
@@ -228,7 +229,7 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
     const floatX* q_src = q + size_t(b) * span.q_seq * 3 * C + h * hs;
     const floatX* k_src = kv + size_t(b) * span.kv_seq * span.kv_stride + h * hs;
     load_tile(q_tile, q_src, 3 * size_t(C), q0, Tq, hs);
-    const int* doc_row = doc_start != nullptr ? doc_start + size_t(b) * Tq : nullptr;
+    const int* doc_row = doc_start != nullptr ? doc_start + size_t(b) * span.q_seq : nullptr;
     const int first_key = first_visible_key(doc_row, query, Tq);
     const int last_key = min(query + span.key_lead, Tk - 1);  // of this row
 
@@ -270,9 +271,13 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
         for (int key_col = 0; key_col < kTile; ++key_col)
             o.add_scaled(p_tile[row * kScoreStride + key_col], v_tile + key_col * stride, part, hs);
     }
-    // q_tile's last reads were before the last "P complete" barrier, so it can stage the output.
-    o.write_scaled(1.0f / l, q_tile + row * stride, part, hs);
-    if (part == 0 && query < Tq) lse[(size_t(b) * NH + h) * span.q_seq + query] = m + logf(l);
+    // q_tile's last reads were before the last "P complete" barrier, so it can stage the output, once
+    // every thread's share of its load is done: a span's query tile may see no key tile at all (documents
+    // under context parallelism), and then no barrier of the loop came after the load. Such a row gets
+    // out 0 and lse -inf: the ring's merge gives it weight 0.
+    __syncthreads();
+    o.write_scaled(l > 0.0f ? 1.0f / l : 0.0f, q_tile + row * stride, part, hs);
+    if (part == 0 && query < Tq) lse[(size_t(b) * NH + h) * span.q_seq + query] = l > 0.0f ? m + logf(l) : -INFINITY;
     __syncthreads();
     store_tile(out + size_t(b) * span.q_seq * C + h * hs, size_t(C), q_tile, q0, Tq, hs);
 }
@@ -332,10 +337,10 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
     const floatX* q_src = q + size_t(b) * span.q_seq * qkv_stride + h * hs;
     const floatX* k_src = kv + size_t(b) * span.kv_seq * kv_stride + h * hs;
     const floatX* dout_src = dout + size_t(b) * span.q_seq * C + h * hs;
-    const int* doc_row = doc_start != nullptr ? doc_start + size_t(b) * Tq : nullptr;
-    // Document masking comes with the causal span only (Tq = Tk, key_lead 0; the launcher checks).
-    const int query_end = visible_query_end(doc_row, k0, min(k0 + kTile, Tk) - 1, Tq);  // of the whole tile
-    const int key_query_end = key < Tk ? visible_query_end(doc_row, min(key, Tq), key, Tq) : 0;  // this thread's key's
+    const int* doc_row = doc_start != nullptr ? doc_start + size_t(b) * span.q_seq : nullptr;
+    // The searches start at the first query that could see the key (k - key_lead): any lower bound will do.
+    const int query_end = visible_query_end(doc_row, min(max(k0 - span.key_lead, 0), Tq), min(k0 + kTile, Tk) - 1, Tq);
+    const int key_query_end = key < Tk ? visible_query_end(doc_row, min(max(key - span.key_lead, 0), Tq), key, Tq) : 0;
     const float* lse_src = lse + (size_t(b) * NH + h) * span.q_seq;
     const float* d_src = D + (size_t(b) * NH + h) * span.q_seq;
     load_tile(k_tile, k_src, kv_stride, k0, Tk, hs);
@@ -369,7 +374,9 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
             dk.add_scaled(ds_tile[r * kScoreStride + key_col], q_tile + r * stride, part, hs);
         }
     }
-    // k_tile/v_tile's last reads were before the last "P and dS complete" barrier.
+    // k_tile/v_tile's last reads were before the last "P and dS complete" barrier; with no query tile
+    // (a span's keys that no query sees) the barrier orders the writes after every thread's loads.
+    __syncthreads();
     dk.write_scaled(score_scale, k_tile + key_col * stride, part, hs);
     dv.write_scaled(1.0f, v_tile + key_col * stride, part, hs);
     __syncthreads();
@@ -409,7 +416,7 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
     load_tile(dout_tile, dout + size_t(b) * span.q_seq * C + h * hs, size_t(C), q0, Tq, hs);
     load_row_values(lse_rows, lse + (size_t(b) * NH + h) * span.q_seq, q0, Tq);
     load_row_values(d_rows, D + (size_t(b) * NH + h) * span.q_seq, q0, Tq);
-    const int* doc_row = doc_start != nullptr ? doc_start + size_t(b) * Tq : nullptr;
+    const int* doc_row = doc_start != nullptr ? doc_start + size_t(b) * span.q_seq : nullptr;
     const int first_key = first_visible_key(doc_row, query, Tq);
     const int last_key = min(query + span.key_lead, Tk - 1);  // of this row
 
@@ -437,7 +444,9 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
         for (int key_col = 0; key_col < kTile; ++key_col)
             dq_row.add_scaled(ds_tile[row * kScoreStride + key_col], k_tile + key_col * stride, part, hs);
     }
-    // q_tile's last reads were before the last "dS complete" barrier.
+    // q_tile's last reads were before the last "dS complete" barrier; with no key tile (a span's queries
+    // that see no key) the barrier orders the writes after every thread's loads.
+    __syncthreads();
     dq_row.write_scaled(score_scale, q_tile + row * stride, part, hs);
     __syncthreads();
     store_tile(dq + size_t(b) * span.q_seq * dq_stride + h * hs, size_t(dq_stride), q_tile, q0, Tq, hs, accumulate);
@@ -522,15 +531,13 @@ inline double swept_pairs(const AttentionSpan& s) {
 }
 
 // "" when the span fits its arrays and the kernels' masks (see AttentionSpan), else why not.
-inline std::string span_problem(const AttentionSpan& s, bool doc_mask) {
+inline std::string span_problem(const AttentionSpan& s) {
     const auto str = [](int v) { return std::to_string(v); };
     if (s.Tq < 1 || s.Tk < 1) return "attention span: Tq = " + str(s.Tq) + " and Tk = " + str(s.Tk) + " must be positive";
     if (s.q_seq < s.Tq || s.kv_seq < s.Tk)
         return "attention span: sequence strides q_seq = " + str(s.q_seq) + ", kv_seq = " + str(s.kv_seq) + " are below Tq = " +
                str(s.Tq) + ", Tk = " + str(s.Tk);
     if (s.key_lead < 0) return "attention span: key_lead = " + str(s.key_lead) + " would leave queries without keys";
-    if (doc_mask && (s.Tq != s.Tk || s.key_lead != 0 || s.q_seq != s.Tq || s.kv_seq != s.Tk))
-        return "attention span: document masking needs the causal span of one sequence";
     return "";
 }
 
@@ -549,7 +556,7 @@ inline void attention_forward(Out* out, float* lse, const floatX* q, const float
                               int NH, cudaStream_t stream, const int* doc_start = nullptr) {
     using namespace attention_detail;
     check_sizes("attention_forward", B, std::max(span.Tq, span.Tk), C, NH);
-    require_supported("attention_forward", span_problem(span, doc_start != nullptr));
+    require_supported("attention_forward", span_problem(span));
     span.key_lead = std::min(span.key_lead, span.Tk);  // every key already; keeps the kernels' sums in int
     const int hs = C / NH;
     const dim3 grid(ceil_div(span.Tq, kTile), NH, B);
@@ -596,7 +603,7 @@ inline void attention_backward(Grad* dq, int dq_stride, Grad* dkv, int dkv_strid
                                cudaStream_t stream, const int* doc_start = nullptr, bool accumulate = false) {
     using namespace attention_detail;
     check_sizes("attention_backward", B, std::max(span.Tq, span.Tk), C, NH);
-    require_supported("attention_backward", span_problem(span, doc_start != nullptr));
+    require_supported("attention_backward", span_problem(span));
     span.key_lead = std::min(span.key_lead, span.Tk);
     const int hs = C / NH;
     const double heads = double(B) * NH, X = sizeof(floatX);

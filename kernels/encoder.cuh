@@ -85,12 +85,12 @@ inline void encoder_forward(floatX* out, const int* inp, const floatX* wte, cons
 //   group_token[N]      the token of group g; G used
 //   groups[1]           G, the number of distinct tokens (<= N)
 // hence 3N + 2 ints. With token positions a second grouping follows, by position, laid out the same
-// way with T in place of N in the group arrays (G' <= T groups: a row's positions are distinct, and
-// every row has the same ones or, restarted per document, ones below T): N + 2T + 2 ints.
+// way (G' <= N groups: restarted per document under context parallelism, a rank's rows can hold more
+// distinct positions than T), 3N + 2 ints more.
 
 inline size_t encoder_backward_scratch_ints(int B, int T, bool token_positions = false) {
     const size_t N = size_t(B) * size_t(T);
-    return 3 * N + 2 + (token_positions ? N + 2 * size_t(T) + 2 : 0);
+    return 3 * N + 2 + (token_positions ? 3 * N + 2 : 0);
 }
 
 // Blocks of the grouped sums: each takes groups blockIdx.x, + gridDim.x, ... of the *groups there
@@ -247,7 +247,7 @@ inline EncoderGrouping encoder_backward_grouping(int* grouping, const int* inp_h
             keys[i] = uint64_t(uint32_t(position)) << 32 | uint32_t(i);
         }
         std::sort(keys.begin(), keys.end());
-        g.position_groups = encoder_detail::write_grouping(grouping + encoder_detail::grouping_ints(N, N), keys, T);
+        g.position_groups = encoder_detail::write_grouping(grouping + encoder_detail::grouping_ints(N, N), keys, N);
     }
     return g;
 }
@@ -279,10 +279,10 @@ inline void encoder_backward(floatX* dwte, floatX* dwpe, const int* device_group
                                         wte.group_start, wte.group_key, wte.groups, dout, C, vocab_first, vocab_rows);
     if (by_position) {
         // wpe by token position: the same grouped sums, G' rows of dwpe (positions checked on the host).
-        const auto wpe = encoder_detail::grouping_parts(device_grouping + encoder_detail::grouping_ints(N, N), N, T);
+        const auto wpe = encoder_detail::grouping_parts(device_grouping + encoder_detail::grouping_ints(N, N), N, N);
         const KernelCost cost{btc + double(G_positions) * C,
                               btc * X + 2.0 * G_positions * C * X + (double(N) + 2.0 * G_positions + 2) * sizeof(int)};
-        const dim3 by_position_grid(std::min<unsigned>(T, kEncoderGroupBlocks), ceil_div(threads_per_row, block));
+        const dim3 by_position_grid(std::min<unsigned>(N, kEncoderGroupBlocks), ceil_div(threads_per_row, block));
         launch<encoder_backward_wte_kernel>(cost, by_position_grid, dim3(block), 0, stream, dwpe, wpe.positions,
                                             wpe.group_start, wpe.group_key, wpe.groups, dout, C, 0,
                                             std::numeric_limits<int>::max());

@@ -22,12 +22,19 @@
 // accumulator comes home to its keys' rank (one more hop). dq accumulates locally. Sums run in ring
 // order, the same on every run (no float atomics).
 //
+// Documents (--doc-mask): each query sees the keys of its own document only, which may start in
+// another rank's chunk. Its first visible key in each step's key buffer (context_first_keys, from the
+// document starts found on the whole rows) is that step's span's document start; a query that sees
+// none of a block's keys gets out 0 and lse -inf from that step, so the merge gives it weight 0.
+//
 // Transfers run on a stream of their own, double-buffered: while a step computes on one buffer, the
 // next visitor arrives in the other (forward and, for the keys and values, backward; the gradient
 // accumulator can move only after the step that adds to it).
 #pragma once
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "kernels/attention.cuh"
 #include "kernels/elementwise.cuh"
@@ -71,6 +78,12 @@ template <typename V> inline void zigzag_rows(V* local, const V* whole, int B, c
     const int L = z.local_length(rank);
     for (int b = 0; b < B; ++b)
         for (int t = 0; t < L; ++t) local[size_t(b) * L + t] = whole[size_t(b) * z.T + z.position(rank, t)];
+}
+// The inverse: rank's local rows (B, local_length) into their places in whole (B, T).
+template <typename V> inline void unzigzag_rows(V* whole, const V* local, int B, const ZigzagLayout& z, int rank) {
+    const int L = z.local_length(rank);
+    for (int b = 0; b < B; ++b)
+        for (int t = 0; t < L; ++t) whole[size_t(b) * z.T + z.position(rank, t)] = local[size_t(b) * L + t];
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -158,28 +171,54 @@ struct RingStep {
     AttentionSpan span;
     int first_query = 0;
 };
+// The keys rank's step s attends to, from the start of their buffer: its own rows (s = 0), an earlier
+// rank's first chunk, or all of a later rank's rows.
+inline int ring_keys(const ZigzagLayout& z, int rank, int step) {
+    const int j = (rank - step + z.cp) % z.cp;
+    return step == 0 ? z.local_length(rank) : j < rank ? z.first_length(j) : z.local_length(j);
+}
 inline RingStep ring_step(const ContextRing& ring, const ZigzagLayout& z, int step, int C) {
     const int r = ring.rank, j = visitor(ring, step);
-    const int L = z.local_length(r), Lj = z.local_length(j);
+    const int L = z.local_length(r), Lj = z.local_length(j), keys = ring_keys(z, r, step);
     RingStep s;
-    if (j < r) s = {{L, z.first_length(j), L, Lj, 2 * C, 0}, 0};                 // all queries, the visitor's first chunk
-    else s = {{L - z.first_length(r), Lj, L, Lj, 2 * C, 0}, z.first_length(r)};  // the second chunk's queries, all keys
+    if (j < r) s = {{L, keys, L, Lj, 2 * C, 0}, 0};                              // all queries, the visitor's first chunk
+    else s = {{L - z.first_length(r), keys, L, Lj, 2 * C, 0}, z.first_length(r)};  // the second chunk's queries, all keys
     s.span.key_lead = s.span.Tk;  // every key
     return s;
 }
 
 }  // namespace context_detail
 
+// Document masking under context parallelism: for each ring step s (0: the rank's own keys) and each
+// of rank's local queries, the first key of that step's key buffer the query sees, the number of the
+// buffer's keys before the query's document start (positions increase along a buffer, so the keys a
+// query sees are a suffix of it; all of them: 0, none: the count). doc_start: (B, L) document starts of
+// rank's local rows as positions in the whole sequence (host/documents.h's, of the whole rows).
+// out: (cp, B, L), what the ring's kernels take as their spans' document starts.
+inline void context_first_keys(int* out, const int* doc_start, int B, const ZigzagLayout& z, int rank) {
+    const int L = z.local_length(rank);
+    for (int s = 0; s < z.cp; ++s) {
+        const int j = (rank - s + z.cp) % z.cp;
+        std::vector<int> positions(size_t(context_detail::ring_keys(z, rank, s)));
+        for (size_t k = 0; k < positions.size(); ++k) positions[k] = z.position(j, int(k));
+        for (int i = 0; i < B * L; ++i)
+            out[size_t(s) * B * L + i] = int(std::lower_bound(positions.begin(), positions.end(), doc_start[i]) - positions.begin());
+    }
+}
+
 // Forward: out (B, L, C) and lse (B, NH, L) of rank's local rows (L = z.local_length(rank), positions
 // as ZigzagLayout says) from its qkv (B, L, 3C), attending to the keys of every rank at positions up to
-// each query's. On `stream`; returns with `stream` ordered after the ring's transfers.
+// each query's. first_keys: context_first_keys' (cp, B, L) on the device for document masking, or null.
+// On `stream`; returns with `stream` ordered after the ring's transfers.
 inline void ring_attention_forward(ContextRing& ring, floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH,
-                                   cudaStream_t stream) {
+                                   cudaStream_t stream, const int* first_keys = nullptr) {
     using namespace context_detail;
     const ZigzagLayout z{T, ring.size};
     const int r = ring.rank, n = ring.size, L = z.local_length(r);
+    // Step s's document starts, from its first query (null without documents).
+    const auto docs = [&](int s, size_t q0) { return first_keys ? first_keys + size_t(s) * B * L + q0 : nullptr; };
     if (n == 1) {
-        attention_forward(out, lse, qkv, B, L, C, NH, stream);
+        attention_forward(out, lse, qkv, B, L, C, NH, stream, docs(0, 0));
         return;
     }
     const auto kv_count = [&](int rank) { return size_t(B) * z.local_length(rank) * 2 * C; };
@@ -187,7 +226,7 @@ inline void ring_attention_forward(ContextRing& ring, floatX* out, float* lse, c
     copy_rows(ring.kv[0], 2 * size_t(C), qkv + C, 3 * size_t(C), size_t(B) * L, 2 * C, stream);
     CUDA_CHECK(cudaEventRecord(ring.computed[0], stream));
     hop(ring, ring.computed[0], ring.kv[0], kv_count(r), ring.kv[1], kv_count(visitor(ring, 1)), ring.arrived[1]);
-    attention_forward(ring.sum, lse, qkv, qkv + C, causal_span(L, C), B, C, NH, stream);
+    attention_forward(ring.sum, lse, qkv, qkv + C, causal_span(L, C), B, C, NH, stream, docs(0, 0));
     for (int s = 1; s < n; ++s) {
         const int now = s % 2, next = (s + 1) % 2;
         if (s + 1 < n)  // the next visitor arrives while this step computes, into step s-1's buffer
@@ -197,7 +236,7 @@ inline void ring_attention_forward(ContextRing& ring, floatX* out, float* lse, c
         const size_t q0 = size_t(step.first_query);
         CUDA_CHECK(cudaStreamWaitEvent(stream, ring.arrived[now], 0));
         attention_forward(ring.part_out + q0 * C, ring.part_lse + q0, qkv + q0 * 3 * C, ring.kv[now], step.span, B, C, NH,
-                          stream);
+                          stream, docs(s, q0));
         attention_merge(ring.sum + q0 * C, lse + q0, ring.part_out + q0 * C, ring.part_lse + q0, B, step.span.Tq, L, C, NH,
                         stream);
         CUDA_CHECK(cudaEventRecord(ring.computed[now], stream));
@@ -208,21 +247,26 @@ inline void ring_attention_forward(ContextRing& ring, floatX* out, float* lse, c
 }
 
 // Backward: dqkv (B, L, 3C) of rank's local rows, written, from dout (B, L, C), the forward pass's qkv,
-// out and lse (merged over every rank's keys), and D (B, NH, L) floats of scratch.
+// out and lse (merged over every rank's keys), and D (B, NH, L) floats of scratch; first_keys as the
+// forward pass's.
 inline void ring_attention_backward(ContextRing& ring, floatX* dqkv, float* D, const floatX* dout, const floatX* qkv,
-                                    const floatX* out, const float* lse, int B, int T, int C, int NH, cudaStream_t stream) {
+                                    const floatX* out, const float* lse, int B, int T, int C, int NH, cudaStream_t stream,
+                                    const int* first_keys = nullptr) {
     using namespace context_detail;
     const ZigzagLayout z{T, ring.size};
     const int r = ring.rank, n = ring.size, L = z.local_length(r);
+    const auto docs = [&](int s, size_t q0) { return first_keys ? first_keys + size_t(s) * B * L + q0 : nullptr; };
     attention_backward_rowdot(D, dout, out, B, L, C, NH, stream);
     if (n == 1) {
-        attention_backward(dqkv, 3 * C, dqkv + C, 3 * C, dout, qkv, qkv + C, lse, D, causal_span(L, C), B, C, NH, stream);
+        attention_backward(dqkv, 3 * C, dqkv + C, 3 * C, dout, qkv, qkv + C, lse, D, causal_span(L, C), B, C, NH, stream,
+                           docs(0, 0));
         return;
     }
     const auto kv_count = [&](int rank) { return size_t(B) * z.local_length(rank) * 2 * C; };
     // Its own keys: dq into the FP32 sum, dk|dv into the accumulator that starts around the ring.
     copy_rows(ring.kv[0], 2 * size_t(C), qkv + C, 3 * size_t(C), size_t(B) * L, 2 * C, stream);
-    attention_backward(ring.sum, C, ring.dkv[0], 2 * C, dout, qkv, qkv + C, lse, D, causal_span(L, C), B, C, NH, stream);
+    attention_backward(ring.sum, C, ring.dkv[0], 2 * C, dout, qkv, qkv + C, lse, D, causal_span(L, C), B, C, NH, stream,
+                       docs(0, 0));
     CUDA_CHECK(cudaEventRecord(ring.computed[0], stream));
     hop(ring, ring.computed[0], ring.kv[0], kv_count(r), ring.kv[1], kv_count(visitor(ring, 1)), ring.arrived[1]);
     hop(ring, ring.computed[0], ring.dkv[0], kv_count(r), ring.dkv[1], kv_count(visitor(ring, 1)), ring.grad_arrived[1]);
@@ -237,7 +281,7 @@ inline void ring_attention_backward(ContextRing& ring, floatX* dqkv, float* D, c
         CUDA_CHECK(cudaStreamWaitEvent(stream, ring.arrived[now], 0));
         CUDA_CHECK(cudaStreamWaitEvent(stream, ring.grad_arrived[now], 0));
         attention_backward(ring.sum + q0 * C, C, ring.dkv[now], 2 * C, dout + q0 * C, qkv + q0 * 3 * C, ring.kv[now], lse + q0,
-                           D + q0, step.span, B, C, NH, stream, nullptr, /*accumulate=*/true);
+                           D + q0, step.span, B, C, NH, stream, docs(s, q0), /*accumulate=*/true);
         CUDA_CHECK(cudaEventRecord(ring.computed[now], stream));
         // The sum moves on once this step has added to it: to the next visitor's holder, and after the
         // last step home to its keys' rank (the next one), while this rank receives its own.

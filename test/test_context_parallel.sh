@@ -71,7 +71,6 @@ refuse "--cp 2 splits each sequence into 2 x cp = 4 chunks (zigzag), which must 
   "$bin" "${common[@]}" -t 30 --cp 2 --world-size 2 --dry-run
 refuse "--cp 2 does not divide the 3 ranks" $mpirun -np 3 "$bin" "${common[@]}" --cp 2
 refuse "--cp 2 does not compose with --pp yet" "$bin" "${common[@]}" --cp 2 --pp 2 --world-size 4 --dry-run
-refuse "--cp 2 does not support --doc-mask or --doc-positions yet" "$bin" "${common[@]}" --cp 2 --doc-mask
 refuse "--cp 2 runs the SIMT attention kernels" "$bin" "${common[@]}" --cp 2 --attention tc
 refuse "cannot go with --cp 2" "$bin" -e tiny --generate --cp 2
 refuse "-s/--sample-every cannot go with --cp 2 yet" $mpirun -np 2 "$bin" "${common[@]}" --cp 2 -s 3

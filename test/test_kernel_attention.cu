@@ -104,16 +104,30 @@ TEST_CASE("attention over a span: one range's queries against another's keys, wr
         {"fewer keys than queries, key_lead 0", {1, 40, 96, 3, 3.0f}, {0, 33, 0, 5}},
         {"a chunk far before, sharp rows, hs 16", {3, 90, 32, 2, 4.0f}, {60, 90, 3, 29}},
     };
+    for (const bool documents : {false, true})
     for (const SpanCase& c : cases) {
         const Sizes& s = c.s;
         const Window& w = c.w;
-        CAPTURE(c.what, s.B, s.T, s.C, s.NH, w.q_begin, w.q_end, w.k_begin, w.k_end);
+        CAPTURE(documents, c.what, s.B, s.T, s.C, s.NH, w.q_begin, w.q_end, w.k_begin, w.k_end);
         std::mt19937 rng(4321 + s.T + s.C + w.q_begin);
         const std::vector<floatX> qkv = random_qkv(s, rng);
         const std::vector<floatX> dout = random_floatX(size_t(s.B) * s.T * s.C, 1.0f, rng);
-        const Reference ref = reference_attention(qkv, dout, s, nullptr, w);
+        // Documents (as context parallelism meets them): one starting inside the keys, one between the
+        // keys' end and the queries' last (its queries see none of the keys: out 0, lse -inf), row 0 also
+        // one just before the queries; the kernels take each query's first visible key, in key coordinates.
+        std::vector<std::vector<int>> eots(s.B);
+        for (int b = 0; b < s.B; ++b) {
+            eots[b] = {w.k_begin + (w.k_end - w.k_begin) / 3 + b, std::max(w.k_end, w.q_end - 4 - b)};
+            if (b == 0 && w.q_begin > 0) eots[b].push_back(w.q_begin - 1);
+        }
+        const std::vector<int> doc_starts = packed_rows(s.T, eots);
+        const Reference ref = reference_attention(qkv, dout, s, documents ? &doc_starts : nullptr, w);
 
         const int C = s.C, Tq = w.q_end - w.q_begin, Tk = w.k_end - w.k_begin, kv_seq = Tk + 3;
+        std::vector<int> first_keys(doc_starts.size());
+        for (size_t i = 0; i < first_keys.size(); ++i) first_keys[i] = std::clamp(doc_starts[i] - w.k_begin, 0, Tk);
+        DeviceBuffer<int> first_keys_device(first_keys);
+        const int* docs = documents ? first_keys_device.ptr + w.q_begin : nullptr;
         const AttentionSpan span{Tq, Tk, s.T, kv_seq, 2 * C, w.q_begin - w.k_begin};
         std::vector<floatX> kv_host(size_t(s.B) * kv_seq * 2 * C, from_float<floatX>(NAN));  // padding rows: NaN
         for (int b = 0; b < s.B; ++b)
@@ -128,21 +142,21 @@ TEST_CASE("attention over a span: one range's queries against another's keys, wr
         dq.fill_bytes(0xFF);
         dkv.fill_bytes(0xFF);
         const size_t q_off = size_t(w.q_begin);
-        attention_forward(out.ptr + q_off * C, lse.ptr + q_off, q.ptr + q_off * 3 * C, kv.ptr, span, s.B, C, s.NH, 0);
+        attention_forward(out.ptr + q_off * C, lse.ptr + q_off, q.ptr + q_off * 3 * C, kv.ptr, span, s.B, C, s.NH, 0, docs);
         attention_backward_rowdot(D.ptr, g.ptr, out.ptr, s.B, s.T, C, s.NH, 0);  // rows outside the window: NaN, unread
         attention_backward(dq.ptr + q_off * 3 * C, 3 * C, dkv.ptr, 2 * C, g.ptr + q_off * C, q.ptr + q_off * 3 * C, kv.ptr, lse.ptr + q_off,
-                           D.ptr + q_off, span, s.B, C, s.NH, 0);
+                           D.ptr + q_off, span, s.B, C, s.NH, 0, docs);
         CUDA_CHECK(cudaDeviceSynchronize());
         const std::vector<floatX> dq_once = dq.download(), dkv_once = dkv.download();
         attention_backward(dq.ptr + q_off * 3 * C, 3 * C, dkv.ptr, 2 * C, g.ptr + q_off * C, q.ptr + q_off * 3 * C, kv.ptr, lse.ptr + q_off,
-                           D.ptr + q_off, span, s.B, C, s.NH, 0, nullptr, /*accumulate=*/true);
+                           D.ptr + q_off, span, s.B, C, s.NH, 0, docs, /*accumulate=*/true);
         CUDA_CHECK(cudaDeviceSynchronize());
         const std::vector<floatX> got_out = out.download(), dq_twice = dq.download(), dkv_twice = dkv.download();
         const std::vector<float> got_lse = lse.download();
 
         // The window's rows of every tensor, and its key rows of the compact buffer (k | v).
         std::vector<double> out_w, out_ref, lse_w, lse_ref, dq_w, dq_ref, dk_w, dk_ref, dv_w, dv_ref;
-        bool outside_untouched = true, doubled = true;
+        bool outside_untouched = true, doubled = true, empty_rows_ok = true;
         for (int b = 0; b < s.B; ++b) {
             for (int t = 0; t < s.T; ++t) {
                 const bool in = w.q_begin <= t && t < w.q_end;
@@ -159,8 +173,14 @@ TEST_CASE("attention over a span: one range's queries against another's keys, wr
                     doubled &= to_float(dq_twice[iq]) == 2.0f * to_float(dq_once[iq]);
                 }
                 for (int h = 0; h < s.NH && in; ++h) {
-                    lse_w.push_back(got_lse[(size_t(b) * s.NH + h) * s.T + t]);
-                    lse_ref.push_back(ref.lse[(size_t(b) * s.NH + h) * s.T + t]);
+                    const float got_l = got_lse[(size_t(b) * s.NH + h) * s.T + t];
+                    const double ref_l = ref.lse[(size_t(b) * s.NH + h) * s.T + t];
+                    if (ref_l == -INFINITY) {  // a row that sees none of the keys (documents)
+                        empty_rows_ok &= got_l == -INFINITY;
+                        continue;
+                    }
+                    lse_w.push_back(got_l);
+                    lse_ref.push_back(ref_l);
                 }
             }
             for (int k = 0; k < kv_seq; ++k)
@@ -184,6 +204,7 @@ TEST_CASE("attention over a span: one range's queries against another's keys, wr
         CHECK(tensor_error(dv_w, dv_ref) <= kTolerances.out);
         CHECK(outside_untouched);
         CHECK(doubled);
+        CHECK(empty_rows_ok);
     }
 }
 

@@ -24,6 +24,7 @@ PipelineSchedule pp_schedule = PipelineSchedule::one_f_one_b;  // TRAIN_PP_SCHED
 Recompute tp_recompute = Recompute::none;  // TRAIN_RECOMPUTE: its recompute mode
 bool tp_sequence_parallel = false;         // TRAIN_SEQUENCE_PARALLEL=on: with sequence parallelism
 int context_parallel = 1;                  // TRAIN_CP: the [cp] test case's context group size
+bool cp_documents = false;                 // TRAIN_DOCS=on: with --doc-mask and --doc-positions
 
 OptimizerConfig optimizer_of(const Fixture& fx) {
     const nlohmann::json& a = fx.meta.at("adamw");
@@ -603,7 +604,16 @@ TEST_CASE("context parallelism follows a single-process run on the same global b
     REQUIRE(world.world_size % (cp * tp) == 0);
     const int data_ranks = world.world_size / (cp * tp);
     REQUIRE(sequences % (data_ranks * accumulation) == 0);
-    const auto batches = masked_batches(sequences, T, 301, 77);
+    auto batches = masked_batches(sequences, T, 301, 77);
+    // With documents (TRAIN_DOCS): token 7 ends a document, planted so that documents cross the ranks'
+    // chunks and start inside them: at positions 5, 17, 18 and 40 of every sequence, and 29 in odd ones.
+    constexpr int kEot = 7;
+    if (cp_documents)
+        for (auto& sequence_set : batches.first)
+            for (int i = 0; i < sequences * T; ++i) {
+                const int t = i % T;
+                if (t == 5 || t == 17 || t == 18 || t == 40 || (t == 29 && (i / T) % 2 == 1)) sequence_set[size_t(i)] = kEot;
+            }
     const std::vector<std::vector<int>>&inputs = batches.first, &targets = batches.second;
     OptimizerConfig opt;
     opt.weight_decay = 0.1f;
@@ -612,6 +622,8 @@ TEST_CASE("context parallelism follows a single-process run on the same global b
     ModelOptions options;
     options.recompute = tp_recompute;
     options.attention = Attention::simt;
+    options.doc_mask = options.doc_positions = cp_documents;
+    options.eot_token = kEot;
 
     std::vector<double> base_losses, losses;
     std::vector<float> base_norms, norms, base, base_grads;
@@ -682,9 +694,10 @@ TEST_CASE("context parallelism follows a single-process run on the same global b
     const TensorError param_err = tensor_error(whole, base);  // on the whole model's scale, as in the [tp] case
     const TensorError grad_err = grads.empty() ? TensorError{} : tensor_error(grads, base_grads);
     if (world.rank == 0)
-        std::printf("%d rank(s) = %d data x %d context x %d tensor%s, ZeRO-%d, %d micro-steps, recompute %s [%s] vs 1 rank: loss "
+        std::printf("%d rank(s) = %d data x %d context x %d tensor%s%s, ZeRO-%d, %d micro-steps, recompute %s [%s] vs 1 rank: loss "
                     "err %.2e, norm err %.2e, gradient err %.2e, parameter err %.2e%s\n",
-                    world.world_size, data_ranks, cp, tp, tp_sequence_parallel ? " (sequence parallel)" : "", zero_stage,
+                    world.world_size, data_ranks, cp, tp, tp_sequence_parallel ? " (sequence parallel)" : "",
+                    cp_documents ? ", documents" : "", zero_stage,
                     accumulation, recompute_name(tp_recompute), kPrecisionName,
                     loss_err.value, norm_err.value, grads.empty() ? NAN : grad_err.value, param_err.value,
                     whole == base ? " (bitwise equal)" : "");
@@ -712,6 +725,7 @@ int main(int argc, char** argv) {
     if (const char* r = std::getenv("TRAIN_RECOMPUTE")) tp_recompute = recompute_of(r);
     if (const char* q = std::getenv("TRAIN_SEQUENCE_PARALLEL")) tp_sequence_parallel = std::string(q) == "on";
     if (const char* c = std::getenv("TRAIN_CP")) context_parallel = std::atoi(c);
+    if (const char* d = std::getenv("TRAIN_DOCS")) cp_documents = std::string(d) == "on";
     // Test cases that need a particular configuration run only in it; elsewhere they are left out and
     // named, never run as an empty pass (Catch2 also fails any test case that asserts nothing).
     const char* root = std::getenv("TRAIN_GPT_ROOT");

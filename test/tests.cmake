@@ -222,13 +222,17 @@ endforeach()
 
 # Context parallelism (the [cp] case of test_mpi_train.cu) against one process on the same global batch:
 # ranks, ZeRO stage, micro-batches per data rank, context ranks, recompute mode, tensor ranks, sequence
-# parallelism. cp 2 and cp 4 alone, 2 data x 2 context ranks with ZeRO-1 and accumulation, ZeRO-2 with
-# full recompute, cp 4 selective; 2 context x 2 tensor ranks with and without sequence parallelism, and
-# 2 data x 2 context x 2 tensor (8 ranks) with ZeRO-1, accumulation and selective recompute.
-set(context_parallel_configs "2,0,1,2,none,1,off" "4,0,1,4,none,1,off" "4,1,2,2,none,1,off" "2,2,1,2,full,1,off"
-                             "4,0,1,4,selective,1,off" "4,0,1,2,none,2,on" "4,1,1,2,full,2,off" "8,1,2,2,selective,2,on")
+# parallelism, documents (--doc-mask and --doc-positions, crossing the chunks). cp 2 and cp 4 alone, 2
+# data x 2 context ranks with ZeRO-1 and accumulation, ZeRO-2 with full recompute, cp 4 selective; 2
+# context x 2 tensor ranks with and without sequence parallelism, and 2 data x 2 context x 2 tensor (8
+# ranks) with ZeRO-1, accumulation and selective recompute; documents at cp 2, cp 4 (ZeRO-1, full
+# recompute) and 2 context x 2 tensor.
+set(context_parallel_configs "2,0,1,2,none,1,off,off" "4,0,1,4,none,1,off,off" "4,1,2,2,none,1,off,off"
+                             "2,2,1,2,full,1,off,off" "4,0,1,4,selective,1,off,off" "4,0,1,2,none,2,on,off"
+                             "4,1,1,2,full,2,off,off" "8,1,2,2,selective,2,on,off" "2,0,1,2,none,1,off,on"
+                             "4,1,2,4,full,1,off,on" "4,0,1,2,none,2,on,on")
 if(ASAN)
-  set(context_parallel_configs "2,0,1,2,none,1,off")
+  set(context_parallel_configs "2,0,1,2,none,1,off,on")
 endif()
 foreach(config IN LISTS context_parallel_configs)
   string(REPLACE "," ";" config "${config}")
@@ -239,12 +243,16 @@ foreach(config IN LISTS context_parallel_configs)
   list(GET config 4 recompute)
   list(GET config 5 tp)
   list(GET config 6 sp)
+  list(GET config 7 docs)
   set(layout "_cp${cp}")
   if(tp GREATER 1)
     set(layout "${layout}_tp${tp}")
     if(sp STREQUAL "on")
       set(layout "${layout}_sp")
     endif()
+  endif()
+  if(docs STREQUAL "on")
+    set(layout "${layout}_docs")
   endif()
   foreach(precision IN LISTS train_precisions)
     set(suffix "")
@@ -255,7 +263,7 @@ foreach(config IN LISTS context_parallel_configs)
     add_test(${name} ${MPIRUN} -np ${np} ${TEST_BIN}/test_mpi_train${suffix})
     list(APPEND launched_tests ${name})
     set_tests_properties(${name} PROPERTIES
-      ENVIRONMENT "CUEMU_RACECHECK=1;TRAIN_ZERO=${zero};TRAIN_ACCUM=${accum};TRAIN_CP=${cp};TRAIN_RECOMPUTE=${recompute};TRAIN_TP=${tp};TRAIN_SEQUENCE_PARALLEL=${sp};TRAIN_GPT_ROOT=${CMAKE_CURRENT_LIST_DIR}/..")
+      ENVIRONMENT "CUEMU_RACECHECK=1;TRAIN_ZERO=${zero};TRAIN_ACCUM=${accum};TRAIN_CP=${cp};TRAIN_RECOMPUTE=${recompute};TRAIN_TP=${tp};TRAIN_SEQUENCE_PARALLEL=${sp};TRAIN_DOCS=${docs};TRAIN_GPT_ROOT=${CMAKE_CURRENT_LIST_DIR}/..")
   endforeach()
 endforeach()
 
