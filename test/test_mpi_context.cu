@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "attention_reference.h"
+#include "mpi_test_util.h"
 #include "parallel/context.h"
 #include "test_util.h"
 
@@ -196,24 +197,7 @@ int main(int argc, char** argv) {
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world_size);
-    MPI_Comm node;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank, MPI_INFO_NULL, &node);
-    int local_rank = 0, local_size = 1, devices = 0;
-    MPI_Comm_rank(node, &local_rank);
-    MPI_Comm_size(node, &local_size);
-    MPI_Comm_free(&node);
-    if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
-    if (devices > 0) CUDA_CHECK(cudaSetDevice(local_rank % devices));
-#ifdef __CUDACC__
-    int enough = local_size <= devices;
-#else
-    int enough = devices > 0;  // every process emulates a device of its own
-#endif
-    MPI_Allreduce(MPI_IN_PLACE, &enough, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    if (!enough) {  // NCCL needs a GPU per rank: skipped (tests.cmake: SKIP_RETURN_CODE 77), not passed
-        if (world_rank == 0)
-            std::printf("test_mpi_context: SKIPPED: %d rank(s) on a node with %d GPU(s); NCCL needs one GPU per rank\n",
-                        local_size, devices);
+    if (!mpi_test_device_per_rank("test_mpi_context")) {
         MPI_Finalize();
         return kSkipReturnCode;
     }

@@ -20,6 +20,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "mpi_test_util.h"
 #include "parallel/process_groups.h"
 #include "test_util.h"
 
@@ -722,28 +723,7 @@ int main(int argc, char** argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world_size);
 
-    // One GPU per rank, chosen by the rank's index on its node.
-    MPI_Comm node;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank, MPI_INFO_NULL, &node);
-    int local_rank = 0, local_size = 1, devices = 0;
-    MPI_Comm_rank(node, &local_rank);
-    MPI_Comm_size(node, &local_size);
-    MPI_Comm_free(&node);
-    if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
-    if (devices > 0) CUDA_CHECK(cudaSetDevice(local_rank % devices));
-#ifdef __CUDACC__
-    int enough = local_size <= devices;
-#else
-    int enough = devices > 0;  // every process emulates a device of its own
-#endif
-    MPI_Allreduce(MPI_IN_PLACE, &enough, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    // NCCL refuses two ranks on one GPU, so without a GPU per rank on each node there is nothing to
-    // run on: every rank exits with the skip code (tests.cmake: SKIP_RETURN_CODE 77), so CTest
-    // reports the test skipped, not passed.
-    if (!enough) {
-        if (world_rank == 0)
-            std::printf("test_mpi_nccl: SKIPPED: %d rank(s) on a node with %d GPU(s); NCCL needs one GPU per rank\n",
-                        local_size, devices);
+    if (!mpi_test_device_per_rank("test_mpi_nccl")) {  // one GPU per rank, or skipped
         MPI_Finalize();
         return kSkipReturnCode;
     }
