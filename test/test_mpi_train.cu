@@ -87,6 +87,37 @@ size_t cuemu_or_device_bytes() {
 
 // ---------------------------------------------------------------------------------------------
 
+// The baseline of the [tp] and [cp] cases: `steps` optimizer steps of one process over whole global
+// batches (step s takes batch s % 2) at the learning rates lr_at(s): each step's loss and gradient
+// norm, step 0's gradients, the final parameters; `after` runs on the trained model before it goes.
+struct SingleProcessRun {
+    std::vector<double> losses;
+    std::vector<float> norms, grads, params;
+};
+SingleProcessRun single_process_run(const GPT2Config& config, int sequences, int T, const OptimizerConfig& opt,
+                                    const ModelOptions& options, const std::vector<std::vector<int>>& inputs,
+                                    const std::vector<std::vector<int>>& targets, int steps, float (*lr_at)(int),
+                                    const std::function<void(Trainer&)>& after = {}) {
+    SingleProcessRun run;
+    Distributed single = distributed_single(world);
+    Trainer tr;
+    trainer_build(tr, single, config, sequences, T, 0, opt, options);
+    gpt2_init_weights(tr.model, 5);
+    trainer_start(tr);
+    for (int s = 0; s < steps; ++s) {
+        const StepResult r = train_step(tr, {inputs[s % 2].data()}, {targets[s % 2].data()}, sequences, T, lr_at(s));
+        REQUIRE(r.updated);
+        run.losses.push_back(r.loss);
+        run.norms.push_back(r.grad_norm);
+        if (s == 0) run.grads = download_as_float(tr.model.grads_memory, tr.model.num_parameters);
+    }
+    run.params = download_as_float(tr.model.params_memory, tr.model.num_parameters);
+    if (after) after(tr);
+    trainer_free(tr);
+    distributed_release(single);
+    return run;
+}
+
 // The FP32 master weights of this rank's optimizer range (all parameters at ZeRO-0).
 std::vector<float> download_master(const Trainer& tr) {
     std::vector<float> master(tr.model.shard.optimizer_size());
@@ -465,9 +496,8 @@ TEST_CASE("tensor and pipeline parallelism follow a single-process run on the sa
     ModelOptions options;
     options.recompute = tp_recompute;
 
-    std::vector<double> base_losses, losses;
-    std::vector<float> base_norms, norms;
-    std::vector<float> base, base_grads;
+    std::vector<double> losses;
+    std::vector<float> norms;
     // A shorter pass after the steps (as evaluation makes): 3 rows of 35 tokens, which sequence
     // parallelism pads to 36 so that they split over the tensor ranks.
     constexpr int kShortB = 3, kShortT = 35;
@@ -475,25 +505,13 @@ TEST_CASE("tensor and pipeline parallelism follow a single-process run on the sa
     // And the next token's logits after a 21-token prompt (sampling), gathered from the vocabulary shards.
     constexpr int kPromptTokens = 21;
     std::vector<float> base_next, next;
-    {
-        Distributed single = distributed_single(world);
-        Trainer tr;
-        trainer_build(tr, single, config, sequences, T, 0, opt, options);
-        gpt2_init_weights(tr.model, 5);
-        trainer_start(tr);
-        for (int s = 0; s < steps; ++s) {
-            const StepResult r = train_step(tr, {inputs[s % 2].data()}, {targets[s % 2].data()}, sequences, T, lr_at(s));
-            REQUIRE(r.updated);
-            base_losses.push_back(r.loss);
-            base_norms.push_back(r.grad_norm);
-            if (s == 0) base_grads = download_as_float(tr.model.grads_memory, tr.model.num_parameters);
-        }
-        base = download_as_float(tr.model.params_memory, tr.model.num_parameters);
-        forward_token_losses(tr.model, inputs[0].data(), targets[0].data(), kShortB, kShortT, base_short_losses.data());
-        base_next = next_token_logits(tr.model, inputs[1].data(), kPromptTokens);
-        trainer_free(tr);
-        distributed_release(single);
-    }
+    const SingleProcessRun single =
+        single_process_run(config, sequences, T, opt, options, inputs, targets, steps, lr_at, [&](Trainer& tr) {
+            forward_token_losses(tr.model, inputs[0].data(), targets[0].data(), kShortB, kShortT, base_short_losses.data());
+            base_next = next_token_logits(tr.model, inputs[1].data(), kPromptTokens);
+        });
+    const std::vector<double>& base_losses = single.losses;
+    const std::vector<float>&base_norms = single.norms, &base = single.params, &base_grads = single.grads;
 
     ParallelGroups groups = make_parallel_groups(world, tp, pp);
     options.tensor_parallel = tp;
@@ -625,25 +643,11 @@ TEST_CASE("context parallelism follows a single-process run on the same global b
     options.doc_mask = options.doc_positions = cp_documents;
     options.eot_token = kEot;
 
-    std::vector<double> base_losses, losses;
-    std::vector<float> base_norms, norms, base, base_grads;
-    {
-        Distributed single = distributed_single(world);
-        Trainer tr;
-        trainer_build(tr, single, config, sequences, T, 0, opt, options);
-        gpt2_init_weights(tr.model, 5);
-        trainer_start(tr);
-        for (int s = 0; s < steps; ++s) {
-            const StepResult r = train_step(tr, {inputs[s % 2].data()}, {targets[s % 2].data()}, sequences, T, lr_at(s));
-            REQUIRE(r.updated);
-            base_losses.push_back(r.loss);
-            base_norms.push_back(r.grad_norm);
-            if (s == 0) base_grads = download_as_float(tr.model.grads_memory, tr.model.num_parameters);
-        }
-        base = download_as_float(tr.model.params_memory, tr.model.num_parameters);
-        trainer_free(tr);
-        distributed_release(single);
-    }
+    std::vector<double> losses;
+    std::vector<float> norms;
+    const SingleProcessRun single = single_process_run(config, sequences, T, opt, options, inputs, targets, steps, lr_at);
+    const std::vector<double>& base_losses = single.losses;
+    const std::vector<float>&base_norms = single.norms, &base = single.params, &base_grads = single.grads;
 
     // world = data x context x tensor (TRAIN_TP): the data group, which reduces the gradients and shards
     // ZeRO's state, spans data and context ranks; each context group reads one batch.
