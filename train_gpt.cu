@@ -531,7 +531,7 @@ inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int 
     const size_t BT = size_t(B) * T, grouping_ints = encoder_backward_scratch_ints(B, T, options.uses_token_positions());
     for (GPT2::UploadSlot& up : model.uploads) {  // page-locked host memory: not in the device plan
         int* block = nullptr;
-        const size_t first_keys = options.context_parallel > 1 && options.doc_mask ? size_t(options.context_parallel) * BT : 0;
+        const size_t first_keys = options.context_parallel > 1 && options.doc_mask ? document_ints(B, T, options) : 0;
         CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&block), (4 * BT + first_keys + grouping_ints + 1) * sizeof(int)));
         up.inputs = block;
         up.targets = block + BT;
@@ -1728,16 +1728,24 @@ inline std::vector<float> next_token_logits(GPT2& m, const int* tokens, int n) {
     return logits;
 }
 
+// Context parallelism: this rank's rows (parallel/context.h's zigzag chunks) of B whole sequences of T
+// token ids or targets.
+inline std::vector<int> context_rows(const int* whole, int B, int T, const ContextRing& ring) {
+    const ZigzagLayout z{T, ring.size};
+    std::vector<int> mine(size_t(B) * z.local_length(ring.rank));
+    zigzag_rows(mine.data(), whole, B, z, ring.rank);
+    return mine;
+}
+
 // The model as evaluation calls it (host/evaluation.h: validation loss, HellaSwag, sampling).
 inline EvaluatedModel evaluated_model(Trainer& tr) {
     GPT2& m = tr.model;
     return {[&tr, &m](const int* inputs, const int* targets) {
                 progress(tr, "validation", tr.optimizer.step);
-                if (m.context.size > 1) {  // B x T cp whole sequences: this rank's rows of them (context_rows)
-                    const ZigzagLayout z{m.max_tokens * m.context.size, m.context.size};
-                    std::vector<int> mine(size_t(m.max_batch) * m.max_tokens), mine_targets(mine.size());
-                    zigzag_rows(mine.data(), inputs, m.max_batch, z, m.context.rank);
-                    zigzag_rows(mine_targets.data(), targets, m.max_batch, z, m.context.rank);
+                if (m.context.size > 1) {  // B x T cp whole sequences: this rank's rows of them
+                    const int T = m.max_tokens * m.context.size;
+                    const std::vector<int> mine = context_rows(inputs, m.max_batch, T, m.context),
+                                           mine_targets = context_rows(targets, m.max_batch, T, m.context);
                     const double sum = gpt2_forward(m, mine.data(), mine_targets.data(), m.max_batch, m.max_tokens, 0.0f);
                     return std::pair<double, long long>(sum, m.valid_targets);
                 }
@@ -1911,17 +1919,12 @@ inline void print_dry_run(const RunConfig& rc, const RunPlan& p) {
                                      attention_name(p.options.attention), traffic, pipeline).c_str());
 }
 
-// Context parallelism: this rank's rows (parallel/context.h's zigzag chunks) of each micro-batch of B
-// whole sequences of T tokens; every rank of a context group reads the same batches.
+// The same of each micro-batch of a step; every rank of a context group reads the same batches.
 inline StepBatches context_rows(const StepBatches& whole, int B, int T, const ContextRing& ring) {
-    const ZigzagLayout z{T, ring.size};
-    const size_t local = size_t(B) * z.local_length(ring.rank);
     StepBatches mine;
     for (size_t s = 0; s < whole.inputs.size(); ++s) {
-        mine.inputs.emplace_back(local);
-        mine.targets.emplace_back(local);
-        zigzag_rows(mine.inputs.back().data(), whole.inputs[s].data(), B, z, ring.rank);
-        zigzag_rows(mine.targets.back().data(), whole.targets[s].data(), B, z, ring.rank);
+        mine.inputs.push_back(context_rows(whole.inputs[s].data(), B, T, ring));
+        mine.targets.push_back(context_rows(whole.targets[s].data(), B, T, ring));
     }
     for (size_t s = 0; s < mine.inputs.size(); ++s) {
         mine.input_ptrs.push_back(mine.inputs[s].data());
