@@ -83,13 +83,19 @@ endforeach()
 
 # Ring attention (parallel/context.h) over 1-4 context ranks, both precisions, against a double reference
 # over the whole sequence: odd lengths split unevenly, and bitwise repeatable (skipped, 77, as above).
+# The ring's own kernels (the merge, the row copies) run under every schedule order: forward at 1 and
+# 4 ranks, reverse at 2, random at 3.
+set(context_orders forward reverse random forward)
 foreach(np 1 2 3 4)
+  math(EXPR order_index "${np} - 1")
+  list(GET context_orders ${order_index} order)
   foreach(suffix "" "_fp32")
     if(suffix STREQUAL "_fp32" AND ASAN)
       continue()
     endif()
     add_test(test_mpi_context${suffix}_np${np} ${MPIRUN} -np ${np} ${TEST_BIN}/test_mpi_context${suffix})
-    set_tests_properties(test_mpi_context${suffix}_np${np} PROPERTIES SKIP_RETURN_CODE 77 ENVIRONMENT "CUEMU_RACECHECK=1")
+    set_tests_properties(test_mpi_context${suffix}_np${np} PROPERTIES SKIP_RETURN_CODE 77
+                         ENVIRONMENT "CUEMU_RACECHECK=1;CUEMU_SCHEDULE=${order};CUEMU_SEED=12345")
   endforeach()
 endforeach()
 
