@@ -72,7 +72,7 @@ namespace matmul_detail {
 inline void check_cublaslt(cublasStatus_t status, const char* call, const char* file, int line) {
     if (status == CUBLAS_STATUS_SUCCESS) return;
     throw TrainGptError("cuBLASLt error at " + std::string(file) + ":" + std::to_string(line) + ": " + call + ": " +
-                        cublasLtGetStatusName(status));
+                        cublasLtGetStatusName(status) + " (CUBLASLT_LOG_LEVEL=1 logs why)");
 }
 #define CUBLASLT_CHECK(call) matmul_detail::check_cublaslt((call), #call, __FILE__, __LINE__)
 
