@@ -446,8 +446,8 @@ inline std::string gpt2_check_build(const GPT2Config& config, int B, int T, int 
         if (problem.empty() && int64_t(T) * options.context_parallel > config.max_seq_len)
             problem = "model: --cp " + std::to_string(options.context_parallel) + " x T = " + std::to_string(T) +
                       " exceeds max_seq_len = " + std::to_string(config.max_seq_len);
-        if (problem.empty() && (options.attention == Attention::tc || options.inference || options.pipeline_parallel > 1))
-            problem = "model: context parallelism runs the SIMT attention, without pipeline parallelism, for training";
+        if (problem.empty() && (options.attention == Attention::tc || options.inference))
+            problem = "model: context parallelism runs the SIMT attention, for training";
     }
     if (problem.empty() && (zero_stage < 0 || zero_stage > 2))
         problem = "model: ZeRO stage " + std::to_string(zero_stage) + " is not one of 0, 1, 2";
@@ -1788,14 +1788,14 @@ inline std::function<void(const std::string&)> gather_model_writer(Trainer& tr) 
 inline CheckpointedTraining checkpointed(Trainer& tr) {
     GPT2& m = tr.model;
     const GPT2Config config = m.whole_config;
-    const int tp = m.tensor.size, pp = m.pipeline.size, chunks = m.options.pipeline_chunks, data_ranks = tr.dist.world_size;
-    const int zero_stage = m.shard.zero_stage;
+    const int tp = m.tensor.size, pp = m.pipeline.size, cp = m.context.size, chunks = m.options.pipeline_chunks;
+    const int data_ranks = tr.dist.world_size, zero_stage = m.shard.zero_stage;
     return {tr.world, tr.optimizer, m.stream, gpt2_num_parameters(config), sizeof(floatX),
             [&tr] { return gather_model_writer(tr); },
             [&m](const std::string& path) { load_model_parameters(m, path); }, [&tr] { return parameter_norm(tr); },
             [&tr](const char* what, int64_t step) { progress(tr, what, step); },
-            [config, tp, pp, chunks, data_ranks, zero_stage](int rank) {
-                return optimizer_state_pieces(config, tp, pp, data_ranks, zero_stage, rank, chunks);
+            [config, tp, pp, cp, chunks, data_ranks, zero_stage](int rank) {
+                return optimizer_state_pieces(config, tp, pp, data_ranks, zero_stage, rank, chunks, cp);
             }};
 }
 
@@ -1834,16 +1834,16 @@ inline RunPlan plan_run(const RunConfig& rc, const Distributed& dist) {
     if (const std::string problem = context_parallel_problem(rc.seq_len, rc.cp); !problem.empty())
         throw std::runtime_error(problem);
     if (p.data_ranks % rc.cp != 0)
-        throw std::runtime_error((rc.tp > 1 ? "--tp " + std::to_string(rc.tp) + " x " : std::string()) + "--cp " +
-                                 std::to_string(rc.cp) + " does not divide the " + std::to_string(p.world) +
-                                 " ranks (--world-size or those launched): world = data x context" +
-                                 (rc.tp > 1 ? " x tensor" : ""));
+        throw std::runtime_error(((rc.tp > 1 || rc.pp > 1) ? model_parallel_flags(rc.tp, rc.pp) + " x " : std::string()) +
+                                 "--cp " + std::to_string(rc.cp) + " does not divide the " + std::to_string(p.world) +
+                                 " ranks (--world-size or those launched): world = data x " + (rc.pp > 1 ? "pipeline x " : "") +
+                                 "context" + (rc.tp > 1 ? " x tensor" : ""));
     p.batch_ranks = p.data_ranks / rc.cp;
     p.local_T = rc.seq_len / rc.cp;
     // This rank's stage, and the micro-batches its schedule keeps in flight at the largest batch (the
     // schedule's most: host/pipeline_schedule.h).
     const int chunks = rc.pp > 1 && rc.pp_schedule == "interleaved" ? rc.pp_virtual : 1;
-    const ModelPart part = part_of_rank(dist.rank % p.world, rc.tp, rc.pp, chunks);
+    const ModelPart part = part_of_rank(dist.rank % p.world, rc.tp, rc.pp, chunks, rc.cp);
     p.options.pipeline_stage = part.stage;
     p.options.pipeline_chunks = chunks;
     p.micro_batches = int(total_batch_tokens_for(rc, p.batch_ranks) / (int64_t(rc.batch_size) * rc.seq_len * p.batch_ranks));
@@ -1858,9 +1858,9 @@ inline RunPlan plan_run(const RunConfig& rc, const Distributed& dist) {
         !problem.empty())  // named with the shape flags where they made the shape
         throw std::runtime_error(model_label(rc) == rc.model ? problem : "-e " + model_label(rc) + ": " + problem);
     p.num_parameters = gpt2_num_parameters(p.config);
-    // Tensor ranks are consecutive, then pipeline stages (parallel/pipeline.h, part_of_rank).
+    // Tensor ranks are consecutive, then context ranks, pipeline stages (parallel/pipeline.h, part_of_rank).
     p.shard = shard_layout(model_part_num_parameters(p.config, rc.tp, rc.pp, part.stage, chunks),
-                           data_rank_of(dist.rank % p.world, rc.tp, rc.pp), p.data_ranks, rc.zero_stage);
+                           data_rank_of(dist.rank % p.world, rc.tp, rc.pp, rc.cp), p.data_ranks, rc.zero_stage);
     p.memory = gpt2_memory_plan(p.config, rc.batch_size, p.local_T, p.shard, p.options);
     size_t free_bytes = 0, total_bytes = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
@@ -1871,16 +1871,18 @@ inline RunPlan plan_run(const RunConfig& rc, const Distributed& dist) {
 // --pp-print-schedule: the pipeline's schedule for the step's micro-batches per data rank
 // (host/pipeline_schedule.h, which refuses what it cannot schedule; rank 0 prints).
 inline void print_pipeline_schedule(const RunConfig& rc, const Distributed& dist) {
-    const int world = planned_world_size(rc, dist.world_size);
-    if (world % rc.pp != 0)
-        throw std::runtime_error("--pp " + std::to_string(rc.pp) + " does not divide the " + std::to_string(world) +
-                                 " ranks (--world-size or those launched)");
-    const int data_ranks = world / rc.pp;
+    const int world = planned_world_size(rc, dist.world_size), model_ranks = rc.tp * rc.pp * rc.cp;
+    if (world % model_ranks != 0)
+        throw std::runtime_error(model_parallel_flags(rc.tp, rc.pp) + (rc.cp > 1 ? " x --cp " + std::to_string(rc.cp) : "") +
+                                 " does not divide the " + std::to_string(world) + " ranks (--world-size or those launched)");
+    const int data_ranks = world / model_ranks;  // each reads its own batches (a context group shares one)
     const int micro_batches = int(total_batch_tokens_for(rc, data_ranks) / (int64_t(rc.batch_size) * rc.seq_len * data_ranks));
     const std::string table = pipeline_schedule_table(pipeline_schedule_of(rc.pp_schedule), rc.pp, micro_batches, rc.pp_virtual);
+    const std::string others = (rc.cp > 1 ? " x " + std::to_string(rc.cp) + " context" : "") +
+                               (rc.tp > 1 ? " x " + std::to_string(rc.tp) + " tensor" : std::string());
     if (dist.rank == 0)
-        std::printf("%d ranks = %d data x %d pipeline; %d micro-batches of %d x %d per data rank and step\n%s", world,
-                    data_ranks, rc.pp, micro_batches, rc.batch_size, rc.seq_len, table.c_str());
+        std::printf("%d ranks = %d data x %d pipeline%s; %d micro-batches of %d x %d per data rank and step\n%s", world,
+                    data_ranks, rc.pp, others.c_str(), micro_batches, rc.batch_size, rc.seq_len, table.c_str());
 }
 
 // --dry-run: the plan, and the largest micro-batch that fits in each recompute mode (rank 0 prints).
@@ -1892,7 +1894,7 @@ inline void print_dry_run(const RunConfig& rc, const RunPlan& p) {
                                      p.budget);
     };
     const LargestBatches largest{fits(Recompute::none), fits(Recompute::selective), fits(Recompute::full)};
-    const TensorTraffic traffic = tensor_traffic(p.config, rc.batch_size, rc.seq_len, rc.tp, p.options.sequence_parallel,
+    const TensorTraffic traffic = tensor_traffic(p.config, rc.batch_size, p.local_T, rc.tp, p.options.sequence_parallel,
                                                  p.options.recompute, sizeof(floatX));
     PipelinePlan pipeline;
     if (rc.pp > 1) {  // every stage's plan (data rank 0's shard), and the schedule played out
@@ -1900,7 +1902,7 @@ inline void print_dry_run(const RunConfig& rc, const RunPlan& p) {
         const PipelineTimeline timeline = simulate_pipeline(schedule, rc.pp, p.micro_batches, rc.pp_virtual);
         pipeline = {rc.pp_schedule, rc.pp, p.micro_batches, rc.pp_virtual, timeline.bubble_fraction,
                     pipeline_bubble_formula(schedule, rc.pp, p.micro_batches, rc.pp_virtual),
-                    double(sequence_rows(size_t(rc.batch_size) * rc.seq_len, p.options)) * p.config.channels * sizeof(floatX) /
+                    double(sequence_rows(size_t(rc.batch_size) * p.local_T, p.options)) * p.config.channels * sizeof(floatX) /
                         (p.options.sequence_parallel ? 1 : rc.tp),
                     {}};
         for (int stage = 0; stage < rc.pp; ++stage) {
@@ -1909,7 +1911,7 @@ inline void print_dry_run(const RunConfig& rc, const RunPlan& p) {
             options.micro_batches_in_flight = timeline.max_in_flight[size_t(stage)];
             const ShardLayout shard = shard_layout(
                 model_part_num_parameters(p.config, rc.tp, rc.pp, stage, options.pipeline_chunks), 0, p.data_ranks, rc.zero_stage);
-            const MemoryPlan plan = gpt2_memory_plan(p.config, rc.batch_size, rc.seq_len, shard, options);
+            const MemoryPlan plan = gpt2_memory_plan(p.config, rc.batch_size, p.local_T, shard, options);
             const StageLayers layers = stage_layers(p.config.num_layers, rc.pp, stage, options.pipeline_chunks);
             pipeline.per_stage.push_back({layers.chunks[0].first, layers.total(), options.micro_batches_in_flight, plan.total(),
                                           plan.group_bytes("activations")});
@@ -2085,7 +2087,7 @@ inline int run(const RunConfig& rc, Distributed& dist) {
     if (main_rank && rc.pp > 1)
         std::printf("pipeline: %s; schedule %s, %d micro-batches per step and data rank; stage 0 keeps %d in flight%s\n",
                     pipeline_split_text(p.config, rc.pp, p.options.pipeline_chunks).c_str(), rc.pp_schedule.c_str(),
-                    int(cap / (int64_t(B) * T * p.data_ranks)),
+                    int(cap / (int64_t(B) * T * p.batch_ranks)),
                     p.options.micro_batches_in_flight, rc.cuda_graphs == "on" ? "; CUDA graphs not used (point-to-point "
                     "exchanges are not captured yet)" : "");
     RunLog log(main_rank, rc.output_dir);

@@ -30,7 +30,7 @@ struct Options {
     std::string attention = RunConfig{}.attention;  // train_gpt's default (host/config.h)
     int B = 4, T = 1024, zero_stage = 1, world_size = 8;
     int tp = 1, pp = 1, pp_virtual = 1;  // tensor and pipeline parallelism (world = data x pp x tp)
-    int cp = 1;                          // context parallelism (world = data x cp x tp; not with pp)
+    int cp = 1;                          // context parallelism (world = data x pp x cp x tp)
     std::string pp_schedule = "1f1b";
     int layers = 0, heads = 0, channels = 0;  // a preset's shape changed, as train_gpt's flags (0 = keep)
     int64_t total_batch_tokens = 1048576;  // llm.c's GPT-2 1.5B run: 8 ranks x 16 x 1024 x 8 micro-steps
@@ -91,7 +91,6 @@ Options parse(int argc, char** argv) {
     if (o.tp < 1 || o.pp < 1 || o.cp < 1 || o.world_size % (o.tp * o.pp * o.cp) != 0)
         usage_error("--tp " + std::to_string(o.tp) + " x --pp " + std::to_string(o.pp) + " x --cp " + std::to_string(o.cp) +
                     " must divide -w " + std::to_string(o.world_size));
-    if (o.cp > 1 && o.pp > 1) usage_error("--cp does not compose with --pp yet");
     if (const std::string problem = context_parallel_problem(o.T, o.cp); !problem.empty()) usage_error(problem);
     if (o.B < 1 || o.T < 1) usage_error("-b, -t: B and T must be at least 1");
     return o;

@@ -346,8 +346,6 @@ inline void validate(const RunConfig& c) {
                                           std::to_string(c.tp));
     require(c.cp == 1 || !c.generate, flag("generate") + " runs one sequence on one rank: it cannot go with " + flag("cp") +
                                           " " + std::to_string(c.cp));
-    require(c.cp == 1 || c.pp == 1,
-            flag("cp") + " " + std::to_string(c.cp) + " does not compose with " + flag("pp") + " yet");
     require(c.cp == 1 || c.attention != "tc",
             flag("cp") + " " + std::to_string(c.cp) + " runs the SIMT attention kernels (" + flag("attention") +
                 " simt; auto picks them): the tensor-core kernels have no ring steps yet");

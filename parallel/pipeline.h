@@ -211,18 +211,27 @@ inline std::vector<T> model_unshard(const std::vector<std::vector<T>>& locals, c
     return whole;
 }
 
-// The world's ranks as a grid (parallel/process_groups.h: tensor fastest, then pipeline, then data):
-// world rank r's part and its data rank.
-inline ModelPart part_of_rank(int rank, int tp, int pp, int chunks = 1) { return {tp, rank % tp, pp, (rank / tp) % pp, chunks}; }
-inline int data_rank_of(int rank, int tp, int pp) { return rank / (tp * pp); }
+// The world's ranks as a grid (parallel/process_groups.h: tensor fastest, then context, pipeline, data):
+// world rank r's part and its rank in the data group, which ZeRO shards over (with --cp it spans the
+// context and data axes: make_parallel_groups). Within one copy of the model (cp = 1: the tensor x
+// pipeline ranks of one data rank, in world order) the same functions give each rank's part.
+inline ModelPart part_of_rank(int rank, int tp, int pp, int chunks = 1, int cp = 1) {
+    const GridCoordinates at = grid_position(rank, {tp, cp, pp, rank / (tp * cp * pp) + 1});
+    return {tp, at.tensor, pp, at.pipeline, chunks};
+}
+inline int data_rank_of(int rank, int tp, int pp, int cp = 1) {
+    const GridCoordinates at = grid_position(rank, {tp, cp, pp, rank / (tp * cp * pp) + 1});
+    return at.data * cp + at.context;  // make_process_group(shape, rank, Axis::context, Axis::data)'s rank
+}
 
 // World rank `rank`'s optimizer range (parallel/zero.h) as pieces of the whole model's flat buffer, in
-// the range's order, for a run of data x pp x tp ranks at `zero_stage`: what a checkpoint writes from
-// each rank and reads back into each (host/checkpointing.h), at any tp, pp and data ranks.
+// the range's order, for a run of data x pp x cp x tp ranks at `zero_stage` (data_ranks: the data
+// group's size, cp x data): what a checkpoint writes from each rank and reads back into each
+// (host/checkpointing.h), at any tp, pp, cp and data ranks.
 inline std::vector<StatePiece> optimizer_state_pieces(const GPT2Config& c, int tp, int pp, int data_ranks, int zero_stage,
-                                                      int rank, int chunks = 1) {
-    const ModelPart part = part_of_rank(rank, tp, pp, chunks);
-    const int data_rank = data_rank_of(rank, tp, pp);
+                                                      int rank, int chunks = 1, int cp = 1) {
+    const ModelPart part = part_of_rank(rank, tp, pp, chunks, cp);
+    const int data_rank = data_rank_of(rank, tp, pp, cp);
     const ShardLayout sh = shard_layout(model_part_num_parameters(c, tp, pp, part.stage, chunks), data_rank, data_ranks, zero_stage);
     const size_t lo = sh.optimizer_begin(), hi = lo + sh.optimizer_real_size();
     const bool writes_shard = zero_stage > 0 || data_rank == 0;  // ZeRO-0: every data rank holds it all
@@ -281,10 +290,10 @@ inline std::string model_parallel_flags(int tp, int pp) {
 // ---------------------------------------------------------------------------------------------
 // The run's groups (the grid of parallel/process_groups.h): tensor groups of `tp` consecutive ranks
 // (so they share a node), pipeline groups across them, data groups across both. Collective over the
-// world. Without --tp and --pp the data group is the world itself. With --cp (parallel/context.h; not
-// with --pp yet) context groups of cp ranks sit between the tensor and the data axis, and the data group
-// spans the context and data axes: each context group reads one batch, and the gradients are reduced
-// over all its ranks and all data ranks together.
+// world. Without --tp and --pp the data group is the world itself. With --cp (parallel/context.h)
+// context groups of cp ranks sit between the tensor and the pipeline axis, and the data group spans the
+// context and data axes: each context group reads one batch, and the gradients are reduced over all its
+// ranks and all data ranks together (a pipeline stage's over the same stage of every copy).
 struct ParallelGroups {
     Distributed data;           // gradients averaged, batches split, losses summed over these ranks
     TensorParallel tensor;      // each layer split over these
@@ -305,7 +314,6 @@ inline ParallelGroups make_parallel_groups(const Distributed& world, int tp, int
         throw TrainGptError(model_parallel_flags(tp, pp) + (cp > 1 ? " x --cp " + std::to_string(cp) : "") +
                             " does not divide the " + std::to_string(world.world_size) +
                             " ranks launched (world = data x pipeline x context x tensor)");
-    if (cp > 1 && pp > 1) throw TrainGptError("--cp " + std::to_string(cp) + " does not compose with --pp yet");
     GridCoordinates shape;
     shape.tensor = tp;
     shape.context = cp;

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # --cp through the real program: 2 context ranks train the same model as one rank, 2 data x 2 context
-# ranks (4 processes) as 2 data ranks, and 2 context x 2 tensor ranks as one rank, step for step (train and validation losses agree to BF16
-# rounding; test_mpi_train's [cp] case checks the numbers to FP32 rounding); checkpoints resume byte for
-# byte on the same grid and continue the run on one rank; the dry run plans the ring's buffers and 1/cp
-# of the activations; and every run the program cannot do is refused with one line naming the flags.
+# ranks (4 processes) as 2 data ranks, and 2 context x 2 tensor ranks and 2 stages x 2 context ranks as
+# one rank, step for step (train and validation losses agree to BF16 rounding; test_mpi_train's [cp]
+# case checks the numbers to FP32 rounding); checkpoints resume byte for byte on the same grid and
+# continue the run on one rank, and from 2 data x 2 context ranks on 2 stages x 2 context and back; the
+# dry run plans the ring's buffers and 1/cp of the activations; and every run the program cannot do is
+# refused with one line naming the flags.
 # Usage: test_context_parallel.sh TRAIN_BINARY "MPIRUN..."
 set -euo pipefail
 bin=$1
@@ -20,6 +22,7 @@ run cp2 $mpirun -np 2 "$bin" "${common[@]}" --cp 2
 run dp2 $mpirun -np 2 "$bin" "${common[@]}" -s 0
 run dp2_cp2 $mpirun -np 4 "$bin" "${common[@]}" --cp 2
 run tp2_cp2 $mpirun -np 4 "$bin" "${common[@]}" --cp 2 --tp 2
+run pp2_cp2 $mpirun -np 4 "$bin" "${common[@]}" --cp 2 --pp 2
 grep -q "context parallel: --cp 2, each rank holds 16 of every sequence's 32 tokens" "$dir/cp2.log" \
   || { cat "$dir/cp2.log"; echo "FAIL: --cp 2 does not announce its split"; exit 1; }
 grep -q "note: no samples during training with --cp 2" "$dir/cp2.log" \
@@ -29,20 +32,28 @@ grep -q "note: no samples during training with --cp 2" "$dir/cp2.log" \
 series_follow one cp2 2e-4 "2 context ranks"
 series_follow dp2 dp2_cp2 2e-4 "2 data x 2 context ranks"
 series_follow one tp2_cp2 2e-4 "2 context x 2 tensor ranks (sequence parallel)"
+series_follow one pp2_cp2 2e-4 "2 stages x 2 context ranks"
 
 # Checkpoints under --cp: (1) 3 steps, stop, resume to 6 on the same 2 x 2 grid at ZeRO-1 equals 6
 # steps straight, byte for byte; (2) the step-3 checkpoint resumed on one data rank without --cp
-# continues the same run (the same batches: 2 data ranks read what one reads in 2 micro-steps).
+# continues the same run (the same batches: 2 data ranks read what one reads in 2 micro-steps), and so
+# does it on 2 stages x 2 context ranks; (3) a checkpoint written by 2 stages x 2 context ranks (ZeRO-1
+# shards of each stage over its context group) continues on 2 data x 2 context ranks.
 ck=(-e tiny -b 2 -t 32 -d 128 -k constant -l 1e-3 -c 0.1 -v 0 -s 0 -i "$dir/train_*.bin" -j "$dir/val_*.bin" -n 3 -z 1)
 run straight $mpirun -np 4 "$bin" "${ck[@]}" --cp 2 -x 6 -o "$dir/straight"
 run first $mpirun -np 4 "$bin" "${ck[@]}" --cp 2 -x 3 -o "$dir/resumed"
-mkdir -p "$dir/np1"
+mkdir -p "$dir/np1" "$dir/to_pp"
 cp "$dir/resumed/"*00000003* "$dir/np1/"
+cp "$dir/resumed/"*00000003* "$dir/to_pp/"
 run second $mpirun -np 4 "$bin" "${ck[@]}" --cp 2 -x 6 -o "$dir/resumed" -y
 same_checkpoint "--cp 2" "$dir/straight" "$dir/resumed" 6
 echo "--cp 2, 2 data ranks, ZeRO-1: 3 + 3 steps equal 6 steps byte for byte (model and state)"
 run np1 "$bin" "${ck[@]}" -x 6 -o "$dir/np1" -y
-continued_like straight "np1:2 data x 2 context -> 1 rank"
+run to_pp $mpirun -np 4 "$bin" "${ck[@]}" --cp 2 --pp 2 -x 6 -o "$dir/to_pp" -y
+run pp_first $mpirun -np 4 "$bin" "${ck[@]}" --cp 2 --pp 2 -x 3 -o "$dir/from_pp"
+run from_pp $mpirun -np 4 "$bin" "${ck[@]}" --cp 2 -x 6 -o "$dir/from_pp" -y
+continued_like straight "np1:2 data x 2 context -> 1 rank" "to_pp:2 data x 2 context -> 2 stages x 2 context" \
+  "from_pp:2 stages x 2 context (steps 1-3) -> 2 data x 2 context"
 
 # The plan: each rank's activations are those of T / cp tokens, plus the ring's buffers; the emulator's
 # peak is the plan (test_mpi_train's [cp] case).
@@ -70,7 +81,7 @@ PY
 refuse "--cp 2 splits each sequence into 2 x cp = 4 chunks (zigzag), which must divide -t 30" \
   "$bin" "${common[@]}" -t 30 --cp 2 --world-size 2 --dry-run
 refuse "--cp 2 does not divide the 3 ranks" $mpirun -np 3 "$bin" "${common[@]}" --cp 2
-refuse "--cp 2 does not compose with --pp yet" "$bin" "${common[@]}" --cp 2 --pp 2 --world-size 4 --dry-run
+refuse "--pp 2 x --cp 2 does not divide the 6 ranks" "$bin" "${common[@]}" --cp 2 --pp 2 --world-size 6 --dry-run
 refuse "--cp 2 runs the SIMT attention kernels" "$bin" "${common[@]}" --cp 2 --attention tc
 refuse "cannot go with --cp 2" "$bin" -e tiny --generate --cp 2
 refuse "-s/--sample-every cannot go with --cp 2 yet" $mpirun -np 2 "$bin" "${common[@]}" --cp 2 -s 3

@@ -615,12 +615,14 @@ TEST_CASE("tensor and pipeline parallelism follow a single-process run on the sa
 
 // Context parallelism (parallel/context.h): each sequence's tokens split over a context group in zigzag
 // chunks, keys and values passed around a ring; gradients reduced over data and context ranks together.
+// With pipeline stages (TRAIN_PP) every stage runs the ring over its layers' attention.
 TEST_CASE("context parallelism follows a single-process run on the same global batch", "[cp]") {
-    // T = 48: 2 cp chunks of 12 (cp 2) or 6 (cp 4), so the ring's spans cut through 32-row tiles.
-    const int cp = context_parallel, tp = tensor_parallel, sequences = 8, T = 48, steps = 5;
-    const GPT2Config config{64, 301, pad_vocab(301), 2, 4, 128};
-    REQUIRE(world.world_size % (cp * tp) == 0);
-    const int data_ranks = world.world_size / (cp * tp);
+    // T = 48: 2 cp chunks of 12 (cp 2) or 6 (cp 4), so the ring's spans cut through 32-row tiles. Over
+    // pipeline stages one layer more than stages, so the first holds two (an uneven split).
+    const int cp = context_parallel, tp = tensor_parallel, pp = pipeline_parallel, sequences = 8, T = 48, steps = 5;
+    const GPT2Config config{64, 301, pad_vocab(301), pp == 1 ? 2 : pp + 1, 4, 128};
+    REQUIRE(world.world_size % (cp * tp * pp) == 0);
+    const int data_ranks = world.world_size / (cp * tp * pp);
     REQUIRE(sequences % (data_ranks * accumulation) == 0);
     auto batches = masked_batches(sequences, T, 301, 77);
     // With documents (TRAIN_DOCS): token 7 ends a document, planted so that documents cross the ranks'
@@ -649,13 +651,21 @@ TEST_CASE("context parallelism follows a single-process run on the same global b
     const std::vector<double>& base_losses = single.losses;
     const std::vector<float>&base_norms = single.norms, &base = single.params, &base_grads = single.grads;
 
-    // world = data x context x tensor (TRAIN_TP): the data group, which reduces the gradients and shards
-    // ZeRO's state, spans data and context ranks; each context group reads one batch.
-    ParallelGroups groups = make_parallel_groups(world, tp, 1, cp);
+    // world = data x pipeline x context x tensor (TRAIN_PP, TRAIN_TP): the data group, which reduces the
+    // gradients and shards ZeRO's state, spans data and context ranks; each context group reads one batch.
+    ParallelGroups groups = make_parallel_groups(world, tp, pp, cp);
     const ProcessGroup& context = groups.context;
     options.context_parallel = cp;
     options.tensor_parallel = tp;
     options.sequence_parallel = tp_sequence_parallel;
+    options.pipeline_parallel = pp;
+    options.pipeline_stage = groups.pipeline.rank;
+    options.micro_batches_in_flight = simulate_pipeline(pp_schedule, pp, accumulation, 1).max_in_flight[size_t(groups.pipeline.rank)];
+    // The grid's arithmetic (part_of_rank, data_rank_of: what checkpoints and ZeRO's shards rely on)
+    // agrees with the groups the communicators were made for.
+    CHECK(part_of_rank(world.rank, tp, pp, 1, cp).stage == groups.pipeline.rank);
+    CHECK(part_of_rank(world.rank, tp, pp, 1, cp).tensor_rank == groups.tensor.rank);
+    CHECK(data_rank_of(world.rank, tp, pp, cp) == groups.data.rank);
     const int B = sequences / (data_ranks * accumulation), local_T = T / cp;
     const ZigzagLayout zigzag{T, cp};
 #ifndef __CUDACC__
@@ -663,8 +673,9 @@ TEST_CASE("context parallelism follows a single-process run on the same global b
     const size_t before = cuemu::memory_stats().current_bytes;
 #endif
     Trainer tr;
-    trainer_build(tr, groups.data, config, B, local_T, zero_stage, opt, options, groups.tensor, {}, context);
+    trainer_build(tr, groups.data, config, B, local_T, zero_stage, opt, options, groups.tensor, groups.pipeline, context);
     tr.model_mpi = groups.model_mpi;
+    tr.schedule = pp_schedule;
     gpt2_init_weights(tr.model, 5);
     trainer_start(tr);
     std::vector<float> grads;
@@ -698,9 +709,10 @@ TEST_CASE("context parallelism follows a single-process run on the same global b
     const TensorError param_err = tensor_error(whole, base);  // on the whole model's scale, as in the [tp] case
     const TensorError grad_err = grads.empty() ? TensorError{} : tensor_error(grads, base_grads);
     if (world.rank == 0)
-        std::printf("%d rank(s) = %d data x %d context x %d tensor%s%s, ZeRO-%d, %d micro-steps, recompute %s [%s] vs 1 rank: loss "
-                    "err %.2e, norm err %.2e, gradient err %.2e, parameter err %.2e%s\n",
-                    world.world_size, data_ranks, cp, tp, tp_sequence_parallel ? " (sequence parallel)" : "",
+        std::printf("%d rank(s) = %d data x %d pipeline (%s) x %d context x %d tensor%s%s, ZeRO-%d, %d micro-steps, recompute %s "
+                    "[%s] vs 1 rank: loss err %.2e, norm err %.2e, gradient err %.2e, parameter err %.2e%s\n",
+                    world.world_size, data_ranks, pp, pipeline_schedule_name(pp_schedule), cp, tp,
+                    tp_sequence_parallel ? " (sequence parallel)" : "",
                     cp_documents ? ", documents" : "", zero_stage,
                     accumulation, recompute_name(tp_recompute), kPrecisionName,
                     loss_err.value, norm_err.value, grads.empty() ? NAN : grad_err.value, param_err.value,

@@ -224,17 +224,21 @@ endforeach()
 
 # Context parallelism (the [cp] case of test_mpi_train.cu) against one process on the same global batch:
 # ranks, ZeRO stage, micro-batches per data rank, context ranks, recompute mode, tensor ranks, sequence
-# parallelism, documents (--doc-mask and --doc-positions, crossing the chunks). cp 2 and cp 4 alone, 2
-# data x 2 context ranks with ZeRO-1 and accumulation, ZeRO-2 with full recompute, cp 4 selective; 2
-# context x 2 tensor ranks with and without sequence parallelism, and 2 data x 2 context x 2 tensor (8
-# ranks) with ZeRO-1, accumulation and selective recompute; documents at cp 2, cp 4 (ZeRO-1, full
-# recompute) and 2 context x 2 tensor.
-set(context_parallel_configs "2,0,1,2,none,1,off,off" "4,0,1,4,none,1,off,off" "4,1,2,2,none,1,off,off"
-                             "2,2,1,2,full,1,off,off" "4,0,1,4,selective,1,off,off" "4,0,1,2,none,2,on,off"
-                             "4,1,1,2,full,2,off,off" "8,1,2,2,selective,2,on,off" "2,0,1,2,none,1,off,on"
-                             "4,1,2,4,full,1,off,on" "4,0,1,2,none,2,on,on")
+# parallelism, documents (--doc-mask and --doc-positions, crossing the chunks), pipeline stages and
+# schedule. cp 2 and cp 4 alone, 2 data x 2 context ranks with ZeRO-1 and accumulation, ZeRO-2 with full
+# recompute, cp 4 selective; 2 context x 2 tensor ranks with and without sequence parallelism, and 2 data
+# x 2 context x 2 tensor (8 ranks) with ZeRO-1, accumulation and selective recompute; documents at cp 2,
+# cp 4 (ZeRO-1, full recompute) and 2 context x 2 tensor. With pipeline stages: 2 context x 2 stages
+# (1F1B; AFAB with documents, ZeRO-1 and selective recompute), 2 data x 2 stages x 2 context, and 2
+# stages x 2 context x 2 tensor with sequence parallelism, ZeRO-2 and full recompute (4D but data).
+set(context_parallel_configs "2,0,1,2,none,1,off,off,1,-" "4,0,1,4,none,1,off,off,1,-" "4,1,2,2,none,1,off,off,1,-"
+                             "2,2,1,2,full,1,off,off,1,-" "4,0,1,4,selective,1,off,off,1,-" "4,0,1,2,none,2,on,off,1,-"
+                             "4,1,1,2,full,2,off,off,1,-" "8,1,2,2,selective,2,on,off,1,-" "2,0,1,2,none,1,off,on,1,-"
+                             "4,1,2,4,full,1,off,on,1,-" "4,0,1,2,none,2,on,on,1,-"
+                             "4,0,4,2,none,1,off,off,2,1f1b" "4,1,4,2,selective,1,off,on,2,afab"
+                             "8,1,2,2,none,1,off,off,2,1f1b" "8,2,4,2,full,2,on,off,2,1f1b")
 if(ASAN)
-  set(context_parallel_configs "2,0,1,2,none,1,off,on")
+  set(context_parallel_configs "2,0,1,2,none,1,off,on,1,-")
 endif()
 foreach(config IN LISTS context_parallel_configs)
   string(REPLACE "," ";" config "${config}")
@@ -246,7 +250,14 @@ foreach(config IN LISTS context_parallel_configs)
   list(GET config 5 tp)
   list(GET config 6 sp)
   list(GET config 7 docs)
+  list(GET config 8 pp)
+  list(GET config 9 schedule)
   set(layout "_cp${cp}")
+  if(pp GREATER 1)
+    set(layout "_pp${pp}_${schedule}${layout}")
+  else()
+    set(schedule "1f1b")
+  endif()
   if(tp GREATER 1)
     set(layout "${layout}_tp${tp}")
     if(sp STREQUAL "on")
@@ -257,7 +268,7 @@ foreach(config IN LISTS context_parallel_configs)
     set(layout "${layout}_docs")
   endif()
   add_train_test(${np} "${layout}_zero${zero}_accum${accum}_${recompute}"
-                 "TRAIN_ZERO=${zero};TRAIN_ACCUM=${accum};TRAIN_CP=${cp};TRAIN_RECOMPUTE=${recompute};TRAIN_TP=${tp};TRAIN_SEQUENCE_PARALLEL=${sp};TRAIN_DOCS=${docs}")
+                 "TRAIN_ZERO=${zero};TRAIN_ACCUM=${accum};TRAIN_CP=${cp};TRAIN_RECOMPUTE=${recompute};TRAIN_TP=${tp};TRAIN_SEQUENCE_PARALLEL=${sp};TRAIN_DOCS=${docs};TRAIN_PP=${pp};TRAIN_PP_SCHEDULE=${schedule}")
 endforeach()
 
 # Resume through the program: bitwise equal to an uninterrupted run, and on a different rank count.
