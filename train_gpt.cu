@@ -1708,26 +1708,6 @@ inline void forward_token_losses(GPT2& m, const int* inputs, const int* targets,
     from_last_stage(m, losses, size_t(B) * T);
 }
 
-// The logits over the real vocabulary at the last of n tokens (an inference forward pass).
-// Under tensor parallelism every rank of the group calls it: each holds its vocabulary's columns, and
-// the group gathers the row.
-inline std::vector<float> next_token_logits(GPT2& m, const int* tokens, int n) {
-    const int Vr = vocab_rows_per_rank(m.config, m.tensor.size);
-    std::vector<floatX> row(size_t(Vr) * m.tensor.size);
-    gpt2_forward(m, tokens, nullptr, 1, n, 0.0f);
-    // gpt2_forward without targets returns with the logits still being computed on m.stream.
-    // This rank's columns go to its place in the row (the in-place all-gather sends them from there).
-    if (m.options.last_stage())
-        copy_and_wait(m, row.data() + size_t(m.tensor.rank) * Vr, m.acts.logits + size_t(n - 1) * Vr, Vr * sizeof(floatX),
-                      cudaMemcpyDeviceToHost);
-    from_last_stage(m, row.data(), row.size());  // (tensor parallelism does not run with pipeline stages)
-    if (m.tensor.size > 1)
-        MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, row.data(), int(Vr * sizeof(floatX)), MPI_BYTE, m.tensor.mpi));
-    std::vector<float> logits(m.config.vocab_size);
-    for (size_t v = 0; v < logits.size(); ++v) logits[v] = to_float(row[v]);
-    return logits;
-}
-
 // Context parallelism: this rank's rows (parallel/context.h's zigzag chunks) of B whole sequences of T
 // token ids or targets.
 inline std::vector<int> context_rows(const int* whole, int B, int T, const ContextRing& ring) {
@@ -1735,6 +1715,43 @@ inline std::vector<int> context_rows(const int* whole, int B, int T, const Conte
     std::vector<int> mine(size_t(B) * z.local_length(ring.rank));
     zigzag_rows(mine.data(), whole, B, z, ring.rank);
     return mine;
+}
+
+// The logits over the real vocabulary at the last of n tokens (an inference forward pass).
+// Under tensor parallelism every rank of the group calls it: each holds its vocabulary's columns, and
+// the group gathers the row. Under context parallelism every rank of the context group calls it (n up
+// to the whole sequence of T cp tokens): the rank holding position n - 1 shares its row.
+inline std::vector<float> next_token_logits(GPT2& m, const int* tokens, int n) {
+    const int Vr = vocab_rows_per_rank(m.config, m.tensor.size);
+    std::vector<floatX> row(size_t(Vr) * m.tensor.size);
+    ZigzagLayout::Row last{0, n - 1};  // the context rank and local row of position n - 1
+    if (m.context.size > 1) {
+        // The ring runs whole sequences (parallel/context.h): the n tokens, then padding, which the causal
+        // mask keeps from them, dealt out in zigzag chunks like a training batch.
+        const ZigzagLayout z{m.max_tokens * m.context.size, m.context.size};
+        std::vector<int> whole(size_t(z.T), 0);
+        std::copy(tokens, tokens + n, whole.begin());
+        const std::vector<int> rows = context_rows(whole.data(), 1, z.T, m.context);
+        gpt2_forward(m, rows.data(), nullptr, 1, m.max_tokens, 0.0f);
+        last = z.row_of(n - 1);
+    } else {
+        gpt2_forward(m, tokens, nullptr, 1, n, 0.0f);
+    }
+    // gpt2_forward without targets returns with the logits still being computed on m.stream.
+    // This rank's columns go to its place in the row (the in-place all-gather sends them from there).
+    floatX* mine = row.data() + size_t(m.tensor.rank) * Vr;
+    if (m.options.last_stage()) {
+        if (last.rank == m.context.rank)
+            copy_and_wait(m, mine, m.acts.logits + size_t(last.row) * Vr, Vr * sizeof(floatX), cudaMemcpyDeviceToHost);
+        if (m.context.size > 1)
+            MPI_CHECK(MPI_Bcast(mine, int(Vr * sizeof(floatX)), MPI_BYTE, last.rank, m.context.mpi));
+    }
+    from_last_stage(m, row.data(), row.size());  // each stage's tensor rank t: the last stage's columns of t
+    if (m.tensor.size > 1)
+        MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, row.data(), int(Vr * sizeof(floatX)), MPI_BYTE, m.tensor.mpi));
+    std::vector<float> logits(m.config.vocab_size);
+    for (size_t v = 0; v < logits.size(); ++v) logits[v] = to_float(row[v]);
+    return logits;
 }
 
 // The model as evaluation calls it (host/evaluation.h: validation loss, HellaSwag, sampling).
@@ -1754,9 +1771,34 @@ inline EvaluatedModel evaluated_model(Trainer& tr) {
             },
             [&tr, &m](const int* inputs, const int* targets, int b, int t, float* losses) {
                 progress(tr, "HellaSwag", tr.optimizer.step);
-                forward_token_losses(m, inputs, targets, b, t, losses);
+                if (m.context.size == 1) return forward_token_losses(m, inputs, targets, b, t, losses);
+                // The ring runs whole sequences: b rows of t tokens padded to T cp (no targets there), dealt
+                // out; every rank's token losses gathered back into sequence order.
+                const ZigzagLayout z{m.max_tokens * m.context.size, m.context.size};
+                std::vector<int> whole_inputs(size_t(b) * z.T, 0), whole_targets(size_t(b) * z.T, -1);
+                for (int r = 0; r < b; ++r) {
+                    std::copy(inputs + size_t(r) * t, inputs + size_t(r + 1) * t, whole_inputs.begin() + ptrdiff_t(r) * z.T);
+                    std::copy(targets + size_t(r) * t, targets + size_t(r + 1) * t, whole_targets.begin() + ptrdiff_t(r) * z.T);
+                }
+                const std::vector<int> mine = context_rows(whole_inputs.data(), b, z.T, m.context),
+                                       mine_targets = context_rows(whole_targets.data(), b, z.T, m.context);
+                const size_t local = size_t(b) * m.max_tokens;  // every rank's (T is a multiple of 2 cp)
+                std::vector<float> all(local * size_t(m.context.size)), whole(size_t(b) * z.T);
+                forward_token_losses(m, mine.data(), mine_targets.data(), b, m.max_tokens, all.data() + local * size_t(m.context.rank));
+                MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, all.data(), int(local), MPI_FLOAT, m.context.mpi));
+                for (int r = 0; r < m.context.size; ++r) unzigzag_rows(whole.data(), all.data() + local * size_t(r), b, z, r);
+                for (int r = 0; r < b; ++r)
+                    std::copy(whole.begin() + ptrdiff_t(r) * z.T, whole.begin() + ptrdiff_t(r) * z.T + t, losses + size_t(r) * t);
             },
-            [&m](const int* tokens, int n) { return next_token_logits(m, tokens, n); }, m.max_tokens};
+            [&m](const int* tokens, int n) { return next_token_logits(m, tokens, n); },
+            // A window of up to the whole sequence; under --cp every rank of the context group runs it, and
+            // they keep context rank 0's draw (their generators need not agree). The context group runs each
+            // sequence together (sampling, HellaSwag).
+            m.max_tokens * m.context.size, m.context.size,
+            [&m](int token) {
+                if (m.context.size > 1) MPI_CHECK(MPI_Bcast(&token, 1, MPI_INT, 0, m.context.mpi));
+                return token;
+            }};
 }
 
 // Collective over data rank 0's tensor x pipeline ranks (the others return at once): the whole model's

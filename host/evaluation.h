@@ -39,13 +39,15 @@ inline double mean_validation_loss(DataLoader& val, int batches, int B, int T, c
     return total > 0 ? all_ranks_sum(d, sum) / double(total) : 0.0;
 }
 
-// HellaSwag accuracy over every rank: each scores its share of the examples (host/hellaswag.h).
+// HellaSwag accuracy over every rank: each group of `sequence_ranks` consecutive ranks (one rank, or a
+// context group) scores its share of the examples (host/hellaswag.h), counted once.
 inline HellaSwagResult hellaswag_all_ranks(const HellaSwagSet& set, int B, int T, const Distributed& d,
-                                           const HellaSwagForward& forward_losses) {
-    HellaSwagResult r = hellaswag_evaluate(set, B, T, d.rank, d.world_size, forward_losses);
-    r.correct = all_ranks_sum(d, r.correct);
-    r.total = all_ranks_sum(d, r.total);
-    r.skipped = all_ranks_sum(d, r.skipped);
+                                           const HellaSwagForward& forward_losses, int sequence_ranks = 1) {
+    HellaSwagResult r = hellaswag_evaluate(set, B, T, d.rank / sequence_ranks, d.world_size / sequence_ranks, forward_losses);
+    const bool counts = d.rank % sequence_ranks == 0;
+    r.correct = all_ranks_sum(d, counts ? r.correct : 0LL);
+    r.total = all_ranks_sum(d, counts ? r.total : 0LL);
+    r.skipped = all_ranks_sum(d, counts ? r.skipped : 0LL);
     return r;
 }
 
@@ -68,33 +70,21 @@ struct Evaluation {
     std::optional<HellaSwagSet> hellaswag;
     std::optional<Tokenizer> tokenizer;
     Rng sample_rng{0};
-    bool sample = true;  // --sample-every applies (off under context parallelism: see evaluation_of)
 };
 
 // Opens the run's evaluation data; every validation token is checked against the vocabulary first.
 // Two defaults give way with a one-line note (rank 0) instead of an error: validation when -v was not
 // given and no shard matches -j, and the sample length when -g exceeds -t - 1. Validation batches are
 // split over `batch_ranks` readers (the ranks of `d` but with --cp, whose context groups share theirs).
-// Under --cp, sampling and HellaSwag, which run sequences of their own lengths on one rank or on each,
-// are not available: an explicit -s or -h is an error, the default -s gives way with a note.
+// Under --cp each context group runs HellaSwag's rows and the samples' windows together, padded to -t
+// (EvaluatedModel).
 inline Evaluation evaluation_of(const RunConfig& rc, const Distributed& d, int vocab_size, int batch_rank, int batch_ranks) {
     Evaluation e;
-    if (rc.cp > 1) {
-        const std::string cp = "--cp " + std::to_string(rc.cp);
-        if (!rc.hellaswag.empty()) throw std::runtime_error("-h/--hellaswag cannot go with " + cp + " yet: its rows are not split");
-        if (rc.sample_every > 0 && rc.was_given("sample-every"))
-            throw std::runtime_error("-s/--sample-every cannot go with " + cp + " yet: sampling runs on one rank (--generate "
-                                     "samples from the run's checkpoint)");
-        if (rc.sample_every > 0 && d.rank == 0)
-            std::printf("note: no samples during training with %s (sampling runs on one rank; --generate samples from "
-                        "the run's checkpoint)\n", cp.c_str());
-        e.sample = false;
-    }
     const bool no_val_shards = rc.val_every > 0 && !rc.was_given("val-every") && !any_file_matches(rc.val_data);
     if (no_val_shards && d.rank == 0)
         std::printf("note: no validation shard matches -j/--val-data '%s': validation is off (an explicit -v makes "
                     "this an error)\n", rc.val_data.c_str());
-    if (rc.sample_every > 0 && rc.cp == 1 && rc.gen_tokens > rc.seq_len - 1 && d.rank == 0)
+    if (rc.sample_every > 0 && rc.gen_tokens > rc.seq_len - 1 && d.rank == 0)
         std::printf("note: samples are %d tokens, not -g/--gen-tokens %d: a sample fits one -t/--seq-len %d window\n",
                     rc.seq_len - 1, rc.gen_tokens, rc.seq_len);
     if (rc.val_every > 0 && !no_val_shards) {
@@ -115,6 +105,11 @@ struct EvaluatedModel {
     // The logits over the real vocabulary at the last of n tokens (n <= max_tokens).
     std::function<std::vector<float>(const int* tokens, int n)> next_token_logits;
     int max_tokens = 0;
+    // Ranks that run each sequence together (a context group, --cp): consecutive ranks of the evaluation's
+    // group call token_losses and next_token_logits with the same rows. A sample is drawn by the first
+    // `sequence_ranks`, each token the first rank's (shared_token; none: no exchange).
+    int sequence_ranks = 1;
+    std::function<int(int token)> shared_token;
 };
 
 // `count` tokens generated after an end-of-text token `eot`, each drawn from the logits at the last
@@ -125,24 +120,26 @@ inline std::vector<int> sample_tokens(const EvaluatedModel& model, int eot, int 
     for (int i = 0; i < count; ++i) {
         const int window = std::min<int>(int(tokens.size()), model.max_tokens);
         const std::vector<float> logits = model.next_token_logits(tokens.data() + tokens.size() - window, window);
-        tokens.push_back(sample_from_logits(logits, settings, rng));
+        const int token = sample_from_logits(logits, settings, rng);
+        tokens.push_back(model.shared_token ? model.shared_token(token) : token);
     }
     return std::vector<int>(tokens.begin() + 1, tokens.end());
 }
 
 // After step `done` (`last`: the run's last step): the validation loss and HellaSwag every --val-every
 // steps and after the last step (every rank takes part), a sample every --sample-every steps and
-// after the last step (rank 0 only), each logged; after the last, the command that plots the log.
+// after the last step (rank 0, with its context group under --cp), each logged; after the last, the
+// command that plots the log.
 inline void evaluate_when_due(const RunConfig& rc, Evaluation& e, const EvaluatedModel& model, RunLog& log,
                               const Distributed& d, int64_t done, bool last) {
     const int B = rc.batch_size, T = rc.seq_len;
     if (e.val && (done % rc.val_every == 0 || last))  // e.val is set only when val_every > 0
         log.val(done, mean_validation_loss(*e.val, rc.val_batches, B, T, d, model.batch_loss));
     if (e.hellaswag && ((rc.val_every > 0 && done % rc.val_every == 0) || last)) {
-        const HellaSwagResult hs = hellaswag_all_ranks(*e.hellaswag, B, T, d, model.token_losses);
+        const HellaSwagResult hs = hellaswag_all_ranks(*e.hellaswag, B, T, d, model.token_losses, model.sequence_ranks);
         log.hellaswag(done, hs.accuracy(), hs.correct, hs.total, hs.skipped);
     }
-    if (e.sample && rc.sample_every > 0 && (done % rc.sample_every == 0 || last) && d.rank == 0) {
+    if (rc.sample_every > 0 && (done % rc.sample_every == 0 || last) && d.rank < model.sequence_ranks) {
         const std::vector<int> tokens = sample_tokens(model, e.tokenizer ? e.tokenizer->eot_token() : 50256,
                                                       std::min(rc.gen_tokens, rc.seq_len - 1), sampling_settings_of(rc),
                                                       e.sample_rng);

@@ -62,6 +62,16 @@ struct ZigzagLayout {
         const int a = first_length(rank);
         return t < a ? chunk_begin(first_chunk(rank)) + t : chunk_begin(second_chunk(rank)) + (t - a);
     }
+    // Where sequence position p (0 <= p < T) lies: its rank and local row there (position's inverse).
+    struct Row {
+        int rank, row;
+    };
+    Row row_of(int p) const {
+        int chunk = 0;
+        while (chunk_begin(chunk + 1) <= p) ++chunk;
+        const int rank = chunk < cp ? chunk : 2 * cp - 1 - chunk;
+        return {rank, p - chunk_begin(chunk) + (chunk == first_chunk(rank) ? 0 : first_length(rank))};
+    }
 };
 
 // "" when training with --cp cp can split sequences of T tokens (-t), else why not.

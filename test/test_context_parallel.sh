@@ -17,22 +17,44 @@ require_ranks 4
 
 python3 "$(dirname "$0")/make_shards.py" "$dir" 13 20000
 common=(-e tiny -b 2 -t 32 -x 6 -l 1e-3 -v 3 -m 2 -i "$dir/train_*.bin" -j "$dir/val_*.bin")
-run one "$bin" "${common[@]}" -s 0
-run cp2 $mpirun -np 2 "$bin" "${common[@]}" --cp 2
+run one "$bin" "${common[@]}" -s 3 -g 12
+run cp2 $mpirun -np 2 "$bin" "${common[@]}" -s 3 -g 12 --cp 2
 run dp2 $mpirun -np 2 "$bin" "${common[@]}" -s 0
 run dp2_cp2 $mpirun -np 4 "$bin" "${common[@]}" --cp 2
 run tp2_cp2 $mpirun -np 4 "$bin" "${common[@]}" --cp 2 --tp 2
 run pp2_cp2 $mpirun -np 4 "$bin" "${common[@]}" --cp 2 --pp 2
 grep -q "context parallel: --cp 2, each rank holds 16 of every sequence's 32 tokens" "$dir/cp2.log" \
   || { cat "$dir/cp2.log"; echo "FAIL: --cp 2 does not announce its split"; exit 1; }
-grep -q "note: no samples during training with --cp 2" "$dir/cp2.log" \
-  || { cat "$dir/cp2.log"; echo "FAIL: --cp 2 does not say that the default samples are off"; exit 1; }
 # The same tokens per step, the same losses within 2e-4 (BF16: the ring's partial outputs are merged in
 # FP32 but the other ranks' keys are rounded activations like the rank's own; measured <= 3e-5).
 series_follow one cp2 2e-4 "2 context ranks"
+# Samples: drawn by the context group (each window padded to -t), as many as one rank's, 12 tokens each.
+# The tokens may differ where BF16 rounding moves a draw (test_mpi_train's [cp] case checks the logits).
+python3 - "$dir/one.log" "$dir/cp2.log" <<'PY'
+import sys
+one, cp2 = ([l for l in open(p) if l.startswith("sample: ")] for p in sys.argv[1:])
+assert len(cp2) == len(one) == 2, f"FAIL: {len(cp2)} samples with --cp 2, {len(one)} on one rank (want 2: steps 3 and 6)"
+assert all(len(l.split()) == 13 for l in cp2), f"FAIL: --cp 2 samples are not 12 tokens: {cp2}"
+same = sum(a == b for a, b in zip(one, cp2))
+print(f"--cp 2 printed {len(cp2)} samples of 12 tokens ({same} identical to one rank's)")
+PY
 series_follow dp2 dp2_cp2 2e-4 "2 data x 2 context ranks"
 series_follow one tp2_cp2 2e-4 "2 context x 2 tensor ranks (sequence parallel)"
 series_follow one pp2_cp2 2e-4 "2 stages x 2 context ranks"
+
+# HellaSwag: each context group scores its share of the examples, every row padded to -t and its token
+# losses gathered back (test_mpi_train's [cp] case checks those losses); the same examples are scored,
+# once each, on 1 and on 2 data x 2 context ranks.
+hs=(-s 0 -x 3 -h "$(dirname "$0")/fixtures/hellaswag_tiny.bin")
+run one_hs "$bin" "${common[@]}" "${hs[@]}" -o "$dir/one_hs"
+run cp2_hs $mpirun -np 4 "$bin" "${common[@]}" "${hs[@]}" --cp 2 -o "$dir/cp2_hs"
+python3 - "$dir/one_hs/metrics.jsonl" "$dir/cp2_hs/metrics.jsonl" <<'PY'
+import json, sys
+one, cp2 = ([r for r in map(json.loads, open(p)) if "hellaswag_examples" in r] for p in sys.argv[1:])
+assert len(one) == len(cp2) == 1 and one[0]["step"] == cp2[0]["step"] == 3, f"FAIL: HellaSwag records {one} vs {cp2}"
+assert one[0]["hellaswag_examples"] == cp2[0]["hellaswag_examples"] == 3, f"FAIL: examples scored {one} vs {cp2}"
+print(f"HellaSwag: 3 examples scored on 2 data x 2 context ranks ({cp2[0]['hellaswag_correct']} correct; {one[0]['hellaswag_correct']} on one rank)")
+PY
 
 # Checkpoints under --cp: (1) 3 steps, stop, resume to 6 on the same 2 x 2 grid at ZeRO-1 equals 6
 # steps straight, byte for byte; (2) the step-3 checkpoint resumed on one data rank without --cp
@@ -84,5 +106,4 @@ refuse "--cp 2 does not divide the 3 ranks" $mpirun -np 3 "$bin" "${common[@]}" 
 refuse "--pp 2 x --cp 2 does not divide the 6 ranks" "$bin" "${common[@]}" --cp 2 --pp 2 --world-size 6 --dry-run
 refuse "--cp 2 runs the SIMT attention kernels" "$bin" "${common[@]}" --cp 2 --attention tc
 refuse "cannot go with --cp 2" "$bin" -e tiny --generate --cp 2
-refuse "-s/--sample-every cannot go with --cp 2 yet" $mpirun -np 2 "$bin" "${common[@]}" --cp 2 -s 3
 echo PASS

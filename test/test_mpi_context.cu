@@ -84,7 +84,7 @@ RingResults run_ring(const std::vector<floatX>& qkv_whole, const std::vector<flo
 
 }  // namespace
 
-TEST_CASE("zigzag layout: every position on exactly one rank, the causal work balanced") {
+TEST_CASE("zigzag layout: every position on exactly one rank and found there, the causal work balanced") {
     for (const int cp : {1, 2, 3, 4, 8})
         for (const int T : {16, 37, 64, 1000, 1024}) {
             CAPTURE(cp, T);
@@ -95,6 +95,8 @@ TEST_CASE("zigzag layout: every position on exactly one rank, the causal work ba
                 double pairs = 0;  // causal (query, key) pairs of the rank's queries: position + 1 each
                 for (int t = 0; t < z.local_length(r); ++t) {
                     CHECK(seen.insert(z.position(r, t)).second);
+                    const ZigzagLayout::Row back = z.row_of(z.position(r, t));  // the inverse (sampling's last row)
+                    CHECK((back.rank == r && back.row == t));
                     pairs += z.position(r, t) + 1;
                     if (t > 0) CHECK(z.position(r, t) > z.position(r, t - 1));  // local order is position order
                 }
