@@ -1717,6 +1717,28 @@ inline std::vector<int> context_rows(const int* whole, int B, int T, const Conte
     return mine;
 }
 
+// forward_token_losses of B rows of T tokens (T up to the whole sequence), every rank of a context group
+// together under --cp: the ring runs whole sequences, so the rows are padded to T cp (no targets there)
+// and dealt out, and every rank's token losses are gathered back into sequence order (HellaSwag).
+inline void sequence_token_losses(GPT2& m, const int* inputs, const int* targets, int B, int T, float* losses) {
+    if (m.context.size == 1) return forward_token_losses(m, inputs, targets, B, T, losses);
+    const ZigzagLayout z{m.max_tokens * m.context.size, m.context.size};
+    std::vector<int> whole_inputs(size_t(B) * z.T, 0), whole_targets(size_t(B) * z.T, -1);
+    for (int r = 0; r < B; ++r) {
+        std::copy(inputs + size_t(r) * T, inputs + size_t(r + 1) * T, whole_inputs.begin() + ptrdiff_t(r) * z.T);
+        std::copy(targets + size_t(r) * T, targets + size_t(r + 1) * T, whole_targets.begin() + ptrdiff_t(r) * z.T);
+    }
+    const std::vector<int> mine = context_rows(whole_inputs.data(), B, z.T, m.context),
+                           mine_targets = context_rows(whole_targets.data(), B, z.T, m.context);
+    const size_t local = size_t(B) * m.max_tokens;  // every rank's (T cp is a multiple of 2 cp)
+    std::vector<float> all(local * size_t(m.context.size)), whole(size_t(B) * z.T);
+    forward_token_losses(m, mine.data(), mine_targets.data(), B, m.max_tokens, all.data() + local * size_t(m.context.rank));
+    MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, all.data(), int(local), MPI_FLOAT, m.context.mpi));
+    for (int r = 0; r < m.context.size; ++r) unzigzag_rows(whole.data(), all.data() + local * size_t(r), B, z, r);
+    for (int r = 0; r < B; ++r)
+        std::copy(whole.begin() + ptrdiff_t(r) * z.T, whole.begin() + ptrdiff_t(r) * z.T + T, losses + size_t(r) * T);
+}
+
 // The logits over the real vocabulary at the last of n tokens (an inference forward pass).
 // Under tensor parallelism every rank of the group calls it: each holds its vocabulary's columns, and
 // the group gathers the row. Under context parallelism every rank of the context group calls it (n up
@@ -1771,24 +1793,7 @@ inline EvaluatedModel evaluated_model(Trainer& tr) {
             },
             [&tr, &m](const int* inputs, const int* targets, int b, int t, float* losses) {
                 progress(tr, "HellaSwag", tr.optimizer.step);
-                if (m.context.size == 1) return forward_token_losses(m, inputs, targets, b, t, losses);
-                // The ring runs whole sequences: b rows of t tokens padded to T cp (no targets there), dealt
-                // out; every rank's token losses gathered back into sequence order.
-                const ZigzagLayout z{m.max_tokens * m.context.size, m.context.size};
-                std::vector<int> whole_inputs(size_t(b) * z.T, 0), whole_targets(size_t(b) * z.T, -1);
-                for (int r = 0; r < b; ++r) {
-                    std::copy(inputs + size_t(r) * t, inputs + size_t(r + 1) * t, whole_inputs.begin() + ptrdiff_t(r) * z.T);
-                    std::copy(targets + size_t(r) * t, targets + size_t(r + 1) * t, whole_targets.begin() + ptrdiff_t(r) * z.T);
-                }
-                const std::vector<int> mine = context_rows(whole_inputs.data(), b, z.T, m.context),
-                                       mine_targets = context_rows(whole_targets.data(), b, z.T, m.context);
-                const size_t local = size_t(b) * m.max_tokens;  // every rank's (T is a multiple of 2 cp)
-                std::vector<float> all(local * size_t(m.context.size)), whole(size_t(b) * z.T);
-                forward_token_losses(m, mine.data(), mine_targets.data(), b, m.max_tokens, all.data() + local * size_t(m.context.rank));
-                MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, all.data(), int(local), MPI_FLOAT, m.context.mpi));
-                for (int r = 0; r < m.context.size; ++r) unzigzag_rows(whole.data(), all.data() + local * size_t(r), b, z, r);
-                for (int r = 0; r < b; ++r)
-                    std::copy(whole.begin() + ptrdiff_t(r) * z.T, whole.begin() + ptrdiff_t(r) * z.T + t, losses + size_t(r) * t);
+                sequence_token_losses(m, inputs, targets, b, t, losses);
             },
             [&m](const int* tokens, int n) { return next_token_logits(m, tokens, n); },
             // A window of up to the whole sequence; under --cp every rank of the context group runs it, and
