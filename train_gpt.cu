@@ -1708,6 +1708,9 @@ inline void forward_token_losses(GPT2& m, const int* inputs, const int* targets,
     from_last_stage(m, losses, size_t(B) * T);
 }
 
+// The whole sequences the model's context group runs: T cp positions, T on each rank (parallel/context.h).
+inline ZigzagLayout sequence_layout(const GPT2& m) { return {m.max_tokens * m.context.size, m.context.size}; }
+
 // Context parallelism: this rank's rows (parallel/context.h's zigzag chunks) of B whole sequences of T
 // token ids or targets.
 inline std::vector<int> context_rows(const int* whole, int B, int T, const ContextRing& ring) {
@@ -1716,20 +1719,22 @@ inline std::vector<int> context_rows(const int* whole, int B, int T, const Conte
     zigzag_rows(mine.data(), whole, B, z, ring.rank);
     return mine;
 }
+// The same of B rows of T <= T cp tokens (evaluation's own lengths) padded with `fill` to whole sequences
+// of the model's T cp: the ring runs nothing shorter, and the causal mask keeps the padding from the tokens.
+inline std::vector<int> padded_context_rows(const GPT2& m, const int* rows, int B, int T, int fill) {
+    const int whole_T = sequence_layout(m).T;
+    std::vector<int> whole(size_t(B) * whole_T, fill);
+    for (int r = 0; r < B; ++r) std::copy(rows + size_t(r) * T, rows + size_t(r + 1) * T, whole.begin() + ptrdiff_t(r) * whole_T);
+    return context_rows(whole.data(), B, whole_T, m.context);
+}
 
 // forward_token_losses of B rows of T tokens (T up to the whole sequence), every rank of a context group
-// together under --cp: the ring runs whole sequences, so the rows are padded to T cp (no targets there)
-// and dealt out, and every rank's token losses are gathered back into sequence order (HellaSwag).
+// together under --cp: the rows padded to whole sequences (no targets there) and dealt out, and every
+// rank's token losses gathered back into sequence order (HellaSwag).
 inline void sequence_token_losses(GPT2& m, const int* inputs, const int* targets, int B, int T, float* losses) {
     if (m.context.size == 1) return forward_token_losses(m, inputs, targets, B, T, losses);
-    const ZigzagLayout z{m.max_tokens * m.context.size, m.context.size};
-    std::vector<int> whole_inputs(size_t(B) * z.T, 0), whole_targets(size_t(B) * z.T, -1);
-    for (int r = 0; r < B; ++r) {
-        std::copy(inputs + size_t(r) * T, inputs + size_t(r + 1) * T, whole_inputs.begin() + ptrdiff_t(r) * z.T);
-        std::copy(targets + size_t(r) * T, targets + size_t(r + 1) * T, whole_targets.begin() + ptrdiff_t(r) * z.T);
-    }
-    const std::vector<int> mine = context_rows(whole_inputs.data(), B, z.T, m.context),
-                           mine_targets = context_rows(whole_targets.data(), B, z.T, m.context);
+    const ZigzagLayout z = sequence_layout(m);
+    const std::vector<int> mine = padded_context_rows(m, inputs, B, T, 0), mine_targets = padded_context_rows(m, targets, B, T, -1);
     const size_t local = size_t(B) * m.max_tokens;  // every rank's (T cp is a multiple of 2 cp)
     std::vector<float> all(local * size_t(m.context.size)), whole(size_t(B) * z.T);
     forward_token_losses(m, mine.data(), mine_targets.data(), B, m.max_tokens, all.data() + local * size_t(m.context.rank));
@@ -1747,15 +1752,10 @@ inline std::vector<float> next_token_logits(GPT2& m, const int* tokens, int n) {
     const int Vr = vocab_rows_per_rank(m.config, m.tensor.size);
     std::vector<floatX> row(size_t(Vr) * m.tensor.size);
     ZigzagLayout::Row last{0, n - 1};  // the context rank and local row of position n - 1
-    if (m.context.size > 1) {
-        // The ring runs whole sequences (parallel/context.h): the n tokens, then padding, which the causal
-        // mask keeps from them, dealt out in zigzag chunks like a training batch.
-        const ZigzagLayout z{m.max_tokens * m.context.size, m.context.size};
-        std::vector<int> whole(size_t(z.T), 0);
-        std::copy(tokens, tokens + n, whole.begin());
-        const std::vector<int> rows = context_rows(whole.data(), 1, z.T, m.context);
+    if (m.context.size > 1) {  // the n tokens padded to a whole sequence and dealt out like a training batch
+        const std::vector<int> rows = padded_context_rows(m, tokens, 1, n, 0);
         gpt2_forward(m, rows.data(), nullptr, 1, m.max_tokens, 0.0f);
-        last = z.row_of(n - 1);
+        last = sequence_layout(m).row_of(n - 1);
     } else {
         gpt2_forward(m, tokens, nullptr, 1, n, 0.0f);
     }
@@ -1782,7 +1782,7 @@ inline EvaluatedModel evaluated_model(Trainer& tr) {
     return {[&tr, &m](const int* inputs, const int* targets) {
                 progress(tr, "validation", tr.optimizer.step);
                 if (m.context.size > 1) {  // B x T cp whole sequences: this rank's rows of them
-                    const int T = m.max_tokens * m.context.size;
+                    const int T = sequence_layout(m).T;
                     const std::vector<int> mine = context_rows(inputs, m.max_batch, T, m.context),
                                            mine_targets = context_rows(targets, m.max_batch, T, m.context);
                     const double sum = gpt2_forward(m, mine.data(), mine_targets.data(), m.max_batch, m.max_tokens, 0.0f);
@@ -1799,7 +1799,7 @@ inline EvaluatedModel evaluated_model(Trainer& tr) {
             // A window of up to the whole sequence; under --cp every rank of the context group runs it, and
             // they keep context rank 0's draw (their generators need not agree). The context group runs each
             // sequence together (sampling, HellaSwag).
-            m.max_tokens * m.context.size, m.context.size,
+            sequence_layout(m).T, m.context.size,
             [&m](int token) {
                 if (m.context.size > 1) MPI_CHECK(MPI_Bcast(&token, 1, MPI_INT, 0, m.context.mpi));
                 return token;
@@ -1881,8 +1881,7 @@ inline RunPlan plan_run(const RunConfig& rc, const Distributed& dist) {
     if (const std::string problem = context_parallel_problem(rc.seq_len, rc.cp); !problem.empty())
         throw std::runtime_error(problem);
     if (p.data_ranks % rc.cp != 0)
-        throw std::runtime_error(((rc.tp > 1 || rc.pp > 1) ? model_parallel_flags(rc.tp, rc.pp) + " x " : std::string()) +
-                                 "--cp " + std::to_string(rc.cp) + " does not divide the " + std::to_string(p.world) +
+        throw std::runtime_error(model_parallel_flags(rc.tp, rc.pp, rc.cp) + " does not divide the " + std::to_string(p.world) +
                                  " ranks (--world-size or those launched): world = data x " + (rc.pp > 1 ? "pipeline x " : "") +
                                  "context" + (rc.tp > 1 ? " x tensor" : ""));
     p.batch_ranks = p.data_ranks / rc.cp;
@@ -1920,8 +1919,8 @@ inline RunPlan plan_run(const RunConfig& rc, const Distributed& dist) {
 inline void print_pipeline_schedule(const RunConfig& rc, const Distributed& dist) {
     const int world = planned_world_size(rc, dist.world_size), model_ranks = rc.tp * rc.pp * rc.cp;
     if (world % model_ranks != 0)
-        throw std::runtime_error(model_parallel_flags(rc.tp, rc.pp) + (rc.cp > 1 ? " x --cp " + std::to_string(rc.cp) : "") +
-                                 " does not divide the " + std::to_string(world) + " ranks (--world-size or those launched)");
+        throw std::runtime_error(model_parallel_flags(rc.tp, rc.pp, rc.cp) + " does not divide the " + std::to_string(world) +
+                                 " ranks (--world-size or those launched)");
     const int data_ranks = world / model_ranks;  // each reads its own batches (a context group shares one)
     const int micro_batches = int(total_batch_tokens_for(rc, data_ranks) / (int64_t(rc.batch_size) * rc.seq_len * data_ranks));
     const std::string table = pipeline_schedule_table(pipeline_schedule_of(rc.pp_schedule), rc.pp, micro_batches, rc.pp_virtual);

@@ -281,10 +281,13 @@ inline std::vector<std::vector<T>> gather_model_parts(MPI_Comm mpi, const std::v
     return locals;
 }
 
-// "--tp 2", "--pp 4" or "--tp 2 x --pp 4": the flags that split each copy of the model (messages).
-inline std::string model_parallel_flags(int tp, int pp) {
-    const std::string t = "--tp " + std::to_string(tp), p = "--pp " + std::to_string(pp);
-    return pp == 1 ? t : tp == 1 ? p : t + " x " + p;
+// "--tp 2", "--pp 4", "--tp 2 x --pp 4 x --cp 2", ...: the flags above 1 that split the model and its
+// sequences (messages; "--tp 1" when none is).
+inline std::string model_parallel_flags(int tp, int pp, int cp = 1) {
+    std::string flags;
+    for (const auto& [flag, n] : {std::pair<const char*, int>{"--tp ", tp}, {"--pp ", pp}, {"--cp ", cp}})
+        if (n > 1) flags += (flags.empty() ? "" : " x ") + std::string(flag) + std::to_string(n);
+    return flags.empty() ? "--tp " + std::to_string(tp) : flags;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -311,8 +314,7 @@ inline ParallelGroups make_parallel_groups(const Distributed& world, int tp, int
         return g;
     }
     if (world.world_size % (tp * pp * cp) != 0)
-        throw TrainGptError(model_parallel_flags(tp, pp) + (cp > 1 ? " x --cp " + std::to_string(cp) : "") +
-                            " does not divide the " + std::to_string(world.world_size) +
+        throw TrainGptError(model_parallel_flags(tp, pp, cp) + " does not divide the " + std::to_string(world.world_size) +
                             " ranks launched (world = data x pipeline x context x tensor)");
     GridCoordinates shape;
     shape.tensor = tp;
