@@ -446,8 +446,8 @@ inline std::string gpt2_check_build(const GPT2Config& config, int B, int T, int 
         if (problem.empty() && int64_t(T) * options.context_parallel > config.max_seq_len)
             problem = "model: --cp " + std::to_string(options.context_parallel) + " x T = " + std::to_string(T) +
                       " exceeds max_seq_len = " + std::to_string(config.max_seq_len);
-        if (problem.empty() && (options.attention == Attention::tc || options.inference))
-            problem = "model: context parallelism runs the SIMT attention, for training";
+        if (problem.empty() && options.inference)
+            problem = "model: context parallelism splits training's sequences; an inference model runs on one rank";
     }
     if (problem.empty() && (zero_stage < 0 || zero_stage > 2))
         problem = "model: ZeRO stage " + std::to_string(zero_stage) + " is not one of 0, 1, 2";
@@ -625,6 +625,7 @@ inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int 
             label_device_memory(ring.kv[i], kv_bytes, i == 0 ? "context_kv[0]" : "context_kv[1]");
             label_device_memory(ring.dkv[i], dkv_bytes, i == 0 ? "context_dkv[0]" : "context_dkv[1]");
         }
+        ring.tensor_cores = options.attention == Attention::tc;  // the kernels of every ring step
         context_ring_start(ring);
     }
     select_micro_batch(model, 0);
@@ -1867,9 +1868,8 @@ inline RunPlan plan_run(const RunConfig& rc, const Distributed& dist) {
     p.world = planned_world_size(rc, dist.world_size);
     p.config = with_shape_flags(model_config_of(rc.model, rc.seq_len, &p.checkpoint), rc.layers, rc.heads, rc.channels,
                                 p.checkpoint);
-    // Context parallelism's ring steps run the SIMT kernels (parallel/context.h); --cp refuses --attention tc.
     p.options = {.recompute = recompute_of(rc.recompute),
-                 .attention = rc.cp > 1 ? Attention::simt : attention_of(rc.attention, kEmulatedDevice),
+                 .attention = attention_of(rc.attention, kEmulatedDevice),
                  .doc_mask = rc.doc_mask, .doc_positions = rc.doc_positions, .matmul_autotune = rc.matmul_autotune,
                  .cuda_graphs = rc.cuda_graphs == "on" && rc.pp == 1 && rc.cp == 1, .tensor_parallel = rc.tp,
                  .sequence_parallel = rc.tp > 1 && rc.sequence_parallel != "off", .pipeline_parallel = rc.pp,

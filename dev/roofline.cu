@@ -166,8 +166,7 @@ int main(int argc, char** argv) {
     ModelOptions options;
     try {
         config = with_shape_flags(model_config_of(o.model, o.T, &checkpoint), o.layers, o.heads, o.channels, checkpoint);
-        // An H100's choice; --cp runs the SIMT kernels (parallel/context.h).
-        options = {recompute_of(o.recompute), o.cp > 1 ? Attention::simt : attention_of(o.attention, false)};
+        options = {recompute_of(o.recompute), attention_of(o.attention, false)};  // an H100's choice
         o.attention = attention_name(options.attention);  // "auto" resolved, as printed and in the JSON
     } catch (const std::exception& e) {
         usage_error(e.what());

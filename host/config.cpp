@@ -346,9 +346,6 @@ inline void validate(const RunConfig& c) {
                                           std::to_string(c.tp));
     require(c.cp == 1 || !c.generate, flag("generate") + " runs one sequence on one rank: it cannot go with " + flag("cp") +
                                           " " + std::to_string(c.cp));
-    require(c.cp == 1 || c.attention != "tc",
-            flag("cp") + " " + std::to_string(c.cp) + " runs the SIMT attention kernels (" + flag("attention") +
-                " simt; auto picks them): the tensor-core kernels have no ring steps yet");
     require(c.sequence_parallel != "on" || c.tp > 1,
             flag("sequence-parallel") + " on splits the tokens over the tensor ranks: it needs " + flag("tp") + " > 1");
     require(c.pp_virtual == 1 || c.pp_schedule == "interleaved",

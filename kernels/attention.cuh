@@ -162,11 +162,13 @@ template <int HS_MAX> struct RowShare {
 __device__ inline float row_max(float v) { return warp_xor_chain<MaxOp, 1, 2>(v); }
 __device__ inline float row_sum(float v) { return warp_xor_chain<AddOp, 1, 2>(v); }
 
-// Key tiles a query tile starting at q0 sees: those starting at or before the last key its last query
-// sees (fully masked tiles are never loaded). key_lead is at most Tk (the launchers clamp it).
-__device__ inline int span_key_tiles(int q0, const AttentionSpan& s) {
-    const int last_key = min(min(q0 + kTile, s.Tq) - 1 + s.key_lead, s.Tk - 1);
-    return last_key / kTile + 1;
+// Key tiles (of `tile` keys) that `rows` queries from q0 see: those starting at or before the last key
+// their last query sees (fully masked tiles are never loaded). key_lead is at most Tk (the launchers
+// clamp it). Also the tensor-core kernels', with their tile sizes, and the launch costs'.
+__host__ __device__ inline int span_key_tiles(int q0, const AttentionSpan& s, int rows = kTile, int tile = kTile) {
+    const int last_query = (q0 + rows < s.Tq ? q0 + rows : s.Tq) - 1;
+    const int last_key = last_query + s.key_lead < s.Tk - 1 ? last_query + s.key_lead : s.Tk - 1;
+    return last_key / tile + 1;
 }
 // The first query tile (kTile-aligned) with a query that sees key k0.
 __device__ inline int span_first_query_tile(int k0, const AttentionSpan& s) { return max(0, k0 - s.key_lead) / kTile * kTile; }
@@ -526,7 +528,7 @@ inline double kept_pairs(const AttentionSpan& s) {
 }
 inline double swept_pairs(const AttentionSpan& s) {
     double tiles = 0;
-    for (int q0 = 0; q0 < s.Tq; q0 += kTile) tiles += ceil_div(std::min(std::min(q0 + kTile, s.Tq) - 1 + s.key_lead, s.Tk - 1) + 1, kTile);
+    for (int q0 = 0; q0 < s.Tq; q0 += kTile) tiles += span_key_tiles(q0, s);
     return double(kTile) * kTile * tiles;
 }
 

@@ -1,9 +1,11 @@
 // Causal multi-head self-attention on tensor cores: FlashAttention-2 (Dao 2023, "FlashAttention-2",
 // Algorithms 1 and 2) on mma.sync m16n8k16 with bf16 operands and FP32 accumulation
 // (kernels/tensor_core.cuh). Same launcher arguments, layouts and results as the SIMT kernels of
-// attention.cuh: qkv (B, T, 3C), out (B, T, C), lse (B, NH, T) float, dqkv written (not
-// accumulated), backward scratch D = rowsum(dO * O) of (B, NH, T) floats, computed by
-// attention.cuh's rowdot kernel.
+// attention.cuh: qkv (B, T, 3C), out (B, T, C), lse (B, NH, T) float, dqkv written, backward scratch
+// D = rowsum(dO * O) of (B, NH, T) floats, computed by attention.cuh's rowdot kernel. And, like them,
+// over a span (AttentionSpan: queries [0, Tq) against keys [0, Tk), query t seeing key k <= t +
+// key_lead; query- and key-side arrays apart), out, dq and dk|dv in floatX or float and the gradients
+// written or accumulated: context parallelism's ring steps (parallel/context.h).
 //
 // A block is 4 warps; each warp owns 16-row fragments (queries in the forward and dQ kernels, keys
 // in the dK/dV kernel): two in the forward up to head size 64 (128-query blocks, as FlashAttention-2),
@@ -12,7 +14,8 @@
 // register, the A operand of the next product (P V, dS K, ...), so P and dS never touch shared
 // memory. The streamed operand (K and V tiles, or Q and dO tiles for dK/dV) is double-buffered in
 // shared memory with cp.async; ldmatrix feeds every B operand (.trans where the product needs the
-// tile's rows as its k dimension). Key tiles after a query tile's last query are never loaded.
+// tile's rows as its k dimension). Key tiles after the last key a query tile's last query sees are
+// never loaded.
 // No atomics: dK/dV iterate over query tiles per key block, dQ over key tiles per query block.
 //
 // Document masking (doc_start non-null; attention.cuh's rules and helpers): query t sees key k only
@@ -28,6 +31,7 @@
 // otherwise. Head sizes 16, 32, 64 and 128 (compile-time, so fragment arrays stay in registers).
 #pragma once
 
+#include <algorithm>
 #include <string>
 #include <type_traits>
 
@@ -184,25 +188,62 @@ __device__ inline void mma_p_b_rows(float (&acc)[F][N / 8][4], const float (&p)[
     }
 }
 
-// scale * acc (the warp's 16 x HS accumulator) as bf16 into its 16 shared-memory rows at rows, then
-// those of the 16 rows that lie below T to dst (row r at dst + (row0 + r) * dst_stride), 16 bytes
-// at a time. Only this warp may use the rows.
-template <int HS>
-__device__ inline void store_warp_rows(bf16* dst, size_t dst_stride, bf16* rows, const float (&acc)[HS / 8][4],
-                                       const float (&scale)[2], int row0, int T) {
+// scale * acc (the warp's 16 x HS accumulator) to those of its 16 rows that lie below T at dst (row r
+// at dst + (row0 + r) * dst_stride), written, or with `accumulate` added to what dst holds; 16 bytes
+// per access.
+//  - bf16: staged in the warp's 16 shared-memory rows at `rows` (only this warp may use them), then
+//    copied out 8 values at a time (accumulated: the staged bf16 added to dst's and rounded again).
+//  - float (context parallelism's partial outputs and sums): straight from the registers. Lanes t and
+//    t^1 of a quad swap halves with one shuffle per value pair, so that each lane holds four adjacent
+//    columns of one row: even t those of row g (its own c0, c1 and its neighbour's), odd t those of
+//    row g + 8 (its neighbour's c2, c3 and its own).
+template <int HS, typename Dst>
+__device__ inline void store_warp_rows(Dst* dst, size_t dst_stride, bf16* rows, const float (&acc)[HS / 8][4],
+                                       const float (&scale)[2], int row0, int T, bool accumulate = false) {
     const int lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
-    TC_UNROLL
-    for (int n = 0; n < HS / 8; ++n) {
-        *reinterpret_cast<__nv_bfloat162*>(rows + g * kLd<HS> + 8 * n + 2 * t) =
-            __floats2bfloat162_rn(acc[n][0] * scale[0], acc[n][1] * scale[0]);
-        *reinterpret_cast<__nv_bfloat162*>(rows + (g + 8) * kLd<HS> + 8 * n + 2 * t) =
-            __floats2bfloat162_rn(acc[n][2] * scale[1], acc[n][3] * scale[1]);
-    }
-    __syncwarp();
-    constexpr int kChunks = HS / 8;
-    for (int i = lane; i < kWarpRows * kChunks; i += 32) {
-        const int r = i / kChunks, c = (i % kChunks) * 8;
-        if (row0 + r < T) store128(dst + size_t(row0 + r) * dst_stride + c, load128(rows + r * kLd<HS> + c));
+    if constexpr (std::is_same_v<Dst, float>) {
+        const bool odd = (t & 1) != 0;
+        const int row = row0 + g + (odd ? 8 : 0), col = 2 * (t & ~1);
+        const float s = odd ? scale[1] : scale[0];
+        float* to = dst + size_t(row) * dst_stride + col;  // formed only for rows below T
+        TC_UNROLL
+        for (int n = 0; n < HS / 8; ++n) {
+            const float lo = __shfl_xor_sync(0xffffffffu, odd ? acc[n][0] : acc[n][2], 1);
+            const float hi = __shfl_xor_sync(0xffffffffu, odd ? acc[n][1] : acc[n][3], 1);
+            Packed128<float> v;
+            v[0] = s * (odd ? lo : acc[n][0]);
+            v[1] = s * (odd ? hi : acc[n][1]);
+            v[2] = s * (odd ? acc[n][2] : lo);
+            v[3] = s * (odd ? acc[n][3] : hi);
+            if (row < T) {
+                if (accumulate) {
+                    const Packed128<float> before = load128(to + 8 * n);
+                    for (int k = 0; k < 4; ++k) v[k] += before[k];
+                }
+                store128(to + 8 * n, v);
+            }
+        }
+    } else {
+        TC_UNROLL
+        for (int n = 0; n < HS / 8; ++n) {
+            *reinterpret_cast<__nv_bfloat162*>(rows + g * kLd<HS> + 8 * n + 2 * t) =
+                __floats2bfloat162_rn(acc[n][0] * scale[0], acc[n][1] * scale[0]);
+            *reinterpret_cast<__nv_bfloat162*>(rows + (g + 8) * kLd<HS> + 8 * n + 2 * t) =
+                __floats2bfloat162_rn(acc[n][2] * scale[1], acc[n][3] * scale[1]);
+        }
+        __syncwarp();
+        constexpr int kChunks = HS / 8;
+        for (int i = lane; i < kWarpRows * kChunks; i += 32) {
+            const int r = i / kChunks, c = (i % kChunks) * 8;
+            if (row0 + r >= T) continue;
+            bf16* to = dst + size_t(row0 + r) * dst_stride + c;
+            Packed128<bf16> v = load128(rows + r * kLd<HS> + c);
+            if (accumulate) {
+                const Packed128<bf16> before = load128(to);
+                for (int k = 0; k < Packed128<bf16>::size; ++k) v[k] = from_float<bf16>(to_float(before[k]) + to_float(v[k]));
+            }
+            store128(to, v);
+        }
     }
 }
 
@@ -210,15 +251,17 @@ __device__ inline void store_warp_rows(bf16* dst, size_t dst_stride, bf16* rows,
 
 // ---------------------------------------------------------------------------------------------
 // Forward: grid (query blocks, NH, B). Per key tile: S = q k^T / sqrt(hs) (masked where key >
-// query), m' = max(m, rowmax S), P = exp(S - m'), l' = l exp(m - m') + rowsum P,
+// query + key_lead), m' = max(m, rowmax S), P = exp(S - m'), l' = l exp(m - m') + rowsum P,
 // O' = O exp(m - m') + P V; at the end O / l and lse = m + log l (FlashAttention-2, Algorithm 1).
+// A row that sees no key of the span (documents under context parallelism) gets out 0, lse -inf.
 
-template <int HS>
+template <int HS, typename Out>
 static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
-    attention_tc_forward_kernel(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, const int* doc_start, int T,
-                                int C, int NH) {
+    attention_tc_forward_kernel(Out* out, float* lse, const __nv_bfloat16* q, const __nv_bfloat16* kv,
+                                const int* doc_start, AttentionSpan span, int C, int NH) {
     using namespace attention_tc_detail;
     constexpr int ld = kLd<HS>, kKeys = kForwardKeys<HS>, F = kForwardFrags<HS>, kRows = kForwardRows<HS>;
+    const int Tq = span.Tq, Tk = span.Tk, lead = span.key_lead;
     const int q0 = (int(gridDim.x) - 1 - int(blockIdx.x)) * kRows;  // longest causal rows first
     const int h = int(blockIdx.y), b = int(blockIdx.z);
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
@@ -228,16 +271,16 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
     bf16* k_tiles = q_tile + kRows * ld;        // [2][kKeys][ld]
     bf16* v_tiles = k_tiles + 2 * kKeys * ld;   // [2][kKeys][ld]
 
-    const size_t stride = 3 * size_t(C);
-    const bf16* q_src = qkv + size_t(b) * T * stride + h * HS;
-    const bf16* k_src = q_src + C;
-    const bf16* v_src = q_src + 2 * C;
-    const int* doc_row = doc_start != nullptr ? doc_start + size_t(b) * T : nullptr;
+    const size_t q_stride = 3 * size_t(C), kv_stride = size_t(span.kv_stride);
+    const bf16* q_src = q + size_t(b) * span.q_seq * q_stride + h * HS;
+    const bf16* k_src = kv + size_t(b) * span.kv_seq * kv_stride + h * HS;
+    const bf16* v_src = k_src + C;
+    const int* doc_row = doc_start != nullptr ? doc_start + size_t(b) * span.q_seq : nullptr;
     const int first_tile = attention_detail::first_key_tile(doc_row, q0, kKeys);
-    const int key_tiles = (min(q0 + kRows, T) + kKeys - 1) / kKeys;  // up to the block's last query
-    load_rows_async<HS, kRows>(q_tile, q_src, stride, q0, T);
-    load_rows_async<HS, kKeys>(k_tiles + (first_tile % 2) * kKeys * ld, k_src, stride, first_tile * kKeys, T);
-    load_rows_async<HS, kKeys>(v_tiles + (first_tile % 2) * kKeys * ld, v_src, stride, first_tile * kKeys, T);
+    const int key_tiles = attention_detail::span_key_tiles(q0, span, kRows, kKeys);  // up to the block's last query's
+    load_rows_async<HS, kRows>(q_tile, q_src, q_stride, q0, Tq);
+    load_rows_async<HS, kKeys>(k_tiles + (first_tile % 2) * kKeys * ld, k_src, kv_stride, first_tile * kKeys, Tk);
+    load_rows_async<HS, kKeys>(v_tiles + (first_tile % 2) * kKeys * ld, v_src, kv_stride, first_tile * kKeys, Tk);
     cp_async_commit();
 
     // The softmax runs in base 2 with the scale folded into the exponent (FlashAttention-2): maxima
@@ -251,16 +294,17 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
     TC_UNROLL
     for (int f = 0; f < F; ++f) {
         row0[f] = warp_row0 + f * kWarpRows + lane / 4;
-        first_key[f][0] = attention_detail::first_visible_key(doc_row, row0[f], T);
-        first_key[f][1] = attention_detail::first_visible_key(doc_row, row0[f] + 8, T);
+        first_key[f][0] = attention_detail::first_visible_key(doc_row, row0[f], Tq);
+        first_key[f][1] = attention_detail::first_visible_key(doc_row, row0[f] + 8, Tq);
     }
     // Only tiles the masks cut need the per-score tests (FlashAttention-2 masks only the diagonal
     // block): a tile is visible in full to the warp's rows when its last key is at or before the
-    // warp's first row and its first key at or after every row's first visible key.
-    // A tile that none of the warp's rows sees (past its last row, or before every row's document)
-    // is skipped by the warp: with 128-row blocks the block's key tiles reach past the first warps'
-    // rows, and a block can span documents.
-    int lane_first_key = 0, lane_min_first_key = T;
+    // last key the warp's first row sees (row + key_lead, below Tk) and its first key at or after
+    // every row's first visible key.
+    // A tile that none of the warp's rows sees (past its last row's last key, or before every row's
+    // document) is skipped by the warp: with 128-row blocks the block's key tiles reach past the first
+    // warps' rows, and a block can span documents.
+    int lane_first_key = 0, lane_min_first_key = Tk;
     TC_UNROLL
     for (int f = 0; f < F; ++f) {
         lane_first_key = max(lane_first_key, max(first_key[f][0], first_key[f][1]));
@@ -268,7 +312,8 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
     }
     const int warp_first_key = int(warp_max(float(lane_first_key)));             // exact: keys < 2^24
     const int warp_min_first_key = int(-warp_max(-float(lane_min_first_key)));  // the minimum
-    const int warp_last_row = warp_row0 + F * kWarpRows - 1;
+    const int warp_first_last_key = min(warp_row0 + lead, Tk - 1);                 // of its first row
+    const int warp_last_last_key = min(warp_row0 + F * kWarpRows - 1 + lead, Tk - 1);  // of its last
     float o[F][HS / 8][4] = {};
     float m[F][2], l[F][2];  // l: this lane's share of the row sums
     TC_UNROLL
@@ -276,8 +321,8 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
     for (int kt = first_tile; kt < key_tiles; ++kt) {
         if (kt + 1 < key_tiles) {  // prefetch the next tile into the other buffer
             const int next = (kt + 1) % 2;
-            load_rows_async<HS, kKeys>(k_tiles + next * kKeys * ld, k_src, stride, (kt + 1) * kKeys, T);
-            load_rows_async<HS, kKeys>(v_tiles + next * kKeys * ld, v_src, stride, (kt + 1) * kKeys, T);
+            load_rows_async<HS, kKeys>(k_tiles + next * kKeys * ld, k_src, kv_stride, (kt + 1) * kKeys, Tk);
+            load_rows_async<HS, kKeys>(v_tiles + next * kKeys * ld, v_src, kv_stride, (kt + 1) * kKeys, Tk);
             cp_async_commit();
             cp_async_wait<1>();  // this thread's copies of tile kt are done
         } else {
@@ -287,13 +332,13 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
         const bf16* k_tile = k_tiles + (kt % 2) * kKeys * ld;
         const bf16* v_tile = v_tiles + (kt % 2) * kKeys * ld;
         // Warp-uniform; the one barrier below stays outside the branch.
-        if (kt * kKeys <= warp_last_row && kt * kKeys + kKeys - 1 >= warp_min_first_key) {
+        if (kt * kKeys <= warp_last_last_key && kt * kKeys + kKeys - 1 >= warp_min_first_key) {
             float s[F][kKeys / 8][4] = {};
             mma_a_bt_rows<F, kKeys, HS>(s, q_tile + warp * F * kWarpRows * ld, k_tile, ld);
             float tile_max[F][2];
             TC_UNROLL
             for (int f = 0; f < F; ++f) tile_max[f][0] = tile_max[f][1] = -INFINITY;
-            if (kt * kKeys + kKeys - 1 > warp_row0 || kt * kKeys < warp_first_key) {  // warp-uniform
+            if (kt * kKeys + kKeys - 1 > warp_first_last_key || kt * kKeys < warp_first_key) {  // warp-uniform
                 TC_UNROLL
                 for (int f = 0; f < F; ++f) {
                     TC_UNROLL
@@ -301,7 +346,8 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
                         TC_UNROLL
                         for (int i = 0; i < 4; ++i) {
                             const int key = kt * kKeys + 8 * n + 2 * (lane % 4) + (i & 1);
-                            if (!(first_key[f][i / 2] <= key && key <= row0[f] + 8 * (i / 2))) s[f][n][i] = -INFINITY;
+                            const bool visible = first_key[f][i / 2] <= key && key - lead <= row0[f] + 8 * (i / 2) && key < Tk;
+                            if (!visible) s[f][n][i] = -INFINITY;
                             tile_max[f][i / 2] = fmaxf(tile_max[f][i / 2], s[f][n][i]);
                         }
                     }
@@ -349,6 +395,12 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
         }
         __syncthreads();  // tile kt's buffers are refilled by the next iteration's prefetch
     }
+    // A span's query block may see no key tile at all (documents under context parallelism): then no
+    // barrier of the loop ordered the q rows' loads, by every thread, before a warp stages its output.
+    if (first_tile >= key_tiles) {
+        cp_async_wait<0>();
+        __syncthreads();
+    }
 
     TC_UNROLL
     for (int f = 0; f < F; ++f) {
@@ -356,14 +408,15 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
         TC_UNROLL
         for (int r = 0; r < 2; ++r) {
             l[f][r] = attention_detail::row_sum(l[f][r]);
-            inv_l[r] = 1.0f / l[f][r];
+            inv_l[r] = l[f][r] > 0.0f ? 1.0f / l[f][r] : 0.0f;
             const int row = row0[f] + 8 * r;
-            if (lane % 4 == 0 && row < T)
-                lse[(size_t(b) * NH + h) * T + row] = fmaf(m[f][r], scale_log2, log2f(l[f][r])) * kLn2;
+            if (lane % 4 == 0 && row < Tq)
+                lse[(size_t(b) * NH + h) * span.q_seq + row] =
+                    l[f][r] > 0.0f ? fmaf(m[f][r], scale_log2, log2f(l[f][r])) * kLn2 : -INFINITY;
         }
-        // The warp's own q rows (only it read them) stage the output.
-        store_warp_rows<HS>(out + size_t(b) * T * C + h * HS, size_t(C), q_tile + (warp * F + f) * kWarpRows * ld, o[f],
-                            inv_l, warp_row0 + f * kWarpRows, T);
+        // The warp's own q rows (only it read them) stage a bf16 output.
+        store_warp_rows<HS>(out + size_t(b) * span.q_seq * C + h * HS, size_t(C), q_tile + (warp * F + f) * kWarpRows * ld,
+                            o[f], inv_l, warp_row0 + f * kWarpRows, Tq);
     }
 }
 
@@ -372,15 +425,17 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
 // dV = P^T dO, dP = dO V^T, dS = P * (dP - D) where D = rowsum(dO * O), dQ = dS K / sqrt(hs),
 // dK = dS^T Q / sqrt(hs).
 
-// dK, dV: grid (key blocks, NH, B). Each warp owns 16 keys and streams the query tiles at or after
-// the key block (the ones the causal mask lets see it) up to the first query whose document starts
-// after the block's last key, computing S^T = K Q^T and dP^T = V dO^T.
-template <int HS>
+// dK, dV: grid (key blocks, NH, B). Each warp owns 16 keys and streams the query tiles from the first
+// query that sees the key block (k0 - key_lead; causal: k0) up to the first query whose document
+// starts after the block's last key, computing S^T = K Q^T and dP^T = V dO^T.
+template <int HS, typename Grad>
 static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
-    attention_tc_backward_dkdv_kernel(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* qkv,
-                                      const float* lse, const float* D, const int* doc_start, int T, int C, int NH) {
+    attention_tc_backward_dkdv_kernel(Grad* dkv, int dkv_stride, const __nv_bfloat16* dout, const __nv_bfloat16* q,
+                                      const __nv_bfloat16* kv, const float* lse, const float* D, const int* doc_start,
+                                      AttentionSpan span, int C, int NH, bool accumulate) {
     using namespace attention_tc_detail;
     constexpr int ld = kLd<HS>, kQueries = kDkdvQueries<HS>;
+    const int Tq = span.Tq, Tk = span.Tk, lead = span.key_lead;
     const int k0 = int(blockIdx.x) * kBlockRows;  // the first key blocks see the most queries: first
     const int h = int(blockIdx.y), b = int(blockIdx.z);
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
@@ -393,39 +448,43 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
     float* lse_rows = reinterpret_cast<float*>(dout_tiles + 2 * kQueries * ld);  // [2][kQueries], base 2
     float* d_rows = lse_rows + 2 * kQueries;                                    // [2][kQueries]
 
-    const size_t stride = 3 * size_t(C);
-    const bf16* q_src = qkv + size_t(b) * T * stride + h * HS;
-    const bf16* dout_src = dout + size_t(b) * T * C + h * HS;
-    const float* lse_src = lse + (size_t(b) * NH + h) * T;
-    const float* d_src = D + (size_t(b) * NH + h) * T;
-    const int* doc_row = doc_start != nullptr ? doc_start + size_t(b) * T : nullptr;
-    // Query tile `tile` (positions k0 + tile * kQueries ..) into buffer tile % 2: q and dO by cp.async
-    // (the caller commits), lse and D by plain loads (published by the next __syncthreads).
+    const size_t q_stride = 3 * size_t(C), kv_stride = size_t(span.kv_stride);
+    const bf16* q_src = q + size_t(b) * span.q_seq * q_stride + h * HS;
+    const bf16* k_src = kv + size_t(b) * span.kv_seq * kv_stride + h * HS;
+    const bf16* dout_src = dout + size_t(b) * span.q_seq * C + h * HS;
+    const float* lse_src = lse + (size_t(b) * NH + h) * span.q_seq;
+    const float* d_src = D + (size_t(b) * NH + h) * span.q_seq;
+    const int* doc_row = doc_start != nullptr ? doc_start + size_t(b) * span.q_seq : nullptr;
+    // The first query that may see key k (k - key_lead), within [0, Tq]: where the searches start.
+    const auto first_query = [&](int key) { return min(max(key - lead, 0), Tq); };
+    const int query_begin = first_query(k0);
+    // Query tile `tile` (queries query_begin + tile * kQueries ..) into buffer tile % 2: q and dO by
+    // cp.async (the caller commits), lse and D by plain loads (published by the next __syncthreads).
     auto load_query_tile = [&](int tile) {
-        const int q0 = k0 + tile * kQueries, buf = tile % 2;
-        load_rows_async<HS, kQueries>(q_tiles + buf * kQueries * ld, q_src, stride, q0, T);
-        load_rows_async<HS, kQueries>(dout_tiles + buf * kQueries * ld, dout_src, size_t(C), q0, T);
+        const int q0 = query_begin + tile * kQueries, buf = tile % 2;
+        load_rows_async<HS, kQueries>(q_tiles + buf * kQueries * ld, q_src, q_stride, q0, Tq);
+        load_rows_async<HS, kQueries>(dout_tiles + buf * kQueries * ld, dout_src, size_t(C), q0, Tq);
         const int r = int(threadIdx.x) % kQueries;
-        if (int(threadIdx.x) < kQueries) lse_rows[buf * kQueries + r] = q0 + r < T ? lse_src[q0 + r] * kLog2e : 0.0f;
-        else if (int(threadIdx.x) < 2 * kQueries) d_rows[buf * kQueries + r] = q0 + r < T ? d_src[q0 + r] : 0.0f;
+        if (int(threadIdx.x) < kQueries) lse_rows[buf * kQueries + r] = q0 + r < Tq ? lse_src[q0 + r] * kLog2e : 0.0f;
+        else if (int(threadIdx.x) < 2 * kQueries) d_rows[buf * kQueries + r] = q0 + r < Tq ? d_src[q0 + r] : 0.0f;
     };
-    load_rows_async<HS, kBlockRows>(k_tile, q_src + C, stride, k0, T);
-    load_rows_async<HS, kBlockRows>(v_tile, q_src + 2 * C, stride, k0, T);
+    load_rows_async<HS, kBlockRows>(k_tile, k_src, kv_stride, k0, Tk);
+    load_rows_async<HS, kBlockRows>(v_tile, k_src + C, kv_stride, k0, Tk);
     load_query_tile(0);
     cp_async_commit();
 
     const float scale = 1.0f / sqrtf(float(HS)), scale_log2 = scale * kLog2e;
     const int key0 = k0 + warp * kWarpRows + lane / 4;  // this lane's keys: key0 and key0 + 8
-    // Where the queries that see each of them end (<= T; T without document masking).
-    const int key_query_end[2] = {attention_detail::visible_query_end(doc_row, min(key0, T), key0, T),
-                                  attention_detail::visible_query_end(doc_row, min(key0 + 8, T), key0 + 8, T)};
-    // Tiles the masks do not cut skip the per-score tests: every query of the tile at or after the
-    // warp's last key and before the first end of visible queries among its keys.
+    // Where the queries that see each of them end (<= Tq; Tq without document masking).
+    const int key_query_end[2] = {attention_detail::visible_query_end(doc_row, first_query(key0), key0, Tq),
+                                  attention_detail::visible_query_end(doc_row, first_query(key0 + 8), key0 + 8, Tq)};
+    // Tiles the masks do not cut skip the per-score tests: every query of the tile sees the warp's last
+    // key (query + key_lead at or after it) and comes before the first end of visible queries among its keys.
     const int warp_key0 = k0 + warp * kWarpRows;
     const int warp_query_end = int(-warp_max(-float(min(key_query_end[0], key_query_end[1]))));  // the minimum
     float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
-    const int query_end = attention_detail::visible_query_end(doc_row, k0, min(k0 + kBlockRows, T) - 1, T);
-    const int query_tiles = (query_end - k0 + kQueries - 1) / kQueries;
+    const int query_end = attention_detail::visible_query_end(doc_row, query_begin, min(k0 + kBlockRows, Tk) - 1, Tq);
+    const int query_tiles = max(query_end - query_begin, 0) / kQueries + (max(query_end - query_begin, 0) % kQueries != 0);
     for (int tile = 0; tile < query_tiles; ++tile) {
         if (tile + 1 < query_tiles) {
             load_query_tile(tile + 1);
@@ -435,20 +494,20 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
             cp_async_wait<0>();
         }
         __syncthreads();
-        const int q0 = k0 + tile * kQueries, buf = tile % 2;
+        const int q0 = query_begin + tile * kQueries, buf = tile % 2;
         const bf16* q_tile = q_tiles + buf * kQueries * ld;
         const bf16* dout_tile = dout_tiles + buf * kQueries * ld;
 
         float p[kQueries / 8][4] = {}, ds[kQueries / 8][4] = {};  // transposed: [key][query]
         mma_a_bt<kQueries, HS>(p, k_tile + warp * kWarpRows * ld, q_tile, ld);
         mma_a_bt<kQueries, HS>(ds, v_tile + warp * kWarpRows * ld, dout_tile, ld);
-        if (q0 < warp_key0 + kWarpRows - 1 || q0 + kQueries > warp_query_end) {  // warp-uniform
+        if (q0 + lead < warp_key0 + kWarpRows - 1 || q0 + kQueries > warp_query_end) {  // warp-uniform
             TC_UNROLL
             for (int n = 0; n < kQueries / 8; ++n) {
                 TC_UNROLL
                 for (int i = 0; i < 4; ++i) {
                     const int col = 8 * n + 2 * (lane % 4) + (i & 1), query = q0 + col;
-                    const bool visible = key0 + 8 * (i / 2) <= query && query < key_query_end[i / 2];
+                    const bool visible = key0 + 8 * (i / 2) - lead <= query && query < key_query_end[i / 2];
                     p[n][i] = visible ? exp2_ftz(fmaf(p[n][i], scale_log2, -lse_rows[buf * kQueries + col])) : 0.0f;
                     ds[n][i] = p[n][i] * (ds[n][i] - d_rows[buf * kQueries + col]);
                 }
@@ -468,20 +527,30 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
         mma_p_b<HS, kQueries>(dk, ds, q_tile, ld);
         __syncthreads();  // buffer `buf` is refilled by the next iteration's prefetch
     }
+    // A span's keys that no query sees ran no loop iteration: order every thread's loads of the k and v
+    // rows before a warp stages its results there.
+    if (query_tiles == 0) {
+        cp_async_wait<0>();
+        __syncthreads();
+    }
     const float dk_scale[2] = {scale, scale}, dv_scale[2] = {1.0f, 1.0f};
-    bf16* head_dst = dqkv + size_t(b) * T * stride + h * HS;
-    store_warp_rows<HS>(head_dst + C, stride, k_tile + warp * kWarpRows * ld, dk, dk_scale, warp_key0, T);
-    store_warp_rows<HS>(head_dst + 2 * C, stride, v_tile + warp * kWarpRows * ld, dv, dv_scale, warp_key0, T);
+    Grad* head_dst = dkv + size_t(b) * span.kv_seq * dkv_stride + h * HS;
+    store_warp_rows<HS>(head_dst, size_t(dkv_stride), k_tile + warp * kWarpRows * ld, dk, dk_scale, warp_key0, Tk,
+                        accumulate);
+    store_warp_rows<HS>(head_dst + C, size_t(dkv_stride), v_tile + warp * kWarpRows * ld, dv, dv_scale, warp_key0, Tk,
+                        accumulate);
 }
 
 // dQ: grid (query blocks, NH, B). Each warp owns 16 queries and streams the key tiles the causal
 // and document masks let them see, as the forward pass does.
-template <int HS>
+template <int HS, typename Grad>
 static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
-    attention_tc_backward_dq_kernel(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* qkv,
-                                    const float* lse, const float* D, const int* doc_start, int T, int C, int NH) {
+    attention_tc_backward_dq_kernel(Grad* dq, int dq_stride, const __nv_bfloat16* dout, const __nv_bfloat16* q,
+                                    const __nv_bfloat16* kv, const float* lse, const float* D, const int* doc_start,
+                                    AttentionSpan span, int C, int NH, bool accumulate) {
     using namespace attention_tc_detail;
     constexpr int ld = kLd<HS>, kKeys = kDqKeys<HS>;
+    const int Tq = span.Tq, Tk = span.Tk, lead = span.key_lead;
     const int q0 = (int(gridDim.x) - 1 - int(blockIdx.x)) * kBlockRows;  // longest causal rows first
     const int h = int(blockIdx.y), b = int(blockIdx.z);
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
@@ -492,41 +561,42 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
     bf16* k_tiles = dout_tile + kBlockRows * ld;     // [2][kKeys][ld]
     bf16* v_tiles = k_tiles + 2 * kKeys * ld;        // [2][kKeys][ld]
 
-    const size_t stride = 3 * size_t(C);
-    const bf16* q_src = qkv + size_t(b) * T * stride + h * HS;
-    const bf16* k_src = q_src + C;
-    const bf16* v_src = q_src + 2 * C;
-    const int* doc_row = doc_start != nullptr ? doc_start + size_t(b) * T : nullptr;
+    const size_t q_stride = 3 * size_t(C), kv_stride = size_t(span.kv_stride);
+    const bf16* q_src = q + size_t(b) * span.q_seq * q_stride + h * HS;
+    const bf16* k_src = kv + size_t(b) * span.kv_seq * kv_stride + h * HS;
+    const bf16* v_src = k_src + C;
+    const int* doc_row = doc_start != nullptr ? doc_start + size_t(b) * span.q_seq : nullptr;
     const int first_tile = attention_detail::first_key_tile(doc_row, q0, kKeys);
-    const int key_tiles = (min(q0 + kBlockRows, T) + kKeys - 1) / kKeys;
-    load_rows_async<HS, kBlockRows>(q_tile, q_src, stride, q0, T);
-    load_rows_async<HS, kBlockRows>(dout_tile, dout + size_t(b) * T * C + h * HS, size_t(C), q0, T);
-    load_rows_async<HS, kKeys>(k_tiles + (first_tile % 2) * kKeys * ld, k_src, stride, first_tile * kKeys, T);
-    load_rows_async<HS, kKeys>(v_tiles + (first_tile % 2) * kKeys * ld, v_src, stride, first_tile * kKeys, T);
+    const int key_tiles = attention_detail::span_key_tiles(q0, span, kBlockRows, kKeys);
+    load_rows_async<HS, kBlockRows>(q_tile, q_src, q_stride, q0, Tq);
+    load_rows_async<HS, kBlockRows>(dout_tile, dout + size_t(b) * span.q_seq * C + h * HS, size_t(C), q0, Tq);
+    load_rows_async<HS, kKeys>(k_tiles + (first_tile % 2) * kKeys * ld, k_src, kv_stride, first_tile * kKeys, Tk);
+    load_rows_async<HS, kKeys>(v_tiles + (first_tile % 2) * kKeys * ld, v_src, kv_stride, first_tile * kKeys, Tk);
     cp_async_commit();
 
     const float scale = 1.0f / sqrtf(float(HS)), scale_log2 = scale * kLog2e;
     const int row0 = q0 + warp * kWarpRows + lane / 4;  // this lane's rows: row0 and row0 + 8
-    float lse_log2[2], d_row[2];  // rows beyond T are masked below; their values do not matter
+    float lse_log2[2], d_row[2];  // rows beyond Tq are masked below; their values do not matter
     int first_key[2];
     TC_UNROLL
     for (int r = 0; r < 2; ++r) {
         const int row = row0 + 8 * r;
-        lse_log2[r] = row < T ? lse[(size_t(b) * NH + h) * T + row] * kLog2e : 0.0f;
-        d_row[r] = row < T ? D[(size_t(b) * NH + h) * T + row] : 0.0f;
-        first_key[r] = attention_detail::first_visible_key(doc_row, row, T);
+        lse_log2[r] = row < Tq ? lse[(size_t(b) * NH + h) * span.q_seq + row] * kLog2e : 0.0f;
+        d_row[r] = row < Tq ? D[(size_t(b) * NH + h) * span.q_seq + row] : 0.0f;
+        first_key[r] = attention_detail::first_visible_key(doc_row, row, Tq);
     }
     // Tiles the masks do not cut skip the per-score tests, as in the forward pass; a warp with rows
-    // past T always tests (those rows are masked whole).
+    // past Tq always tests (those rows are masked whole).
     const int warp_row0 = q0 + warp * kWarpRows;
     const int warp_first_key = int(warp_max(float(max(first_key[0], first_key[1]))));
-    const bool warp_rows_in_range = warp_row0 + kWarpRows <= T;
-    float dq[HS / 8][4] = {};
+    const int warp_first_last_key = min(warp_row0 + lead, Tk - 1);  // the last key its first row sees
+    const bool warp_rows_in_range = warp_row0 + kWarpRows <= Tq;
+    float dq_acc[HS / 8][4] = {};
     for (int kt = first_tile; kt < key_tiles; ++kt) {
         if (kt + 1 < key_tiles) {
             const int next = (kt + 1) % 2;
-            load_rows_async<HS, kKeys>(k_tiles + next * kKeys * ld, k_src, stride, (kt + 1) * kKeys, T);
-            load_rows_async<HS, kKeys>(v_tiles + next * kKeys * ld, v_src, stride, (kt + 1) * kKeys, T);
+            load_rows_async<HS, kKeys>(k_tiles + next * kKeys * ld, k_src, kv_stride, (kt + 1) * kKeys, Tk);
+            load_rows_async<HS, kKeys>(v_tiles + next * kKeys * ld, v_src, kv_stride, (kt + 1) * kKeys, Tk);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
@@ -539,13 +609,13 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
         float ds[kKeys / 8][4] = {}, dp[kKeys / 8][4] = {};
         mma_a_bt<kKeys, HS>(ds, q_tile + warp * kWarpRows * ld, k_tile, ld);  // S first
         mma_a_bt<kKeys, HS>(dp, dout_tile + warp * kWarpRows * ld, v_tile, ld);
-        if (!warp_rows_in_range || kt * kKeys + kKeys - 1 > warp_row0 || kt * kKeys < warp_first_key) {  // warp-uniform
+        if (!warp_rows_in_range || kt * kKeys + kKeys - 1 > warp_first_last_key || kt * kKeys < warp_first_key) {  // warp-uniform
             TC_UNROLL
             for (int n = 0; n < kKeys / 8; ++n) {
                 TC_UNROLL
                 for (int i = 0; i < 4; ++i) {
                     const int key = kt * kKeys + 8 * n + 2 * (lane % 4) + (i & 1), row = row0 + 8 * (i / 2);
-                    const bool visible = first_key[i / 2] <= key && key <= row && row < T;
+                    const bool visible = first_key[i / 2] <= key && key - lead <= row && key < Tk && row < Tq;
                     const float p = visible ? exp2_ftz(fmaf(ds[n][i], scale_log2, -lse_log2[i / 2])) : 0.0f;
                     ds[n][i] = p * (dp[n][i] - d_row[i / 2]);
                 }
@@ -560,12 +630,16 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
                 }
             }
         }
-        mma_p_b<HS, kKeys>(dq, ds, k_tile, ld);
+        mma_p_b<HS, kKeys>(dq_acc, ds, k_tile, ld);
+        __syncthreads();
+    }
+    if (first_tile >= key_tiles) {  // queries that see no key of the span: as in the forward pass
+        cp_async_wait<0>();
         __syncthreads();
     }
     const float dq_scale[2] = {scale, scale};
-    store_warp_rows<HS>(dqkv + size_t(b) * T * stride + h * HS, stride, q_tile + warp * kWarpRows * ld, dq, dq_scale,
-                        q0 + warp * kWarpRows, T);
+    store_warp_rows<HS>(dq + size_t(b) * span.q_seq * dq_stride + h * HS, size_t(dq_stride), q_tile + warp * kWarpRows * ld,
+                        dq_acc, dq_scale, warp_row0, Tq, accumulate);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -602,94 +676,131 @@ template <typename F> void dispatch_head_size(int hs, F&& f) {
     }
 }
 
-// Tile pairs a kernel computes per (b, h): for each block of kBlockRows rows, the streamed tiles
-// of `tile` rows it visits (those the causal mask does not hide entirely).
-inline double query_block_key_tiles(int T, int tile) {  // dQ
+// Tile pairs a kernel computes per (b, h) over a span (causal: causal_span(T, C)): for each block of
+// kBlockRows rows, the streamed tiles of `tile` rows it visits (those the masks do not hide entirely).
+inline double query_block_key_tiles(const AttentionSpan& s, int tile) {  // dQ
     double pairs = 0;
-    for (int q0 = 0; q0 < T; q0 += kBlockRows) pairs += ceil_div(std::min(q0 + kBlockRows, T), tile);
+    for (int q0 = 0; q0 < s.Tq; q0 += kBlockRows) pairs += attention_detail::span_key_tiles(q0, s, kBlockRows, tile);
     return pairs;
 }
-// Forward: each warp's rows times the key tiles it computes (up to its last row; a warp skips the
-// tiles of its block that lie past its rows).
-inline double forward_row_tiles(int T, int tile, int warp_rows) {
+// Forward: each warp's rows times the key tiles it computes (up to its last row's last key; a warp
+// skips the tiles of its block that lie past them).
+inline double forward_row_tiles(const AttentionSpan& s, int tile, int warp_rows) {
     double row_tiles = 0;
-    for (int r0 = 0; r0 < T; r0 += warp_rows) row_tiles += double(warp_rows) * ceil_div(std::min(r0 + warp_rows, T), tile);
+    for (int r0 = 0; r0 < s.Tq; r0 += warp_rows) row_tiles += double(warp_rows) * attention_detail::span_key_tiles(r0, s, warp_rows, tile);
     return row_tiles;
 }
-inline double key_block_query_tiles(int T, int tile) {  // dK/dV
+inline double key_block_query_tiles(const AttentionSpan& s, int tile) {  // dK/dV
     double pairs = 0;
-    for (int k0 = 0; k0 < T; k0 += kBlockRows) pairs += ceil_div(T - k0, tile);
+    for (int k0 = 0; k0 < s.Tk; k0 += kBlockRows) pairs += ceil_div(s.Tq - std::min(std::max(k0 - s.key_lead, 0), s.Tq), tile);
     return pairs;
 }
 
-// The element type is a template parameter so that the FP32 build never instantiates the bf16
+inline void check_span(const char* launcher, const AttentionSpan& span, int B, int C, int NH) {
+    require_supported(launcher, attention_tc_requirements(B, std::max(span.Tq, span.Tk), C, NH));
+    require_supported(launcher, attention_detail::span_problem(span));
+}
+
+// The element type X is a template parameter so that the FP32 build never instantiates the bf16
 // kernels (the launchers refuse it before getting here).
-template <typename T>
-void forward(T* out, float* lse, const T* qkv, int B, int Tn, int C, int NH, cudaStream_t stream, const int* doc_start) {
-    if constexpr (std::is_same_v<T, bf16>) {
+template <typename X, typename Out>
+void forward(Out* out, float* lse, const X* q, const X* kv, AttentionSpan span, int B, int C, int NH, cudaStream_t stream,
+             const int* doc_start) {
+    if constexpr (std::is_same_v<X, bf16>) {
         const int hs = C / NH;
-        const double BNH = double(B) * NH, BTC = double(B) * Tn * C, bf = sizeof(bf16);
+        const double BNH = double(B) * NH, bf = sizeof(bf16);
+        const double q_elems = double(B) * span.Tq * C, k_elems = double(B) * span.Tk * C;
         dispatch_head_size(hs, [&](auto hs_constant) {
             constexpr int HS = decltype(hs_constant)::value;
-            constexpr auto kernel = attention_tc_forward_kernel<HS>;
+            constexpr auto kernel = attention_tc_forward_kernel<HS, Out>;
             constexpr size_t smem = forward_smem_bytes<HS>();
             attention_detail::allow_smem<kernel>(smem);
             // Matmul FLOPs executed: S = Q K^T and P V, 2 * tile * hs each per row and key tile.
-            const double row_tiles = forward_row_tiles(Tn, kForwardKeys<HS>, kForwardFrags<HS> * kWarpRows);
+            const double row_tiles = forward_row_tiles(span, kForwardKeys<HS>, kForwardFrags<HS> * kWarpRows);
             const KernelCost cost{BNH * row_tiles * 4.0 * kForwardKeys<HS> * HS,
-                                  3 * BTC * bf + BTC * bf + BNH * Tn * sizeof(float), WorkKind::tensor_cores};
-            launch<kernel>(cost, dim3(ceil_div(Tn, kForwardRows<HS>), NH, B), dim3(kThreads), smem, stream, out, lse,
-                           qkv, doc_start, Tn, C, NH);
+                                  (q_elems + 2 * k_elems) * bf + q_elems * sizeof(Out) + BNH * span.Tq * sizeof(float),
+                                  WorkKind::tensor_cores};
+            launch<kernel>(cost, dim3(ceil_div(span.Tq, kForwardRows<HS>), NH, B), dim3(kThreads), smem, stream, out, lse,
+                           q, kv, doc_start, span, C, NH);
         });
     }
 }
 
-template <typename T>
-void backward(T* dqkv, float* scratch, const T* dout, const T* qkv, const T* out, const float* lse, int B, int Tn,
-              int C, int NH, cudaStream_t stream, const int* doc_start) {
-    if constexpr (std::is_same_v<T, bf16>) {
+template <typename X, typename Grad>
+void backward(Grad* dq, int dq_stride, Grad* dkv, int dkv_stride, const X* dout, const X* q, const X* kv, const float* lse,
+              const float* D, AttentionSpan span, int B, int C, int NH, cudaStream_t stream, const int* doc_start,
+              bool accumulate) {
+    if constexpr (std::is_same_v<X, bf16>) {
         const int hs = C / NH;
-        const double BNH = double(B) * NH, BTC = double(B) * Tn * C, bf = sizeof(bf16);
-        const double row_floats = BNH * Tn * sizeof(float);  // one of lse or D
-        float* D = scratch;
-        attention_backward_rowdot(D, dout, out, B, Tn, C, NH, stream);
+        const double BNH = double(B) * NH, bf = sizeof(bf16), G = sizeof(Grad) * (accumulate ? 2.0 : 1.0);
+        const double q_elems = double(B) * span.Tq * C, k_elems = double(B) * span.Tk * C;
+        const double row_floats = BNH * span.Tq * sizeof(float);  // one of lse or D
         dispatch_head_size(hs, [&](auto hs_constant) {
             constexpr int HS = decltype(hs_constant)::value;
-            constexpr auto dkdv_kernel = attention_tc_backward_dkdv_kernel<HS>;
-            constexpr auto dq_kernel = attention_tc_backward_dq_kernel<HS>;
+            constexpr auto dkdv_kernel = attention_tc_backward_dkdv_kernel<HS, Grad>;
+            constexpr auto dq_kernel = attention_tc_backward_dq_kernel<HS, Grad>;
             constexpr size_t dkdv_smem = dkdv_smem_bytes<HS>(), dq_smem = dq_smem_bytes<HS>();
             attention_detail::allow_smem<dkdv_kernel>(dkdv_smem);
             attention_detail::allow_smem<dq_kernel>(dq_smem);
-            const dim3 grid(ceil_div(Tn, kBlockRows), NH, B);
             // Each reads q, k, v, dO, lse and D once; dK/dV computes S^T, dP^T, dV and dK (4
-            // products), dQ computes S, dP and dQ (3), 2 * 64 * tile * hs FLOPs each per tile pair.
+            // products), dQ computes S, dP and dQ (3), 2 * 64 * tile * hs FLOPs each per tile pair;
+            // each writes its gradients (and reads them once more when accumulating).
             // With document masking these are upper bounds (the tiles skipped depend on the data).
-            const double reads = 4 * BTC * bf + 2 * row_floats;
-            const KernelCost dkdv_cost{BNH * key_block_query_tiles(Tn, kDkdvQueries<HS>) * 8.0 * kBlockRows *
+            const double reads = (2 * q_elems + 2 * k_elems) * bf + 2 * row_floats;
+            const KernelCost dkdv_cost{BNH * key_block_query_tiles(span, kDkdvQueries<HS>) * 8.0 * kBlockRows *
                                            kDkdvQueries<HS> * HS,
-                                       reads + 2 * BTC * bf, WorkKind::tensor_cores};
-            const KernelCost dq_cost{BNH * query_block_key_tiles(Tn, kDqKeys<HS>) * 6.0 * kBlockRows * kDqKeys<HS> * HS,
-                                     reads + BTC * bf, WorkKind::tensor_cores};
-            launch<dkdv_kernel>(dkdv_cost, grid, dim3(kThreads), dkdv_smem, stream, dqkv, dout, qkv, lse, D, doc_start,
-                                Tn, C, NH);
-            launch<dq_kernel>(dq_cost, grid, dim3(kThreads), dq_smem, stream, dqkv, dout, qkv, lse, D, doc_start, Tn, C,
-                              NH);
+                                       reads + 2 * k_elems * G, WorkKind::tensor_cores};
+            const KernelCost dq_cost{BNH * query_block_key_tiles(span, kDqKeys<HS>) * 6.0 * kBlockRows * kDqKeys<HS> * HS,
+                                     reads + q_elems * G, WorkKind::tensor_cores};
+            launch<dkdv_kernel>(dkdv_cost, dim3(ceil_div(span.Tk, kBlockRows), NH, B), dim3(kThreads), dkdv_smem, stream,
+                                dkv, dkv_stride, dout, q, kv, lse, D, doc_start, span, C, NH, accumulate);
+            launch<dq_kernel>(dq_cost, dim3(ceil_div(span.Tq, kBlockRows), NH, B), dim3(kThreads), dq_smem, stream, dq,
+                              dq_stride, dout, q, kv, lse, D, doc_start, span, C, NH, accumulate);
         });
     }
 }
 
 }  // namespace attention_tc_detail
 
+// Queries of `q` against the keys and values at `kv` (v = k + C) over `span` (see AttentionSpan in
+// attention.cuh), as attention_forward's span form: out floatX, or float for context parallelism's
+// merges (rows C apart), and lse of the span's queries. doc_start: each query's first visible key, or null.
+template <typename Out>
+inline void attention_tc_forward(Out* out, float* lse, const floatX* q, const floatX* kv, AttentionSpan span, int B, int C,
+                                 int NH, cudaStream_t stream, const int* doc_start = nullptr) {
+    attention_tc_detail::check_span("attention_tc_forward", span, B, C, NH);
+    span.key_lead = std::min(span.key_lead, span.Tk);  // every key already; keeps the kernels' sums in int
+    attention_tc_detail::forward(out, lse, q, kv, span, B, C, NH, stream, doc_start);
+}
+
+// Causal self-attention of B rows of T tokens: qkv (B, T, 3C) -> out (B, T, C), lse (B, NH, T).
 // doc_start: (B, T) document starts for document masking (host/documents.h), or null (causal only).
 inline void attention_tc_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH,
                                  cudaStream_t stream, const int* doc_start = nullptr) {
     require_supported("attention_tc_forward", attention_tc_requirements(B, T, C, NH));
-    attention_tc_detail::forward(out, lse, qkv, B, T, C, NH, stream, doc_start);
+    attention_tc_forward<floatX>(out, lse, qkv, qkv + C, causal_span(T, C), B, C, NH, stream, doc_start);
 }
 
+// The gradients of attention_tc_forward over `span`, as attention_backward's span form: from the forward
+// pass's lse and D = rowsum(dout * out) (attention_backward_rowdot), dq (rows dq_stride apart) and dk,
+// dv at dkv (dv = dk + C, rows dkv_stride apart), floatX or float, written, or with `accumulate` added.
+template <typename Grad>
+inline void attention_tc_backward(Grad* dq, int dq_stride, Grad* dkv, int dkv_stride, const floatX* dout, const floatX* q,
+                                  const floatX* kv, const float* lse, const float* D, AttentionSpan span, int B, int C,
+                                  int NH, cudaStream_t stream, const int* doc_start = nullptr, bool accumulate = false) {
+    attention_tc_detail::check_span("attention_tc_backward", span, B, C, NH);
+    span.key_lead = std::min(span.key_lead, span.Tk);
+    attention_tc_detail::backward(dq, dq_stride, dkv, dkv_stride, dout, q, kv, lse, D, span, B, C, NH, stream, doc_start,
+                                  accumulate);
+}
+
+// Causal self-attention's backward: dqkv (B, T, 3C) from dout, with scratch for D (B, NH, T).
 inline void attention_tc_backward(floatX* dqkv, float* scratch, const floatX* dout, const floatX* qkv,
                                   const floatX* out, const float* lse, int B, int T, int C, int NH,
                                   cudaStream_t stream, const int* doc_start = nullptr) {
     require_supported("attention_tc_backward", attention_tc_requirements(B, T, C, NH));
-    attention_tc_detail::backward(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH, stream, doc_start);
+    float* D = scratch;  // (B, NH, T)
+    attention_backward_rowdot(D, dout, out, B, T, C, NH, stream);
+    attention_tc_backward<floatX>(dqkv, 3 * C, dqkv + C, 3 * C, dout, qkv, qkv + C, lse, D, causal_span(T, C), B, C, NH,
+                                  stream, doc_start);
 }

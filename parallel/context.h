@@ -1,8 +1,9 @@
 // Context parallelism: the sequence split over the ranks of a context group, keys and values passed
 // around a ring (Liu et al. 2023, "Ring Attention with Blockwise Transformers"), each rank's queries
-// attending to every chunk in turn with our flash attention (kernels/attention.cuh, AttentionSpan) and
-// the partial results merged by their log-sum-exp (attention_merge). Everything outside attention is
-// per token and needs no communication.
+// attending to every chunk in turn with our flash attention (kernels/attention.cuh's SIMT kernels, or
+// kernels/attention_tc.cuh's tensor-core ones: both take an AttentionSpan) and the partial results
+// merged by their log-sum-exp (attention_merge). Everything outside attention is per token and needs
+// no communication.
 //
 // Load balance (zigzag): causal attention makes later positions attend to more keys, so a plain split
 // would leave the last rank most of the work. The sequence is cut into 2 cp chunks and rank r holds
@@ -37,6 +38,7 @@
 #include <vector>
 
 #include "kernels/attention.cuh"
+#include "kernels/attention_tc.cuh"
 #include "kernels/elementwise.cuh"
 #include "parallel/process_groups.h"
 
@@ -104,6 +106,7 @@ struct ContextRing {
     ncclComm_t nccl = nullptr;
     MPI_Comm mpi = MPI_COMM_NULL;
     int rank = 0, size = 1;
+    bool tensor_cores = false;  // each step's kernels: attention_tc.cuh's (BF16 build), or attention.cuh's SIMT ones
     cudaStream_t stream = nullptr;  // the transfers
     // Device buffers for B x max_local_length rows (context_ring_sizes): keys|values of the visitor and
     // their gradient sum, two of each (one computed on, one arriving); this rank's queries' running
@@ -157,6 +160,23 @@ namespace context_detail {
 
 template <typename V> constexpr ncclDataType_t nccl_type() {
     return std::is_same_v<V, float> ? ncclFloat32 : ncclBfloat16;
+}
+
+// One span's attention forward and backward by the kernels the ring runs (ContextRing::tensor_cores);
+// arguments as attention.cuh's span forms.
+template <typename Out>
+inline void span_forward(const ContextRing& ring, Out* out, float* lse, const floatX* q, const floatX* kv, AttentionSpan span,
+                         int B, int C, int NH, cudaStream_t stream, const int* doc_start) {
+    if (ring.tensor_cores) attention_tc_forward(out, lse, q, kv, span, B, C, NH, stream, doc_start);
+    else attention_forward(out, lse, q, kv, span, B, C, NH, stream, doc_start);
+}
+template <typename Grad>
+inline void span_backward(const ContextRing& ring, Grad* dq, int dq_stride, Grad* dkv, int dkv_stride, const floatX* dout,
+                          const floatX* q, const floatX* kv, const float* lse, const float* D, AttentionSpan span, int B, int C,
+                          int NH, cudaStream_t stream, const int* doc_start, bool accumulate) {
+    if (ring.tensor_cores)
+        attention_tc_backward(dq, dq_stride, dkv, dkv_stride, dout, q, kv, lse, D, span, B, C, NH, stream, doc_start, accumulate);
+    else attention_backward(dq, dq_stride, dkv, dkv_stride, dout, q, kv, lse, D, span, B, C, NH, stream, doc_start, accumulate);
 }
 
 // The ring step's keys: rank r's step s holds the keys of rank (r - s) mod cp.
@@ -228,7 +248,7 @@ inline void ring_attention_forward(ContextRing& ring, floatX* out, float* lse, c
     // Step s's document starts, from its first query (null without documents).
     const auto docs = [&](int s, size_t q0) { return first_keys ? first_keys + size_t(s) * B * L + q0 : nullptr; };
     if (n == 1) {
-        attention_forward(out, lse, qkv, B, L, C, NH, stream, docs(0, 0));
+        span_forward(ring, out, lse, qkv, qkv + C, causal_span(L, C), B, C, NH, stream, docs(0, 0));
         return;
     }
     const auto kv_count = [&](int rank) { return size_t(B) * z.local_length(rank) * 2 * C; };
@@ -236,7 +256,7 @@ inline void ring_attention_forward(ContextRing& ring, floatX* out, float* lse, c
     copy_rows(ring.kv[0], 2 * size_t(C), qkv + C, 3 * size_t(C), size_t(B) * L, 2 * C, stream);
     CUDA_CHECK(cudaEventRecord(ring.computed[0], stream));
     hop(ring, ring.computed[0], ring.kv[0], kv_count(r), ring.kv[1], kv_count(visitor(ring, 1)), ring.arrived[1]);
-    attention_forward(ring.sum, lse, qkv, qkv + C, causal_span(L, C), B, C, NH, stream, docs(0, 0));
+    span_forward(ring, ring.sum, lse, qkv, qkv + C, causal_span(L, C), B, C, NH, stream, docs(0, 0));
     for (int s = 1; s < n; ++s) {
         const int now = s % 2, next = (s + 1) % 2;
         if (s + 1 < n)  // the next visitor arrives while this step computes, into step s-1's buffer
@@ -245,8 +265,8 @@ inline void ring_attention_forward(ContextRing& ring, floatX* out, float* lse, c
         const RingStep step = ring_step(ring, z, s, C);
         const size_t q0 = size_t(step.first_query);
         CUDA_CHECK(cudaStreamWaitEvent(stream, ring.arrived[now], 0));
-        attention_forward(ring.part_out + q0 * C, ring.part_lse + q0, qkv + q0 * 3 * C, ring.kv[now], step.span, B, C, NH,
-                          stream, docs(s, q0));
+        span_forward(ring, ring.part_out + q0 * C, ring.part_lse + q0, qkv + q0 * 3 * C, ring.kv[now], step.span, B, C, NH,
+                     stream, docs(s, q0));
         attention_merge(ring.sum + q0 * C, lse + q0, ring.part_out + q0 * C, ring.part_lse + q0, B, step.span.Tq, L, C, NH,
                         stream);
         CUDA_CHECK(cudaEventRecord(ring.computed[now], stream));
@@ -268,15 +288,15 @@ inline void ring_attention_backward(ContextRing& ring, floatX* dqkv, float* D, c
     const auto docs = [&](int s, size_t q0) { return first_keys ? first_keys + size_t(s) * B * L + q0 : nullptr; };
     attention_backward_rowdot(D, dout, out, B, L, C, NH, stream);
     if (n == 1) {
-        attention_backward(dqkv, 3 * C, dqkv + C, 3 * C, dout, qkv, qkv + C, lse, D, causal_span(L, C), B, C, NH, stream,
-                           docs(0, 0));
+        span_backward(ring, dqkv, 3 * C, dqkv + C, 3 * C, dout, qkv, qkv + C, lse, D, causal_span(L, C), B, C, NH, stream,
+                      docs(0, 0), false);
         return;
     }
     const auto kv_count = [&](int rank) { return size_t(B) * z.local_length(rank) * 2 * C; };
     // Its own keys: dq into the FP32 sum, dk|dv into the accumulator that starts around the ring.
     copy_rows(ring.kv[0], 2 * size_t(C), qkv + C, 3 * size_t(C), size_t(B) * L, 2 * C, stream);
-    attention_backward(ring.sum, C, ring.dkv[0], 2 * C, dout, qkv, qkv + C, lse, D, causal_span(L, C), B, C, NH, stream,
-                       docs(0, 0));
+    span_backward(ring, ring.sum, C, ring.dkv[0], 2 * C, dout, qkv, qkv + C, lse, D, causal_span(L, C), B, C, NH, stream,
+                  docs(0, 0), false);
     CUDA_CHECK(cudaEventRecord(ring.computed[0], stream));
     hop(ring, ring.computed[0], ring.kv[0], kv_count(r), ring.kv[1], kv_count(visitor(ring, 1)), ring.arrived[1]);
     hop(ring, ring.computed[0], ring.dkv[0], kv_count(r), ring.dkv[1], kv_count(visitor(ring, 1)), ring.grad_arrived[1]);
@@ -290,8 +310,8 @@ inline void ring_attention_backward(ContextRing& ring, floatX* dqkv, float* D, c
         const size_t q0 = size_t(step.first_query);
         CUDA_CHECK(cudaStreamWaitEvent(stream, ring.arrived[now], 0));
         CUDA_CHECK(cudaStreamWaitEvent(stream, ring.grad_arrived[now], 0));
-        attention_backward(ring.sum + q0 * C, C, ring.dkv[now], 2 * C, dout + q0 * C, qkv + q0 * 3 * C, ring.kv[now], lse + q0,
-                           D + q0, step.span, B, C, NH, stream, docs(s, q0), /*accumulate=*/true);
+        span_backward(ring, ring.sum + q0 * C, C, ring.dkv[now], 2 * C, dout + q0 * C, qkv + q0 * 3 * C, ring.kv[now], lse + q0,
+                      D + q0, step.span, B, C, NH, stream, docs(s, q0), /*accumulate=*/true);
         CUDA_CHECK(cudaEventRecord(ring.computed[now], stream));
         // The sum moves on once this step has added to it: to the next visitor's holder, and after the
         // last step home to its keys' rank (the next one), while this rank receives its own.

@@ -41,6 +41,11 @@ PY
 series_follow dp2 dp2_cp2 2e-4 "2 data x 2 context ranks"
 series_follow one tp2_cp2 2e-4 "2 context x 2 tensor ranks (sequence parallel)"
 series_follow one pp2_cp2 2e-4 "2 stages x 2 context ranks"
+# The ring's steps on the tensor-core kernels (--attention tc; the emulator's default is simt): as one
+# rank with the same kernels.
+run one_tc "$bin" "${common[@]}" --attention tc
+run cp2_tc $mpirun -np 2 "$bin" "${common[@]}" --cp 2 --attention tc
+series_follow one_tc cp2_tc 2e-4 "2 context ranks, tensor-core attention"
 
 # HellaSwag: each context group scores its share of the examples, every row padded to -t and its token
 # losses gathered back (test_mpi_train's [cp] case checks those losses); the same examples are scored,
@@ -104,6 +109,5 @@ refuse "--cp 2 splits each sequence into 2 x cp = 4 chunks (zigzag), which must 
   "$bin" "${common[@]}" -t 30 --cp 2 --world-size 2 --dry-run
 refuse "--cp 2 does not divide the 3 ranks" $mpirun -np 3 "$bin" "${common[@]}" --cp 2
 refuse "--pp 2 x --cp 2 does not divide the 6 ranks" "$bin" "${common[@]}" --cp 2 --pp 2 --world-size 6 --dry-run
-refuse "--cp 2 runs the SIMT attention kernels" "$bin" "${common[@]}" --cp 2 --attention tc
 refuse "cannot go with --cp 2" "$bin" -e tiny --generate --cp 2
 echo PASS

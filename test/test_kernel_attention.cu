@@ -85,127 +85,13 @@ TEST_CASE("document-masked attention matches a double reference with an explicit
     }
 }
 
-// A span (AttentionSpan): the queries of one position range against the keys of another, as context
-// parallelism's ring steps run them (parallel/context.h): key_lead = q_begin - k_begin puts both in the
-// row's positions, so query t sees key k when k_begin + k <= q_begin + t. The queries come from a
-// qkv buffer at an offset, the keys from a compact k|v buffer (rows 2C apart) with padding rows
-// between sequences; the results are a window of the reference (the same softmax over fewer keys).
-// The backward pass runs twice, the second time accumulating: every gradient doubles, bit for bit.
+// A span (AttentionSpan) against a windowed reference (attention_reference.h, check_spans), written and
+// accumulated, with floatX results and with the FP32 ones context parallelism sums; the causal test's
+// tolerances (a span is the same computation over fewer pairs; FP32 results are rounded less).
 TEST_CASE("attention over a span: one range's queries against another's keys, written or accumulated") {
-    struct SpanCase {
-        const char* what;
-        Sizes s;
-        Window w;
-    };
-    const SpanCase cases[] = {
-        {"keys wholly before the queries: every key seen (key_lead = Tk)", {2, 100, 128, 2, 2.0f}, {40, 100, 0, 40}},
-        {"overlapping ranges, key_lead 17: tiles partly masked", {2, 100, 128, 2, 2.0f}, {37, 90, 20, 70}},
-        {"the same range (causal), hs 128, partial tiles", {1, 150, 256, 2, 1.5f}, {64, 150, 64, 150}},
-        {"fewer keys than queries, key_lead 0", {1, 40, 96, 3, 3.0f}, {0, 33, 0, 5}},
-        {"a chunk far before, sharp rows, hs 16", {3, 90, 32, 2, 4.0f}, {60, 90, 3, 29}},
-    };
-    for (const bool documents : {false, true})
-    for (const SpanCase& c : cases) {
-        const Sizes& s = c.s;
-        const Window& w = c.w;
-        CAPTURE(documents, c.what, s.B, s.T, s.C, s.NH, w.q_begin, w.q_end, w.k_begin, w.k_end);
-        std::mt19937 rng(4321 + s.T + s.C + w.q_begin);
-        const std::vector<floatX> qkv = random_qkv(s, rng);
-        const std::vector<floatX> dout = random_floatX(size_t(s.B) * s.T * s.C, 1.0f, rng);
-        // Documents (as context parallelism meets them): one starting inside the keys, one between the
-        // keys' end and the queries' last (its queries see none of the keys: out 0, lse -inf), row 0 also
-        // one just before the queries; the kernels take each query's first visible key, in key coordinates.
-        std::vector<std::vector<int>> eots(s.B);
-        for (int b = 0; b < s.B; ++b) {
-            eots[b] = {w.k_begin + (w.k_end - w.k_begin) / 3 + b, std::max(w.k_end, w.q_end - 4 - b)};
-            if (b == 0 && w.q_begin > 0) eots[b].push_back(w.q_begin - 1);
-        }
-        const std::vector<int> doc_starts = packed_rows(s.T, eots);
-        const Reference ref = reference_attention(qkv, dout, s, documents ? &doc_starts : nullptr, w);
-
-        const int C = s.C, Tq = w.q_end - w.q_begin, Tk = w.k_end - w.k_begin, kv_seq = Tk + 3;
-        std::vector<int> first_keys(doc_starts.size());
-        for (size_t i = 0; i < first_keys.size(); ++i) first_keys[i] = std::clamp(doc_starts[i] - w.k_begin, 0, Tk);
-        DeviceBuffer<int> first_keys_device(first_keys);
-        const int* docs = documents ? first_keys_device.ptr + w.q_begin : nullptr;
-        const AttentionSpan span{Tq, Tk, s.T, kv_seq, 2 * C, w.q_begin - w.k_begin};
-        std::vector<floatX> kv_host(size_t(s.B) * kv_seq * 2 * C, from_float<floatX>(NAN));  // padding rows: NaN
-        for (int b = 0; b < s.B; ++b)
-            for (int k = 0; k < Tk; ++k)
-                for (int c2 = 0; c2 < 2 * C; ++c2)
-                    kv_host[(size_t(b) * kv_seq + k) * 2 * C + c2] = qkv[(size_t(b) * s.T + w.k_begin + k) * 3 * C + C + c2];
-        const size_t BT = size_t(s.B) * s.T;
-        DeviceBuffer<floatX> q(qkv), kv(kv_host), g(dout), out(BT * C), dq(BT * 3 * C), dkv(kv_host.size());
-        DeviceBuffer<float> lse(BT * s.NH), D(BT * s.NH);
-        out.fill_bytes(0xFF);
-        lse.fill_bytes(0xFF);
-        dq.fill_bytes(0xFF);
-        dkv.fill_bytes(0xFF);
-        const size_t q_off = size_t(w.q_begin);
-        attention_forward(out.ptr + q_off * C, lse.ptr + q_off, q.ptr + q_off * 3 * C, kv.ptr, span, s.B, C, s.NH, 0, docs);
-        attention_backward_rowdot(D.ptr, g.ptr, out.ptr, s.B, s.T, C, s.NH, 0);  // rows outside the window: NaN, unread
-        attention_backward(dq.ptr + q_off * 3 * C, 3 * C, dkv.ptr, 2 * C, g.ptr + q_off * C, q.ptr + q_off * 3 * C, kv.ptr, lse.ptr + q_off,
-                           D.ptr + q_off, span, s.B, C, s.NH, 0, docs);
-        CUDA_CHECK(cudaDeviceSynchronize());
-        const std::vector<floatX> dq_once = dq.download(), dkv_once = dkv.download();
-        attention_backward(dq.ptr + q_off * 3 * C, 3 * C, dkv.ptr, 2 * C, g.ptr + q_off * C, q.ptr + q_off * 3 * C, kv.ptr, lse.ptr + q_off,
-                           D.ptr + q_off, span, s.B, C, s.NH, 0, docs, /*accumulate=*/true);
-        CUDA_CHECK(cudaDeviceSynchronize());
-        const std::vector<floatX> got_out = out.download(), dq_twice = dq.download(), dkv_twice = dkv.download();
-        const std::vector<float> got_lse = lse.download();
-
-        // The window's rows of every tensor, and its key rows of the compact buffer (k | v).
-        std::vector<double> out_w, out_ref, lse_w, lse_ref, dq_w, dq_ref, dk_w, dk_ref, dv_w, dv_ref;
-        bool outside_untouched = true, doubled = true, empty_rows_ok = true;
-        for (int b = 0; b < s.B; ++b) {
-            for (int t = 0; t < s.T; ++t) {
-                const bool in = w.q_begin <= t && t < w.q_end;
-                for (int c = 0; c < C; ++c) {
-                    const size_t i = (size_t(b) * s.T + t) * C + c, iq = (size_t(b) * s.T + t) * 3 * C + c;
-                    if (!in) {
-                        outside_untouched &= std::isnan(to_float(got_out[i])) && std::isnan(to_float(dq_twice[iq]));
-                        continue;
-                    }
-                    out_w.push_back(to_float(got_out[i]));
-                    out_ref.push_back(ref.out[i]);
-                    dq_w.push_back(to_float(dq_once[iq]));
-                    dq_ref.push_back(ref.dqkv[iq]);
-                    doubled &= to_float(dq_twice[iq]) == 2.0f * to_float(dq_once[iq]);
-                }
-                for (int h = 0; h < s.NH && in; ++h) {
-                    const float got_l = got_lse[(size_t(b) * s.NH + h) * s.T + t];
-                    const double ref_l = ref.lse[(size_t(b) * s.NH + h) * s.T + t];
-                    if (ref_l == -INFINITY) {  // a row that sees none of the keys (documents)
-                        empty_rows_ok &= got_l == -INFINITY;
-                        continue;
-                    }
-                    lse_w.push_back(got_l);
-                    lse_ref.push_back(ref_l);
-                }
-            }
-            for (int k = 0; k < kv_seq; ++k)
-                for (int c2 = 0; c2 < 2 * C; ++c2) {
-                    const size_t i = (size_t(b) * kv_seq + k) * 2 * C + c2;
-                    if (k >= Tk) {
-                        outside_untouched &= std::isnan(to_float(dkv_twice[i]));
-                        continue;
-                    }
-                    const double r = ref.dqkv[(size_t(b) * s.T + w.k_begin + k) * 3 * C + C + c2];
-                    (c2 < C ? dk_w : dv_w).push_back(to_float(dkv_once[i]));
-                    (c2 < C ? dk_ref : dv_ref).push_back(r);
-                    doubled &= to_float(dkv_twice[i]) == 2.0f * to_float(dkv_once[i]);
-                }
-        }
-        // The causal test's tolerances: a span is the same computation over fewer pairs.
-        CHECK(tensor_error(out_w, out_ref) <= kTolerances.out);
-        CHECK(tensor_error(lse_w, lse_ref) <= kTolerances.lse);
-        CHECK(tensor_error(dq_w, dq_ref) <= kTolerances.dqk);
-        CHECK(tensor_error(dk_w, dk_ref) <= kTolerances.dqk);
-        CHECK(tensor_error(dv_w, dv_ref) <= kTolerances.out);
-        CHECK(outside_untouched);
-        CHECK(doubled);
-        CHECK(empty_rows_ok);
-    }
+    const SpanTolerances tolerances{kTolerances.out, kTolerances.lse, kTolerances.dqk};
+    check_spans<floatX>(Kernels::simt, tolerances);
+    check_spans<float>(Kernels::simt, tolerances);
 }
 
 // A key tile that lies wholly before a query tile's documents, or a query tile wholly after the

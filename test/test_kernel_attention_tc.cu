@@ -155,6 +155,15 @@ TEST_CASE("tensor-core attention is bitwise deterministic, also across more emul
     CHECK(bitwise_equal(first.dqkv, second.dqkv));
 }
 
+// Spans (context parallelism's ring steps) against the windowed reference, as for the SIMT kernels
+// (attention_reference.h, check_spans): bf16 results written and accumulated, and the FP32 ones the ring
+// sums; the causal test's tolerances.
+TEST_CASE("tensor-core attention over a span: one range's queries against another's keys, written or accumulated") {
+    const SpanTolerances tolerances{kOutTolerance, kLseTolerance, kGradTolerance};
+    check_spans<floatX>(Kernels::tensor_core, tolerances);
+    check_spans<float>(Kernels::tensor_core, tolerances);
+}
+
 TEST_CASE("attention_tc_requirements accepts GPT-2 shapes and names what it cannot do") {
     CHECK(attention_tc_requirements(4, 1024, 768, 12) == "");   // 124M: hs 64
     CHECK(attention_tc_requirements(1, 1024, 1600, 25) == "");  // 1.5B: hs 64, 25 heads

@@ -2,7 +2,8 @@
 // one context rank: every rank holds the zigzag rows of the same random sequences, runs the ring's
 // forward and backward passes, and its rows of out, lse and dq, dk, dv must match a double-precision
 // reference over the whole sequence (test/attention_reference.h, the full T x T softmax from the
-// definitions). Lengths not divisible by 2 x ranks split unevenly (chunks one position apart).
+// definitions). Lengths not divisible by 2 x ranks split unevenly (chunks one position apart). The ring
+// runs the SIMT kernels, and in the BF16 build also the tensor-core ones (ContextRing::tensor_cores).
 #include "parallel/mpi_api.h"
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
@@ -33,6 +34,18 @@ struct Tolerances {
 };
 constexpr Tolerances kTolerances = std::is_same_v<floatX, float> ? Tolerances{5e-6, 5e-6, 1e-6}
                                                                  : Tolerances{0x1p-8 + 5e-6, 1e-2, 1e-6};
+// The tensor-core kernels' bounds (test_kernel_attention_tc.cu: they also round P and dS to bf16), dq and
+// dk 1.5e-2: measured over these cases at 1-4 ranks out 3.7e-3, lse 1.9e-7, dq 4.5e-3, dv 4.5e-3 and dk
+// 1.0e-2 (the sharp rows, T 96, rank 2 of 4: relative to the max of the rank's own rows, each a sum of
+// dS^T q over bf16-rounded dS; the SIMT kernels 8.8e-3 there, the whole sequence's single kernel 5.6e-3).
+constexpr Tolerances kTensorCoreTolerances{0x1p-8 + 1e-3, 1.5e-2, 1e-6};
+const Tolerances& tolerances_of(Kernels which) { return which == Kernels::tensor_core ? kTensorCoreTolerances : kTolerances; }
+
+// The kernels the ring can run in this build: the tensor-core ones take BF16 operands.
+std::vector<Kernels> ring_kernels() {
+    if (std::is_same_v<floatX, float>) return {Kernels::simt};
+    return {Kernels::simt, Kernels::tensor_core};
+}
 
 struct RingResults {
     std::vector<floatX> out, dqkv;
@@ -41,7 +54,7 @@ struct RingResults {
 
 // This rank's rows through the ring, outputs NaN-filled first (every element must be written); with
 // doc_start_whole, (B, T) document starts of the whole rows, document-masked.
-RingResults run_ring(const std::vector<floatX>& qkv_whole, const std::vector<floatX>& dout_whole, const Sizes& s,
+RingResults run_ring(Kernels which, const std::vector<floatX>& qkv_whole, const std::vector<floatX>& dout_whole, const Sizes& s,
                      const std::vector<int>* doc_start_whole = nullptr) {
     const ZigzagLayout z{s.T, world_size};
     const int L = z.local_length(world_rank), C = s.C;
@@ -71,12 +84,18 @@ RingResults run_ring(const std::vector<floatX>& qkv_whole, const std::vector<flo
     ContextRing ring{context_group.nccl, context_group.mpi, context_group.rank, context_group.size};
     ring.kv[0] = kv0.ptr, ring.kv[1] = kv1.ptr, ring.dkv[0] = dkv0.ptr, ring.dkv[1] = dkv1.ptr;
     ring.sum = sum.ptr, ring.part_out = part_out.ptr, ring.part_lse = part_lse.ptr;
+    ring.tensor_cores = which == Kernels::tensor_core;
     context_ring_start(ring);
     cudaStream_t stream = nullptr;
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    launch_record::start(false);
     ring_attention_forward(ring, out.ptr, lse.ptr, qkv.ptr, s.B, s.T, C, s.NH, stream, docs);
     ring_attention_backward(ring, dqkv.ptr, D.ptr, dout.ptr, qkv.ptr, out.ptr, lse.ptr, s.B, s.T, C, s.NH, stream, docs);
     CUDA_CHECK(cudaStreamSynchronize(stream));
+    // The kernels asked for ran: per ring step one forward and two backward (dK/dV, dQ) launches.
+    int tensor_core_launches = 0;
+    for (const LaunchRecord& r : launch_record::stop()) tensor_core_launches += r.kind == WorkKind::tensor_cores;
+    CHECK(tensor_core_launches == (which == Kernels::tensor_core ? 3 * world_size : 0));
     CUDA_CHECK(cudaStreamDestroy(stream));
     context_ring_stop(ring);
     return {out.download(), dqkv.download(), lse.download()};
@@ -116,7 +135,7 @@ TEST_CASE("zigzag layout: every position on exactly one rank and found there, th
 }
 
 // This rank's rows of out, lse, dq, dk and dv against the reference's rows at the same positions.
-void check_rows_against(const RingResults& got, const Reference& ref, const Sizes& s, const char* what) {
+void check_rows_against(Kernels which, const RingResults& got, const Reference& ref, const Sizes& s, const char* what) {
     const ZigzagLayout z{s.T, world_size};
     const int L = z.local_length(world_rank), C = s.C;
     std::vector<double> out_ref, lse_ref, grad_ref[3];
@@ -137,14 +156,15 @@ void check_rows_against(const RingResults& got, const Reference& ref, const Size
     const TensorError e_out = tensor_error(got.out, out_ref), e_lse = tensor_error(got.lse, lse_ref);
     const TensorError e_dq = tensor_error(grad[0], grad_ref[0]), e_dk = tensor_error(grad[1], grad_ref[1]);
     const TensorError e_dv = tensor_error(grad[2], grad_ref[2]);
-    CHECK(e_out <= kTolerances.out);
-    CHECK(e_lse <= kTolerances.lse);
-    CHECK(e_dq <= kTolerances.dqk);
-    CHECK(e_dk <= kTolerances.dqk);
-    CHECK(e_dv <= kTolerances.out);
+    const Tolerances& tol = tolerances_of(which);
+    CHECK(e_out <= tol.out);
+    CHECK(e_lse <= tol.lse);
+    CHECK(e_dq <= tol.dqk);
+    CHECK(e_dk <= tol.dqk);
+    CHECK(e_dv <= tol.out);
     if (std::getenv("TEST_MPI_CONTEXT_VERBOSE"))
-        std::printf("rank %d/%d %s T %d C %d: out %.3g lse %.3g dq %.3g dk %.3g dv %.3g\n", world_rank, world_size, what, s.T, C,
-                    e_out.value, e_lse.value, e_dq.value, e_dk.value, e_dv.value);
+        std::printf("rank %d/%d %s %s T %d C %d: out %.3g lse %.3g dq %.3g dk %.3g dv %.3g\n", world_rank, world_size,
+                    kernels_name(which), what, s.T, C, e_out.value, e_lse.value, e_dq.value, e_dk.value, e_dv.value);
 }
 
 TEST_CASE("ring attention over the context group equals attention over the whole sequence") {
@@ -154,12 +174,13 @@ TEST_CASE("ring attention over the context group equals attention over the whole
         {2, 48, 256, 2, 1.5f},   // hs 128
         {1, 96, 64, 1, 4.0f},    // sharp rows: the merges rescale by large factors
     };
+    for (const Kernels which : ring_kernels())
     for (const Sizes& s : cases) {
-        CAPTURE(world_size, s.B, s.T, s.C, s.NH);
+        CAPTURE(kernels_name(which), world_size, s.B, s.T, s.C, s.NH);
         std::mt19937 rng(2024 + s.T + s.C);  // the same sequences on every rank
         const std::vector<floatX> qkv = random_qkv(s, rng);
         const std::vector<floatX> dout = random_floatX(size_t(s.B) * s.T * s.C, 1.0f, rng);
-        check_rows_against(run_ring(qkv, dout, s), reference_attention(qkv, dout, s), s, "causal");
+        check_rows_against(which, run_ring(which, qkv, dout, s), reference_attention(qkv, dout, s), s, "causal");
     }
 }
 
@@ -167,17 +188,19 @@ TEST_CASE("ring attention over the context group equals attention over the whole
 // chunk after every key of a visiting chunk (the visitor's step then gives that row nothing: out 0,
 // lse -inf, weight 0 in the merge). The test's own document cases (test/attention_reference.h).
 TEST_CASE("ring attention with documents equals document-masked attention over the whole sequence") {
+    for (const Kernels which : ring_kernels())
     for (const DocumentCase& c : document_cases()) {
         const Sizes& s = c.s;
-        CAPTURE(world_size, c.what, s.B, s.T, s.C, s.NH);
+        CAPTURE(kernels_name(which), world_size, c.what, s.B, s.T, s.C, s.NH);
         std::mt19937 rng(777 + s.T * 7 + s.C);
         const std::vector<floatX> qkv = random_qkv(s, rng);
         const std::vector<floatX> dout = random_floatX(size_t(s.B) * s.T * s.C, 1.0f, rng);
         const std::vector<int> docs = packed_rows(s.T, c.eots);
         const Reference ref = reference_attention(qkv, dout, s, &docs);
-        check_rows_against(run_ring(qkv, dout, s, &docs), ref, s, "documents");
+        const RingResults got = run_ring(which, qkv, dout, s, &docs);
+        check_rows_against(which, got, ref, s, "documents");
         // The mask matters: plain causal attention is far from it.
-        CHECK(tensor_error(run_ring(qkv, dout, s).out, run_ring(qkv, dout, s, &docs).out).value > 10 * kTolerances.out);
+        CHECK(tensor_error(run_ring(which, qkv, dout, s).out, got.out).value > 10 * tolerances_of(which).out);
     }
 }
 
@@ -186,13 +209,16 @@ TEST_CASE("ring attention is bitwise deterministic") {
     std::mt19937 rng(7);
     const std::vector<floatX> qkv = random_qkv(s, rng);
     const std::vector<floatX> dout = random_floatX(size_t(s.B) * s.T * s.C, 1.0f, rng);
-    const RingResults first = run_ring(qkv, dout, s), second = run_ring(qkv, dout, s);
     auto same_bits = [](const auto& a, const auto& b) {
         return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
     };
-    CHECK(same_bits(first.out, second.out));
-    CHECK(same_bits(first.lse, second.lse));
-    CHECK(same_bits(first.dqkv, second.dqkv));
+    for (const Kernels which : ring_kernels()) {
+        CAPTURE(kernels_name(which));
+        const RingResults first = run_ring(which, qkv, dout, s), second = run_ring(which, qkv, dout, s);
+        CHECK(same_bits(first.out, second.out));
+        CHECK(same_bits(first.lse, second.lse));
+        CHECK(same_bits(first.dqkv, second.dqkv));
+    }
 }
 
 int main(int argc, char** argv) {

@@ -25,6 +25,7 @@ Recompute tp_recompute = Recompute::none;  // TRAIN_RECOMPUTE: its recompute mod
 bool tp_sequence_parallel = false;         // TRAIN_SEQUENCE_PARALLEL=on: with sequence parallelism
 int context_parallel = 1;                  // TRAIN_CP: the [cp] test case's context group size
 bool cp_documents = false;                 // TRAIN_DOCS=on: with --doc-mask and --doc-positions
+Attention cp_attention = Attention::simt;  // TRAIN_ATTENTION=tc: the ring on the tensor-core kernels (BF16)
 
 OptimizerConfig optimizer_of(const Fixture& fx) {
     const nlohmann::json& a = fx.meta.at("adamw");
@@ -641,7 +642,7 @@ TEST_CASE("context parallelism follows a single-process run on the same global b
     const auto lr_at = [](int step) { return step == 0 ? 0.0f : 2e-3f; };  // step 0: the initial gradients
     ModelOptions options;
     options.recompute = tp_recompute;
-    options.attention = Attention::simt;
+    options.attention = cp_attention;  // the one-process run's kernels too
     options.doc_mask = options.doc_positions = cp_documents;
     options.eot_token = kEot;
 
@@ -686,6 +687,7 @@ TEST_CASE("context parallelism follows a single-process run on the same global b
 #endif
     Trainer tr;
     trainer_build(tr, groups.data, config, B, local_T, zero_stage, opt, options, groups.tensor, groups.pipeline, context);
+    CHECK(tr.model.context.tensor_cores == (cp_attention == Attention::tc));  // the ring's steps run the kernels asked for
     tr.model_mpi = groups.model_mpi;
     tr.schedule = pp_schedule;
     gpt2_init_weights(tr.model, 5);
@@ -729,12 +731,12 @@ TEST_CASE("context parallelism follows a single-process run on the same global b
     const TensorError short_err = tensor_error(short_losses, base_short_losses);
     if (world.rank == 0)
         std::printf("%d rank(s) = %d data x %d pipeline (%s) x %d context x %d tensor%s%s, ZeRO-%d, %d micro-steps, recompute %s "
-                    "[%s] vs 1 rank: loss err %.2e, norm err %.2e, gradient err %.2e, parameter err %.2e, next-token logits "
-                    "%.2e, short rows' token losses %.2e%s\n",
+                    "[%s, attention %s] vs 1 rank: loss err %.2e, norm err %.2e, gradient err %.2e, parameter err %.2e, "
+                    "next-token logits %.2e, short rows' token losses %.2e%s\n",
                     world.world_size, data_ranks, pp, pipeline_schedule_name(pp_schedule), cp, tp,
                     tp_sequence_parallel ? " (sequence parallel)" : "",
                     cp_documents ? ", documents" : "", zero_stage,
-                    accumulation, recompute_name(tp_recompute), kPrecisionName,
+                    accumulation, recompute_name(tp_recompute), kPrecisionName, attention_name(options.attention),
                     loss_err.value, norm_err.value, grads.empty() ? NAN : grad_err.value, param_err.value, next_err.value,
                     short_err.value, whole == base ? " (bitwise equal)" : "");
     // The ring's sums (per-chunk softmax merged by log-sum-exp, dq and dk|dv added chunk by chunk in FP32)
@@ -766,6 +768,7 @@ int main(int argc, char** argv) {
     if (const char* q = std::getenv("TRAIN_SEQUENCE_PARALLEL")) tp_sequence_parallel = std::string(q) == "on";
     if (const char* c = std::getenv("TRAIN_CP")) context_parallel = std::atoi(c);
     if (const char* d = std::getenv("TRAIN_DOCS")) cp_documents = std::string(d) == "on";
+    if (const char* a = std::getenv("TRAIN_ATTENTION")) cp_attention = attention_of(a, false);
     // Test cases that need a particular configuration run only in it; elsewhere they are left out and
     // named, never run as an empty pass (Catch2 also fails any test case that asserts nothing).
     const char* root = std::getenv("TRAIN_GPT_ROOT");

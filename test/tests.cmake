@@ -231,16 +231,22 @@ endforeach()
 # x 2 context x 2 tensor (8 ranks) with ZeRO-1, accumulation and selective recompute; documents at cp 2,
 # cp 4 (ZeRO-1, full recompute) and 2 context x 2 tensor. With pipeline stages: 2 context x 2 stages
 # (1F1B; AFAB with documents, ZeRO-1 and selective recompute), 2 data x 2 stages x 2 context, and 2
-# stages x 2 context x 2 tensor with sequence parallelism, ZeRO-2 and full recompute (4D but data).
-set(context_parallel_configs "2,0,1,2,none,1,off,off,1,-" "4,0,1,4,none,1,off,off,1,-" "4,1,2,2,none,1,off,off,1,-"
-                             "2,2,1,2,full,1,off,off,1,-" "4,0,1,4,selective,1,off,off,1,-" "4,0,1,2,none,2,on,off,1,-"
-                             "4,1,1,2,full,2,off,off,1,-" "8,1,2,2,selective,2,on,off,1,-" "2,0,1,2,none,1,off,on,1,-"
-                             "4,1,2,4,full,1,off,on,1,-" "4,0,1,2,none,2,on,on,1,-"
-                             "4,0,4,2,none,1,off,off,2,1f1b" "4,1,4,2,selective,1,off,on,2,afab"
-                             "8,1,2,2,none,1,off,off,2,1f1b" "8,2,4,2,full,2,on,off,2,1f1b")
+# stages x 2 context x 2 tensor with sequence parallelism, ZeRO-2 and full recompute (4D but data). The
+# last field names the attention kernels: simt, or tc (the tensor-core kernels, BF16 only: no FP32 twin)
+# at cp 2 with documents, and 2 data x 2 context with ZeRO-1, accumulation and selective recompute.
+set(context_parallel_configs "2,0,1,2,none,1,off,off,1,-,simt" "4,0,1,4,none,1,off,off,1,-,simt"
+                             "4,1,2,2,none,1,off,off,1,-,simt" "2,2,1,2,full,1,off,off,1,-,simt"
+                             "4,0,1,4,selective,1,off,off,1,-,simt" "4,0,1,2,none,2,on,off,1,-,simt"
+                             "4,1,1,2,full,2,off,off,1,-,simt" "8,1,2,2,selective,2,on,off,1,-,simt"
+                             "2,0,1,2,none,1,off,on,1,-,simt" "4,1,2,4,full,1,off,on,1,-,simt"
+                             "4,0,1,2,none,2,on,on,1,-,simt" "4,0,4,2,none,1,off,off,2,1f1b,simt"
+                             "4,1,4,2,selective,1,off,on,2,afab,simt" "8,1,2,2,none,1,off,off,2,1f1b,simt"
+                             "8,2,4,2,full,2,on,off,2,1f1b,simt" "2,0,1,2,none,1,off,on,1,-,tc"
+                             "4,1,2,2,selective,1,off,off,1,-,tc")
 if(ASAN)
-  set(context_parallel_configs "2,0,1,2,none,1,off,on,1,-")
+  set(context_parallel_configs "2,0,1,2,none,1,off,on,1,-,simt")
 endif()
+set(all_train_precisions ${train_precisions})
 foreach(config IN LISTS context_parallel_configs)
   string(REPLACE "," ";" config "${config}")
   list(GET config 0 np)
@@ -253,6 +259,7 @@ foreach(config IN LISTS context_parallel_configs)
   list(GET config 7 docs)
   list(GET config 8 pp)
   list(GET config 9 schedule)
+  list(GET config 10 attention)
   set(layout "_cp${cp}")
   if(pp GREATER 1)
     set(layout "_pp${pp}_${schedule}${layout}")
@@ -268,9 +275,15 @@ foreach(config IN LISTS context_parallel_configs)
   if(docs STREQUAL "on")
     set(layout "${layout}_docs")
   endif()
+  set(train_precisions ${all_train_precisions})
+  if(attention STREQUAL "tc")
+    set(layout "${layout}_tc")
+    set(train_precisions bf16)
+  endif()
   add_train_test(${np} "${layout}_zero${zero}_accum${accum}_${recompute}"
-                 "TRAIN_ZERO=${zero};TRAIN_ACCUM=${accum};TRAIN_CP=${cp};TRAIN_RECOMPUTE=${recompute};TRAIN_TP=${tp};TRAIN_SEQUENCE_PARALLEL=${sp};TRAIN_DOCS=${docs};TRAIN_PP=${pp};TRAIN_PP_SCHEDULE=${schedule}")
+                 "TRAIN_ZERO=${zero};TRAIN_ACCUM=${accum};TRAIN_CP=${cp};TRAIN_RECOMPUTE=${recompute};TRAIN_TP=${tp};TRAIN_SEQUENCE_PARALLEL=${sp};TRAIN_DOCS=${docs};TRAIN_PP=${pp};TRAIN_PP_SCHEDULE=${schedule};TRAIN_ATTENTION=${attention}")
 endforeach()
+set(train_precisions ${all_train_precisions})
 
 # Resume through the program: bitwise equal to an uninterrupted run, and on a different rank count.
 if(GPU)
