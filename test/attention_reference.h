@@ -249,6 +249,9 @@ template <typename R> void check_spans(Kernels which, const SpanTolerances& tol)
         {"the same range (causal), hs 128, partial tiles", {1, 150, 256, 2, 1.5f}, {64, 150, 64, 150}},
         {"fewer keys than queries, key_lead 0", {1, 40, 96, 3, 3.0f}, {0, 33, 0, 5}},
         {"a chunk far before, sharp rows, hs 16", {3, 90, 32, 2, 4.0f}, {60, 90, 3, 29}},
+        // Keys over several 64-key blocks, the first ones seen from the first query on: the dK/dV
+        // kernels' query loops start at k0 - key_lead, not at the key block.
+        {"keys in 4 blocks from before the queries, key_lead 90", {1, 260, 128, 2, 2.0f}, {100, 260, 10, 230}},
     };
     for (const bool documents : {false, true})
     for (const SpanCase& c : cases) {
