@@ -1871,7 +1871,7 @@ inline RunPlan plan_run(const RunConfig& rc, const Distributed& dist) {
     p.options = {.recompute = recompute_of(rc.recompute),
                  .attention = attention_of(rc.attention, kEmulatedDevice),
                  .doc_mask = rc.doc_mask, .doc_positions = rc.doc_positions, .matmul_autotune = rc.matmul_autotune,
-                 .cuda_graphs = rc.cuda_graphs == "on" && rc.pp == 1 && rc.cp == 1, .tensor_parallel = rc.tp,
+                 .cuda_graphs = rc.cuda_graphs == "on" && rc.pp == 1, .tensor_parallel = rc.tp,
                  .sequence_parallel = rc.tp > 1 && rc.sequence_parallel != "off", .pipeline_parallel = rc.pp,
                  .context_parallel = rc.cp};
     if (p.world % (rc.tp * rc.pp) != 0)
@@ -2127,9 +2127,8 @@ inline int run(const RunConfig& rc, Distributed& dist) {
                      total_steps, run, step);
     if (main_rank && rc.cp > 1)
         std::printf("context parallel: --cp %d, each rank holds %d of every sequence's %d tokens in two zigzag chunks of %d "
-                    "(rank r: chunks r and %d-r); keys and values go around a ring of %d%s\n",
-                    rc.cp, p.local_T, T, T / (2 * rc.cp), 2 * rc.cp - 1, rc.cp,
-                    rc.cuda_graphs == "on" ? "; CUDA graphs not used (the ring's transfers are not captured yet)" : "");
+                    "(rank r: chunks r and %d-r); keys and values go around a ring of %d\n",
+                    rc.cp, p.local_T, T, T / (2 * rc.cp), 2 * rc.cp - 1, rc.cp);
     if (main_rank && rc.pp > 1)
         std::printf("pipeline: %s; schedule %s, %d micro-batches per step and data rank; stage 0 keeps %d in flight%s\n",
                     pipeline_split_text(p.config, rc.pp, p.options.pipeline_chunks).c_str(), rc.pp_schedule.c_str(),

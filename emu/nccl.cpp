@@ -673,6 +673,17 @@ struct PointToPoint {
 };
 thread_local std::vector<PointToPoint> group_point_to_point;  // issued at the outermost ncclGroupEnd
 
+// Point-to-point operations issued on a captured stream (CUDA graphs): each is recorded as the call
+// again, with its arguments; inside a group, the group's calls are recorded as one node at the
+// outermost ncclGroupEnd, which replays ncclGroupStart, the calls, ncclGroupEnd. At cudaGraphLaunch the
+// replay runs them as the eager calls would (checks, race detection, matching, the transfer), in the
+// order they were captured: the order every rank issued them.
+struct CapturedPointToPoint {
+    cudaStream_t stream;
+    std::function<ncclResult_t()> again;
+};
+thread_local std::vector<CapturedPointToPoint> group_captured;
+
 double point_to_point_timeout_s() {
     const char* v = std::getenv("CUEMU_NCCL_P2P_TIMEOUT");
     const double seconds = v ? std::atof(v) : 0.0;
@@ -784,8 +795,12 @@ ncclResult_t run_point_to_point(std::vector<PointToPoint>& ops, const char* call
 ncclResult_t point_to_point(bool send, const void* buffer, size_t count, ncclDataType_t datatype, int peer,
                             ncclComm_t comm, cudaStream_t stream) {
     const char* call = send ? "ncclSend" : "ncclRecv";
-    if (cuemu::capturing(stream))  // the group's deferred matching would have to be replayed as a whole
-        return fail(ncclInvalidUsage, call, "point-to-point operations under stream capture are not emulated");
+    if (cuemu::capturing(stream)) {  // recorded; everything else happens when the graph replays it
+        auto again = [=] { return point_to_point(send, buffer, count, datatype, peer, comm, stream); };
+        if (group_depth == 0) return captured(call, stream, again);
+        group_captured.push_back({stream, again});
+        return ncclSuccess;
+    }
     if (comm == nullptr) return fail(ncclInvalidArgument, call, "comm is NULL");
     if (ncclResult_t r = check_type(call, datatype); r != ncclSuccess) return r;
     if (ncclResult_t r = check_count(call, count, type_size(datatype), 1); r != ncclSuccess) return r;
@@ -831,7 +846,27 @@ ncclResult_t ncclGroupStart() {
 
 ncclResult_t ncclGroupEnd() {
     if (group_depth == 0) return fail(ncclInvalidUsage, "ncclGroupEnd", "no ncclGroupStart to end");
-    if (--group_depth > 0 || group_point_to_point.empty()) return ncclSuccess;
+    if (--group_depth > 0) return ncclSuccess;
+    if (!group_captured.empty()) {
+        std::vector<CapturedPointToPoint> calls;
+        calls.swap(group_captured);
+        const cudaStream_t stream = calls.front().stream;
+        const bool one_stream = std::all_of(calls.begin(), calls.end(), [&](const auto& c) { return c.stream == stream; });
+        if (!group_point_to_point.empty() || !one_stream) {
+            group_point_to_point.clear();
+            return fail(ncclInvalidUsage, "ncclGroupEnd", "a group of point-to-point operations on a captured stream "
+                        "and on other streams: its graph node would have to join them (not emulated)");
+        }
+        return captured("ncclGroupEnd", stream, [calls] {
+            ncclGroupStart();
+            ncclResult_t first_error = ncclSuccess;
+            for (const CapturedPointToPoint& c : calls)
+                if (const ncclResult_t r = c.again(); r != ncclSuccess && first_error == ncclSuccess) first_error = r;
+            const ncclResult_t ended = ncclGroupEnd();
+            return first_error != ncclSuccess ? first_error : ended;
+        });
+    }
+    if (group_point_to_point.empty()) return ncclSuccess;
     std::vector<PointToPoint> ops;
     ops.swap(group_point_to_point);
     return run_point_to_point(ops, "ncclGroupEnd");

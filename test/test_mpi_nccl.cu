@@ -12,6 +12,7 @@
 #include <nccl.h>
 
 #include <chrono>
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -625,6 +626,37 @@ TEST_CASE("point to point: pairs exchange outside a group, one side sending firs
     }
     c.sync();
     check_same_bytes(recv.download(), input<float>(partner, 513, 910), "pair exchange with rank " + std::to_string(partner));
+}
+
+// Captured into a CUDA graph (as --cuda-graphs captures the ring of --cp): the capture moves nothing;
+// every launch of the graph runs the group again, with whatever the send buffer holds by then.
+TEST_CASE("point to point captured into a CUDA graph: nothing moves at capture, every launch moves the data") {
+    Comm c;
+    const int next = (world_rank + 1) % world_size, prev = (world_rank + world_size - 1) % world_size;
+    DeviceBuffer<float> send(input<float>(world_rank, 300, 930)), recv(300);
+    recv.fill_bytes(0xff);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaStreamBeginCapture(c.stream, cudaStreamCaptureModeThreadLocal));
+    CHECK_NCCL(ncclGroupStart());
+    CHECK_NCCL(ncclRecv(recv.ptr, 300, ncclFloat32, prev, c.comm, c.stream));
+    CHECK_NCCL(ncclSend(send.ptr, 300, ncclFloat32, next, c.comm, c.stream));
+    CHECK_NCCL(ncclGroupEnd());
+    cudaGraph_t graph = nullptr;
+    CUDA_CHECK(cudaStreamEndCapture(c.stream, &graph));
+    const std::vector<float> before = recv.download();
+    CHECK(std::all_of(before.begin(), before.end(), [](float x) { return std::isnan(x); }));  // still the 0xff fill
+    cudaGraphExec_t exec = nullptr;
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int launch = 0; launch < 2; ++launch) {
+        send.upload(input<float>(world_rank, 300, 930 + launch));
+        CUDA_CHECK(cudaDeviceSynchronize());
+        CUDA_CHECK(cudaGraphLaunch(exec, c.stream));
+        c.sync();
+        check_same_bytes(recv.download(), input<float>(prev, 300, 930 + launch),
+                         "graph launch " + std::to_string(launch) + ": the message from rank " + std::to_string(prev));
+    }
+    CUDA_CHECK(cudaGraphExecDestroy(exec));
+    CUDA_CHECK(cudaGraphDestroy(graph));
 }
 
 #ifndef __CUDACC__
