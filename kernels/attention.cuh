@@ -598,11 +598,13 @@ inline void attention_backward_rowdot(float* D, const floatX* dout, const floatX
 // The gradients of attention_forward over `span`, given the forward pass's lse and D = rowsum(dout *
 // out) of the span's queries (attention_backward_rowdot): dq (rows dq_stride apart) and dk, dv at dkv
 // (dv = dk + C, rows dkv_stride apart), floatX or float (context parallelism's sums), written, or with
-// `accumulate` added to what they hold.
+// `accumulate` added to what they hold. key_gradients_done, if given, is recorded on `stream` once dk
+// and dv are complete, before dq's kernel: context parallelism sends them on while dq is computed.
 template <typename Grad>
 inline void attention_backward(Grad* dq, int dq_stride, Grad* dkv, int dkv_stride, const floatX* dout, const floatX* q,
                                const floatX* kv, const float* lse, const float* D, AttentionSpan span, int B, int C, int NH,
-                               cudaStream_t stream, const int* doc_start = nullptr, bool accumulate = false) {
+                               cudaStream_t stream, const int* doc_start = nullptr, bool accumulate = false,
+                               cudaEvent_t key_gradients_done = nullptr) {
     using namespace attention_detail;
     check_sizes("attention_backward", B, std::max(span.Tq, span.Tk), C, NH);
     require_supported("attention_backward", span_problem(span));
@@ -628,6 +630,7 @@ inline void attention_backward(Grad* dq, int dq_stride, Grad* dkv, int dkv_strid
         allow_smem<dq_kernel>(dq_smem);
         launch<dkdv_kernel>(dkdv_cost, dim3(ceil_div(span.Tk, kTile), NH, B), dim3(kThreads), dkdv_smem, stream, dkv,
                             dkv_stride, dout, q, kv, lse, D, doc_start, span, C, NH, accumulate);
+        if (key_gradients_done) CUDA_CHECK(cudaEventRecord(key_gradients_done, stream));
         launch<dq_kernel>(dq_cost, dim3(ceil_div(span.Tq, kTile), NH, B), dim3(kThreads), dq_smem, stream, dq, dq_stride,
                           dout, q, kv, lse, D, doc_start, span, C, NH, accumulate);
     });

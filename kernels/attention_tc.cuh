@@ -729,7 +729,7 @@ void forward(Out* out, float* lse, const X* q, const X* kv, AttentionSpan span, 
 template <typename X, typename Grad>
 void backward(Grad* dq, int dq_stride, Grad* dkv, int dkv_stride, const X* dout, const X* q, const X* kv, const float* lse,
               const float* D, AttentionSpan span, int B, int C, int NH, cudaStream_t stream, const int* doc_start,
-              bool accumulate) {
+              bool accumulate, cudaEvent_t key_gradients_done) {
     if constexpr (std::is_same_v<X, bf16>) {
         const int hs = C / NH;
         const double BNH = double(B) * NH, bf = sizeof(bf16), G = sizeof(Grad) * (accumulate ? 2.0 : 1.0);
@@ -754,6 +754,7 @@ void backward(Grad* dq, int dq_stride, Grad* dkv, int dkv_stride, const X* dout,
                                      reads + q_elems * G, WorkKind::tensor_cores};
             launch<dkdv_kernel>(dkdv_cost, dim3(ceil_div(span.Tk, kBlockRows), NH, B), dim3(kThreads), dkdv_smem, stream,
                                 dkv, dkv_stride, dout, q, kv, lse, D, doc_start, span, C, NH, accumulate);
+            if (key_gradients_done) CUDA_CHECK(cudaEventRecord(key_gradients_done, stream));
             launch<dq_kernel>(dq_cost, dim3(ceil_div(span.Tq, kBlockRows), NH, B), dim3(kThreads), dq_smem, stream, dq,
                               dq_stride, dout, q, kv, lse, D, doc_start, span, C, NH, accumulate);
         });
@@ -783,15 +784,17 @@ inline void attention_tc_forward(floatX* out, float* lse, const floatX* qkv, int
 
 // The gradients of attention_tc_forward over `span`, as attention_backward's span form: from the forward
 // pass's lse and D = rowsum(dout * out) (attention_backward_rowdot), dq (rows dq_stride apart) and dk,
-// dv at dkv (dv = dk + C, rows dkv_stride apart), floatX or float, written, or with `accumulate` added.
+// dv at dkv (dv = dk + C, rows dkv_stride apart), floatX or float, written, or with `accumulate` added;
+// key_gradients_done, if given, recorded once dk and dv are complete (before dq's kernel).
 template <typename Grad>
 inline void attention_tc_backward(Grad* dq, int dq_stride, Grad* dkv, int dkv_stride, const floatX* dout, const floatX* q,
                                   const floatX* kv, const float* lse, const float* D, AttentionSpan span, int B, int C,
-                                  int NH, cudaStream_t stream, const int* doc_start = nullptr, bool accumulate = false) {
+                                  int NH, cudaStream_t stream, const int* doc_start = nullptr, bool accumulate = false,
+                                  cudaEvent_t key_gradients_done = nullptr) {
     attention_tc_detail::check_span("attention_tc_backward", span, B, C, NH);
     span.key_lead = std::min(span.key_lead, span.Tk);
     attention_tc_detail::backward(dq, dq_stride, dkv, dkv_stride, dout, q, kv, lse, D, span, B, C, NH, stream, doc_start,
-                                  accumulate);
+                                  accumulate, key_gradients_done);
 }
 
 // Causal self-attention's backward: dqkv (B, T, 3C) from dout, with scratch for D (B, NH, T).

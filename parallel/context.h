@@ -29,8 +29,9 @@
 // none of a block's keys gets out 0 and lse -inf from that step, so the merge gives it weight 0.
 //
 // Transfers run on a stream of their own, double-buffered: while a step computes on one buffer, the
-// next visitor arrives in the other (forward and, for the keys and values, backward; the gradient
-// accumulator can move only after the step that adds to it).
+// next visitor arrives in the other (forward and, for the keys and values, backward). The gradient
+// accumulator can move only after the step that adds to it: each step computes dK/dV first and sends
+// the sum on while its dQ kernel runs.
 #pragma once
 
 #include <algorithm>
@@ -116,9 +117,11 @@ struct ContextRing {
     float* sum = nullptr;
     float* part_out = nullptr;
     float* part_lse = nullptr;
-    // computed[i]: the compute stream's last use of kv[i] and dkv[i]; arrived[i], grad_arrived[i]: the
-    // transfers into kv[i], dkv[i]; drained: the ring stream's last transfer of a pass.
-    cudaEvent_t computed[2] = {nullptr, nullptr}, arrived[2] = {nullptr, nullptr}, grad_arrived[2] = {nullptr, nullptr};
+    // computed[i]: the compute stream's last use of kv[i] (and of dkv[i]); grad_computed[i]: its last
+    // write of dkv[i] (dK/dV done, dQ may still run); arrived[i], grad_arrived[i]: the transfers into
+    // kv[i], dkv[i]; drained: the ring stream's last transfer of a pass.
+    cudaEvent_t computed[2] = {nullptr, nullptr}, grad_computed[2] = {nullptr, nullptr};
+    cudaEvent_t arrived[2] = {nullptr, nullptr}, grad_arrived[2] = {nullptr, nullptr};
     cudaEvent_t drained = nullptr;
 };
 
@@ -140,6 +143,7 @@ inline void context_ring_start(ContextRing& ring) {
     CUDA_CHECK(cudaStreamCreateWithFlags(&ring.stream, cudaStreamNonBlocking));
     for (int i = 0; i < 2; ++i) {
         CUDA_CHECK(cudaEventCreateWithFlags(&ring.computed[i], cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&ring.grad_computed[i], cudaEventDisableTiming));
         CUDA_CHECK(cudaEventCreateWithFlags(&ring.arrived[i], cudaEventDisableTiming));
         CUDA_CHECK(cudaEventCreateWithFlags(&ring.grad_arrived[i], cudaEventDisableTiming));
     }
@@ -147,13 +151,13 @@ inline void context_ring_start(ContextRing& ring) {
 }
 inline void context_ring_stop(ContextRing& ring) {
     if (ring.stream) CUDA_CHECK(cudaStreamDestroy(ring.stream));
-    for (cudaEvent_t* events : {ring.computed, ring.arrived, ring.grad_arrived})
+    for (cudaEvent_t* events : {ring.computed, ring.grad_computed, ring.arrived, ring.grad_arrived})
         for (int i = 0; i < 2; ++i)
             if (events[i]) CUDA_CHECK(cudaEventDestroy(events[i]));
     if (ring.drained) CUDA_CHECK(cudaEventDestroy(ring.drained));
     ring.stream = nullptr;
     ring.drained = nullptr;
-    for (int i = 0; i < 2; ++i) ring.computed[i] = ring.arrived[i] = ring.grad_arrived[i] = nullptr;
+    for (int i = 0; i < 2; ++i) ring.computed[i] = ring.grad_computed[i] = ring.arrived[i] = ring.grad_arrived[i] = nullptr;
 }
 
 namespace context_detail {
@@ -173,10 +177,14 @@ inline void span_forward(const ContextRing& ring, Out* out, float* lse, const fl
 template <typename Grad>
 inline void span_backward(const ContextRing& ring, Grad* dq, int dq_stride, Grad* dkv, int dkv_stride, const floatX* dout,
                           const floatX* q, const floatX* kv, const float* lse, const float* D, AttentionSpan span, int B, int C,
-                          int NH, cudaStream_t stream, const int* doc_start, bool accumulate) {
+                          int NH, cudaStream_t stream, const int* doc_start, bool accumulate,
+                          cudaEvent_t key_gradients_done = nullptr) {
     if (ring.tensor_cores)
-        attention_tc_backward(dq, dq_stride, dkv, dkv_stride, dout, q, kv, lse, D, span, B, C, NH, stream, doc_start, accumulate);
-    else attention_backward(dq, dq_stride, dkv, dkv_stride, dout, q, kv, lse, D, span, B, C, NH, stream, doc_start, accumulate);
+        attention_tc_backward(dq, dq_stride, dkv, dkv_stride, dout, q, kv, lse, D, span, B, C, NH, stream, doc_start, accumulate,
+                              key_gradients_done);
+    else
+        attention_backward(dq, dq_stride, dkv, dkv_stride, dout, q, kv, lse, D, span, B, C, NH, stream, doc_start, accumulate,
+                           key_gradients_done);
 }
 
 // The ring step's keys: rank r's step s holds the keys of rank (r - s) mod cp.
@@ -296,10 +304,10 @@ inline void ring_attention_backward(ContextRing& ring, floatX* dqkv, float* D, c
     // Its own keys: dq into the FP32 sum, dk|dv into the accumulator that starts around the ring.
     copy_rows(ring.kv[0], 2 * size_t(C), qkv + C, 3 * size_t(C), size_t(B) * L, 2 * C, stream);
     span_backward(ring, ring.sum, C, ring.dkv[0], 2 * C, dout, qkv, qkv + C, lse, D, causal_span(L, C), B, C, NH, stream,
-                  docs(0, 0), false);
+                  docs(0, 0), false, ring.grad_computed[0]);
     CUDA_CHECK(cudaEventRecord(ring.computed[0], stream));
+    hop(ring, ring.grad_computed[0], ring.dkv[0], kv_count(r), ring.dkv[1], kv_count(visitor(ring, 1)), ring.grad_arrived[1]);
     hop(ring, ring.computed[0], ring.kv[0], kv_count(r), ring.kv[1], kv_count(visitor(ring, 1)), ring.arrived[1]);
-    hop(ring, ring.computed[0], ring.dkv[0], kv_count(r), ring.dkv[1], kv_count(visitor(ring, 1)), ring.grad_arrived[1]);
     for (int s = 1; s < n; ++s) {
         const int now = s % 2, next = (s + 1) % 2;
         const int j = visitor(ring, s);
@@ -311,12 +319,13 @@ inline void ring_attention_backward(ContextRing& ring, floatX* dqkv, float* D, c
         CUDA_CHECK(cudaStreamWaitEvent(stream, ring.arrived[now], 0));
         CUDA_CHECK(cudaStreamWaitEvent(stream, ring.grad_arrived[now], 0));
         span_backward(ring, ring.sum + q0 * C, C, ring.dkv[now], 2 * C, dout + q0 * C, qkv + q0 * 3 * C, ring.kv[now], lse + q0,
-                      D + q0, step.span, B, C, NH, stream, docs(s, q0), /*accumulate=*/true);
-        CUDA_CHECK(cudaEventRecord(ring.computed[now], stream));
-        // The sum moves on once this step has added to it: to the next visitor's holder, and after the
-        // last step home to its keys' rank (the next one), while this rank receives its own.
-        hop(ring, ring.computed[now], ring.dkv[now], kv_count(j), ring.dkv[next], kv_count(visitor(ring, s + 1)),
+                      D + q0, step.span, B, C, NH, stream, docs(s, q0), /*accumulate=*/true, ring.grad_computed[now]);
+        // The sum moves on once this step has added to it, while the step's dQ kernel runs: to the next
+        // visitor's holder, and after the last step home to its keys' rank (the next one), while this
+        // rank receives its own.
+        hop(ring, ring.grad_computed[now], ring.dkv[now], kv_count(j), ring.dkv[next], kv_count(visitor(ring, s + 1)),
             ring.grad_arrived[next]);
+        CUDA_CHECK(cudaEventRecord(ring.computed[now], stream));
     }
     CUDA_CHECK(cudaStreamWaitEvent(stream, ring.grad_arrived[n % 2], 0));
     copy_rows(dqkv, 3 * size_t(C), ring.sum, size_t(C), size_t(B) * L, C, stream);
