@@ -484,7 +484,8 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
     const int warp_query_end = int(-warp_max(-float(min(key_query_end[0], key_query_end[1]))));  // the minimum
     float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
     const int query_end = attention_detail::visible_query_end(doc_row, query_begin, min(k0 + kBlockRows, Tk) - 1, Tq);
-    const int query_tiles = max(query_end - query_begin, 0) / kQueries + (max(query_end - query_begin, 0) % kQueries != 0);
+    const int queries = max(query_end - query_begin, 0);  // none: a span's keys that no query sees
+    const int query_tiles = (queries + kQueries - 1) / kQueries;
     for (int tile = 0; tile < query_tiles; ++tile) {
         if (tile + 1 < query_tiles) {
             load_query_tile(tile + 1);

@@ -300,4 +300,13 @@ TEST_CASE("configurations the kernels cannot take are rejected naming the constr
     CHECK(gpt2_check_build(good, 1, 8, 0, ModelOptions{}).empty());
     CHECK(gpt2_check_build(good, 1, 8, 0, documents) ==
           "model: documents (--doc-mask, --doc-positions) start at the end-of-text token 50256, outside the vocabulary of 512");
+    // Context parallelism takes either attention kernel family (its ring steps are spans of both), but
+    // splits training's sequences: an inference model (generation's KV cache) stays on one rank.
+    ModelOptions context;
+    context.context_parallel = 2;
+    context.attention = Attention::simt;
+    CHECK(gpt2_check_build(good, 1, 4, 0, context).empty());
+    context.inference = true;
+    CHECK(gpt2_check_build(good, 1, 4, 0, context) ==
+          "model: context parallelism splits training's sequences; an inference model runs on one rank");
 }
