@@ -193,6 +193,67 @@ TEST_CASE("record-only on 4 ranks: collectives carry NCCL's bus bytes per rank")
     CHECK(norm == 2 * 0.75 * sizeof(float));
 }
 
+// Context parallelism as the roofline records it (rank 0 of a record-only ring of 4): every layer's ring
+// hops on the ring's own stream, with the bytes of parallel/context.h's buffers, the steps on the kernels
+// --attention names, and each backward gradient hop waiting only for its step's dK/dV kernel (an event
+// recorded between the dK/dV and dQ launches), so that it overlaps dQ.
+TEST_CASE("record-only on a context ring of 4: the hops on their own stream, the gradient sum sent on before dQ") {
+    set_record_only(true);
+    constexpr int cp = 4, local_T = kT / cp;
+    Distributed dist = lone_rank(cp);  // gradients over the data x context group
+    ncclUniqueId id;
+    NCCL_CHECK(ncclGetUniqueId(&id));
+    ncclComm_t ring = nullptr;
+    NCCL_CHECK(ncclCommInitRank(&ring, cp, id, 0));
+    const ProcessGroup context{MPI_COMM_SELF, ring, 0, cp};
+    ModelOptions options{Recompute::none, kBuildHasTensorCoreAttention ? Attention::tc : Attention::simt};
+    options.context_parallel = cp;
+    Trainer tr;
+    trainer_build(tr, dist, kConfig, kB, local_T, 0, OptimizerConfig{}, options, {}, {}, context);
+    std::vector<int> tokens(size_t(kB) * local_T);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int(i * 37 % 200);
+    launch_record::start(false);
+    train_step(tr, {tokens.data()}, {tokens.data()}, kB, local_T, 1e-3f);
+    const std::vector<LaunchRecord> records = launch_record::stop();
+    trainer_free(tr);
+    NCCL_CHECK(ncclCommDestroy(ring));
+    distributed_release(dist);
+    set_record_only(false);
+
+    const double kv_bytes = double(kB) * local_T * 2 * kConfig.channels * sizeof(floatX), dkv_bytes = kv_bytes / sizeof(floatX) * 4;
+    const cudaStream_t compute = [&] {
+        for (const LaunchRecord& r : records)
+            if (r.name.find("attention_") == 0) return r.stream;
+        return cudaStream_t{};
+    }();
+    int kv_sends = 0, dkv_sends = 0, spans = 0, after_dkdv = 0;
+    std::map<const void*, std::string> recorded_after;  // event -> the compute-stream launch just before its record
+    std::string last_compute_launch, ring_waited;          // ring_waited: that launch, for the ring's last wait
+    for (const LaunchRecord& r : records) {
+        if (r.kind == WorkKind::event_record && r.stream == compute) recorded_after[r.event] = last_compute_launch;
+        if (r.kind == WorkKind::stream_wait && r.stream != compute && recorded_after.count(r.event)) ring_waited = recorded_after[r.event];
+        if (r.stream == compute && (r.kind == WorkKind::cuda_cores || r.kind == WorkKind::tensor_cores)) last_compute_launch = r.name;
+        if (r.name.find("attention_") == 0 && r.name.find("_kernel<") != std::string::npos && r.name.find("rowdot") == std::string::npos &&
+            r.name.find("merge") == std::string::npos) {
+            ++spans;
+            CHECK(r.kind == (options.attention == Attention::tc ? WorkKind::tensor_cores : WorkKind::cuda_cores));
+        }
+        if (r.name != "ncclSend") continue;
+        CHECK(r.stream != compute);
+        if (r.bytes == kv_bytes) ++kv_sends;
+        if (r.bytes == dkv_bytes) {
+            ++dkv_sends;
+            after_dkdv += ring_waited.find("dkdv") != std::string::npos;
+        }
+    }
+    // Per layer: 3 forward and 3 backward key/value hops, 4 gradient hops (the last one home).
+    CHECK(kv_sends == 6 * kConfig.num_layers);
+    CHECK(dkv_sends == 4 * kConfig.num_layers);
+    CHECK(after_dkdv == dkv_sends);
+    // Per layer and ring step: a forward, a dK/dV and a dQ kernel.
+    CHECK(spans == 3 * cp * kConfig.num_layers);
+}
+
 __global__ void set_flag_kernel(int* flag) { *flag = 1; }
 
 TEST_CASE("record-only mode: memory is only reserved and nothing executes") {
