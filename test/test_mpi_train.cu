@@ -11,6 +11,7 @@
 #include "model_test_util.h"
 
 #include <fstream>
+#include <functional>
 #include <set>
 
 namespace {
@@ -126,6 +127,93 @@ std::vector<float> download_master(const Trainer& tr) {
     return master;
 }
 
+// The fixture's AdamW steps on a built and started trainer holding the fixture's parameters, each batch's
+// rows of this rank (local_T tokens of each of the B rows) from rows_of: per-step loss and norm, each
+// tensor's displacement and final values against PyTorch's (dev/gpt2_reference.py).
+using RowsOf = std::function<void(const int32_t* whole, std::vector<int>& mine)>;
+void check_fixture_adamw(Trainer& tr, const Fixture& fx, const char* name, int local_T, const RowsOf& rows_of) {
+    const FixtureConfig& c = fx.config;
+    const std::vector<float> master_before = download_master(tr);
+    const float lr = fx.meta.at("adamw").at("lr");
+    const int steps = fx.meta.at("adamw").at("steps");
+    const std::vector<int32_t>& inputs = fx.at("adamw.inputs").i32;
+    const std::vector<int32_t>& targets = fx.at("adamw.targets").i32;
+    const size_t bt = size_t(c.B) * c.T;
+    std::vector<int> my_inputs, my_targets;
+    std::vector<double> losses, norms;
+    for (int s = 0; s < steps; ++s) {
+        const size_t batch = size_t(s % 2) * bt;
+        rows_of(inputs.data() + batch, my_inputs);
+        rows_of(targets.data() + batch, my_targets);
+        StepResult r = train_step(tr, {my_inputs.data()}, {my_targets.data()}, c.B, local_T, lr);
+        REQUIRE(r.updated);
+        losses.push_back(r.loss);
+        norms.push_back(r.grad_norm);
+    }
+    const TensorError loss_err = tensor_error(losses, fx.at("adamw.loss").f32, ErrorScale::absolute);
+    const TensorError norm_err = tensor_error(norms, fx.at("adamw.grad_norm").f32, ErrorScale::element);
+    if (world.rank == 0) std::printf("%s [%s] %d AdamW steps: loss err %.2e, norm rel err %.2e\n", name, kPrecisionName, steps,
+                loss_err.value, norm_err.value);
+    // Losses and norms follow the reference to within the forward/backward error (test_model.cu).
+    // Measured worst over the three fixtures: FP32 loss 3.1e-7, norm 1.6e-6 relative; BF16 loss
+    // 9.2e-4, norm 5.9e-3 relative. Bounds ~4x.
+    CHECK(loss_err <= (kFP32 ? 1.5e-6 : 4e-3));
+    CHECK(norm_err <= (kFP32 ? 6e-6 : 2.5e-2));
+
+    // Displacement: how far the optimizer moved each tensor, (p_K - p_0) on our FP32 master weights
+    // against PyTorch's (final - initial), as ||d - d_ref|| / ||d_ref|| per tensor. Unlike the final
+    // parameters (within 2 lr K + a BF16 rounding of the reference whatever the optimizer did),
+    // this fails an optimizer that does nothing (error 1), skips bias correction (the first steps
+    // move up to 1/sqrt(1 - beta2) = 4.5x as far) or decays the LayerNorm weights (10 steps of
+    // lr * wd * |w| = 1e-3 against a per-element move of ~4e-3 rms: ~25%). Measured worst over the
+    // three fixtures and every tensor: FP32 3.1e-5 (fcprojw), BF16 4.2e-2 (ln2b; 8-bit gradients).
+    // Bounds: FP32 2e-4 (~6x), BF16 0.1 (~2.4x, still under a quarter of the smallest fault above).
+    const std::vector<float> master_after = download_master(tr);
+    const std::vector<float> params = download_as_float(tr.model.params_memory, tr.model.num_parameters);
+    double worst_displacement = 0, worst_final = 0;
+    size_t offset = 0;
+    for (int i = 0; i < kNumParameterTensors; ++i) {
+        const size_t n = tr.model.param_sizes[i];
+        const std::vector<float>& initial = fx.at(kParameterNames[i]).f32;
+        const std::vector<float>& final_ref = fx.at(std::string("final.") + kParameterNames[i]).f32;
+        // The key bias's true gradient is zero (it adds q . b_k to every score of a softmax row, a
+        // shift softmax ignores); rounding noise in its gradient is all Adam sees there, and it
+        // turns noise into lr-sized moves that differ between any two implementations (BF16:
+        // qkvb's displacement error 0.54-0.68 with it, measured). It is left out of the norm.
+        const bool qkvb = std::string(kParameterNames[i]) == "qkvb";
+        const size_t C = tr.model.config.channels;
+        double diff2 = 0, ref2 = 0;
+        for (size_t j = 0; j < n; ++j) {
+            if (qkvb && j % (3 * C) >= C && j % (3 * C) < 2 * C) continue;
+            const double d = double(master_after[offset + j]) - master_before[offset + j];
+            const double d_ref = double(final_ref[j]) - initial[j];
+            diff2 += (d - d_ref) * (d - d_ref);
+            ref2 += d_ref * d_ref;
+        }
+        const double displacement_err = std::sqrt(diff2 / ref2);  // NaN if anything is NaN: fails below
+        // Final parameters: Adam's update m / sqrt(v) does not scale with the gradient, so on
+        // elements whose gradient is near zero a tiny gradient error can change the update by up
+        // to lr per step (2 lr if its sign flips): the error of any parameter after K steps is
+        // bounded by 2 lr K, plus one rounding of the stored parameter (2^-8 of its magnitude in
+        // BF16). Measured worst: FP32 2.7e-5 absolute (fcprojw; bound used 1e-4); BF16 1.0e-2
+        // absolute (lnfw, whose values are ~1), inside 2 lr K + 2^-8 max|p| = 2.4e-2.
+        const TensorError final_err = tensor_error(params.data() + offset, final_ref.data(), n, ErrorScale::absolute);
+        double max_ref = 0;
+        for (float v : final_ref) max_ref = std::max(max_ref, std::fabs(double(v)));
+        if (world.rank == 0) std::printf("  %-9s displacement err %.2e of |d_ref| %.2e; final abs err %.2e\n", kParameterNames[i],
+                    displacement_err, std::sqrt(ref2), final_err.value);
+        INFO(kParameterNames[i]);
+        CHECK(ref2 > 0);
+        CHECK(displacement_err <= (kFP32 ? 2e-4 : 0.1));
+        CHECK(final_err <= (kFP32 ? 1e-4 : 2.0 * lr * steps + std::ldexp(max_ref, -8)));
+        if (!(displacement_err <= worst_displacement)) worst_displacement = displacement_err;
+        if (!(final_err.value <= worst_final)) worst_final = final_err.value;
+        offset += n;
+    }
+    if (world.rank == 0) std::printf("%s [%s]: worst displacement err %.2e, worst final abs err %.2e\n", name, kPrecisionName,
+                worst_displacement, worst_final);
+}
+
 // Runs on 1 rank, ZeRO-0, 1 micro-step only (main() selects it): the fixture's batch is one micro-batch.
 TEST_CASE("10 AdamW steps match PyTorch: per-step loss and norm, displacement, final parameters", "[pytorch]") {
     REQUIRE(world.world_size == 1);
@@ -140,85 +228,43 @@ TEST_CASE("10 AdamW steps match PyTorch: per-step loss and norm, displacement, f
         trainer_build(tr, single, config_of(c), c.B, c.T, 0, optimizer_of(fx));
         load_parameters(tr.model, fx);
         trainer_start(tr);
-        const std::vector<float> master_before = download_master(tr);
-        const float lr = fx.meta.at("adamw").at("lr");
-        const int steps = fx.meta.at("adamw").at("steps");
-        const std::vector<int32_t>& inputs = fx.at("adamw.inputs").i32;
-        const std::vector<int32_t>& targets = fx.at("adamw.targets").i32;
-        const size_t bt = size_t(c.B) * c.T;
-        std::vector<double> losses, norms;
-        for (int s = 0; s < steps; ++s) {
-            const size_t batch = size_t(s % 2) * bt;
-            StepResult r = train_step(tr, {inputs.data() + batch}, {targets.data() + batch}, c.B, c.T, lr);
-            REQUIRE(r.updated);
-            losses.push_back(r.loss);
-            norms.push_back(r.grad_norm);
-        }
-        const TensorError loss_err = tensor_error(losses, fx.at("adamw.loss").f32, ErrorScale::absolute);
-        const TensorError norm_err = tensor_error(norms, fx.at("adamw.grad_norm").f32, ErrorScale::element);
-        std::printf("%s [%s] %d AdamW steps: loss err %.2e, norm rel err %.2e\n", name, kPrecisionName, steps,
-                    loss_err.value, norm_err.value);
-        // Losses and norms follow the reference to within the forward/backward error (test_model.cu).
-        // Measured worst over the three fixtures: FP32 loss 3.1e-7, norm 1.6e-6 relative; BF16 loss
-        // 9.2e-4, norm 5.9e-3 relative. Bounds ~4x.
-        CHECK(loss_err <= (kFP32 ? 1.5e-6 : 4e-3));
-        CHECK(norm_err <= (kFP32 ? 6e-6 : 2.5e-2));
-
-        // Displacement: how far the optimizer moved each tensor, (p_K - p_0) on our FP32 master weights
-        // against PyTorch's (final - initial), as ||d - d_ref|| / ||d_ref|| per tensor. Unlike the final
-        // parameters (within 2 lr K + a BF16 rounding of the reference whatever the optimizer did),
-        // this fails an optimizer that does nothing (error 1), skips bias correction (the first steps
-        // move up to 1/sqrt(1 - beta2) = 4.5x as far) or decays the LayerNorm weights (10 steps of
-        // lr * wd * |w| = 1e-3 against a per-element move of ~4e-3 rms: ~25%). Measured worst over the
-        // three fixtures and every tensor: FP32 3.1e-5 (fcprojw), BF16 4.2e-2 (ln2b; 8-bit gradients).
-        // Bounds: FP32 2e-4 (~6x), BF16 0.1 (~2.4x, still under a quarter of the smallest fault above).
-        const std::vector<float> master_after = download_master(tr);
-        const std::vector<float> params = download_as_float(tr.model.params_memory, tr.model.num_parameters);
-        double worst_displacement = 0, worst_final = 0;
-        size_t offset = 0;
-        for (int i = 0; i < kNumParameterTensors; ++i) {
-            const size_t n = tr.model.param_sizes[i];
-            const std::vector<float>& initial = fx.at(kParameterNames[i]).f32;
-            const std::vector<float>& final_ref = fx.at(std::string("final.") + kParameterNames[i]).f32;
-            // The key bias's true gradient is zero (it adds q . b_k to every score of a softmax row, a
-            // shift softmax ignores); rounding noise in its gradient is all Adam sees there, and it
-            // turns noise into lr-sized moves that differ between any two implementations (BF16:
-            // qkvb's displacement error 0.54-0.68 with it, measured). It is left out of the norm.
-            const bool qkvb = std::string(kParameterNames[i]) == "qkvb";
-            const size_t C = tr.model.config.channels;
-            double diff2 = 0, ref2 = 0;
-            for (size_t j = 0; j < n; ++j) {
-                if (qkvb && j % (3 * C) >= C && j % (3 * C) < 2 * C) continue;
-                const double d = double(master_after[offset + j]) - master_before[offset + j];
-                const double d_ref = double(final_ref[j]) - initial[j];
-                diff2 += (d - d_ref) * (d - d_ref);
-                ref2 += d_ref * d_ref;
-            }
-            const double displacement_err = std::sqrt(diff2 / ref2);  // NaN if anything is NaN: fails below
-            // Final parameters: Adam's update m / sqrt(v) does not scale with the gradient, so on
-            // elements whose gradient is near zero a tiny gradient error can change the update by up
-            // to lr per step (2 lr if its sign flips): the error of any parameter after K steps is
-            // bounded by 2 lr K, plus one rounding of the stored parameter (2^-8 of its magnitude in
-            // BF16). Measured worst: FP32 2.7e-5 absolute (fcprojw; bound used 1e-4); BF16 1.0e-2
-            // absolute (lnfw, whose values are ~1), inside 2 lr K + 2^-8 max|p| = 2.4e-2.
-            const TensorError final_err = tensor_error(params.data() + offset, final_ref.data(), n, ErrorScale::absolute);
-            double max_ref = 0;
-            for (float v : final_ref) max_ref = std::max(max_ref, std::fabs(double(v)));
-            std::printf("  %-9s displacement err %.2e of |d_ref| %.2e; final abs err %.2e\n", kParameterNames[i],
-                        displacement_err, std::sqrt(ref2), final_err.value);
-            INFO(kParameterNames[i]);
-            CHECK(ref2 > 0);
-            CHECK(displacement_err <= (kFP32 ? 2e-4 : 0.1));
-            CHECK(final_err <= (kFP32 ? 1e-4 : 2.0 * lr * steps + std::ldexp(max_ref, -8)));
-            if (!(displacement_err <= worst_displacement)) worst_displacement = displacement_err;
-            if (!(final_err.value <= worst_final)) worst_final = final_err.value;
-            offset += n;
-        }
-        std::printf("%s [%s]: worst displacement err %.2e, worst final abs err %.2e\n", name, kPrecisionName,
-                    worst_displacement, worst_final);
+        check_fixture_adamw(tr, fx, name, c.T, [&](const int32_t* whole, std::vector<int>& mine) {
+            mine.assign(whole, whole + size_t(c.B) * c.T);
+        });
         trainer_free(tr);
         distributed_release(single);
     }
+}
+
+// Context parallelism against PyTorch itself (besides against one process, the [cp] case): the d2_c64
+// fixture's 10 AdamW steps with its T = 32 split over one context group (zigzag rows on each rank), on
+// the kernels TRAIN_ATTENTION names; the [pytorch] case's checks and bounds. main() selects it on one
+// context group at ZeRO-0 with one micro-step and no documents.
+TEST_CASE("context parallelism follows PyTorch's AdamW steps on the fixture", "[cp-pytorch]") {
+    const int cp = context_parallel;
+    REQUIRE(world.world_size == cp);
+    REQUIRE(zero_stage == 0);
+    const Fixture fx = load_fixture(repo_root() + "/test/fixtures/d2_c64.bin");
+    const FixtureConfig& c = fx.config;
+    REQUIRE(c.T % (2 * cp) == 0);
+    INFO("d2_c64 [" << kPrecisionName << ", --cp " << cp << ", attention " << attention_name(cp_attention) << "]");
+    ParallelGroups groups = make_parallel_groups(world, 1, 1, cp);
+    ModelOptions options;
+    options.recompute = tp_recompute;
+    options.attention = cp_attention;
+    options.context_parallel = cp;
+    Trainer tr;
+    trainer_build(tr, groups.data, config_of(c), c.B, c.T / cp, 0, optimizer_of(fx), options, groups.tensor, groups.pipeline,
+                  groups.context);
+    load_parameters(tr.model, fx);
+    trainer_start(tr);
+    const ZigzagLayout zigzag{c.T, cp};
+    check_fixture_adamw(tr, fx, "d2_c64", c.T / cp, [&](const int32_t* whole, std::vector<int>& mine) {
+        mine.resize(size_t(c.B) * zigzag.local_length(groups.context.rank));
+        zigzag_rows(mine.data(), whole, c.B, zigzag, groups.context.rank);
+    });
+    trainer_free(tr);
+    release_parallel_groups(groups);
 }
 
 // Runs at ZeRO-0 (full gradients to compare) where the fixture's B divides over ranks x micro-steps
@@ -792,10 +838,15 @@ int main(int argc, char** argv) {
         if (world.rank == 0)
             std::printf("test_mpi_train: TRAIN_TP=%d, TRAIN_PP=%d: the [tp] test case only\n", tensor_parallel, pipeline_parallel);
     }
+    // The [cp] case against one process, and on one plain context group the fixture's steps ([cp-pytorch]).
+    const bool cp_fixture = context_parallel > 1 && world.world_size == context_parallel && zero_stage == 0 && accumulation == 1 &&
+                            !cp_documents;
     if (context_parallel > 1) {  // likewise the [cp] case (with TRAIN_TP: context x tensor)
-        excluded = "[cp]";
-        if (world.rank == 0) std::printf("test_mpi_train: TRAIN_CP=%d: the [cp] test case only\n", context_parallel);
+        excluded = cp_fixture ? "[cp],[cp-pytorch]" : "[cp]";
+        if (world.rank == 0) std::printf("test_mpi_train: TRAIN_CP=%d: the [cp] test case%s only\n", context_parallel,
+                                         cp_fixture ? " and [cp-pytorch]" : "");
     }
+    exclude(cp_fixture, "[cp-pytorch]", "needs one context group (TRAIN_CP ranks), ZeRO-0, one micro-step, no documents");
     std::vector<char*> args(argv, argv + argc);
     const bool spec_given = std::any_of(args.begin() + 1, args.end(), [](const char* a) { return a[0] != '-'; });
     if (!excluded.empty() && !spec_given) args.push_back(excluded.data());

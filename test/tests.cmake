@@ -233,7 +233,9 @@ endforeach()
 # (1F1B; AFAB with documents, ZeRO-1 and selective recompute), 2 data x 2 stages x 2 context, and 2
 # stages x 2 context x 2 tensor with sequence parallelism, ZeRO-2 and full recompute (4D but data). The
 # last field names the attention kernels: simt, or tc (the tensor-core kernels, BF16 only: no FP32 twin)
-# at cp 2 with documents, and 2 data x 2 context with ZeRO-1, accumulation and selective recompute.
+# at cp 2 with and without documents, and 2 data x 2 context with ZeRO-1, accumulation and selective
+# recompute. One context group at ZeRO-0 with one micro-step and no documents (cp 2 and 4 on the SIMT
+# kernels, cp 2 on the tensor cores) also runs the PyTorch fixture's AdamW steps ([cp-pytorch]).
 set(context_parallel_configs "2,0,1,2,none,1,off,off,1,-,simt" "4,0,1,4,none,1,off,off,1,-,simt"
                              "4,1,2,2,none,1,off,off,1,-,simt" "2,2,1,2,full,1,off,off,1,-,simt"
                              "4,0,1,4,selective,1,off,off,1,-,simt" "4,0,1,2,none,2,on,off,1,-,simt"
@@ -242,7 +244,7 @@ set(context_parallel_configs "2,0,1,2,none,1,off,off,1,-,simt" "4,0,1,4,none,1,o
                              "4,0,1,2,none,2,on,on,1,-,simt" "4,0,4,2,none,1,off,off,2,1f1b,simt"
                              "4,1,4,2,selective,1,off,on,2,afab,simt" "8,1,2,2,none,1,off,off,2,1f1b,simt"
                              "8,2,4,2,full,2,on,off,2,1f1b,simt" "2,0,1,2,none,1,off,on,1,-,tc"
-                             "4,1,2,2,selective,1,off,off,1,-,tc")
+                             "4,1,2,2,selective,1,off,off,1,-,tc" "2,0,1,2,none,1,off,off,1,-,tc")
 if(ASAN)
   set(context_parallel_configs "2,0,1,2,none,1,off,on,1,-,simt")
 endif()
