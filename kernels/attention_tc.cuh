@@ -205,7 +205,7 @@ __device__ inline void store_warp_rows(Dst* dst, size_t dst_stride, bf16* rows, 
         const bool odd = (t & 1) != 0;
         const int row = row0 + g + (odd ? 8 : 0), col = 2 * (t & ~1);
         const float s = odd ? scale[1] : scale[0];
-        float* to = dst + size_t(row) * dst_stride + col;  // formed only for rows below T
+        float* to = row < T ? dst + size_t(row) * dst_stride + col : nullptr;  // rows at or beyond T: not stored
         TC_UNROLL
         for (int n = 0; n < HS / 8; ++n) {
             const float lo = __shfl_xor_sync(0xffffffffu, odd ? acc[n][0] : acc[n][2], 1);
