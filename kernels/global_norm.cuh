@@ -10,9 +10,11 @@
 
 #include "common.cuh"
 
-constexpr int kGlobalNormBlock = 256;
-// Enough blocks to fill an H100 (132 SMs x 8 blocks of 256 threads); the finishing kernel sums
-// them with one thread each, so it must stay <= 1024.
+// Two warps a block. The CPU emulator's cost is per thread (a fiber's start, the block reduction's
+// switches and waits): 256-thread blocks made GPT-2 124M's norm 262k threads, 4x its reads' time.
+constexpr int kGlobalNormBlock = 64;
+// About 8 blocks on each of an H100's 132 SMs; the finishing kernel sums them with one thread each,
+// so it must stay <= 1024.
 constexpr size_t kGlobalNormMaxBlocks = 1024;
 
 // At least this many vectors a thread before another block is added: a small model's gradient
@@ -28,12 +30,14 @@ inline size_t global_norm_blocks(size_t n) {
 inline size_t global_norm_scratch_floats(size_t n) { return global_norm_blocks(n); }
 
 // Vectors of Packed128 from element `head` on (16-byte aligned there): block b takes the b-th
-// contiguous range of them, its threads striding by the block (coalesced); then the `head`
-// elements before them and the tail after them, one per thread, grid-strided. Contiguous ranges
-// rather than a grid-wide stride: a thread's loads then lie a block's width apart, not the whole
-// grid's (4 MB), which the CPU emulator, running one thread after another, took in cache misses
-// (2.6x slower). One running sum per vector lane: independent fma chains (a single chain is
-// latency-bound wherever a thread runs alone, as in the CPU emulator), added in a fixed order.
+// contiguous range of them, warp w the w-th contiguous piece of that, its lanes striding by the warp
+// (coalesced); then the `head` elements before them and the tail after them, one per thread,
+// grid-strided. Pieces per warp rather than a block-wide stride: the CPU emulator runs a warp's lanes
+// one after another, and a lane's loads 512 bytes apart stay in a page, where the hardware prefetcher
+// follows them (4 KB apart, each in a new page, it did not). One running sum per vector lane:
+// independent fma chains (a single chain is latency-bound wherever a thread runs alone, as in the CPU
+// emulator), added in a fixed order. GPT-2 124M's gradient (BF16, `make`'s -O3 CPU build, 2 cores):
+// 42-60 ms with 256-thread blocks and a block-wide stride, 20-22 ms so (plain streaming reads: 10 ms).
 static __global__ void __launch_bounds__(kGlobalNormBlock)
     global_norm_partials_kernel(float* partials, const floatX* values, size_t n, size_t head, size_t vectors) {
     __shared__ float scratch[kBlockReduceScratch];
@@ -41,15 +45,19 @@ static __global__ void __launch_bounds__(kGlobalNormBlock)
     const size_t stride = size_t(gridDim.x) * blockDim.x;
     const size_t thread = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
     const size_t per_block = (vectors + gridDim.x - 1) / gridDim.x;
-    const size_t begin = size_t(blockIdx.x) * per_block, first = begin < vectors ? begin : vectors;
-    const size_t last = vectors - first < per_block ? vectors : first + per_block;
+    const auto smaller = [](size_t a, size_t b) { return a < b ? a : b; };
+    const size_t block_begin = smaller(size_t(blockIdx.x) * per_block, vectors);
+    const size_t block_end = smaller(block_begin + per_block, vectors);
+    const size_t warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const size_t per_warp = (block_end - block_begin + warps - 1) / warps;
+    const size_t first = smaller(block_begin + warp * per_warp, block_end);
+    const size_t last = smaller(first + per_warp, block_end);
     float lane_sums[width] = {};
-    for (size_t j = first + threadIdx.x; j < last; j += blockDim.x) {
-        const Packed128<floatX> packed = load128(values + head + j * width);
-        for (int k = 0; k < width; ++k) {
-            const float x = to_float(packed[k]);
-            lane_sums[k] = fmaf(x, x, lane_sums[k]);
-        }
+    for (size_t j = first + lane; j < last; j += 32) {
+        float x[width];
+        unpack_floats(x, load128(values + head + j * width));
+        LANE_LOOP
+        for (int k = 0; k < width; ++k) lane_sums[k] = fmaf(x[k], x[k], lane_sums[k]);
     }
     const size_t vector_end = head + vectors * width;
     for (size_t j = thread; j < n - vectors * width; j += stride) {

@@ -507,6 +507,31 @@ TEST_CASE("from_float<bf16> rounds like __float2bfloat16, NaN included") {
     }
 }
 
+// pack_floats / unpack_floats (kernels/common.cuh): the CPU build's vector forms give, lane by lane,
+// the bits of from_float / to_float, in both element types, over the same patterns as above.
+TEST_CASE("pack_floats and unpack_floats are from_float and to_float lane by lane") {
+    std::mt19937 rng(6);
+    std::vector<uint32_t> patterns = {0x00000000u, 0x80000000u, 0x7F800000u, 0xFF800000u, 0x7F800001u, 0xFFC00000u,
+                                      0x7FFFFFFFu, 0x3F808000u, 0x3F818000u, 0x7F7FFFFFu, 0x00008000u, 0x00018000u};
+    for (int i = 0; i < (1 << 16); ++i) patterns.push_back(rng());
+    constexpr int kBf16 = Packed128<__nv_bfloat16>::size, kFloat = Packed128<float>::size;
+    for (size_t i = 0; i + kBf16 <= patterns.size(); i += 3) {  // overlapping windows: every pattern in every lane
+        float in[kBf16], back[kBf16];
+        for (int k = 0; k < kBf16; ++k) in[k] = float_from_bits(patterns[i + k]);
+        const Packed128<__nv_bfloat16> packed = pack_floats<__nv_bfloat16>(in);
+        unpack_floats(back, packed);
+        for (int k = 0; k < kBf16; ++k) {
+            INFO("x bits " << std::hex << patterns[i + k] << " in lane " << k);
+            REQUIRE(bf16_bits(packed[k]) == bf16_bits(from_float<__nv_bfloat16>(in[k])));
+            REQUIRE(float_bits(back[k]) == float_bits(to_float(packed[k])));
+        }
+        float in4[kFloat], back4[kFloat];
+        for (int k = 0; k < kFloat; ++k) in4[k] = in[k];
+        unpack_floats(back4, pack_floats<float>(in4));
+        for (int k = 0; k < kFloat; ++k) REQUIRE(float_bits(back4[k]) == float_bits(in4[k]));
+    }
+}
+
 // expf_each (kernels/common.cuh): within a few ulp of the double exp (CUDA's expf: 2 ulp; the CPU
 // build's libmvec expf is not correctly rounded either), and a value's result does not depend on
 // where in the chunk it stands or on the chunk's length (the CPU build pads the last group of 8).
