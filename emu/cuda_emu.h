@@ -259,24 +259,36 @@ void warp_exchange(unsigned mask, const void* input, void* output, WarpExchangeF
 // operations in the same order as the chain of shuffles, with one fiber switch per lane instead
 // of one per lane and step. As with the shuffles, a lane that does not exist in a partial warp
 // reads as NaN bits.
-template <typename Op, int... Offsets>
+template <typename Op, int Values, int... Offsets>
 const char* xor_chain_combine(const void* const inputs[32], void* const outputs[32], unsigned members) {
-    float v[32];
-    for (unsigned l = 0; l < 32; ++l) v[l] = ((members >> l) & 1u) ? *static_cast<const float*>(inputs[l]) : from_bits<float>(~0ull);
-    for (int offset : {Offsets...}) {
-        float next[32];
-        for (unsigned l = 0; l < 32; ++l) next[l] = Op{}(v[l], v[l ^ unsigned(offset)]);
-        for (unsigned l = 0; l < 32; ++l) v[l] = next[l];
+    for (int i = 0; i < Values; ++i) {  // each of a lane's values through its own butterfly
+        float v[32];
+        for (unsigned l = 0; l < 32; ++l)
+            v[l] = ((members >> l) & 1u) ? static_cast<const float*>(inputs[l])[i] : from_bits<float>(~0ull);
+        for (int offset : {Offsets...}) {
+            float next[32];
+            for (unsigned l = 0; l < 32; ++l) next[l] = Op{}(v[l], v[l ^ unsigned(offset)]);
+            for (unsigned l = 0; l < 32; ++l) v[l] = next[l];
+        }
+        for (unsigned l = 0; l < 32; ++l)
+            if ((members >> l) & 1u) static_cast<float*>(outputs[l])[i] = v[l];
     }
-    for (unsigned l = 0; l < 32; ++l)
-        if ((members >> l) & 1u) *static_cast<float*>(outputs[l]) = v[l];
     return nullptr;
 }
 template <typename Op, int... Offsets> float warp_xor_chain(float v) {
     static_assert(sizeof...(Offsets) > 0 && ((Offsets > 0 && Offsets < 32) && ...), "xor offsets are lanes 1..31");
     float result;
-    warp_exchange(0xffffffffu, &v, &result, &xor_chain_combine<Op, Offsets...>, "__shfl_xor_sync chain");
+    warp_exchange(0xffffffffu, &v, &result, &xor_chain_combine<Op, 1, Offsets...>, "__shfl_xor_sync chain");
     return result;
+}
+// Two values' chains (kernels/common.cuh's warp_xor_chain_pair) as one collective.
+template <typename Op, int... Offsets> void warp_xor_chain_pair(float& a, float& b) {
+    static_assert(sizeof...(Offsets) > 0 && ((Offsets > 0 && Offsets < 32) && ...), "xor offsets are lanes 1..31");
+    const float in[2] = {a, b};
+    float out[2];
+    warp_exchange(0xffffffffu, in, out, &xor_chain_combine<Op, 2, Offsets...>, "__shfl_xor_sync chain pair");
+    a = out[0];
+    b = out[1];
 }
 
 // mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (all 32 lanes): d = a * b + c, fragments

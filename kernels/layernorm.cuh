@@ -315,8 +315,7 @@ static __global__ void __launch_bounds__(kPipelined ? kLayernormPipelinedThreads
                 }
             }
         }
-        dxhat_sum = warp_sum(dxhat_sum);
-        dxhat_xhat_sum = warp_sum(dxhat_xhat_sum);
+        warp_sum_pair(dxhat_sum, dxhat_xhat_sum);
         if (lane == 0) {
             warp_sums[parity][warp][0] = dxhat_sum;
             warp_sums[parity][warp][1] = dxhat_xhat_sum;

@@ -453,6 +453,7 @@ TEST_CASE("math and bit intrinsics, bf16 rounding") {
 // build; it must give, bit for bit, what its chain of __shfl_xor_sync gives. The values span
 // magnitudes so that another order of additions would round differently.
 
+constexpr int kXorChainThreads = 128;
 __global__ void xor_chain_kernel(float* chain, float* shuffles, const float* x) {
     const int t = threadIdx.x;
     const float v = x[t];
@@ -460,6 +461,12 @@ __global__ void xor_chain_kernel(float* chain, float* shuffles, const float* x) 
     chain[4 * t + 1] = warp_xor_chain<AddOp, 1, 2>(v);
     chain[4 * t + 2] = warp_xor_chain<MaxOp, 16, 8, 4, 2, 1>(v);
     chain[4 * t + 3] = warp_sum(v);
+    float pair_a = v, pair_b = -2.0f * v;  // warp_sum_pair: each as warp_sum gives it
+    warp_sum_pair(pair_a, pair_b);
+    chain[4 * kXorChainThreads + 2 * t] = pair_a;
+    chain[4 * kXorChainThreads + 2 * t + 1] = pair_b;
+    shuffles[4 * kXorChainThreads + 2 * t] = warp_sum(v);
+    shuffles[4 * kXorChainThreads + 2 * t + 1] = warp_sum(-2.0f * v);
     float a = v, b = v, c = v;
     for (int o = 16; o > 0; o >>= 1) a = a + __shfl_xor_sync(0xffffffffu, a, o);
     for (int o = 1; o <= 2; o <<= 1) b = b + __shfl_xor_sync(0xffffffffu, b, o);
@@ -470,8 +477,8 @@ __global__ void xor_chain_kernel(float* chain, float* shuffles, const float* x) 
     shuffles[4 * t + 3] = a;
 }
 
-TEST_CASE("warp_xor_chain and warp_sum give their shuffle chains' bits in every lane") {
-    constexpr int kThreads = 128;
+TEST_CASE("warp_xor_chain, warp_sum and warp_sum_pair give their shuffle chains' bits in every lane") {
+    constexpr int kThreads = kXorChainThreads;
     std::mt19937 rng(11);
     std::uniform_real_distribution<float> mantissa(-1.0f, 1.0f);
     std::vector<float> x(kThreads);
@@ -479,11 +486,12 @@ TEST_CASE("warp_xor_chain and warp_sum give their shuffle chains' bits in every 
     // Warp 0: 1 and 31 quarter-ulps of 1. Added in lane order each is rounded away; the butterfly
     // pairs them up first, so its sum exceeds 1.
     for (int t = 0; t < 32; ++t) x[t] = t == 0 ? 1.0f : std::ldexp(1.0f, -25);
-    DeviceBuffer<float> in(x), chain(4 * kThreads), shuffles(4 * kThreads);
+    DeviceBuffer<float> in(x), chain(6 * kThreads), shuffles(6 * kThreads);
     launch<xor_chain_kernel>(dim3(1), dim3(kThreads), 0, nullptr, chain.ptr, shuffles.ptr, in.ptr);
     const auto got = chain.download(), want = shuffles.download();
-    for (int i = 0; i < 4 * kThreads; ++i) {
-        INFO("thread " << i / 4 << " form " << i % 4);
+    for (int i = 0; i < 6 * kThreads; ++i) {
+        INFO((i < 4 * kThreads ? "thread " : "pair, thread ") << (i < 4 * kThreads ? i / 4 : (i - 4 * kThreads) / 2) << " form "
+                                                               << (i < 4 * kThreads ? i % 4 : i % 2));
         REQUIRE(std::isfinite(want[i]));
         REQUIRE(float_bits(got[i]) == float_bits(want[i]));
     }
