@@ -112,48 +112,48 @@ __device__ inline void load_row_values(float* dst, const float* src, int row0, i
     for (int r = int(threadIdx.x); r < kTile; r += int(blockDim.x)) dst[r] = row0 + r < T ? src[row0 + r] : 0.0f;
 }
 
+// Four running sums, one per float4 component, added pairwise at the end: independent chains (a
+// single in-order sum was a chain of hs dependent adds), and in the CPU build one 4-wide SIMD
+// multiply-add per float4 (fma4).
 __device__ inline float dot(const float* a, const float* b, int hs) {
-    float sum = 0.0f;
-    for (int d = 0; d < hs; d += 4) {
-        const float4 x = *reinterpret_cast<const float4*>(a + d);
-        const float4 y = *reinterpret_cast<const float4*>(b + d);
-        sum += x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;
-    }
-    return sum;
+    float4 sums = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int d = 0; d < hs; d += 4)
+        sums = fma4(*reinterpret_cast<const float4*>(a + d), *reinterpret_cast<const float4*>(b + d), sums);
+    return (sums.x + sums.y) + (sums.z + sums.w);
 }
 
 // A thread's share of an hs-wide row accumulator: float4 groups part, part+4, part+8, ... of the
-// row, i.e. acc[4*i + k] holds dimension 4*(part + 4*i) + k. Loops have compile-time trip counts
-// so acc stays in registers; dimensions at or beyond hs are skipped.
+// row, i.e. acc[i] holds dimensions 4*(part + 4*i) .. +3. Loops have compile-time trip counts so acc
+// stays in registers; dimensions at or beyond hs are skipped.
 template <int HS_MAX> struct RowShare {
     static constexpr int kGroups = HS_MAX / (4 * kThreadsPerRow);
-    float acc[4 * kGroups];
+    float4 acc[kGroups];
 
     __device__ void zero() {
-        for (int i = 0; i < 4 * kGroups; ++i) acc[i] = 0.0f;
+        for (int i = 0; i < kGroups; ++i) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
     __device__ void scale(float s) {
-        for (int i = 0; i < 4 * kGroups; ++i) acc[i] *= s;
+        for (int i = 0; i < kGroups; ++i) acc[i] = make_float4(acc[i].x * s, acc[i].y * s, acc[i].z * s, acc[i].w * s);
     }
-    // acc += w * row (row: hs floats in shared memory)
+    // acc += w * row (row: hs floats in shared memory), one fused multiply-add per value. Rows of
+    // HS_MAX (every GPT-2 shape) take a path without the per-group test: with it, g++ kept acc in
+    // memory (a store and reload per key and group in the CPU build).
     __device__ void add_scaled(float w, const float* row, int part, int hs) {
+        if (hs == HS_MAX) {
+            for (int i = 0; i < kGroups; ++i)
+                acc[i] = fma4(make_float4(w, w, w, w), *reinterpret_cast<const float4*>(row + 4 * (part + kThreadsPerRow * i)), acc[i]);
+            return;
+        }
         for (int i = 0; i < kGroups; ++i) {
             const int d = 4 * (part + kThreadsPerRow * i);
-            if (d < hs) {
-                const float4 x = *reinterpret_cast<const float4*>(row + d);
-                acc[4 * i + 0] += w * x.x;
-                acc[4 * i + 1] += w * x.y;
-                acc[4 * i + 2] += w * x.z;
-                acc[4 * i + 3] += w * x.w;
-            }
+            if (d < hs) acc[i] = fma4(make_float4(w, w, w, w), *reinterpret_cast<const float4*>(row + d), acc[i]);
         }
     }
     // row = s * acc, this thread's dimensions only
     __device__ void write_scaled(float s, float* row, int part, int hs) const {
         for (int i = 0; i < kGroups; ++i) {
             const int d = 4 * (part + kThreadsPerRow * i);
-            if (d < hs)
-                for (int k = 0; k < 4; ++k) row[d + k] = s * acc[4 * i + k];
+            if (d < hs) *reinterpret_cast<float4*>(row + d) = make_float4(s * acc[i].x, s * acc[i].y, s * acc[i].z, s * acc[i].w);
         }
     }
 };

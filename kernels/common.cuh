@@ -9,6 +9,10 @@
 
 #include "cuda_common.h"
 
+#if !defined(__CUDACC__) && defined(__FMA__)
+#include <immintrin.h>  // fma4's SIMD form in the CPU build
+#endif
+
 // BF16 by default (FP32 accumulation inside kernels); -DPRECISION_FP32 for FP32 everywhere.
 #if defined(PRECISION_FP32)
 using floatX = float;
@@ -59,6 +63,23 @@ __host__ __device__ inline float max_number(float a, float b) {
     return fmaxf(a, b);
 #else
     return ((a > b) | (b != b)) ? a : b;
+#endif
+}
+
+// acc + x * y per component, each a fused multiply-add (what nvcc and g++ contract a * b + c to
+// anyway). The CPU build runs it as one 4-wide SIMD instruction: g++ kept float4 arithmetic scalar.
+__host__ __device__ inline float4 fma4(const float4& x, const float4& y, const float4& acc) {
+#if defined(__CUDACC__) || !defined(__FMA__)
+    return make_float4(fmaf(x.x, y.x, acc.x), fmaf(x.y, y.y, acc.y), fmaf(x.z, y.z, acc.z), fmaf(x.w, y.w, acc.w));
+#else
+    __m128 a, b, c;
+    memcpy(&a, &x, sizeof(a));
+    memcpy(&b, &y, sizeof(b));
+    memcpy(&c, &acc, sizeof(c));
+    const __m128 r = _mm_fmadd_ps(a, b, c);
+    float4 out;
+    memcpy(&out, &r, sizeof(out));
+    return out;
 #endif
 }
 
