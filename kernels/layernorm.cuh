@@ -55,11 +55,15 @@ inline int layernorm_register_packs(int C) {
 namespace layernorm_detail {
 using Pack = Packed128<floatX>;
 __device__ inline void add_values(float& sum, const Pack& v) {
-    for (int k = 0; k < Pack::size; ++k) sum += to_float(v[k]);
+    float x[Pack::size];
+    unpack_floats(x, v);
+    for (int k = 0; k < Pack::size; ++k) sum += x[k];
 }
 __device__ inline void add_squared_deviations(float& squares, const Pack& v, float mean) {
+    float x[Pack::size];
+    unpack_floats(x, v);
     for (int k = 0; k < Pack::size; ++k) {
-        const float d = to_float(v[k]) - mean;
+        const float d = x[k] - mean;
         squares = fmaf(d, d, squares);
     }
 }
@@ -69,11 +73,13 @@ __device__ inline float row_rstd(float squares, int C) { return rsqrtf(warp_sum(
 // out[c .. c + Pack::size) = (v - mean) * rstd * weight + bias.
 __device__ inline void store_normalized(floatX* out, const floatX* weight, const floatX* bias, int c, const Pack& v,
                                         float mean, float rstd) {
-    const Pack w = load128(weight + c), b = load128(bias + c);
-    Pack o;
-    for (int k = 0; k < Pack::size; ++k)
-        o[k] = from_float<floatX>(fmaf((to_float(v[k]) - mean) * rstd, to_float(w[k]), to_float(b[k])));
-    store128(out + c, o);
+    float x[Pack::size], w[Pack::size], b[Pack::size];
+    unpack_floats(x, v);
+    unpack_floats(w, load128(weight + c));
+    unpack_floats(b, load128(bias + c));
+    LANE_LOOP
+    for (int k = 0; k < Pack::size; ++k) x[k] = fmaf((x[k] - mean) * rstd, w[k], b[k]);
+    store128(out + c, pack_floats<floatX>(x));
 }
 __device__ inline void store_statistics(float* mean_out, float* rstd_out, float mean, float rstd) {
     if (threadIdx.x % 32 != 0) return;
@@ -157,9 +163,12 @@ static __global__ void fused_residual_layernorm_forward_kernel(floatX* residual,
     float* row_rstd = rstd ? rstd + row : nullptr;
     // The statistics come from the rounded residual that the next layer reads.
     const auto residual_pack = [&](int c) {
-        const Pack a = load128cs(inp1 + offset + c), b = load128cs(inp2 + offset + c);
-        Pack r;
-        for (int k = 0; k < Pack::size; ++k) r[k] = from_float<floatX>(to_float(a[k]) + to_float(b[k]));
+        float a[Pack::size], b[Pack::size];
+        unpack_floats(a, load128cs(inp1 + offset + c));
+        unpack_floats(b, load128cs(inp2 + offset + c));
+        LANE_LOOP
+        for (int k = 0; k < Pack::size; ++k) a[k] += b[k];
+        const Pack r = pack_floats<floatX>(a);
         store128(residual + offset + c, r);
         return r;
     };

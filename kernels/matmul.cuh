@@ -330,8 +330,10 @@ static __global__ void __launch_bounds__(32 * kBiasRowThreads)
     float sums[kPack] = {};
     if (column < OC)
         for (int row = blockIdx.y * rows_per_chunk + threadIdx.y; row < row_end; row += kBiasRowThreads) {
-            const Packed128<floatX> values = load128(dout + size_t(row) * OC + column);
-            for (int i = 0; i < kPack; ++i) sums[i] += to_float(values[i]);
+            float values[kPack];
+            unpack_floats(values, load128(dout + size_t(row) * OC + column));
+            LANE_LOOP
+            for (int i = 0; i < kPack; ++i) sums[i] += values[i];
         }
     for (int i = 0; i < kPack; ++i) column_sums[threadIdx.y][threadIdx.x * kPack + i] = sums[i];
     __syncthreads();
@@ -353,9 +355,11 @@ static __global__ void bias_grad_finish_kernel(floatX* dbias, const float* parti
             const Packed128<float> p = load128(partials + size_t(chunk) * OC + column + i);
             for (int j = 0; j < Packed128<float>::size; ++j) sums[i + j] += p[j];
         }
-    Packed128<floatX> bias = load128(dbias + column);
-    for (int i = 0; i < kPack; ++i) bias[i] = from_float<floatX>(to_float(bias[i]) + sums[i]);  // +=: accumulate
-    store128(dbias + column, bias);
+    float bias[kPack];
+    unpack_floats(bias, load128(dbias + column));
+    LANE_LOOP
+    for (int i = 0; i < kPack; ++i) bias[i] += sums[i];  // +=: accumulate
+    store128(dbias + column, pack_floats<floatX>(bias));
 }
 
 // "matmul_forward(C=768, OC=2304, bias, gelu)": one row per layer shape in the roofline tables.
