@@ -81,7 +81,8 @@ WARN := -Wall -Wextra -Wno-unused-parameter
 # which made the largest test units compile 40% longer (test_mpi_train.o 87.6 s with -g, 62.5 s).
 # -Wno-restrict: g++ 12 -O3 warns falsely inside libstdc++ on "literal" + std::string.
 CPU_CXXFLAGS = $(COMMON_FLAGS) -O3 -fno-math-errno -fno-trapping-math -g1 -march=native $(WARN) -Wno-restrict $(MPI_INC) -pthread
-ASAN_CXXFLAGS = $(COMMON_FLAGS) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined \
+# -g1 here too: ASan's and UBSan's reports name file:line from the line tables alone.
+ASAN_CXXFLAGS = $(COMMON_FLAGS) -O1 -g1 -fno-omit-frame-pointer -fsanitize=address,undefined \
                 -fno-sanitize-recover=undefined $(WARN) $(MPI_INC) -pthread \
                 -Wno-maybe-uninitialized  # false positives in Catch2's std::regex at -O1
 # The emulated cuBLASLt: oneDNN's BF16 matmul, glibc's SIMD math (libmvec), OpenMP for its epilogue.

@@ -34,21 +34,22 @@ __device__ inline void row_max_and_sum(const floatX* row, int columns, float* re
         const Packed128<floatX> x = load128(row + j);  // the padding past `columns` is in bounds (rows of 8k)
         // Columns past the end count as -inf: no effect on the max, exp(-inf) = 0 added exactly. A lane
         // whose max is still -inf takes exponents relative to 0 (exp(-inf - -inf) would be NaN).
-        float values[kPack], rescale[kPack], exps[kPack];
+        // One expf_each over both halves of `exps`: the lanes' rescale factors, then their values'
+        // exponentials (in FP32, 4 lanes, a single 8-wide call rather than two padded ones).
+        float values[kPack], exps[2 * kPack];
         unpack_floats(values, x);
         LANE_LOOP
         for (int k = 0; k < kPack; ++k) {
             values[k] = j + k < columns ? values[k] : -INFINITY;
             const float new_max = max_number(lane_max[k], values[k]);
             const float reference = new_max == -INFINITY ? 0.0f : new_max;
-            rescale[k] = lane_max[k] - reference;
-            values[k] -= reference;
+            exps[k] = lane_max[k] - reference;
+            exps[kPack + k] = values[k] - reference;
             lane_max[k] = new_max;
         }
-        expf_each(rescale, rescale);
-        expf_each(exps, values);
+        expf_each(exps, exps);
         LANE_LOOP
-        for (int k = 0; k < kPack; ++k) lane_sum[k] = lane_sum[k] * rescale[k] + exps[k];
+        for (int k = 0; k < kPack; ++k) lane_sum[k] = lane_sum[k] * exps[k] + exps[kPack + k];
     }
     // The thread's (m, s): m = max of the lanes' maxima, s = sum of s_k exp(m_k - m) in lane order.
     float running_max = -INFINITY;
