@@ -3,9 +3,9 @@
 //   loss_i    = logsumexp(x_i[:V]) - x_i[t_i]
 //   dlogits_ij = dloss * (softmax(x_i[:V])_j - [j == t_i])  for j < V, 0 for the padding V <= j < Vp
 // One block per row. Pass 1 reads the row in 16-byte chunks with the online-softmax recurrence
-// (Milakov & Gimelshein 2018, "Online normalizer calculation for softmax"): each thread keeps a
-// running max m and a sum s of exp(x - m), rescaling s when m grows, and the block combines the
-// threads' (m, s) pairs. Pass 2 re-reads the row and writes the gradient. Deterministic: the
+// (Milakov & Gimelshein 2018, "Online normalizer calculation for softmax"): each lane of a thread's
+// chunks keeps a running max m and a sum s of exp(x - m), rescaling s when m grows; the thread
+// combines its lanes' (m, s) pairs and the block its threads'. Pass 2 re-reads the row and writes the gradient. Deterministic: the
 // reductions have a fixed order.
 #pragma once
 
