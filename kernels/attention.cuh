@@ -290,8 +290,11 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
 //   dQ = dS K / sqrt(hs), dK = dS^T Q / sqrt(hs).
 
 // D for every (b, h, t): one thread per row, heads of a position in adjacent threads. A row is short
-// (hs <= 128: at most 16 16-byte loads of each operand), so a thread sums it alone, in order, with
-// no warp reduction; the kernel is launch-bound on a GPU either way (it reads 2 B T C elements).
+// (hs <= 128: at most 16 16-byte loads of each operand), so a thread sums it alone, with no warp
+// reduction; the kernel is launch-bound on a GPU either way (it reads 2 B T C elements). The sum runs
+// in dot's order (four running sums, added pairwise): where out is one value row (a query that sees a
+// single key), D and the backward kernels' dP = dO . V are then the same sum and dS = P (dP - D) is 0
+// exactly, as it is mathematically (in another order the two roundings differed by ~1e-7).
 static __global__ void attention_backward_rowdot_kernel(float* D, const floatX* dout, const floatX* out, int B, int T, int C,
                                                  int NH) {
     const size_t row = size_t(blockIdx.x) * blockDim.x + threadIdx.x;  // (b, t, h)
@@ -300,13 +303,16 @@ static __global__ void attention_backward_rowdot_kernel(float* D, const floatX* 
     const size_t bt = row / NH;
     const floatX* dout_row = dout + bt * C + h * hs;
     const floatX* out_row = out + bt * C + h * hs;
-    float sum = 0.0f;
+    float4 sums = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (int d = 0; d < hs; d += Packed128<floatX>::size) {
-        const Packed128<floatX> g = load128(dout_row + d), o = load128(out_row + d);
-        for (int k = 0; k < Packed128<floatX>::size; ++k) sum += to_float(g[k]) * to_float(o[k]);
+        float g[Packed128<floatX>::size], o[Packed128<floatX>::size];
+        unpack_floats(g, load128(dout_row + d));
+        unpack_floats(o, load128(out_row + d));
+        for (int k = 0; k < Packed128<floatX>::size; k += 4)
+            sums = fma4(make_float4(g[k], g[k + 1], g[k + 2], g[k + 3]), make_float4(o[k], o[k + 1], o[k + 2], o[k + 3]), sums);
     }
     const size_t b = bt / T, t = bt % T;
-    D[(b * NH + h) * T + t] = sum;
+    D[(b * NH + h) * T + t] = (sums.x + sums.y) + (sums.z + sums.w);
 }
 
 // dK, dV: grid (key tiles, NH, B). A thread owns a key row (with its 3 siblings) and loops over

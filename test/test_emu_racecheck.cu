@@ -375,7 +375,9 @@ TEST_CASE("racecheck: sampling from the model's logits with a plain cudaMemcpy r
     // The fixed path: the copy on the model's stream, then a wait.
     CUDA_CHECK(cudaStreamSynchronize(model.stream));
     Rng rng(11);
-    const EvaluatedModel sampler{{}, {}, [&](const int* t, int n) { return next_token_logits(model, t, n); }, T};
+    EvaluatedModel sampler;
+    sampler.next_token_logits = [&](const int* t, int n) { return next_token_logits(model, t, n); };
+    sampler.max_tokens = T;
     const std::vector<int> sampled = sample_tokens(sampler, 0, T - 1, SamplingSettings{}, rng);
     CHECK(sampled.size() == size_t(T - 1));
     CHECK(races.take().empty());
