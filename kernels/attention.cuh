@@ -115,11 +115,13 @@ __device__ inline void load_row_values(float* dst, const float* src, int row0, i
 // Four running sums, one per float4 component, added pairwise at the end: independent chains (a
 // single in-order sum was a chain of hs dependent adds), and in the CPU build one 4-wide SIMD
 // multiply-add per float4 (fma4).
+// dot's last step, also the backward's D (attention_backward_rowdot_kernel): one order for both.
+__device__ inline float dot_total(const float4& sums) { return (sums.x + sums.y) + (sums.z + sums.w); }
 __device__ inline float dot(const float* a, const float* b, int hs) {
     float4 sums = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (int d = 0; d < hs; d += 4)
         sums = fma4(*reinterpret_cast<const float4*>(a + d), *reinterpret_cast<const float4*>(b + d), sums);
-    return (sums.x + sums.y) + (sums.z + sums.w);
+    return dot_total(sums);
 }
 
 // A thread's share of an hs-wide row accumulator: float4 groups part, part+4, part+8, ... of the
@@ -312,7 +314,7 @@ static __global__ void attention_backward_rowdot_kernel(float* D, const floatX* 
             sums = fma4(make_float4(g[k], g[k + 1], g[k + 2], g[k + 3]), make_float4(o[k], o[k + 1], o[k + 2], o[k + 3]), sums);
     }
     const size_t b = bt / T, t = bt % T;
-    D[(b * NH + h) * T + t] = (sums.x + sums.y) + (sums.z + sums.w);
+    D[(b * NH + h) * T + t] = attention_detail::dot_total(sums);
 }
 
 // dK, dV: grid (key tiles, NH, B). A thread owns a key row (with its 3 siblings) and loops over

@@ -5,8 +5,8 @@
 // One block per row. Pass 1 reads the row in 16-byte chunks with the online-softmax recurrence
 // (Milakov & Gimelshein 2018, "Online normalizer calculation for softmax"): each lane of a thread's
 // chunks keeps a running max m and a sum s of exp(x - m), rescaling s when m grows; the thread
-// combines its lanes' (m, s) pairs and the block its threads'. Pass 2 re-reads the row and writes the gradient. Deterministic: the
-// reductions have a fixed order.
+// combines its lanes' (m, s) pairs and the block its threads'. Pass 2 re-reads the row and writes
+// the gradient. Deterministic: the reductions have a fixed order.
 #pragma once
 
 #include "common.cuh"
