@@ -395,20 +395,25 @@ $(CPU_DIR)/roofline: dev/roofline.cu $(DEPS_TRACKED) $(call host_lib,$(CPU_DIR),
 roofline: $(CPU_DIR)/roofline
 
 # Per kernel of the sm_90 build: registers, spills, static shared memory, theoretical H100
-# occupancy (block sizes from recorded d12 steps, one per attention kind); fails on any spill
+# occupancy (block sizes from recorded d12 steps, one per attention kind and tensor-core backward); fails on any spill
 # (scripts/kernel_report.py).
 $(GPU_DIR)/launches_%.json: $(CPU_DIR)/roofline
 	@mkdir -p $(@D)
 	$(CPU_DIR)/roofline -e d12 -b 4 -t 1024 -z 1 -w 8 -d 32768 --attention $* --launches-json $@ > /dev/null
+$(GPU_DIR)/launches_tc_fused.json: $(CPU_DIR)/roofline
+	@mkdir -p $(@D)
+	$(CPU_DIR)/roofline -e d12 -b 4 -t 1024 -z 1 -w 8 -d 32768 --attention tc --attention-backward fused \
+	  --launches-json $@ > /dev/null
 
 $(GPU_DIR)/train_gpt_sm90.ptx: train_gpt.cu $(DEPS_TRACKED) | deps-if-missing
 	@mkdir -p $(@D)
 	$(NVCC) $(COMMON_FLAGS) $(DEPFLAGS) -O3 -arch=compute_90 -ptx $(MPI_INC) -x cu $< -o $@
 
-kernel-report: $(GPU_DIR)/train_gpt $(GPU_DIR)/launches_tc.json $(GPU_DIR)/launches_simt.json \
-               $(GPU_DIR)/train_gpt_sm90.ptx
+kernel-report: $(GPU_DIR)/train_gpt $(GPU_DIR)/launches_tc.json $(GPU_DIR)/launches_tc_fused.json \
+               $(GPU_DIR)/launches_simt.json $(GPU_DIR)/train_gpt_sm90.ptx
 	python3 scripts/kernel_report.py --ptxas-log $(GPU_DIR)/train_gpt.ptxas.log --binary $(GPU_DIR)/train_gpt \
-	  --launches $(GPU_DIR)/launches_tc.json $(GPU_DIR)/launches_simt.json --ptx $(GPU_DIR)/train_gpt_sm90.ptx
+	  --launches $(GPU_DIR)/launches_tc.json $(GPU_DIR)/launches_tc_fused.json $(GPU_DIR)/launches_simt.json \
+	  --ptx $(GPU_DIR)/train_gpt_sm90.ptx
 
 # make train: a small GPT-2 ("mini": 4 layers, 128 channels, GPT-2's vocabulary) on Shakespeare, in
 # about 10 minutes on 2 CPU cores (the GPU build when a GPU is present). Prints falling train and val

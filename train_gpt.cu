@@ -210,6 +210,10 @@ struct BackwardBuffers {
 inline int tensor_channels(const GPT2Config& c, const ModelOptions& o) { return c.channels / o.tensor_parallel; }
 inline int tensor_heads(const GPT2Config& c, const ModelOptions& o) { return c.num_heads / o.tensor_parallel; }
 inline size_t sequence_rows(size_t rows, const ModelOptions& o) { return o.sequence_parallel ? rows / o.tensor_parallel : rows; }
+// The tensor-core attention backward's kernels (--attention-backward).
+inline AttentionTcBackward attention_tc_backward_of(const ModelOptions& o) {
+    return o.fused_attention_backward ? AttentionTcBackward::fused : AttentionTcBackward::split;
+}
 // The device ints of a micro-batch's documents: each token's document start, or with --cp and
 // --doc-mask each ring step's first visible key of each token (parallel/context.h, context_first_keys).
 inline size_t document_ints(int B, int T, const ModelOptions& o) {
@@ -386,7 +390,7 @@ inline MemoryPlan gpt2_memory_plan(const GPT2Config& whole, int B, int T, const 
                                      matmul_backward_scratch_floats(n, 4 * ct), matmul_backward_scratch_floats(n, ci),
                                      matmul_backward_scratch_floats(n, vp),
                                      options.attention == Attention::tc
-                                         ? attention_tc_backward_scratch_floats(B, T, int(NHt))
+                                         ? attention_tc_backward_scratch_floats(B, T, int(Ct), int(NHt), attention_tc_backward_of(options))
                                          : attention_backward_scratch_floats(B, T, int(NHt)),
                                      global_norm_scratch_floats(shard.optimizer_size()), size_t(1)});
     plan.add("scratch", "workspace", scratch * F);
@@ -441,6 +445,12 @@ inline std::string gpt2_check_build(const GPT2Config& config, int B, int T, int 
                   " micro-batches in flight";
     if (problem.empty() && options.attention == Attention::tc)
         problem = attention_tc_requirements(B, T, tensor_channels(config, options), tensor_heads(config, options));
+    if (problem.empty() && options.fused_attention_backward && options.attention != Attention::tc)
+        problem = "--attention-backward fused: the fused backward is a tensor-core kernel and needs --attention tc (auto "
+                  "takes simt in the FP32 build and under the CPU emulator)";
+    if (problem.empty() && options.fused_attention_backward && options.context_parallel > 1)
+        problem = "--attention-backward fused: context parallelism's ring steps run the split kernels over spans; use "
+                  "--attention-backward split with --cp";
     if (problem.empty() && options.context_parallel > 1) {  // T is this rank's share (see ModelOptions)
         problem = context_parallel_problem(T * options.context_parallel, options.context_parallel);
         if (problem.empty() && int64_t(T) * options.context_parallel > config.max_seq_len)
@@ -1255,7 +1265,8 @@ inline void gpt2_backward(GPT2& model, const std::function<void(int)>& layer_don
             ring_attention_backward(model.context, b.dbuf_4c, b.scratch, b.dbuf_c, x.qkv, x.atty, x.att_lse, B,
                                     T * model.context.size, Ct, NHt, stream, doc_mask);
         else if (model.options.attention == Attention::tc)
-            attention_tc_backward(b.dbuf_4c, b.scratch, b.dbuf_c, x.qkv, x.atty, x.att_lse, B, T, Ct, NHt, stream, doc_mask);
+            attention_tc_backward(b.dbuf_4c, b.scratch, b.dbuf_c, x.qkv, x.atty, x.att_lse, B, T, Ct, NHt, stream, doc_mask,
+                                  attention_tc_backward_of(model.options));
         else
             attention_backward(b.dbuf_4c, b.scratch, b.dbuf_c, x.qkv, x.atty, x.att_lse, B, T, Ct, NHt, stream, doc_mask);
         if (model.options.recompute != Recompute::none)
@@ -1871,6 +1882,7 @@ inline RunPlan plan_run(const RunConfig& rc, const Distributed& dist) {
     p.options = {.recompute = recompute_of(rc.recompute),
                  .attention = attention_of(rc.attention, kEmulatedDevice),
                  .doc_mask = rc.doc_mask, .doc_positions = rc.doc_positions, .matmul_autotune = rc.matmul_autotune,
+                 .fused_attention_backward = rc.attention_backward == "fused",
                  .cuda_graphs = rc.cuda_graphs == "on" && rc.pp == 1, .tensor_parallel = rc.tp,
                  .sequence_parallel = rc.tp > 1 && rc.sequence_parallel != "off", .pipeline_parallel = rc.pp,
                  .context_parallel = rc.cp};
@@ -1964,7 +1976,7 @@ inline void print_dry_run(const RunConfig& rc, const RunPlan& p) {
         }
     }
     std::printf("%s", dry_run_report(rc, p.memory, p.num_parameters, p.world, p.budget, largest, kPrecisionName,
-                                     attention_name(p.options.attention), traffic, pipeline).c_str());
+                                     attention_kernels_name(p.options).c_str(), traffic, pipeline).c_str());
 }
 
 // The same of each micro-batch of a step; every rank of a context group reads the same batches.
@@ -2123,7 +2135,7 @@ inline int run(const RunConfig& rc, Distributed& dist) {
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     const double peak = peak_bf16_flops(prop.name), flops_token = flops_per_token(int64_t(p.num_parameters), p.config.num_layers, p.config.channels, T);
     if (main_rank)
-        announce_run(rc, prop.name, dist.world_size, kPrecisionName, attention_name(p.options.attention), p.num_parameters,
+        announce_run(rc, prop.name, dist.world_size, kPrecisionName, attention_kernels_name(p.options).c_str(), p.num_parameters,
                      total_steps, run, step);
     if (main_rank && rc.cp > 1)
         std::printf("context parallel: --cp %d, each rank holds %d of every sequence's %d tokens in two zigzag chunks of %d "

@@ -28,6 +28,7 @@ namespace {
 struct Options {
     std::string model = "d12", recompute = "none", launches_json;
     std::string attention = RunConfig{}.attention;  // train_gpt's default (host/config.h)
+    std::string attention_backward = RunConfig{}.attention_backward;
     int B = 4, T = 1024, zero_stage = 1, world_size = 8;
     int tp = 1, pp = 1, pp_virtual = 1;  // tensor and pipeline parallelism (world = data x pp x tp)
     int cp = 1;                          // context parallelism (world = data x pp x cp x tp)
@@ -38,7 +39,8 @@ struct Options {
 
 const char* kUsage =
     "usage: roofline [-e d12|d24|d36|d48|tiny|mini] [-b B] [-t T] [-z ZERO_STAGE] [-w WORLD_SIZE]\n"
-    "                [-r none|selective|full] [--attention auto|tc|simt] [-d TOTAL_BATCH_TOKENS]\n"
+    "                [-r none|selective|full] [--attention auto|tc|simt] [--attention-backward split|fused]\n"
+    "                [-d TOTAL_BATCH_TOKENS]\n"
     "                [--layers L] [--heads NH] [--channels C] [--launches-json FILE]\n"
     "                [--tp N] [--pp N] [--pp-schedule afab|1f1b|interleaved] [--pp-virtual V] [--cp N]\n"
     "defaults: -e d12 -b 4 -t 1024 -z 1 -w 8 -r none --attention auto (tc; simt in the FP32 build) -d 1048576\n"
@@ -76,6 +78,7 @@ Options parse(int argc, char** argv) {
         else if (flag == "-d" || flag == "--total-batch-tokens") o.total_batch_tokens = parse_int(flag, value);
         else if (flag == "-r" || flag == "--recompute") o.recompute = value;
         else if (flag == "--attention") o.attention = value;
+        else if (flag == "--attention-backward") o.attention_backward = value;
         else if (flag == "--layers") o.layers = int(parse_int(flag, value));
         else if (flag == "--heads") o.heads = int(parse_int(flag, value));
         else if (flag == "--channels") o.channels = int(parse_int(flag, value));
@@ -167,7 +170,12 @@ int main(int argc, char** argv) {
     try {
         config = with_shape_flags(model_config_of(o.model, o.T, &checkpoint), o.layers, o.heads, o.channels, checkpoint);
         options = {recompute_of(o.recompute), attention_of(o.attention, false)};  // an H100's choice
-        o.attention = attention_name(options.attention);  // "auto" resolved, as printed and in the JSON
+        if (o.attention_backward != "split" && o.attention_backward != "fused")
+            usage_error("--attention-backward must be one of split|fused, got '" + o.attention_backward + "'");
+        options.fused_attention_backward = o.attention_backward == "fused";
+        if (options.fused_attention_backward && (options.attention != Attention::tc || o.cp > 1))
+            usage_error("--attention-backward fused: needs the tensor-core kernels (--attention tc) and no --cp");
+        o.attention = attention_kernels_name(options);  // "auto" resolved, as printed and in the JSON
     } catch (const std::exception& e) {
         usage_error(e.what());
     }

@@ -119,6 +119,10 @@ inline const std::vector<Option>& options() {
         {"Parallelism and memory", 0, "max-memory", &R::max_memory, "GPU memory budget in GiB; 0 = the device's"},
         {"Parallelism and memory", 0, "attention", &R::attention, "attention kernels: tc (tensor cores, BF16 build), simt (CUDA cores), or auto: tc on a GPU in the BF16 build, "
          "simt otherwise (the FP32 build; the CPU emulator, where simt is ~4x faster)", nullptr, {"auto", "tc", "simt"}},
+        {"Parallelism and memory", 0, "attention-backward", &R::attention_backward,
+         "the tensor-core attention backward: split (a dK/dV and a dQ kernel, 7 products per tile pair) or fused (one "
+         "kernel, 5 products, dQ summed in float scratch of B x T x C floats; needs --attention tc, not --cp). Both "
+         "deterministic; dK and dV agree exactly, dQ to rounding", nullptr, {"split", "fused"}},
         {"Parallelism and memory", 0, "matmul-autotune", &R::matmul_autotune,
          "at each GEMM shape's first use, time cuBLASLt's best candidates (up to 8) and keep the fastest; off: the "
          "heuristic's first. Picks by timing can differ between runs and ranks, and so can the results' last bits"},

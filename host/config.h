@@ -67,6 +67,7 @@ struct RunConfig {
     int world_size = 0;       // 0 = the launched ranks
     double max_memory = 0.0;  // GiB; 0 = the device's
     std::string attention = "auto";  // resolved by attention_of (host/model_config.h)
+    std::string attention_backward = "split";  // split | fused: the tensor-core backward's kernels (kernels/attention_tc.cuh)
     bool matmul_autotune = false;    // time cuBLASLt's candidates per GEMM shape (kernels/matmul.cuh)
     std::string cuda_graphs = "on";  // on | off: replay each micro-step from a CUDA graph (train_gpt.cu, run_micro_step)
     // checkpoints

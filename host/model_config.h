@@ -200,6 +200,7 @@ struct ModelOptions {
     // buffers, and a key/value cache for one sequence of up to the build's B x T positions.
     bool inference = false;
     bool matmul_autotune = false;  // Matmul::autotune (kernels/matmul.cuh)
+    bool fused_attention_backward = false;  // --attention-backward fused (with Attention::tc)
     bool cuda_graphs = false;      // replay each micro-step from a CUDA graph (train_gpt.cu, run_micro_step)
     int tensor_parallel = 1;       // ranks each block's weights and heads are split over (parallel/tensor.h)
     bool sequence_parallel = false;  // with tensor_parallel > 1: LayerNorm/residual rows split over those ranks
@@ -215,3 +216,10 @@ struct ModelOptions {
     bool first_stage() const { return pipeline_stage == 0; }
     bool last_stage() const { return pipeline_stage == pipeline_parallel - 1; }
 };
+
+// The attention kernels a run uses, as its first line and the memory plan print them: "tc", "simt", or
+// "tc + fused backward" (--attention-backward fused).
+inline std::string attention_kernels_name(const ModelOptions& o) {
+    return std::string(attention_name(o.attention)) +
+           (o.attention == Attention::tc && o.fused_attention_backward ? " + fused backward" : "");
+}

@@ -64,6 +64,16 @@ template <int HS> constexpr int kForwardRows = kWarps * kWarpRows * kForwardFrag
 template <int HS> constexpr int kDqKeys = HS >= 128 ? 32 : 64;
 template <int HS> constexpr int kDkdvQueries = HS >= 128 ? 32 : 64;
 
+// The fused backward (attention_tc_backward_fused_kernel): 8 warps of 16 keys each, so that a block's
+// 128 keys halve, against 64, the float dQ partial sums written and read back per FLOP; query tiles as
+// the dK/dV kernel streams them. dQ's share of a tile pair (kDkdvQueries x HS) is split over the warps:
+// 16-query fragments, then column parts of kFusedDqCols.
+constexpr int kFusedWarps = 8;
+constexpr int kFusedThreads = 32 * kFusedWarps;
+constexpr int kFusedKeys = kFusedWarps * kWarpRows;  // keys per block
+template <int HS> constexpr int kFusedDqCols = HS / (kFusedWarps / (kDkdvQueries<HS> / kWarpRows));
+template <int HS> constexpr int kFusedLdDs = kDkdvQueries<HS> + 8;  // dS^T rows in shared memory: queries + 8
+
 template <int HS> constexpr size_t forward_smem_bytes() {
     return size_t(kForwardRows<HS> + 4 * kForwardKeys<HS>) * kLd<HS> * sizeof(bf16);
 }
@@ -73,17 +83,23 @@ template <int HS> constexpr size_t dq_smem_bytes() {
 template <int HS> constexpr size_t dkdv_smem_bytes() {
     return size_t(2 * kBlockRows + 4 * kDkdvQueries<HS>) * kLd<HS> * sizeof(bf16) + 4 * kDkdvQueries<HS> * sizeof(float);
 }
+template <int HS> constexpr size_t fused_smem_bytes() {
+    return (size_t(2 * kFusedKeys + 4 * kDkdvQueries<HS>) * kLd<HS> + size_t(kFusedKeys) * kFusedLdDs<HS> +
+            size_t(kFusedWarps) * kWarpRows * kLd<kFusedDqCols<HS>>) * sizeof(bf16) +
+           4 * kDkdvQueries<HS> * sizeof(float) + kFusedWarps * sizeof(int);
+}
 
 // Rows [row0, row0 + kRows) of one head (HS values at src + t * src_stride for position t) into
 // shared memory (rows of kLd<HS>) by cp.async, 16 bytes each; rows at or beyond T become zeros,
 // so masked scores never meet a NaN. Joins the calling thread's current cp.async group.
 // A thread copies the same 16-byte column of every kRowStep-th row, so its source offset is one
 // multiply at the start and an add per row (not a 64-bit multiply per chunk).
-template <int HS, int kRows>
+// kBlockThreads: the block's threads, which share the rows.
+template <int HS, int kRows, int kBlockThreads = kThreads>
 __device__ inline void load_rows_async(bf16* dst, const bf16* src, size_t src_stride, int row0, int T) {
     constexpr int kChunks = HS / 8;
-    static_assert(kThreads % kChunks == 0, "a thread keeps one column");
-    constexpr int kRowStep = kThreads / kChunks;
+    static_assert(kBlockThreads % kChunks == 0, "a thread keeps one column");
+    constexpr int kRowStep = kBlockThreads / kChunks;
     const int first = int(threadIdx.x) / kChunks, c = (int(threadIdx.x) % kChunks) * 8;
     size_t offset = size_t(row0 + first) * src_stride + c;  // formed into a pointer only for rows below T
     const size_t step = size_t(kRowStep) * src_stride;
@@ -130,6 +146,36 @@ __device__ inline void mma_p_b(float (&acc)[N / 8][4], const float (&p)[K / 8][4
         TC_UNROLL
         for (int n = 0; n < N / 8; n += 2) {
             // Matrices: rows 16k.. / 16k+8.. of columns 8n.., then of columns 8n+8.. (transposed).
+            uint32_t bf[4];
+            ldmatrix_x4_trans(bf, b + (16 * k + lane % 16) * ld + 8 * n + (lane / 16) * 8);
+            mma_m16n8k16_bf16(acc[n], af, bf, acc[n]);
+            mma_m16n8k16_bf16(acc[n + 1], af, bf + 2, acc[n + 1]);
+        }
+    }
+}
+
+// acc (16 x N) += A B: A (16 x K) stored transposed in shared memory (K rows at at, A's row r in column
+// r of each), B (K x N) row-major at b; ldmatrix .trans reads both. (dQ += dS K from dS^T.) Columns
+// 16k.. of A with live[k] == 0 are zeros and are skipped, B's rows 16k.. unread: they may hold NaN
+// (a masked document's keys), and 0 * NaN is NaN.
+template <int N, int K>
+__device__ inline void mma_at_b(float (&acc)[N / 8][4], const bf16* at, int ld_at, const bf16* b, int ld, const int* live) {
+    static_assert(N == 8 || N % 16 == 0, "n tiles in pairs, or one");
+    const int lane = int(threadIdx.x) % 32;
+    TC_UNROLL
+    for (int k = 0; k < K / 16; ++k) {
+        if (!live[k]) continue;
+        // Matrices: A rows 0-7 / 8-15 of columns 16k.. (stored rows 16k.., columns 0.. / 8..), then of
+        // columns 16k+8.. (stored rows 16k+8..), each transposed on the way.
+        uint32_t af[4];
+        ldmatrix_x4_trans(af, at + (16 * k + lane % 8 + (lane / 16) * 8) * ld_at + (lane / 8 % 2) * 8);
+        if constexpr (N == 8) {  // one n tile (hs 16's dQ column parts): rows 16k.. and 16k+8.. of B
+            uint32_t bf[2];
+            ldmatrix_x2_trans(bf, b + (16 * k + lane % 16) * ld);
+            mma_m16n8k16_bf16(acc[0], af, bf, acc[0]);
+        }
+        TC_UNROLL
+        for (int n = 0; n + 1 < N / 8; n += 2) {
             uint32_t bf[4];
             ldmatrix_x4_trans(bf, b + (16 * k + lane % 16) * ld + 8 * n + (lane / 16) * 8);
             mma_m16n8k16_bf16(acc[n], af, bf, acc[n]);
@@ -244,6 +290,61 @@ __device__ inline void store_warp_rows(Dst* dst, size_t dst_stride, bf16* rows, 
             }
             store128(to, v);
         }
+    }
+}
+
+// A key-row warp's tile pair (dK/dV and fused kernels): from S^T (in p) and dP^T (in ds), both 16 keys
+// x kQueries in the accumulator layout, P = exp(S / sqrt(hs) - lse) and dS = P (dP - D), lse in base 2
+// and D of the tile's queries at lse_rows and d_rows. With `test_each` (a warp-uniform flag: the masks
+// cut the tile) query q0 + col sees this lane's key pair only from first_query (its first key's first
+// query; + 8 for the second key) up to key_query_end; masked entries get P = 0, dS = 0.
+template <int kQueries>
+__device__ inline void key_scores_to_grads(float (&p)[kQueries / 8][4], float (&ds)[kQueries / 8][4], bool test_each, int q0,
+                                           int first_query, const int (&key_query_end)[2], const float* lse_rows,
+                                           const float* d_rows, float scale_log2) {
+    const int lane = int(threadIdx.x) % 32;
+    if (test_each) {
+        TC_UNROLL
+        for (int n = 0; n < kQueries / 8; ++n) {
+            TC_UNROLL
+            for (int i = 0; i < 4; ++i) {
+                const int col = 8 * n + 2 * (lane % 4) + (i & 1), query = q0 + col;
+                const bool visible = first_query + 8 * (i / 2) <= query && query < key_query_end[i / 2];
+                p[n][i] = visible ? exp2_ftz(fmaf(p[n][i], scale_log2, -lse_rows[col])) : 0.0f;
+                ds[n][i] = p[n][i] * (ds[n][i] - d_rows[col]);
+            }
+        }
+    } else {
+        TC_UNROLL
+        for (int n = 0; n < kQueries / 8; ++n) {
+            TC_UNROLL
+            for (int i = 0; i < 4; ++i) {
+                const int col = 8 * n + 2 * (lane % 4) + (i & 1);
+                p[n][i] = exp2_ftz(fmaf(p[n][i], scale_log2, -lse_rows[col]));
+                ds[n][i] = p[n][i] * (ds[n][i] - d_rows[col]);
+            }
+        }
+    }
+}
+
+// acc += the float rows at src (row r at src + (row0 + r) * src_stride) that store_warp_rows<HS, float>
+// wrote, with its 16-byte loads and its pairing of lanes t and t^1 (each keeps its own two values of a
+// row and takes its neighbour's); rows at or beyond T add nothing.
+template <int HS>
+__device__ inline void add_warp_rows(float (&acc)[HS / 8][4], const float* src, size_t src_stride, int row0, int T) {
+    const int lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
+    const bool odd = (t & 1) != 0;
+    const int row = row0 + g + (odd ? 8 : 0), col = 2 * (t & ~1);
+    const float* from = row < T ? src + size_t(row) * src_stride + col : nullptr;
+    TC_UNROLL
+    for (int n = 0; n < HS / 8; ++n) {
+        const Packed128<float> v = row < T ? load128(from + 8 * n) : Packed128<float>::filled(0.0f);
+        const float lo = __shfl_xor_sync(0xffffffffu, odd ? v[0] : v[2], 1);
+        const float hi = __shfl_xor_sync(0xffffffffu, odd ? v[1] : v[3], 1);
+        acc[n][0] += odd ? lo : v[0];
+        acc[n][1] += odd ? hi : v[1];
+        acc[n][2] += odd ? v[2] : lo;
+        acc[n][3] += odd ? v[3] : hi;
     }
 }
 
@@ -502,28 +603,9 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
         float p[kQueries / 8][4] = {}, ds[kQueries / 8][4] = {};  // transposed: [key][query]
         mma_a_bt<kQueries, HS>(p, k_tile + warp * kWarpRows * ld, q_tile, ld);
         mma_a_bt<kQueries, HS>(ds, v_tile + warp * kWarpRows * ld, dout_tile, ld);
-        if (q0 + lead < warp_key0 + kWarpRows - 1 || q0 + kQueries > warp_query_end) {  // warp-uniform
-            TC_UNROLL
-            for (int n = 0; n < kQueries / 8; ++n) {
-                TC_UNROLL
-                for (int i = 0; i < 4; ++i) {
-                    const int col = 8 * n + 2 * (lane % 4) + (i & 1), query = q0 + col;
-                    const bool visible = key0 + 8 * (i / 2) - lead <= query && query < key_query_end[i / 2];
-                    p[n][i] = visible ? exp2_ftz(fmaf(p[n][i], scale_log2, -lse_rows[buf * kQueries + col])) : 0.0f;
-                    ds[n][i] = p[n][i] * (ds[n][i] - d_rows[buf * kQueries + col]);
-                }
-            }
-        } else {
-            TC_UNROLL
-            for (int n = 0; n < kQueries / 8; ++n) {
-                TC_UNROLL
-                for (int i = 0; i < 4; ++i) {
-                    const int col = 8 * n + 2 * (lane % 4) + (i & 1);
-                    p[n][i] = exp2_ftz(fmaf(p[n][i], scale_log2, -lse_rows[buf * kQueries + col]));
-                    ds[n][i] = p[n][i] * (ds[n][i] - d_rows[buf * kQueries + col]);
-                }
-            }
-        }
+        key_scores_to_grads<kQueries>(p, ds, q0 + lead < warp_key0 + kWarpRows - 1 || q0 + kQueries > warp_query_end, q0,
+                                      key0 - lead, key_query_end, lse_rows + buf * kQueries, d_rows + buf * kQueries,
+                                      scale_log2);
         mma_p_b<HS, kQueries>(dv, p, dout_tile, ld);
         mma_p_b<HS, kQueries>(dk, ds, q_tile, ld);
         __syncthreads();  // buffer `buf` is refilled by the next iteration's prefetch
@@ -643,6 +725,137 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
                         dq_acc, dq_scale, warp_row0, Tq, accumulate);
 }
 
+// Fused backward (attention_tc_backward with AttentionTcBackward::fused), causal self-attention with or
+// without documents: grid (1, NH, B), one block of 8 warps per (b, h). The block walks its 128-key blocks
+// in order; each warp owns 16 keys and streams the query tiles that see them, as the dK/dV kernel does.
+// Per tile pair it computes S^T and dP^T once, then dV and dK, then dQ's share dS K from dS^T staged in
+// shared memory: 5 products where the split kernels run 7 (FlashAttention-2, Algorithm 2, whose dQ
+// atomics are replaced here). Deterministic without atomics: a query tile's dQ is summed over the key
+// blocks, in their order, in float rows of the scratch that only this block touches, each row always by
+// the same thread. The first key block to reach a tile writes them (queries [0, touched_end) have been
+// reached: every key block starts at its diagonal query tile, so the reached tiles are a prefix), and
+// the diagonal block, the last that any of the tile's queries sees, adds its share, scales and writes
+// dQ in bf16. The scratch needs no clearing.
+template <int HS>
+static __global__ void __launch_bounds__(attention_tc_detail::kFusedThreads, 1)
+    attention_tc_backward_fused_kernel(__nv_bfloat16* dqkv, float* dq_partial, const __nv_bfloat16* dout,
+                                       const __nv_bfloat16* qkv, const float* lse, const float* D, const int* doc_start,
+                                       int T, int C, int NH) {
+    using namespace attention_tc_detail;
+    constexpr int ld = kLd<HS>, kQueries = kDkdvQueries<HS>, kKeys = kFusedKeys, ld_ds = kFusedLdDs<HS>;
+    constexpr int kDqCols = kFusedDqCols<HS>, kDqFrags = kQueries / kWarpRows;
+    const int h = int(blockIdx.y), b = int(blockIdx.z);
+    const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+
+    DYNAMIC_SHARED(bf16, smem);
+    bf16* k_tile = smem;                             // [kKeys][ld]; at a key block's end dK
+    bf16* v_tile = k_tile + kKeys * ld;              // [kKeys][ld]; at a key block's end dV
+    bf16* q_tiles = v_tile + kKeys * ld;             // [2][kQueries][ld]
+    bf16* dout_tiles = q_tiles + 2 * kQueries * ld;  // [2][kQueries][ld]
+    bf16* ds_tile = dout_tiles + 2 * kQueries * ld;  // [kKeys][ld_ds]: the tile pair's dS^T, bf16
+    bf16* dq_rows = ds_tile + kKeys * ld_ds;         // [kFusedWarps][kWarpRows][kLd<kDqCols>]: final dQ, staged
+    float* lse_rows = reinterpret_cast<float*>(dq_rows + kFusedWarps * kWarpRows * kLd<kDqCols>);  // [2][kQueries]
+    float* d_rows = lse_rows + 2 * kQueries;                                                       // [2][kQueries]
+    int* warp_live = reinterpret_cast<int*>(d_rows + 2 * kQueries);  // [kFusedWarps]: the tile pair reaches its keys
+
+    const size_t stride = 3 * size_t(C);
+    const bf16* q_src = qkv + size_t(b) * T * stride + h * HS;
+    const bf16* k_src = q_src + C;
+    const bf16* dout_src = dout + size_t(b) * T * C + h * HS;
+    const float* lse_src = lse + (size_t(b) * NH + h) * T;
+    const float* d_src = D + (size_t(b) * NH + h) * T;
+    bf16* grad_dst = dqkv + size_t(b) * T * stride + h * HS;
+    const int* doc_row = doc_start != nullptr ? doc_start + size_t(b) * T : nullptr;
+    // This warp's share of each tile's dQ: queries [dq_row, dq_row + 16) of the tile, columns
+    // [dq_col, dq_col + kDqCols); its partial sums at dq_sums (rows HS floats apart).
+    const int dq_row = (warp % kDqFrags) * kWarpRows, dq_col = (warp / kDqFrags) * kDqCols;
+    float* dq_sums = dq_partial + (size_t(b) * NH + h) * T * HS + dq_col;
+    bf16* dq_stage = dq_rows + warp * kWarpRows * kLd<kDqCols>;
+
+    const float scale = 1.0f / sqrtf(float(HS)), scale_log2 = scale * kLog2e;
+    const float dq_scale[2] = {scale, scale}, dk_scale[2] = {scale, scale}, dv_scale[2] = {1.0f, 1.0f};
+    int touched_end = 0;  // queries with partial sums in the scratch: [0, touched_end), block-uniform
+    for (int k0 = 0; k0 < T; k0 += kKeys) {
+        // Query tile `tile` (queries k0 + tile * kQueries ..) into buffer tile % 2, as in the dK/dV kernel.
+        auto load_query_tile = [&](int tile) {
+            const int q0 = k0 + tile * kQueries, buf = tile % 2;
+            load_rows_async<HS, kQueries, kFusedThreads>(q_tiles + buf * kQueries * ld, q_src, stride, q0, T);
+            load_rows_async<HS, kQueries, kFusedThreads>(dout_tiles + buf * kQueries * ld, dout_src, size_t(C), q0, T);
+            const int r = int(threadIdx.x) % kQueries;
+            if (int(threadIdx.x) < kQueries) lse_rows[buf * kQueries + r] = q0 + r < T ? lse_src[q0 + r] * kLog2e : 0.0f;
+            else if (int(threadIdx.x) < 2 * kQueries) d_rows[buf * kQueries + r] = q0 + r < T ? d_src[q0 + r] : 0.0f;
+        };
+        load_rows_async<HS, kKeys, kFusedThreads>(k_tile, k_src, stride, k0, T);
+        load_rows_async<HS, kKeys, kFusedThreads>(v_tile, k_src + C, stride, k0, T);
+        load_query_tile(0);
+        cp_async_commit();
+
+        const int key0 = k0 + warp * kWarpRows + lane / 4;  // this lane's keys: key0 and key0 + 8
+        const int key_query_end[2] = {attention_detail::visible_query_end(doc_row, min(key0, T), key0, T),
+                                      attention_detail::visible_query_end(doc_row, min(key0 + 8, T), key0 + 8, T)};
+        const int warp_key0 = k0 + warp * kWarpRows;
+        const int warp_query_end = int(-warp_max(-float(min(key_query_end[0], key_query_end[1]))));  // the minimum
+        const int warp_query_last_end = int(warp_max(float(max(key_query_end[0], key_query_end[1]))));
+        const int query_end = attention_detail::visible_query_end(doc_row, k0, min(k0 + kKeys, T) - 1, T);
+        const int query_tiles = (query_end - k0 + kQueries - 1) / kQueries;  // >= 1: key k0 sees query k0
+        float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
+        for (int tile = 0; tile < query_tiles; ++tile) {
+            if (tile + 1 < query_tiles) {
+                load_query_tile(tile + 1);
+                cp_async_commit();
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
+            }
+            __syncthreads();
+            const int q0 = k0 + tile * kQueries, buf = tile % 2;
+            const bf16* q_tile = q_tiles + buf * kQueries * ld;
+            const bf16* dout_tile = dout_tiles + buf * kQueries * ld;
+
+            // A warp whose keys no query of the tile sees (all after the tile's last query, past T, or
+            // past the last query of their documents) skips the pair: the 64 queries before a block's
+            // second half, and the split kernels' skipped tiles (NaN in another document stays out).
+            const bool live = warp_key0 < T && q0 + kQueries > warp_key0 && q0 < warp_query_last_end;  // warp-uniform
+            if (lane == 0) warp_live[warp] = live;
+            if (live) {
+                float p[kQueries / 8][4] = {}, ds[kQueries / 8][4] = {};  // transposed: [key][query]
+                mma_a_bt<kQueries, HS>(p, k_tile + warp * kWarpRows * ld, q_tile, ld);
+                mma_a_bt<kQueries, HS>(ds, v_tile + warp * kWarpRows * ld, dout_tile, ld);
+                key_scores_to_grads<kQueries>(p, ds, q0 < warp_key0 + kWarpRows - 1 || q0 + kQueries > warp_query_end, q0,
+                                              key0, key_query_end, lse_rows + buf * kQueries, d_rows + buf * kQueries,
+                                              scale_log2);
+                // dS^T to shared memory for dQ, rounded to bf16 as the dK product rounds it.
+                TC_UNROLL
+                for (int n = 0; n < kQueries / 8; ++n) {
+                    bf16* row = ds_tile + (warp * kWarpRows + lane / 4) * ld_ds + 8 * n + 2 * (lane % 4);
+                    *reinterpret_cast<uint32_t*>(row) = pack_bf16x2(ds[n][0], ds[n][1]);
+                    *reinterpret_cast<uint32_t*>(row + 8 * ld_ds) = pack_bf16x2(ds[n][2], ds[n][3]);
+                }
+                mma_p_b<HS, kQueries>(dv, p, dout_tile, ld);
+                mma_p_b<HS, kQueries>(dk, ds, q_tile, ld);
+            }
+            __syncthreads();  // every live warp's dS^T rows are in
+
+            float dq[kDqCols / 8][4] = {};
+            mma_at_b<kDqCols, kKeys>(dq, ds_tile + dq_row, ld_ds, k_tile + dq_col, ld, warp_live);
+            const bool first = q0 >= touched_end;           // block-uniform
+            const bool last = q0 + kQueries <= k0 + kKeys;  // the diagonal block: no later key block sees these queries
+            if (last) {
+                if (!first) add_warp_rows<kDqCols>(dq, dq_sums, size_t(HS), q0 + dq_row, T);
+                store_warp_rows<kDqCols>(grad_dst + dq_col, stride, dq_stage, dq, dq_scale, q0 + dq_row, T);
+            } else {
+                const float unscaled[2] = {1.0f, 1.0f};
+                store_warp_rows<kDqCols>(dq_sums, size_t(HS), nullptr, dq, unscaled, q0 + dq_row, T, !first);
+            }
+            __syncthreads();  // buffer `buf` is refilled by the next prefetch, ds_tile and k_tile rewritten
+        }
+        touched_end = k0 + query_tiles * kQueries;  // never less than before: a later key block's queries end no earlier
+        store_warp_rows<HS>(grad_dst + C, stride, k_tile + warp * kWarpRows * ld, dk, dk_scale, warp_key0, T);
+        store_warp_rows<HS>(grad_dst + 2 * C, stride, v_tile + warp * kWarpRows * ld, dv, dv_scale, warp_key0, T);
+        __syncthreads();  // the staged dK, dV rows are read before the next key block lands there
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Host side
 
@@ -663,7 +876,19 @@ inline std::string attention_tc_requirements(int B, int T, int C, int NH) {
     return "";
 }
 
-inline size_t attention_tc_backward_scratch_floats(int B, int T, int NH) { return size_t(B) * T * NH; }
+// The causal backward's kernels (train_gpt's --attention-backward): split, the dK/dV and dQ kernels
+// (7 products per tile pair, S and dP computed twice), or fused, one kernel (5 products) that sums dQ
+// in float scratch rows. Both deterministic.
+enum class AttentionTcBackward { split, fused };
+
+// The causal backward's scratch: D (B, NH, T), and for the fused kernel dQ's float partial sums
+// (B, NH, T, hs) after it, 16-byte aligned.
+inline size_t attention_tc_dq_sums_offset(int B, int T, int NH) { return (size_t(B) * T * NH + 3) / 4 * 4; }
+inline size_t attention_tc_backward_scratch_floats(int B, int T, int C, int NH,
+                                                   AttentionTcBackward how = AttentionTcBackward::split) {
+    return how == AttentionTcBackward::fused ? attention_tc_dq_sums_offset(B, T, NH) + size_t(B) * T * C
+                                             : size_t(B) * T * NH;
+}
 
 namespace attention_tc_detail {
 
@@ -695,6 +920,21 @@ inline double key_block_query_tiles(const AttentionSpan& s, int tile) {  // dK/d
     double pairs = 0;
     for (int k0 = 0; k0 < s.Tk; k0 += kBlockRows) pairs += ceil_div(s.Tq - std::min(std::max(k0 - s.key_lead, 0), s.Tq), tile);
     return pairs;
+}
+
+// Fused, per (b, h): the tile pairs of kFusedKeys keys by kDkdvQueries queries, and the warps' shares of
+// them that are computed (a warp skips the tile before its keys; causal, documents not counted).
+template <int HS> double fused_key_block_query_tiles(int T) {
+    double pairs = 0;
+    for (int k0 = 0; k0 < T; k0 += kFusedKeys) pairs += ceil_div(T - k0, kDkdvQueries<HS>);
+    return pairs;
+}
+template <int HS> double fused_live_warp_tiles(int T) {
+    double live = 0;
+    for (int k0 = 0; k0 < T; k0 += kFusedKeys)
+        for (int q0 = k0; q0 < T; q0 += kDkdvQueries<HS>)
+            for (int key = k0; key < std::min(T, k0 + kFusedKeys); key += kWarpRows) live += key < q0 + kDkdvQueries<HS>;
+    return live;
 }
 
 inline void check_span(const char* launcher, const AttentionSpan& span, int B, int C, int NH) {
@@ -762,6 +1002,36 @@ void backward(Grad* dq, int dq_stride, Grad* dkv, int dkv_stride, const X* dout,
     }
 }
 
+template <typename X>
+void backward_fused(X* dqkv, float* scratch, const X* dout, const X* qkv, const float* lse, int B, int T, int C, int NH,
+                    cudaStream_t stream, const int* doc_start) {
+    if constexpr (std::is_same_v<X, bf16>) {
+        const int hs = C / NH;
+        const float* D = scratch;
+        float* dq_sums = scratch + attention_tc_dq_sums_offset(B, T, NH);
+        dispatch_head_size(hs, [&](auto hs_constant) {
+            constexpr int HS = decltype(hs_constant)::value;
+            constexpr auto kernel = attention_tc_backward_fused_kernel<HS>;
+            constexpr size_t smem = fused_smem_bytes<HS>();
+            attention_detail::allow_smem<kernel>(smem);
+            // 5 products of 2 * 16 keys * queries * hs FLOPs per warp and tile pair it computes (dQ's:
+            // its keys' share of the tile's dS K). Bytes: q, k, v, dO, lse and D
+            // read, dq, dk, dv written, and dQ's float partial sums written and read back at every tile
+            // pair but a query tile's first (written only) and its last (read only): an upper bound on
+            // what reaches memory, as the sums of the tiles a block revisits soonest stay in L2.
+            const double elems = double(B) * T * C, pairs = double(B) * NH * fused_key_block_query_tiles<HS>(T);
+            const double tile_floats = double(kDkdvQueries<HS>) * HS;
+            const double warp_pairs = double(B) * NH * fused_live_warp_tiles<HS>(T);
+            const KernelCost cost{warp_pairs * 10.0 * kWarpRows * kDkdvQueries<HS> * HS,
+                                  7 * elems * sizeof(bf16) + 2.0 * B * NH * T * sizeof(float) +
+                                      (2 * pairs - 2.0 * B * NH * ceil_div(T, kDkdvQueries<HS>)) * tile_floats * sizeof(float),
+                                  WorkKind::tensor_cores};
+            launch<kernel>(cost, dim3(1, NH, B), dim3(kFusedThreads), smem, stream, dqkv, dq_sums, dout, qkv, lse, D,
+                           doc_start, T, C, NH);
+        });
+    }
+}
+
 }  // namespace attention_tc_detail
 
 // Queries of `q` against the keys and values at `kv` (v = k + C) over `span` (see AttentionSpan in
@@ -798,13 +1068,18 @@ inline void attention_tc_backward(Grad* dq, int dq_stride, Grad* dkv, int dkv_st
                                   accumulate, key_gradients_done);
 }
 
-// Causal self-attention's backward: dqkv (B, T, 3C) from dout, with scratch for D (B, NH, T).
+// Causal self-attention's backward: dqkv (B, T, 3C) from dout, with scratch of
+// attention_tc_backward_scratch_floats(B, T, C, NH, how) floats (D, and the fused kernel's dQ sums).
 inline void attention_tc_backward(floatX* dqkv, float* scratch, const floatX* dout, const floatX* qkv,
                                   const floatX* out, const float* lse, int B, int T, int C, int NH,
-                                  cudaStream_t stream, const int* doc_start = nullptr) {
+                                  cudaStream_t stream, const int* doc_start = nullptr,
+                                  AttentionTcBackward how = AttentionTcBackward::split) {
     require_supported("attention_tc_backward", attention_tc_requirements(B, T, C, NH));
     float* D = scratch;  // (B, NH, T)
     attention_backward_rowdot(D, dout, out, B, T, C, NH, stream);
-    attention_tc_backward<floatX>(dqkv, 3 * C, dqkv + C, 3 * C, dout, qkv, qkv + C, lse, D, causal_span(T, C), B, C, NH,
-                                  stream, doc_start);
+    if (how == AttentionTcBackward::fused)
+        attention_tc_detail::backward_fused(dqkv, scratch, dout, qkv, lse, B, T, C, NH, stream, doc_start);
+    else
+        attention_tc_backward<floatX>(dqkv, 3 * C, dqkv + C, 3 * C, dout, qkv, qkv + C, lse, D, causal_span(T, C), B, C,
+                                      NH, stream, doc_start);
 }

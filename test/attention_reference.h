@@ -199,13 +199,16 @@ struct Results {
 };
 
 // Forward then backward with the chosen kernels, on fresh NaN-filled outputs and scratch, so every
-// element must be written; with doc_start, document-masked.
-enum class Kernels { tensor_core, simt };
+// element must be written (and the fused backward's dQ sums written before they are read); with
+// doc_start, document-masked. tensor_core_fused: the tensor-core forward, then the fused backward.
+enum class Kernels { tensor_core, simt, tensor_core_fused };
 inline Results run_attention(Kernels which, const std::vector<floatX>& qkv_host, const std::vector<floatX>& dout_host,
                              const Sizes& s, const std::vector<int>* doc_start_host = nullptr) {
     const size_t BT = size_t(s.B) * s.T;
-    const size_t scratch_floats = which == Kernels::tensor_core ? attention_tc_backward_scratch_floats(s.B, s.T, s.NH)
-                                                                : attention_backward_scratch_floats(s.B, s.T, s.NH);
+    const bool tc = which != Kernels::simt;
+    const AttentionTcBackward how = which == Kernels::tensor_core_fused ? AttentionTcBackward::fused : AttentionTcBackward::split;
+    const size_t scratch_floats = tc ? attention_tc_backward_scratch_floats(s.B, s.T, s.C, s.NH, how)
+                                     : attention_backward_scratch_floats(s.B, s.T, s.NH);
     DeviceBuffer<floatX> qkv(qkv_host), dout(dout_host), out(BT * s.C), dqkv(BT * 3 * s.C);
     DeviceBuffer<float> lse(BT * s.NH), scratch(scratch_floats);
     DeviceBuffer<int> doc_start(doc_start_host ? *doc_start_host : std::vector<int>(1));
@@ -214,9 +217,9 @@ inline Results run_attention(Kernels which, const std::vector<floatX>& qkv_host,
     lse.fill_bytes(0xFF);
     dqkv.fill_bytes(0xFF);
     scratch.fill_bytes(0xFF);
-    if (which == Kernels::tensor_core) {
+    if (tc) {
         attention_tc_forward(out.ptr, lse.ptr, qkv.ptr, s.B, s.T, s.C, s.NH, 0, docs);
-        attention_tc_backward(dqkv.ptr, scratch.ptr, dout.ptr, qkv.ptr, out.ptr, lse.ptr, s.B, s.T, s.C, s.NH, 0, docs);
+        attention_tc_backward(dqkv.ptr, scratch.ptr, dout.ptr, qkv.ptr, out.ptr, lse.ptr, s.B, s.T, s.C, s.NH, 0, docs, how);
     } else {
         attention_forward(out.ptr, lse.ptr, qkv.ptr, s.B, s.T, s.C, s.NH, 0, docs);
         attention_backward(dqkv.ptr, scratch.ptr, dout.ptr, qkv.ptr, out.ptr, lse.ptr, s.B, s.T, s.C, s.NH, 0, docs);
@@ -236,7 +239,9 @@ inline Results run_attention(Kernels which, const std::vector<floatX>& qkv_host,
 struct SpanTolerances {
     double out, lse, grad;
 };
-inline const char* kernels_name(Kernels which) { return which == Kernels::tensor_core ? "tensor cores" : "simt"; }
+inline const char* kernels_name(Kernels which) {
+    return which == Kernels::tensor_core ? "tensor cores" : which == Kernels::simt ? "simt" : "tensor cores, fused backward";
+}
 template <typename R> void check_spans(Kernels which, const SpanTolerances& tol) {
     struct SpanCase {
         const char* what;

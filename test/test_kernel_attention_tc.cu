@@ -36,6 +36,9 @@ void check_against_reference(const Results& tc, const Reference& ref, int C) {
     CHECK(tensor_error(grad[2], grad_ref[2]) <= kOutTolerance);
 }
 
+// Both backward paths: the split dK/dV and dQ kernels, and the fused kernel.
+constexpr Kernels kTensorCoreKernels[] = {Kernels::tensor_core, Kernels::tensor_core_fused};
+
 }  // namespace
 
 TEST_CASE("tensor-core attention matches a double reference and the SIMT kernels") {
@@ -57,22 +60,26 @@ TEST_CASE("tensor-core attention matches a double reference and the SIMT kernels
         const std::vector<floatX> dout = random_floatX(size_t(s.B) * s.T * s.C, 1.0f, rng);
 
         const Reference ref = reference_attention(qkv, dout, s);
-        const Results tc = run_attention(Kernels::tensor_core, qkv, dout, s);
         const Results simt = run_attention(Kernels::simt, qkv, dout, s);
-        const auto grad = split_qkv(tc.dqkv, s.C), grad_simt = split_qkv(simt.dqkv, s.C);
+        const auto grad_simt = split_qkv(simt.dqkv, s.C);
+        for (const Kernels which : kTensorCoreKernels) {
+            CAPTURE(kernels_name(which));
+            const Results tc = run_attention(which, qkv, dout, s);
+            const auto grad = split_qkv(tc.dqkv, s.C);
 
-        // Errors relative to each tensor's max |ref|, measured over these cases (the same under every
-        // schedule order): out 2.8e-3, lse 1.4e-7, dq 5.2e-3, dk 5.6e-3, dv 3.6e-3 (SIMT kernels: out
-        // 2.0e-3, dq 3.6e-3, dk 4.6e-3, dv 2.9e-3). out and dqkv are rounded to bf16 (2^-8 = 3.9e-3 of
-        // an element at most); dq and dk also inherit the rounding of out through D = rowsum(dO * out);
-        // beyond that the tensor cores take P and dS rounded to bf16 (2^-9 relative, averaging out over
-        // a row). lse stays float: bf16 products are exact and accumulate in FP32.
-        check_against_reference(tc, ref, s.C);
-        // Against the SIMT kernels, each within the tolerances above of the exact result; measured
-        // out 4.0e-3 (neighbouring bf16 values), lse 1.6e-7, dq 7.4e-3, dk 5.7e-3, dv 5.3e-3.
-        CHECK(tensor_error(tc.out, simt.out) <= 2 * kOutTolerance);
-        CHECK(tensor_error(tc.lse, simt.lse) <= 2 * kLseTolerance);
-        for (int part = 0; part < 3; ++part) CHECK(tensor_error(grad[part], grad_simt[part]) <= 2 * kGradTolerance);
+            // Errors relative to each tensor's max |ref|, measured over these cases (the same under every
+            // schedule order): out 2.8e-3, lse 1.4e-7, dq 5.2e-3, dk 5.6e-3, dv 3.6e-3 (SIMT kernels: out
+            // 2.0e-3, dq 3.6e-3, dk 4.6e-3, dv 2.9e-3). out and dqkv are rounded to bf16 (2^-8 = 3.9e-3 of
+            // an element at most); dq and dk also inherit the rounding of out through D = rowsum(dO * out);
+            // beyond that the tensor cores take P and dS rounded to bf16 (2^-9 relative, averaging out over
+            // a row). lse stays float: bf16 products are exact and accumulate in FP32.
+            check_against_reference(tc, ref, s.C);
+            // Against the SIMT kernels, each within the tolerances above of the exact result; measured
+            // out 4.0e-3 (neighbouring bf16 values), lse 1.6e-7, dq 7.4e-3, dk 5.7e-3, dv 5.3e-3.
+            CHECK(tensor_error(tc.out, simt.out) <= 2 * kOutTolerance);
+            CHECK(tensor_error(tc.lse, simt.lse) <= 2 * kLseTolerance);
+            for (int part = 0; part < 3; ++part) CHECK(tensor_error(grad[part], grad_simt[part]) <= 2 * kGradTolerance);
+        }
     }
 }
 
@@ -92,19 +99,23 @@ TEST_CASE("document-masked tensor-core attention matches a double reference with
         const std::vector<int> docs = packed_rows(s.T, c.eots);
 
         const Reference ref = reference_attention(qkv, dout, s, &docs);
-        const Results tc = run_attention(Kernels::tensor_core, qkv, dout, s, &docs);
         const Results simt = run_attention(Kernels::simt, qkv, dout, s, &docs);
-        const auto grad = split_qkv(tc.dqkv, s.C), grad_simt = split_qkv(simt.dqkv, s.C);
+        const auto grad_simt = split_qkv(simt.dqkv, s.C);
         const auto grad_ref = split_qkv(ref.dqkv, s.C);
-        check_against_reference(tc, ref, s.C);
-        CHECK(tensor_error(tc.out, simt.out) <= 2 * kOutTolerance);
-        CHECK(tensor_error(tc.lse, simt.lse) <= 2 * kLseTolerance);
-        for (int part = 0; part < 3; ++part) {
-            const bool zero = std::all_of(grad_ref[part].begin(), grad_ref[part].end(), [](double g) { return g == 0.0; });
-            if (!zero) CHECK(tensor_error(grad[part], grad_simt[part]) <= 2 * kGradTolerance);
+        for (const Kernels which : kTensorCoreKernels) {
+            CAPTURE(kernels_name(which));
+            const Results tc = run_attention(which, qkv, dout, s, &docs);
+            const auto grad = split_qkv(tc.dqkv, s.C);
+            check_against_reference(tc, ref, s.C);
+            CHECK(tensor_error(tc.out, simt.out) <= 2 * kOutTolerance);
+            CHECK(tensor_error(tc.lse, simt.lse) <= 2 * kLseTolerance);
+            for (int part = 0; part < 3; ++part) {
+                const bool zero = std::all_of(grad_ref[part].begin(), grad_ref[part].end(), [](double g) { return g == 0.0; });
+                if (!zero) CHECK(tensor_error(grad[part], grad_simt[part]) <= 2 * kGradTolerance);
+            }
+            // The mask matters in every case: plain causal attention is far from it.
+            CHECK(tensor_error(tc.out, reference_attention(qkv, dout, s).out).value > 10 * kOutTolerance);
         }
-        // The mask matters in every case: plain causal attention is far from it.
-        CHECK(tensor_error(tc.out, reference_attention(qkv, dout, s).out).value > 10 * kOutTolerance);
     }
 }
 
@@ -121,16 +132,19 @@ TEST_CASE("tensor-core document masking skips fully masked tiles: NaN in one doc
             const int from = poison_first ? 0 : 64, kept = poison_first ? 64 : 0;
             poison_positions(qkv, dout, s, 0, from, from + 64);
             const Reference ref = reference_attention(qkv, dout, s, &docs);
-            const Results got = run_attention(Kernels::tensor_core, qkv, dout, s, &docs);
-            auto kept_rows = [&](const auto& x) { return positions_of(x, s, s.C, 0, kept, kept + 64); };
-            CHECK(tensor_error(kept_rows(got.out), kept_rows(ref.out)) <= 0x1p-8 + 1e-3);
-            CHECK(tensor_error(lse_positions_of(got.lse, s, 0, kept, kept + 64), lse_positions_of(ref.lse, s, 0, kept, kept + 64)) <=
-                  1e-6);
-            const auto grad = split_qkv(got.dqkv, s.C);
-            const auto grad_ref = split_qkv(ref.dqkv, s.C);
-            for (int part = 0; part < 3; ++part) {
-                CAPTURE(part);
-                CHECK(tensor_error(kept_rows(grad[part]), kept_rows(grad_ref[part])) <= 1e-2);
+            for (const Kernels which : kTensorCoreKernels) {
+                CAPTURE(kernels_name(which));
+                const Results got = run_attention(which, qkv, dout, s, &docs);
+                auto kept_rows = [&](const auto& x) { return positions_of(x, s, s.C, 0, kept, kept + 64); };
+                CHECK(tensor_error(kept_rows(got.out), kept_rows(ref.out)) <= 0x1p-8 + 1e-3);
+                CHECK(tensor_error(lse_positions_of(got.lse, s, 0, kept, kept + 64),
+                                   lse_positions_of(ref.lse, s, 0, kept, kept + 64)) <= 1e-6);
+                const auto grad = split_qkv(got.dqkv, s.C);
+                const auto grad_ref = split_qkv(ref.dqkv, s.C);
+                for (int part = 0; part < 3; ++part) {
+                    CAPTURE(part);
+                    CHECK(tensor_error(kept_rows(grad[part]), kept_rows(grad_ref[part])) <= 1e-2);
+                }
             }
         }
     }
@@ -141,18 +155,60 @@ TEST_CASE("tensor-core attention is bitwise deterministic, also across more emul
     std::mt19937 rng(99);
     const std::vector<floatX> qkv = random_floatX(size_t(s.B) * s.T * 3 * s.C, 2.0f, rng);
     const std::vector<floatX> dout = random_floatX(size_t(s.B) * s.T * s.C, 1.0f, rng);
-    const Results first = run_attention(Kernels::tensor_core, qkv, dout, s);
+    for (const Kernels which : kTensorCoreKernels) {
+        CAPTURE(kernels_name(which));
+        const Results first = run_attention(which, qkv, dout, s);
 #ifndef __CUDACC__
-    const int threads = cuemu::threads();
-    cuemu::set_threads(threads == 1 ? 2 : 1);  // blocks now finish in a different order
+        const int threads = cuemu::threads();
+        cuemu::set_threads(threads == 1 ? 2 : 1);  // blocks now finish in a different order
 #endif
-    const Results second = run_attention(Kernels::tensor_core, qkv, dout, s);
+        const Results second = run_attention(which, qkv, dout, s);
 #ifndef __CUDACC__
-    cuemu::set_threads(threads);
+        cuemu::set_threads(threads);
 #endif
-    CHECK(bitwise_equal(first.out, second.out));
-    CHECK(bitwise_equal(first.lse, second.lse));
-    CHECK(bitwise_equal(first.dqkv, second.dqkv));
+        CHECK(bitwise_equal(first.out, second.out));
+        CHECK(bitwise_equal(first.lse, second.lse));
+        CHECK(bitwise_equal(first.dqkv, second.dqkv));
+    }
+}
+
+// The fused backward computes each tile pair's S^T, P, dP^T and dS^T as the dK/dV kernel does and adds
+// them to dK and dV in the same query-tile order (a warp skips the tiles its keys do not reach, which
+// the split kernels either skip too or add as exact zeros), so dK and dV are the split kernels' values
+// exactly. dQ is summed in another order (per 128-key block, then across blocks in float), so a few
+// elements may round to a neighbouring bf16: measured 5.8e-7 of max |dq| at most (documents; 1.5e-7
+// at T = 300 without; 0 for the other cases), under every schedule order. A missing or repeated key
+// block's share is of the order of dq itself. T past 2 and 3 key blocks of 128, partial last blocks,
+// every head size, documents across key-block edges.
+TEST_CASE("the fused tensor-core backward gives the split kernels' dK and dV exactly and their dQ to rounding") {
+    struct Case {
+        Sizes s;
+        std::vector<std::vector<int>> eots;
+    };
+    const Case cases[] = {
+        {{1, 300, 128, 2, 2.0f}, {}},                  // hs 64: 3 key blocks, the last partial
+        {{2, 256, 64, 2, 2.0f}, {}},                   // hs 32: 2 whole key blocks
+        {{1, 150, 32, 2, 3.0f}, {}},                   // hs 16
+        {{1, 200, 256, 2, 1.5f}, {}},                  // hs 128: 32-query tiles, dQ in two column parts
+        {{2, 300, 128, 2, 2.0f}, {{127, 128, 200}, {5, 250}}},  // documents across the 128-key edges
+    };
+    for (const Case& c : cases) {
+        const Sizes& s = c.s;
+        CAPTURE(s.B, s.T, s.C, s.NH, c.eots.size());
+        std::mt19937 rng(2024 + s.T + s.C);
+        const std::vector<floatX> qkv = random_qkv(s, rng);
+        const std::vector<floatX> dout = random_floatX(size_t(s.B) * s.T * s.C, 1.0f, rng);
+        const std::vector<int> docs = c.eots.empty() ? std::vector<int>{} : packed_rows(s.T, c.eots);
+        const std::vector<int>* doc_start = c.eots.empty() ? nullptr : &docs;
+        const Results split = run_attention(Kernels::tensor_core, qkv, dout, s, doc_start);
+        const Results fused = run_attention(Kernels::tensor_core_fused, qkv, dout, s, doc_start);
+        const auto grad_split = split_qkv(split.dqkv, s.C), grad_fused = split_qkv(fused.dqkv, s.C);
+        CHECK(tensor_error(grad_fused[1], grad_split[1], ErrorScale::absolute).value == 0.0);
+        CHECK(tensor_error(grad_fused[2], grad_split[2], ErrorScale::absolute).value == 0.0);
+        CHECK(tensor_error(grad_fused[0], grad_split[0]) <= 1e-5);
+        const Reference ref = reference_attention(qkv, dout, s, doc_start);
+        CHECK(tensor_error(grad_fused[0], split_qkv(ref.dqkv, s.C)[0]) <= kGradTolerance);
+    }
 }
 
 // Spans (context parallelism's ring steps) against the windowed reference, as for the SIMT kernels

@@ -67,18 +67,28 @@ ModelOptions fixture_options(const Fixture& fx, Attention attention, Recompute r
 
 TEST_CASE("the model matches the PyTorch reference: logits, loss and every gradient") {
     const std::string root = repo_root();
-    // Both attention kernel families in BF16; the tensor-core ones take no FP32 operands.
-    const std::vector<Attention> kinds = kFP32 ? std::vector<Attention>{Attention::simt}
-                                               : std::vector<Attention>{Attention::simt, Attention::tc};
-    for (Attention kind : kinds)
+    // Both attention kernel families in BF16 (the tensor-core ones take no FP32 operands), the tensor-core
+    // backward split and fused (--attention-backward).
+    struct Kernels {
+        Attention attention;
+        bool fused_backward;
+        const char* name;
+    };
+    const std::vector<Kernels> kinds = kFP32 ? std::vector<Kernels>{{Attention::simt, false, "simt"}}
+                                             : std::vector<Kernels>{{Attention::simt, false, "simt"},
+                                                                    {Attention::tc, false, "tc"},
+                                                                    {Attention::tc, true, "tc, fused backward"}};
+    for (const Kernels& kind : kinds)
     for (const char* name : {"d2_c64", "d2_c96_odd", "d2_c96_masked", "d2_c64_docmask"}) {
         const Fixture fx = load_fixture(root + "/test/fixtures/" + name + ".bin");
         const FixtureConfig& c = fx.config;
         GPT2 model;
-        gpt2_build(model, config_of(c), c.B, c.T, 0, 1, 0, fixture_options(fx, kind));
+        ModelOptions options = fixture_options(fx, kind.attention);
+        options.fused_attention_backward = kind.fused_backward;
+        gpt2_build(model, config_of(c), c.B, c.T, 0, 1, 0, options);
         load_parameters(model, fx);
         Result r = run_model(model, fx);
-        const char* kind_name = kind == Attention::tc ? "tc" : "simt";
+        const char* kind_name = kind.name;
 
         const double ref_loss = fx.at("loss").f32[0];
         const double loss_err = std::fabs(r.loss - ref_loss);
@@ -309,4 +319,19 @@ TEST_CASE("configurations the kernels cannot take are rejected naming the constr
     context.inference = true;
     CHECK(gpt2_check_build(good, 1, 4, 0, context) ==
           "model: context parallelism splits training's sequences; an inference model runs on one rank");
+    // The fused attention backward is a tensor-core kernel for whole sequences: not with the SIMT
+    // kernels, not over context parallelism's spans.
+    ModelOptions fused;
+    fused.fused_attention_backward = true;
+    fused.attention = Attention::simt;
+    CHECK(gpt2_check_build(good, 1, 8, 0, fused).rfind("--attention-backward fused: the fused backward is a tensor-core "
+                                                         "kernel and needs --attention tc", 0) == 0);
+    if (kBuildHasTensorCoreAttention) {
+        fused.attention = Attention::tc;
+        CHECK(gpt2_check_build(good, 1, 8, 0, fused).empty());
+        fused.context_parallel = 2;
+        CHECK(gpt2_check_build(good, 1, 4, 0, fused) ==
+              "--attention-backward fused: context parallelism's ring steps run the split kernels over spans; use "
+              "--attention-backward split with --cp");
+    }
 }
