@@ -73,6 +73,9 @@ constexpr int kFusedThreads = 32 * kFusedWarps;
 constexpr int kFusedKeys = kFusedWarps * kWarpRows;  // keys per block
 template <int HS> constexpr int kFusedDqCols = HS / (kFusedWarps / (kDkdvQueries<HS> / kWarpRows));
 template <int HS> constexpr int kFusedLdDs = kDkdvQueries<HS> + 8;  // dS^T rows in shared memory: queries + 8
+// K and V buffers: two (the next key block loads during the current one's last tile pair), one at hs
+// 128, where two would take 191 KB of shared memory, above an A100's 163 KB (sm_80 is built too).
+template <int HS> constexpr int kFusedKvBuffers = HS >= 128 ? 1 : 2;
 
 template <int HS> constexpr size_t forward_smem_bytes() {
     return size_t(kForwardRows<HS> + 4 * kForwardKeys<HS>) * kLd<HS> * sizeof(bf16);
@@ -84,7 +87,7 @@ template <int HS> constexpr size_t dkdv_smem_bytes() {
     return size_t(2 * kBlockRows + 4 * kDkdvQueries<HS>) * kLd<HS> * sizeof(bf16) + 4 * kDkdvQueries<HS> * sizeof(float);
 }
 template <int HS> constexpr size_t fused_smem_bytes() {
-    return (size_t(2 * kFusedKeys + 4 * kDkdvQueries<HS>) * kLd<HS> + size_t(kFusedKeys) * kFusedLdDs<HS> +
+    return (size_t(2 * kFusedKvBuffers<HS> * kFusedKeys + 4 * kDkdvQueries<HS>) * kLd<HS> + size_t(kFusedKeys) * kFusedLdDs<HS> +
             size_t(kFusedWarps) * kWarpRows * kLd<kFusedDqCols<HS>>) * sizeof(bf16) +
            4 * kDkdvQueries<HS> * sizeof(float) + kFusedWarps * sizeof(int);
 }
@@ -735,7 +738,12 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
 // the same thread. The first key block to reach a tile writes them (queries [0, touched_end) have been
 // reached: every key block starts at its diagonal query tile, so the reached tiles are a prefix), and
 // the diagonal block, the last that any of the tile's queries sees, adds its share, scales and writes
-// dQ in bf16. The scratch needs no clearing.
+// dQ in bf16. The scratch needs no clearing. K and V are double-buffered up to hs 64, so the next key
+// block's K, V and first query tile load during the current block's last tile pair.
+// Why 128 keys (8 warps) a block: with 64 (4 warps, the dK/dV kernel's block) a d12 layer at B=64
+// writes and reads back 3.0 GB of partial sums instead of 1.4 GB, 1.13 ms at the roofline's 2.68 TB/s
+// against 1.15 ms of compute (1.41 GB: 0.53 ms); 256 keys (16 warps of ~250-register threads) would
+// not fit the register file.
 template <int HS>
 static __global__ void __launch_bounds__(attention_tc_detail::kFusedThreads, 1)
     attention_tc_backward_fused_kernel(__nv_bfloat16* dqkv, float* dq_partial, const __nv_bfloat16* dout,
@@ -743,14 +751,14 @@ static __global__ void __launch_bounds__(attention_tc_detail::kFusedThreads, 1)
                                        int T, int C, int NH) {
     using namespace attention_tc_detail;
     constexpr int ld = kLd<HS>, kQueries = kDkdvQueries<HS>, kKeys = kFusedKeys, ld_ds = kFusedLdDs<HS>;
-    constexpr int kDqCols = kFusedDqCols<HS>, kDqFrags = kQueries / kWarpRows;
+    constexpr int kDqCols = kFusedDqCols<HS>, kDqFrags = kQueries / kWarpRows, kKvBuffers = kFusedKvBuffers<HS>;
     const int h = int(blockIdx.y), b = int(blockIdx.z);
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
 
     DYNAMIC_SHARED(bf16, smem);
-    bf16* k_tile = smem;                             // [kKeys][ld]; at a key block's end dK
-    bf16* v_tile = k_tile + kKeys * ld;              // [kKeys][ld]; at a key block's end dV
-    bf16* q_tiles = v_tile + kKeys * ld;             // [2][kQueries][ld]
+    bf16* k_tiles = smem;                                 // [kKvBuffers][kKeys][ld]; at a key block's end its dK
+    bf16* v_tiles = k_tiles + kKvBuffers * kKeys * ld;    // [kKvBuffers][kKeys][ld]; at a key block's end its dV
+    bf16* q_tiles = v_tiles + kKvBuffers * kKeys * ld;    // [2][kQueries][ld]
     bf16* dout_tiles = q_tiles + 2 * kQueries * ld;  // [2][kQueries][ld]
     bf16* ds_tile = dout_tiles + 2 * kQueries * ld;  // [kKeys][ld_ds]: the tile pair's dS^T, bf16
     bf16* dq_rows = ds_tile + kKeys * ld_ds;         // [kFusedWarps][kWarpRows][kLd<kDqCols>]: final dQ, staged
@@ -774,21 +782,32 @@ static __global__ void __launch_bounds__(attention_tc_detail::kFusedThreads, 1)
 
     const float scale = 1.0f / sqrtf(float(HS)), scale_log2 = scale * kLog2e;
     const float dq_scale[2] = {scale, scale}, dk_scale[2] = {scale, scale}, dv_scale[2] = {1.0f, 1.0f};
+    // The query tile from q0 into buffer buf (q and dO by cp.async, joining the caller's group; lse and D
+    // by plain loads, published by the next __syncthreads), and key block k0's K and V into buffer kv_buf.
+    auto load_query_tile = [&](int q0, int buf) {
+        load_rows_async<HS, kQueries, kFusedThreads>(q_tiles + buf * kQueries * ld, q_src, stride, q0, T);
+        load_rows_async<HS, kQueries, kFusedThreads>(dout_tiles + buf * kQueries * ld, dout_src, size_t(C), q0, T);
+        const int r = int(threadIdx.x) % kQueries;
+        if (int(threadIdx.x) < kQueries) lse_rows[buf * kQueries + r] = q0 + r < T ? lse_src[q0 + r] * kLog2e : 0.0f;
+        else if (int(threadIdx.x) < 2 * kQueries) d_rows[buf * kQueries + r] = q0 + r < T ? d_src[q0 + r] : 0.0f;
+    };
+    auto load_key_block = [&](int k0, int kv_buf) {
+        load_rows_async<HS, kKeys, kFusedThreads>(k_tiles + kv_buf * kKeys * ld, k_src, stride, k0, T);
+        load_rows_async<HS, kKeys, kFusedThreads>(v_tiles + kv_buf * kKeys * ld, k_src + C, stride, k0, T);
+    };
+    load_key_block(0, 0);
+    load_query_tile(0, 0);
+    cp_async_commit();
     int touched_end = 0;  // queries with partial sums in the scratch: [0, touched_end), block-uniform
-    for (int k0 = 0; k0 < T; k0 += kKeys) {
-        // Query tile `tile` (queries k0 + tile * kQueries ..) into buffer tile % 2, as in the dK/dV kernel.
-        auto load_query_tile = [&](int tile) {
-            const int q0 = k0 + tile * kQueries, buf = tile % 2;
-            load_rows_async<HS, kQueries, kFusedThreads>(q_tiles + buf * kQueries * ld, q_src, stride, q0, T);
-            load_rows_async<HS, kQueries, kFusedThreads>(dout_tiles + buf * kQueries * ld, dout_src, size_t(C), q0, T);
-            const int r = int(threadIdx.x) % kQueries;
-            if (int(threadIdx.x) < kQueries) lse_rows[buf * kQueries + r] = q0 + r < T ? lse_src[q0 + r] * kLog2e : 0.0f;
-            else if (int(threadIdx.x) < 2 * kQueries) d_rows[buf * kQueries + r] = q0 + r < T ? d_src[q0 + r] : 0.0f;
-        };
-        load_rows_async<HS, kKeys, kFusedThreads>(k_tile, k_src, stride, k0, T);
-        load_rows_async<HS, kKeys, kFusedThreads>(v_tile, k_src + C, stride, k0, T);
-        load_query_tile(0);
-        cp_async_commit();
+    int tiles_before = 0;  // query tiles of the earlier key blocks: the query buffers alternate across blocks
+    for (int k0 = 0, kv_buf = 0; k0 < T; k0 += kKeys, kv_buf = (kv_buf + 1) % kKvBuffers) {
+        if (kKvBuffers == 1 && k0 > 0) {  // one K/V buffer: loaded once the previous block is done with it
+            load_key_block(k0, 0);
+            load_query_tile(k0, tiles_before % 2);
+            cp_async_commit();
+        }
+        bf16* k_tile = k_tiles + kv_buf * kKeys * ld;
+        bf16* v_tile = v_tiles + kv_buf * kKeys * ld;
 
         const int key0 = k0 + warp * kWarpRows + lane / 4;  // this lane's keys: key0 and key0 + 8
         const int key_query_end[2] = {attention_detail::visible_query_end(doc_row, min(key0, T), key0, T),
@@ -800,15 +819,23 @@ static __global__ void __launch_bounds__(attention_tc_detail::kFusedThreads, 1)
         const int query_tiles = (query_end - k0 + kQueries - 1) / kQueries;  // >= 1: key k0 sees query k0
         float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
         for (int tile = 0; tile < query_tiles; ++tile) {
-            if (tile + 1 < query_tiles) {
-                load_query_tile(tile + 1);
+            const int q0 = k0 + tile * kQueries, buf = (tiles_before + tile) % 2;
+            // Prefetch this block's next query tile, or at its last (two K/V buffers) the next key
+            // block's K, V and first query tile: the other K/V buffers were last read, and staged, before
+            // the barrier that ended the previous key block.
+            if (tile + 1 < query_tiles || (kKvBuffers == 2 && k0 + kKeys < T)) {
+                if (tile + 1 < query_tiles) {
+                    load_query_tile(q0 + kQueries, buf ^ 1);
+                } else {
+                    load_key_block(k0 + kKeys, kv_buf ^ 1);
+                    load_query_tile(k0 + kKeys, buf ^ 1);
+                }
                 cp_async_commit();
                 cp_async_wait<1>();
             } else {
                 cp_async_wait<0>();
             }
             __syncthreads();
-            const int q0 = k0 + tile * kQueries, buf = tile % 2;
             const bf16* q_tile = q_tiles + buf * kQueries * ld;
             const bf16* dout_tile = dout_tiles + buf * kQueries * ld;
 
@@ -850,9 +877,10 @@ static __global__ void __launch_bounds__(attention_tc_detail::kFusedThreads, 1)
             __syncthreads();  // buffer `buf` is refilled by the next prefetch, ds_tile and k_tile rewritten
         }
         touched_end = k0 + query_tiles * kQueries;  // never less than before: a later key block's queries end no earlier
+        tiles_before += query_tiles;
         store_warp_rows<HS>(grad_dst + C, stride, k_tile + warp * kWarpRows * ld, dk, dk_scale, warp_key0, T);
         store_warp_rows<HS>(grad_dst + 2 * C, stride, v_tile + warp * kWarpRows * ld, dv, dv_scale, warp_key0, T);
-        __syncthreads();  // the staged dK, dV rows are read before the next key block lands there
+        __syncthreads();  // the staged dK, dV rows are read before the key block after next lands there
     }
 }
 
