@@ -880,7 +880,7 @@ static __global__ void __launch_bounds__(attention_tc_detail::kFusedThreads, 1)
         tiles_before += query_tiles;
         store_warp_rows<HS>(grad_dst + C, stride, k_tile + warp * kWarpRows * ld, dk, dk_scale, warp_key0, T);
         store_warp_rows<HS>(grad_dst + 2 * C, stride, v_tile + warp * kWarpRows * ld, dv, dv_scale, warp_key0, T);
-        __syncthreads();  // the staged dK, dV rows are read before the key block after next lands there
+        __syncthreads();  // the staged dK, dV rows are read before K and V are loaded into these buffers again
     }
 }
 
