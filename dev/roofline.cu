@@ -173,8 +173,6 @@ int main(int argc, char** argv) {
         if (o.attention_backward != "split" && o.attention_backward != "fused")
             usage_error("--attention-backward must be one of split|fused, got '" + o.attention_backward + "'");
         options.fused_attention_backward = o.attention_backward == "fused";
-        if (options.fused_attention_backward && (options.attention != Attention::tc || o.cp > 1))
-            usage_error("--attention-backward fused: needs the tensor-core kernels (--attention tc) and no --cp");
         o.attention = attention_kernels_name(options);  // "auto" resolved, as printed and in the JSON
     } catch (const std::exception& e) {
         usage_error(e.what());
@@ -230,6 +228,10 @@ int main(int argc, char** argv) {
         context = {MPI_COMM_SELF, record_only_comm(o.cp), 0, o.cp};
         options.context_parallel = o.cp;
     }
+    // What train_gpt refuses for this model and these options (e.g. --attention-backward fused without
+    // --attention tc, or with --cp), with its message.
+    if (const std::string problem = gpt2_check_build(config, o.B, local_T, o.zero_stage, options); !problem.empty())
+        usage_error(problem);
     Trainer tr;
     tr.schedule = schedule;
     trainer_build(tr, dist, config, o.B, local_T, o.zero_stage, OptimizerConfig{}, options, tensor, pipeline, context);
