@@ -107,8 +107,11 @@ $(DEPS_TRACKED):
 	@touch $@
 
 # Tests: test_<name>.cu -> one executable each. test_emu_* test the emulator itself and have no
-# GPU build; test_mpi_* bring their own main (MPI_Init).
-TEST_SRC := $(wildcard test/test_*.cu)
+# GPU build; test_mpi_* bring their own main (MPI_Init). A file with the line "// built into: test_<suite>"
+# has none of its own: test/test_<suite>.cu includes it, one translation unit for several files that
+# each include train_gpt.cu whole (test/test_model_suite.cu says why; test/tests.cmake and
+# CMakeLists.txt read the same line).
+TEST_SRC := $(filter-out $(shell grep -l '^// built into: ' test/test_*.cu),$(wildcard test/test_*.cu))
 TEST_NAMES := $(patsubst test/%.cu,%,$(TEST_SRC))
 # Kernel and model tests are built in both precisions: test_X (PRECISION) and test_X_fp32, except
 # those whose source has the line "// precision: BF16 only" (test/tests.cmake reads the same line):

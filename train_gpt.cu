@@ -7,6 +7,12 @@
 //
 // GPT-2 (Radford et al. 2019): learned position embeddings, pre-LayerNorm blocks, causal self-attention,
 // GELU (tanh), tied input/output embedding, biases everywhere.
+//
+// Guarded: a test program of several test files in one translation unit (test/test_model_suite.cu)
+// includes it once through each of them.
+#ifndef TRAIN_GPT_CU
+#define TRAIN_GPT_CU
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -2235,3 +2241,4 @@ int main(int argc, char** argv) {
     }
 }
 #endif
+#endif  // TRAIN_GPT_CU

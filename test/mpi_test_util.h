@@ -1,7 +1,8 @@
 // MPI for the tests. mpi_init_once: for a test process that runs on its own (no mpirun: a singleton
 // MPI), initialized on first use, finalized when the process exits (the tests that link the whole
 // program, train_gpt.cu, and need a communicator or NCCL on one rank call it first).
-// mpi_test_device_per_rank: for the main of a test run under mpirun.
+// lone_rank: such a process's communicator of one. mpi_test_device_per_rank: for the main of a test
+// run under mpirun.
 #pragma once
 
 #include <cstdio>
@@ -15,6 +16,12 @@ inline void mpi_init_once() {
     if (initialized) return;
     MPI_CHECK(MPI_Init(nullptr, nullptr));
     std::atexit([] { MPI_Finalize(); });
+}
+
+// One rank on its own (parallel/process_groups.h; a singleton MPI needs no mpirun).
+inline Distributed lone_rank() {
+    mpi_init_once();
+    return distributed_single(Distributed{});
 }
 
 // For the main of a test run under mpirun (MPI started): picks this rank's GPU by its index on its

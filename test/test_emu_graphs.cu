@@ -3,6 +3,7 @@
 // nothing until the graph is launched, replay the captured arguments every launch, and refuse what
 // CUDA refuses (a host wait on a capturing stream, an unjoined fork, a wait on an outside event), so
 // that a step that captures here captures on the GPU. (No GPU build: these are the emulator's rules.)
+// built into: test_emu_suite
 #define TRAIN_GPT_NO_MAIN
 #include "../train_gpt.cu"
 
@@ -45,11 +46,6 @@ cudaError_t end_failed_capture(cudaStream_t stream) {
     CHECK(graph == nullptr);
     (void)cudaGetLastError();
     return e;
-}
-
-Distributed lone_rank() {
-    mpi_init_once();
-    return distributed_single(Distributed{});
 }
 
 }  // namespace

@@ -4,22 +4,13 @@
 // backward's grouping from page-locked memory and reads its micro-steps' losses once, after the last
 // backward pass is queued, so its waits must not grow with the number of micro-steps.
 // (No GPU build: the counter is the emulator's.)
+// built into: test_emu_suite
 #define TRAIN_GPT_NO_MAIN
 #include "../train_gpt.cu"
 
 #include "mpi_test_util.h"
 #include "test_util.h"
 
-
-namespace {
-
-// One rank on its own (parallel/process_groups.h; a singleton MPI needs no mpirun).
-Distributed lone_rank() {
-    mpi_init_once();
-    return distributed_single(Distributed{});
-}
-
-}  // namespace
 
 TEST_CASE("host waits: synchronizations and copies into pageable memory count, copies into pinned memory do not") {
     DeviceBuffer<float> device(256);

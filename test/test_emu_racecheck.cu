@@ -3,6 +3,7 @@
 // and their correctly ordered twins are not. Work runs synchronously on the CPU, so every one of
 // these programs computes the right numbers here; only the detector can tell them apart.
 // (No GPU build: these test emu/ itself. The model is included for the sampling case.)
+// built into: test_emu_suite
 #define TRAIN_GPT_NO_MAIN
 #include "../train_gpt.cu"
 

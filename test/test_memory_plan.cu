@@ -3,14 +3,15 @@
 // recompute none item by item against Korthikanti et al. 2022 ("Reducing Activation Recomputation in
 // Large Transformer Models", sec. 4.1): L * (34*s*b*h + 5*a*s^2*b) bytes. The emulator's peak memory
 // during real steps is compared with the plan in test_mpi_train.cu.
+// built into: test_model_suite
 #define TRAIN_GPT_NO_MAIN
 #include "../train_gpt.cu"
 
 #include <catch2/catch.hpp>
 
-namespace {
+#include "model_test_util.h"
 
-constexpr bool kFP32 = std::is_same_v<floatX, float>;
+namespace {
 
 GPT2Config preset(const char* name) {
     GPT2Config c{};

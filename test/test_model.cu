@@ -1,6 +1,7 @@
 // The whole model against the PyTorch reference (dev/gpt2_reference.py, float64): logits, loss and
 // every parameter gradient, in the build's precision; determinism; GPT-2 initialization; and the
 // configurations the kernels cannot take.
+// built into: test_model_suite
 #define TRAIN_GPT_NO_MAIN
 #include "../train_gpt.cu"
 

@@ -2,6 +2,7 @@
 // pass gives the PyTorch reference's logits at every position, fed a prompt and then one token at a
 // time; generation with the cache draws exactly the tokens generation without it draws; the
 // sampler's temperature, top-k and top-p rules.
+// built into: test_model_suite
 #define TRAIN_GPT_NO_MAIN
 #include "../train_gpt.cu"
 

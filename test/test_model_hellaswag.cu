@@ -3,6 +3,7 @@
 // ranks. Then, through train_gpt.cu: the packed evaluation gives every completion bitwise the losses
 // of its row alone in a pass of the same shape (rows of a batch never see each other), and within
 // GEMM rounding those of its row alone with B = 1.
+// built into: test_model_suite
 #define TRAIN_GPT_NO_MAIN
 #include "../train_gpt.cu"
 

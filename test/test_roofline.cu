@@ -5,6 +5,7 @@
 // training step run in record-only mode (nothing executes). So the central test runs the same
 // small step twice -- executed for real with recording on, then record-only -- and requires the
 // two lists to be identical: names, grids, blocks, shared memory, FLOPs, bytes, streams, events.
+// built into: test_model_suite
 #define TRAIN_GPT_NO_MAIN
 #include "../train_gpt.cu"
 
@@ -25,7 +26,7 @@ void set_record_only(bool on) {
 
 // Rank 0 of `world_size` on its own: MPI_COMM_SELF for the host-side sums, and an NCCL
 // communicator of world_size ranks (more than one only in record-only mode: no peers exist).
-Distributed lone_rank(int world_size) {
+Distributed rank0_of(int world_size) {
     mpi_init_once();
     Distributed d;
     d.mpi = MPI_COMM_SELF;
@@ -53,7 +54,7 @@ struct StepSetup {
 
 std::vector<LaunchRecord> record_one_step(const StepSetup& s) {
     set_record_only(s.record_only);
-    Distributed dist = lone_rank(s.world_size);
+    Distributed dist = rank0_of(s.world_size);
     Trainer tr;
     trainer_build(tr, dist, s.config, s.B, s.T, s.zero_stage, OptimizerConfig{}, ModelOptions{Recompute::none, s.attention});
     if (!s.record_only) {  // the roofline tool skips these too: nothing executes there
@@ -200,7 +201,7 @@ TEST_CASE("record-only on 4 ranks: collectives carry NCCL's bus bytes per rank")
 TEST_CASE("record-only on a context ring of 4: the hops on their own stream, the gradient sum sent on before dQ") {
     set_record_only(true);
     constexpr int cp = 4, local_T = kT / cp;
-    Distributed dist = lone_rank(cp);  // gradients over the data x context group
+    Distributed dist = rank0_of(cp);  // gradients over the data x context group
     ncclUniqueId id;
     NCCL_CHECK(ncclGetUniqueId(&id));
     ncclComm_t ring = nullptr;

@@ -12,6 +12,19 @@ if(NOT MPI)
   set(MPIRUN ${CMAKE_CURRENT_LIST_DIR}/no_mpi_launch.sh)
 endif()
 set(launched_tests)  # tests that run MPIRUN: skipped (77) past one rank without MPI (set at the end)
+# The command that runs the tests of test/<name>.cu from the binary of precision suffix `suffix` ("" or
+# "_fp32"): <name><suffix>, or for a file with the line "// built into: <suite>" (test/test_model_suite.cu),
+# <suite><suffix> choosing the file's tests by Catch2's filename tag, then `ARGN` (more test specs).
+function(test_command out name suffix)
+  file(STRINGS ${CMAKE_CURRENT_LIST_DIR}/${name}.cu suite REGEX "^// built into: ")
+  if(suite)
+    string(REGEX REPLACE "^// built into: ([a-z0-9_]+).*" "\\1" suite "${suite}")
+    list(JOIN ARGN "" more)
+    set(${out} ${TEST_BIN}/${suite}${suffix} "-#" "[#${name}]${more}" PARENT_SCOPE)
+  else()
+    set(${out} ${TEST_BIN}/${name}${suffix} ${ARGN} PARENT_SCOPE)
+  endif()
+endfunction()
 # A test that cannot run at all in this configuration: registered, and reported skipped with the reason.
 function(add_skipped_test name reason)
   add_test(${name} sh -c "echo 'skipped: ${reason}'; exit 77")
@@ -40,8 +53,13 @@ set_tests_properties(test_cublaslt PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
 # Under ASan only the BF16 binaries and the forward order (memory use depends on neither the precision
 # nor the order in which the emulator runs blocks, and both run without ASan; see Makefile).
 file(GLOB precision_test_sources ${CMAKE_CURRENT_LIST_DIR}/test_kernel_*.cu ${CMAKE_CURRENT_LIST_DIR}/test_model*.cu)
+list(FILTER precision_test_sources EXCLUDE REGEX "_suite\\.cu$")  # test_model_suite.cu: its files are tests
 foreach(source ${precision_test_sources})
   get_filename_component(t ${source} NAME_WE)
+  file(STRINGS ${source} built_into REGEX "^// built into: ")
+  if(built_into AND NOT t MATCHES "^test_model")
+    continue()  # the memory plan and the roofline, registered below (test_model_suite includes them)
+  endif()
   file(STRINGS ${source} bf16_only REGEX "^// precision: BF16 only")
   foreach(suffix "" "_fp32")
     if(suffix STREQUAL "_fp32" AND (ASAN OR bf16_only))
@@ -51,7 +69,8 @@ foreach(source ${precision_test_sources})
       if((GPU OR ASAN) AND NOT order STREQUAL "forward")
         continue()
       endif()
-      add_test(${t}${suffix}_${order} ${TEST_BIN}/${t}${suffix})
+      test_command(command ${t} "${suffix}")
+      add_test(${t}${suffix}_${order} ${command})
       set_tests_properties(${t}${suffix}_${order} PROPERTIES
         ENVIRONMENT "CUEMU_SCHEDULE=${order};CUEMU_SEED=12345;CUEMU_CHECK=1;CUEMU_RACECHECK=1;TRAIN_GPT_ROOT=${CMAKE_CURRENT_LIST_DIR}/..")
     endforeach()
@@ -64,14 +83,17 @@ if(NOT GPU)
   add_test(test_emu_executor_2threads ${TEST_BIN}/test_emu_executor)
   set_tests_properties(test_emu_executor_2threads PROPERTIES ENVIRONMENT "CUEMU_THREADS=2")
   # The cross-stream race detector: planted stream-ordering bugs are caught, their fixed twins are not.
-  add_test(test_emu_racecheck ${TEST_BIN}/test_emu_racecheck)
+  test_command(racecheck test_emu_racecheck "")
+  add_test(test_emu_racecheck ${racecheck})
   # Where a GPU's host would wait (cuemu::host_waits): a training step's waits do not grow with micro-steps.
-  add_test(test_emu_host_waits ${TEST_BIN}/test_emu_host_waits)
+  test_command(host_waits test_emu_host_waits "")
+  add_test(test_emu_host_waits ${host_waits})
   set_tests_properties(test_emu_host_waits PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
   # Stream capture and CUDA graphs: CUDA's capture rules, and training steps replayed from graphs
   # equal to eager ones bitwise, under two schedule orders.
+  test_command(graphs test_emu_graphs "")
   foreach(order forward random)
-    add_test(test_emu_graphs_${order} ${TEST_BIN}/test_emu_graphs)
+    add_test(test_emu_graphs_${order} ${graphs})
     set_tests_properties(test_emu_graphs_${order} PROPERTIES ENVIRONMENT "CUEMU_SCHEDULE=${order};CUEMU_SEED=12345;CUEMU_RACECHECK=1")
   endforeach()
 endif()
@@ -388,7 +410,8 @@ endif()
 
 # The memory plan against the seeds' accounting (test_memory_plan.cu); --dry-run plans GPT-2 1.5B
 # without allocating it; a run whose plan does not fit stops with the plan before allocating.
-add_test(test_memory_plan ${TEST_BIN}/test_memory_plan)
+test_command(memory_plan test_memory_plan "")
+add_test(test_memory_plan ${memory_plan})
 add_test(dry_run_d48 ${train_binary} -e d48 -b 16 -t 1024 --world-size 8 -z 1 -r full --dry-run --json)
 set_tests_properties(dry_run_d48 PROPERTIES PASS_REGULAR_EXPRESSION "\"parameters\": 1557686400")
 # --layers/--heads/--channels reshape a preset: 24 x 2048 channels has 50304 x 2048 + 1024 x 2048 +
@@ -414,10 +437,12 @@ add_test(plan_does_not_fit ${CMAKE_CURRENT_LIST_DIR}/expect_failure.sh "more tha
 # Launch recording, the emulator's record-only mode (the executed and the record-only step record
 # the same launches) and the roofline arithmetic (dev/roofline.cu); then --profile-step's table.
 if(GPU)  # the calibration records a d48 step on 8 ranks in record-only mode, which only the emulator has
-  add_test(test_roofline ${TEST_BIN}/test_roofline "~*published 2.75 s")
+  test_command(roofline test_roofline "" "~*published 2.75 s")
+  add_test(test_roofline ${roofline})
   add_skipped_test(test_roofline_calibration "record-only mode, a d48 step of 8 ranks recorded and not run, exists in the emulator alone")
 else()
-  add_test(test_roofline ${TEST_BIN}/test_roofline)
+  test_command(roofline test_roofline "")
+  add_test(test_roofline ${roofline})
 endif()
 add_test(test_profile_step ${CMAKE_CURRENT_LIST_DIR}/test_profile_step.sh ${train_binary})
 # The libraries' time per kernel family (dev/bench/library_baselines.py), run on the CPU: skipped (77)
