@@ -11,7 +11,6 @@
 #include "mpi_test_util.h"
 #include "test_util.h"
 
-
 TEST_CASE("host waits: synchronizations and copies into pageable memory count, copies into pinned memory do not") {
     DeviceBuffer<float> device(256);
     std::vector<float> pageable(256);

@@ -56,10 +56,6 @@ file(GLOB precision_test_sources ${CMAKE_CURRENT_LIST_DIR}/test_kernel_*.cu ${CM
 list(FILTER precision_test_sources EXCLUDE REGEX "_suite\\.cu$")  # test_model_suite.cu: its files are tests
 foreach(source ${precision_test_sources})
   get_filename_component(t ${source} NAME_WE)
-  file(STRINGS ${source} built_into REGEX "^// built into: ")
-  if(built_into AND NOT t MATCHES "^test_model")
-    continue()  # the memory plan and the roofline, registered below (test_model_suite includes them)
-  endif()
   file(STRINGS ${source} bf16_only REGEX "^// precision: BF16 only")
   foreach(suffix "" "_fp32")
     if(suffix STREQUAL "_fp32" AND (ASAN OR bf16_only))
