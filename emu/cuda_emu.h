@@ -305,6 +305,34 @@ void cp_async(void* smem, const void* gmem, int bytes, int src_bytes);
 void cp_async_commit();                // cp.async.commit_group
 void cp_async_wait(int max_pending);   // cp.async.wait_group max_pending
 
+// A warp tile product of kernels/tensor_core.cuh (mma_a_bt, mma_p_b, mma_at_b and their _rows forms)
+// as one warp collective: acc (frags x 16 x n, each lane's fragments in the mma accumulator layout)
+// += A B, the bf16 products of each element added in k order as the chain of mma.sync adds them.
+//   a_bt: A's rows 16 f + r at a + (16 f + r) ld_a (k columns), B^T's n rows at b + j ld_b.
+//   p_b:  A from each lane's p (frags x 16 x k, accumulator layout) rounded to bf16 (nearest even,
+//         as pack_bf16x2); B's k rows at b + i ld_b (n columns).
+//   at_b: A stored transposed, row r of A in column r at a + i ld_a; B as for p_b; a column block
+//         16 i.. of A (and B's rows 16 i..) with live[i] == 0 is skipped, never read.
+// Returns false, doing nothing, when CUEMU_TENSOR_CORE=instructions (set_tensor_core_mode): the
+// caller then runs the ldmatrix and mma.sync instructions themselves.
+enum class TileOperands { a_bt, p_b, at_b };
+struct TileProduct {
+    TileOperands operands;
+    int frags, n, k;
+    const __nv_bfloat16* a;
+    int ld_a;
+    const __nv_bfloat16* b;
+    int ld_b;
+    const int* live;
+};
+bool warp_tile_product(const TileProduct& product, float* acc, const float* p);
+// How tile products run: as one collective each (tiles, the default) or as their instructions
+// (CUEMU_TENSOR_CORE=instructions). Both give the same bits; the instructions check the fragment
+// layouts and addressing a GPU runs; a tile is one collective where its instructions are tens.
+enum class TensorCoreMode { tiles, instructions };
+void set_tensor_core_mode(TensorCoreMode mode);
+TensorCoreMode tensor_core_mode();
+
 }  // namespace cuemu
 
 // ---------------------------------------------------------------------------------------------

@@ -6,15 +6,24 @@
 // "Warp-level matrix load instruction: ldmatrix" (figure "ldmatrix fragment layout for one 8x8
 // Matrix with 16-bit elements"), with groupID = laneid >> 2 and threadID_in_group = laneid % 4.
 //
+// The warp tile products (kernels/tensor_core.cuh: a warp's fragments times a shared-memory tile,
+// tens of ldmatrix and mma.sync) are one collective each here, unless CUEMU_TENSOR_CORE=instructions:
+// the same operand elements, the same products added in the same order (accumulate_products, shared
+// with mma.sync), so the same bits.
+//
 // cp.async completes late on purpose: the destination is poisoned (0xFF bytes: NaN in bf16 and
 // float) when the copy is issued and written when cp.async.wait_group retires its group, so a
 // kernel that reads it too early reads NaN, as a GPU would read stale data.
 #include "cuda_emu.h"
 #include "emu_internal.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace cuemu {
@@ -36,6 +45,37 @@ struct MmaFragments {
     float c[4];
 };
 
+// D (m x n, row stride ldd) += A (m x k) B (k x n), m a multiple of 4 and n of 8: each element adds
+// its products one after another in k order, in float. The one routine behind mma.sync and the tile
+// products, so that both compile to the same arithmetic (a product of two bf16 is exact in float, so
+// the fused multiply-add the compiler makes of it rounds as the add alone would, except where the
+// product underflows). A block of 4 rows x W columns stays in vector registers across the k loop:
+// four independent chains of fused multiply-adds, each B row loaded once for the four. The order
+// within each element is unchanged.
+template <int W> inline void accumulate_block(float* __restrict__ d, int ldd, const float* __restrict__ a, int lda,
+                                              const float* __restrict__ b, int ldb, int k) {
+    typedef float Vec [[gnu::vector_size(W * sizeof(float)), gnu::aligned(4)]];  // W floats, any alignment
+    constexpr int R = 4;
+    Vec acc[R];
+    for (int r = 0; r < R; ++r) std::memcpy(&acc[r], d + size_t(r) * size_t(ldd), sizeof(Vec));
+    for (int kk = 0; kk < k; ++kk) {
+        Vec b_row;
+        std::memcpy(&b_row, b + size_t(kk) * size_t(ldb), sizeof(Vec));
+        for (int r = 0; r < R; ++r) acc[r] += a[size_t(r) * size_t(lda) + size_t(kk)] * b_row;
+    }
+    for (int r = 0; r < R; ++r) std::memcpy(d + size_t(r) * size_t(ldd), &acc[r], sizeof(Vec));
+}
+[[gnu::noinline]] void accumulate_products(float* D, int ldd, const float* A, int lda, const float* B, int ldb, int m,
+                                           int n, int k) {
+    for (int i = 0; i < m; i += 4) {
+        float* d = D + size_t(i) * size_t(ldd);
+        const float* a = A + size_t(i) * size_t(lda);
+        int j = 0;
+        for (; j + 16 <= n; j += 16) accumulate_block<16>(d + j, ldd, a, lda, B + j, ldb, k);
+        for (; j < n; j += 8) accumulate_block<8>(d + j, ldd, a, lda, B + j, ldb, k);
+    }
+}
+
 const char* mma_combine(const void* const inputs[32], void* const outputs[32], unsigned members) {
     if (members != kFullWarp) return "mma.sync needs all 32 lanes of the warp";
     float A[16][16], B[16][8], D[16][8];
@@ -55,12 +95,7 @@ const char* mma_combine(const void* const inputs[32], void* const outputs[32], u
     }
     // Products of bf16 values are exact in float; they are added to c one after another in k order,
     // in float. (The hardware's internal order and precision are unspecified; tests allow for that.)
-    for (int m = 0; m < 16; ++m)
-        for (int n = 0; n < 8; ++n) {
-            float acc = D[m][n];
-            for (int k = 0; k < 16; ++k) acc += A[m][k] * B[k][n];
-            D[m][n] = acc;
-        }
+    accumulate_products(&D[0][0], 8, &A[0][0], 16, &B[0][0], 8, 16, 8, 16);
     for (int lane = 0; lane < 32; ++lane) {
         float* d = static_cast<float*>(outputs[lane]);
         const int group = lane >> 2, tig = lane % 4;
@@ -98,6 +133,122 @@ const char* ldmatrix_combine(const void* const inputs[32], void* const outputs[3
         }
     }
     return nullptr;
+}
+
+// ---- warp tile products (kernels/tensor_core.cuh's mma_a_bt, mma_p_b, mma_at_b) ----
+
+struct TileLane {
+    TileProduct product;
+    const float* p;  // p_b: this lane's P fragments
+};
+
+bool same_product(const TileProduct& x, const TileProduct& y) {
+    return x.operands == y.operands && x.frags == y.frags && x.n == y.n && x.k == y.k && x.a == y.a && x.ld_a == y.ld_a &&
+           x.b == y.b && x.ld_b == y.ld_b && x.live == y.live;
+}
+
+// Lane `lane`'s accumulator-layout element i of tile j of fragment f: row and column in the
+// fragments' (16 frags) x (8 tiles) matrix (PTX ISA m16n8k16 figures: c0, c1 / c2, c3 = row
+// groupID / groupID + 8, columns 2 tig and 2 tig + 1).
+inline int fragment_row(int lane, int f, int i) { return 16 * f + (lane >> 2) + ((i & 2) ? 8 : 0); }
+inline int fragment_col(int lane, int j, int i) { return 8 * j + 2 * (lane & 3) + (i & 1); }
+
+const char* tile_combine(const void* const inputs[32], void* const outputs[32], unsigned members) {
+    if (members != kFullWarp) return "a tile product (ldmatrix and mma.sync) needs all 32 lanes of the warp";
+    const TileProduct& t = static_cast<const TileLane*>(inputs[0])->product;
+    for (int lane = 1; lane < 32; ++lane)
+        if (!same_product(static_cast<const TileLane*>(inputs[lane])->product, t)) {
+            problem_text = "lane " + std::to_string(lane) + " gives other operands, shapes or strides than lane 0 (they must be warp-uniform)";
+            return problem_text.c_str();
+        }
+    if (t.frags < 1 || t.n < 8 || t.n % 8 != 0 || t.k < 16 || t.k % 16 != 0) {
+        problem_text = "shape " + std::to_string(t.frags) + " x 16 x " + std::to_string(t.n) + " x " + std::to_string(t.k) +
+                       " is not whole m16n8k16 tiles";
+        return problem_text.c_str();
+    }
+    // ldmatrix reads rows of 8 elements at 16-byte aligned addresses: the base and the row stride.
+    for (const auto& [base, ld, name] : {std::tuple{static_cast<const void*>(t.a), t.ld_a, "A"},
+                                         std::tuple{static_cast<const void*>(t.b), t.ld_b, "B"}}) {
+        if (name[0] == 'A' && t.operands == TileOperands::p_b) continue;  // A comes from registers
+        if (reinterpret_cast<uintptr_t>(base) % 16 != 0 || ld % 8 != 0) {
+            char where[32];
+            std::snprintf(where, sizeof where, "%p", base);
+            problem_text = std::string(name) + " at " + where + " with a row stride of " + std::to_string(ld) +
+                           " elements: ldmatrix row addresses would not be 16-byte aligned";
+            return problem_text.c_str();
+        }
+    }
+    const int m = 16 * t.frags, n = t.n, tiles_n = n / 8;
+    // The k blocks that take part (at_b skips those with live == 0, reading neither operand there).
+    thread_local std::vector<int> blocks;
+    blocks.clear();
+    for (int i = 0; i < t.k / 16; ++i)
+        if (t.operands != TileOperands::at_b || t.live[i]) blocks.push_back(i);
+    const int k = 16 * int(blocks.size());
+    thread_local std::vector<float> A, B, D;
+    A.resize(size_t(m) * size_t(std::max(k, 1)));
+    B.resize(size_t(std::max(k, 1)) * size_t(n));
+    D.resize(size_t(m) * size_t(n));
+    for (int lane = 0; lane < 32; ++lane) {
+        const float* acc = static_cast<const float*>(outputs[lane]);
+        for (int f = 0; f < t.frags; ++f)
+            for (int j = 0; j < tiles_n; ++j)
+                for (int i = 0; i < 4; ++i)
+                    D[size_t(fragment_row(lane, f, i)) * n + fragment_col(lane, j, i)] = acc[(f * tiles_n + j) * 4 + i];
+    }
+    for (size_t bi = 0; bi < blocks.size(); ++bi) {
+        const int k0 = 16 * blocks[bi];  // the block's first k in the operands, 16 bi in A and B here
+        for (int kk = 0; kk < 16; ++kk) {
+            float* brow = &B[(16 * bi + size_t(kk)) * size_t(n)];
+            if (t.operands == TileOperands::a_bt) {
+                for (int j = 0; j < n; ++j) brow[j] = __bfloat162float(t.b[size_t(j) * size_t(t.ld_b) + size_t(k0 + kk)]);
+            } else {
+                const __nv_bfloat16* src = t.b + size_t(k0 + kk) * size_t(t.ld_b);
+                for (int j = 0; j < n; ++j) brow[j] = __bfloat162float(src[j]);
+            }
+        }
+        if (t.operands == TileOperands::a_bt) {
+            for (int r = 0; r < m; ++r)
+                for (int kk = 0; kk < 16; ++kk)
+                    A[size_t(r) * k + 16 * bi + kk] = __bfloat162float(t.a[size_t(r) * size_t(t.ld_a) + size_t(k0 + kk)]);
+        } else if (t.operands == TileOperands::at_b) {
+            for (int kk = 0; kk < 16; ++kk)
+                for (int r = 0; r < m; ++r)
+                    A[size_t(r) * k + 16 * bi + kk] = __bfloat162float(t.a[size_t(k0 + kk) * size_t(t.ld_a) + size_t(r)]);
+        }
+    }
+    if (t.operands == TileOperands::p_b) {  // every block takes part: k == t.k
+        const int tiles_k = t.k / 8;
+        for (int lane = 0; lane < 32; ++lane) {
+            const float* p = static_cast<const TileLane*>(inputs[lane])->p;
+            for (int f = 0; f < t.frags; ++f)
+                for (int j = 0; j < tiles_k; ++j)
+                    for (int i = 0; i < 4; ++i)
+                        A[size_t(fragment_row(lane, f, i)) * k + fragment_col(lane, j, i)] =
+                            __bfloat162float(__float2bfloat16_rn(p[(f * tiles_k + j) * 4 + i]));
+        }
+    }
+    if (k > 0) accumulate_products(D.data(), n, A.data(), k, B.data(), n, m, n, k);
+    for (int lane = 0; lane < 32; ++lane) {
+        float* acc = static_cast<float*>(outputs[lane]);
+        for (int f = 0; f < t.frags; ++f)
+            for (int j = 0; j < tiles_n; ++j)
+                for (int i = 0; i < 4; ++i)
+                    acc[(f * tiles_n + j) * 4 + i] = D[size_t(fragment_row(lane, f, i)) * n + fragment_col(lane, j, i)];
+    }
+    return nullptr;
+}
+
+TensorCoreMode mode_from_environment() {
+    const char* v = std::getenv("CUEMU_TENSOR_CORE");
+    if (!v || std::string(v) == "tiles") return TensorCoreMode::tiles;
+    if (std::string(v) == "instructions") return TensorCoreMode::instructions;
+    std::fprintf(stderr, "cuemu: CUEMU_TENSOR_CORE: expected tiles or instructions, got '%s'\n", v);
+    std::exit(EXIT_FAILURE);
+}
+std::atomic<TensorCoreMode>& current_mode() {
+    static std::atomic<TensorCoreMode> mode{mode_from_environment()};
+    return mode;
 }
 
 // ---- cp.async: per thread of the running block, the copies not yet committed and the groups ----
@@ -164,6 +315,15 @@ void ldmatrix(uint32_t* r, int count, bool trans, const void* row_address) {
     warp_exchange(kFullWarp, &row_address, out, kForms[trans][form], kNames[trans][form]);
     std::memcpy(r, out, sizeof(uint32_t) * size_t(count == 1 || count == 2 ? count : 4));
 }
+
+bool warp_tile_product(const TileProduct& product, float* acc, const float* p) {
+    if (current_mode().load(std::memory_order_relaxed) == TensorCoreMode::instructions) return false;
+    const TileLane lane{product, p};
+    warp_exchange(kFullWarp, &lane, acc, tile_combine, "a warp tile product (ldmatrix and mma.sync m16n8k16)");
+    return true;
+}
+void set_tensor_core_mode(TensorCoreMode mode) { current_mode().store(mode, std::memory_order_relaxed); }
+TensorCoreMode tensor_core_mode() { return current_mode().load(std::memory_order_relaxed); }
 
 void cp_async(void* smem, const void* gmem, int bytes, int src_bytes) {
     if ((bytes != 4 && bytes != 8 && bytes != 16) || src_bytes < 0 || src_bytes > bytes) {

@@ -168,3 +168,170 @@ template <int kPending> __device__ inline void cp_async_wait() {
     cuemu::cp_async_wait(kPending);
 #endif
 }
+
+// ---- Warp tile products: a warp's 16-row fragments times a shared-memory tile, by ldmatrix and
+// mma.sync m16n8k16. The accumulators and P operands are in the mma accumulator layout (acc[j] or
+// p[j] holds columns 8j..8j+7); every element adds its bf16 products in k order, one mma's 16 after
+// another. All lanes call them with the same (warp-uniform) arguments.
+//
+// The emulator runs each whole product as one warp collective (emu/tensor_core.cpp): it reads the
+// same shared-memory elements and adds the same products in the same order, so the result is bitwise
+// that of the instructions below, with one fiber switch per lane instead of one per lane and
+// instruction (a 16 x 64 x 64 product is 52 of them). CUEMU_TENSOR_CORE=instructions runs the
+// instructions instead, and the test suite runs both and compares them. The hooks return false where
+// the instructions must run: always on a GPU, where they compile to nothing.
+
+__device__ inline bool tile_product_in_emulator_a_bt(int frags, int n, int k, const __nv_bfloat16* a,
+                                                     const __nv_bfloat16* b, int ld, float* acc) {
+#ifdef __CUDACC__
+    return false;
+#else
+    return cuemu::warp_tile_product({cuemu::TileOperands::a_bt, frags, n, k, a, ld, b, ld, nullptr}, acc, nullptr);
+#endif
+}
+__device__ inline bool tile_product_in_emulator_p_b(int frags, int n, int k, const float* p, const __nv_bfloat16* b,
+                                                    int ld, float* acc) {
+#ifdef __CUDACC__
+    return false;
+#else
+    return cuemu::warp_tile_product({cuemu::TileOperands::p_b, frags, n, k, nullptr, 0, b, ld, nullptr}, acc, p);
+#endif
+}
+__device__ inline bool tile_product_in_emulator_at_b(int n, int k, const __nv_bfloat16* at, int ld_at,
+                                                     const __nv_bfloat16* b, int ld, const int* live, float* acc) {
+#ifdef __CUDACC__
+    return false;
+#else
+    return cuemu::warp_tile_product({cuemu::TileOperands::at_b, 1, n, k, at, ld_at, b, ld, live}, acc, nullptr);
+#endif
+}
+
+// acc (16 x N) += A B^T, both operands row-major in shared memory with K columns: A is the warp's
+// 16 rows at a, B is N rows at b. (S = Q K^T, dP = dO V^T, and their transposes.)
+template <int N, int K>
+__device__ inline void mma_a_bt(float (&acc)[N / 8][4], const __nv_bfloat16* a, const __nv_bfloat16* b, int ld) {
+    if (tile_product_in_emulator_a_bt(1, N, K, a, b, ld, &acc[0][0])) return;
+    const int lane = int(threadIdx.x) % 32;
+    TC_UNROLL
+    for (int k0 = 0; k0 < K; k0 += 16) {
+        // Matrices: rows 0-7 / 8-15 of columns k0.. , then of columns k0+8.. (the A fragment order).
+        uint32_t af[4];
+        ldmatrix_x4(af, a + (lane % 16) * ld + k0 + (lane / 16) * 8);
+        TC_UNROLL
+        for (int n = 0; n < N / 8; n += 2) {
+            // Matrices: rows 8n.. columns k0.. and k0+8.., then rows 8n+8.. (B fragments of n, n+1).
+            uint32_t bf[4];
+            ldmatrix_x4(bf, b + (8 * n + lane % 8 + (lane / 16) * 8) * ld + k0 + (lane / 8 % 2) * 8);
+            mma_m16n8k16_bf16(acc[n], af, bf, acc[n]);
+            mma_m16n8k16_bf16(acc[n + 1], af, bf + 2, acc[n + 1]);
+        }
+    }
+}
+
+// acc (16 x N) += P B: P (16 x K) is an accumulator-layout fragment (p[j] holds columns 8j..8j+7),
+// rounded to bf16; B is K rows of N columns in shared memory at b, read transposed by ldmatrix.
+// (O += P V, dV += P^T dO, dK += dS^T Q, dQ += dS K.)
+template <int N, int K>
+__device__ inline void mma_p_b(float (&acc)[N / 8][4], const float (&p)[K / 8][4], const __nv_bfloat16* b, int ld) {
+    if (tile_product_in_emulator_p_b(1, N, K, &p[0][0], b, ld, &acc[0][0])) return;
+    const int lane = int(threadIdx.x) % 32;
+    TC_UNROLL
+    for (int k = 0; k < K / 16; ++k) {
+        // Accumulator tiles 2k and 2k+1 are, register for register, the A fragment of columns
+        // 16k..16k+15 (PTX ISA m16n8k16 figures: c0,c1 / c2,c3 = rows g / g+8, as a0,a1 / a2,a3).
+        const uint32_t af[4] = {pack_bf16x2(p[2 * k][0], p[2 * k][1]), pack_bf16x2(p[2 * k][2], p[2 * k][3]),
+                                pack_bf16x2(p[2 * k + 1][0], p[2 * k + 1][1]),
+                                pack_bf16x2(p[2 * k + 1][2], p[2 * k + 1][3])};
+        TC_UNROLL
+        for (int n = 0; n < N / 8; n += 2) {
+            // Matrices: rows 16k.. / 16k+8.. of columns 8n.., then of columns 8n+8.. (transposed).
+            uint32_t bf[4];
+            ldmatrix_x4_trans(bf, b + (16 * k + lane % 16) * ld + 8 * n + (lane / 16) * 8);
+            mma_m16n8k16_bf16(acc[n], af, bf, acc[n]);
+            mma_m16n8k16_bf16(acc[n + 1], af, bf + 2, acc[n + 1]);
+        }
+    }
+}
+
+// acc (16 x N) += A B: A (16 x K) stored transposed in shared memory (K rows at at, A's row r in column
+// r of each), B (K x N) row-major at b; ldmatrix .trans reads both. (dQ += dS K from dS^T.) Columns
+// 16k.. of A with live[k] == 0 are zeros and are skipped, B's rows 16k.. unread: they may hold NaN
+// (a masked document's keys), and 0 * NaN is NaN.
+template <int N, int K>
+__device__ inline void mma_at_b(float (&acc)[N / 8][4], const __nv_bfloat16* at, int ld_at, const __nv_bfloat16* b, int ld, const int* live) {
+    static_assert(N == 8 || N % 16 == 0, "n tiles in pairs, or one");
+    if (tile_product_in_emulator_at_b(N, K, at, ld_at, b, ld, live, &acc[0][0])) return;
+    const int lane = int(threadIdx.x) % 32;
+    TC_UNROLL
+    for (int k = 0; k < K / 16; ++k) {
+        if (!live[k]) continue;
+        // Matrices: A rows 0-7 / 8-15 of columns 16k.. (stored rows 16k.., columns 0.. / 8..), then of
+        // columns 16k+8.. (stored rows 16k+8..), each transposed on the way.
+        uint32_t af[4];
+        ldmatrix_x4_trans(af, at + (16 * k + lane % 8 + (lane / 16) * 8) * ld_at + (lane / 8 % 2) * 8);
+        if constexpr (N == 8) {  // one n tile (hs 16's dQ column parts): rows 16k.. and 16k+8.. of B
+            uint32_t bf[2];
+            ldmatrix_x2_trans(bf, b + (16 * k + lane % 16) * ld);
+            mma_m16n8k16_bf16(acc[0], af, bf, acc[0]);
+        }
+        TC_UNROLL
+        for (int n = 0; n + 1 < N / 8; n += 2) {
+            uint32_t bf[4];
+            ldmatrix_x4_trans(bf, b + (16 * k + lane % 16) * ld + 8 * n + (lane / 16) * 8);
+            mma_m16n8k16_bf16(acc[n], af, bf, acc[n]);
+            mma_m16n8k16_bf16(acc[n + 1], af, bf + 2, acc[n + 1]);
+        }
+    }
+}
+
+// mma_a_bt for F row fragments at once: fragment f's 16 rows at a + 16 f ld, acc[f] += A_f B^T. Each
+// B fragment is loaded once for all F (FlashAttention-2's reuse across a warp's rows).
+template <int F, int N, int K>
+__device__ inline void mma_a_bt_rows(float (&acc)[F][N / 8][4], const __nv_bfloat16* a, const __nv_bfloat16* b, int ld) {
+    if (tile_product_in_emulator_a_bt(F, N, K, a, b, ld, &acc[0][0][0])) return;
+    const int lane = int(threadIdx.x) % 32;
+    TC_UNROLL
+    for (int k0 = 0; k0 < K; k0 += 16) {
+        uint32_t af[F][4];
+        TC_UNROLL
+        for (int f = 0; f < F; ++f) ldmatrix_x4(af[f], a + (16 * f + lane % 16) * ld + k0 + (lane / 16) * 8);
+        TC_UNROLL
+        for (int n = 0; n < N / 8; n += 2) {
+            uint32_t bf[4];
+            ldmatrix_x4(bf, b + (8 * n + lane % 8 + (lane / 16) * 8) * ld + k0 + (lane / 8 % 2) * 8);
+            TC_UNROLL
+            for (int f = 0; f < F; ++f) {
+                mma_m16n8k16_bf16(acc[f][n], af[f], bf, acc[f][n]);
+                mma_m16n8k16_bf16(acc[f][n + 1], af[f], bf + 2, acc[f][n + 1]);
+            }
+        }
+    }
+}
+
+// mma_p_b for F row fragments at once: acc[f] += P_f B, each B fragment loaded once for all F.
+template <int F, int N, int K>
+__device__ inline void mma_p_b_rows(float (&acc)[F][N / 8][4], const float (&p)[F][K / 8][4], const __nv_bfloat16* b, int ld) {
+    if (tile_product_in_emulator_p_b(F, N, K, &p[0][0][0], b, ld, &acc[0][0][0])) return;
+    const int lane = int(threadIdx.x) % 32;
+    TC_UNROLL
+    for (int k = 0; k < K / 16; ++k) {
+        uint32_t af[F][4];
+        TC_UNROLL
+        for (int f = 0; f < F; ++f) {
+            af[f][0] = pack_bf16x2(p[f][2 * k][0], p[f][2 * k][1]);
+            af[f][1] = pack_bf16x2(p[f][2 * k][2], p[f][2 * k][3]);
+            af[f][2] = pack_bf16x2(p[f][2 * k + 1][0], p[f][2 * k + 1][1]);
+            af[f][3] = pack_bf16x2(p[f][2 * k + 1][2], p[f][2 * k + 1][3]);
+        }
+        TC_UNROLL
+        for (int n = 0; n < N / 8; n += 2) {
+            uint32_t bf[4];
+            ldmatrix_x4_trans(bf, b + (16 * k + lane % 16) * ld + 8 * n + (lane / 16) * 8);
+            TC_UNROLL
+            for (int f = 0; f < F; ++f) {
+                mma_m16n8k16_bf16(acc[f][n], af[f], bf, acc[f][n]);
+                mma_m16n8k16_bf16(acc[f][n + 1], af[f], bf + 2, acc[f][n + 1]);
+            }
+        }
+    }
+}

@@ -39,6 +39,26 @@ void check_against_reference(const Results& tc, const Reference& ref, int C) {
 // Both backward paths: the split dK/dV and dQ kernels, and the fused kernel.
 constexpr Kernels kTensorCoreKernels[] = {Kernels::tensor_core, Kernels::tensor_core_fused};
 
+// Sizes with documents (each row's end-of-text positions; none: plain causal) and its random inputs.
+struct SizesAndDocuments {
+    Sizes s;
+    std::vector<std::vector<int>> eots;
+};
+struct CaseInputs {
+    std::vector<floatX> qkv, dout;
+    std::vector<int> docs;  // doc_start per position, empty without documents
+    const std::vector<int>* doc_start() const { return docs.empty() ? nullptr : &docs; }
+};
+CaseInputs inputs_of(const SizesAndDocuments& c, uint32_t seed) {
+    const Sizes& s = c.s;
+    std::mt19937 rng(seed + s.T + s.C);
+    CaseInputs in;
+    in.qkv = random_qkv(s, rng);
+    in.dout = random_floatX(size_t(s.B) * s.T * s.C, 1.0f, rng);
+    if (!c.eots.empty()) in.docs = packed_rows(s.T, c.eots);
+    return in;
+}
+
 }  // namespace
 
 TEST_CASE("tensor-core attention matches a double reference and the SIMT kernels") {
@@ -172,6 +192,39 @@ TEST_CASE("tensor-core attention is bitwise deterministic, also across more emul
     }
 }
 
+#ifndef __CUDACC__
+// The emulator runs each warp tile product (kernels/tensor_core.cuh) as one collective unless
+// CUEMU_TENSOR_CORE=instructions; both ways must give the same bits: every head size, partial tiles,
+// documents (the fused dQ product's skipped key blocks), both backward paths.
+TEST_CASE("emulator: the tensor-core kernels give the same bits with tile collectives as with instructions") {
+    const SizesAndDocuments cases[] = {
+        {{1, 37, 32, 2, 3.0f}, {}},                    // hs 16
+        {{1, 100, 64, 2, 2.0f}, {{30, 60}}},           // hs 32, documents
+        {{2, 150, 128, 2, 2.0f}, {{20, 140}, {70}}},   // hs 64, documents across 128-key blocks
+        {{1, 70, 256, 2, 1.5f}, {}},                   // hs 128
+    };
+    const cuemu::TensorCoreMode mode = cuemu::tensor_core_mode();
+    for (const SizesAndDocuments& c : cases) {
+        const Sizes& s = c.s;
+        CAPTURE(s.B, s.T, s.C, s.NH, c.eots.size());
+        const CaseInputs in = inputs_of(c, 777);
+        const std::vector<floatX>&qkv = in.qkv, &dout = in.dout;
+        const std::vector<int>* doc_start = in.doc_start();
+        for (const Kernels which : kTensorCoreKernels) {
+            CAPTURE(kernels_name(which));
+            cuemu::set_tensor_core_mode(cuemu::TensorCoreMode::tiles);
+            const Results tiles = run_attention(which, qkv, dout, s, doc_start);
+            cuemu::set_tensor_core_mode(cuemu::TensorCoreMode::instructions);
+            const Results instructions = run_attention(which, qkv, dout, s, doc_start);
+            CHECK(bitwise_equal(tiles.out, instructions.out));
+            CHECK(bitwise_equal(tiles.lse, instructions.lse));
+            CHECK(bitwise_equal(tiles.dqkv, instructions.dqkv));
+        }
+    }
+    cuemu::set_tensor_core_mode(mode);
+}
+#endif
+
 // The fused backward computes each tile pair's S^T, P, dP^T and dS^T as the dK/dV kernel does and adds
 // them to dK and dV in the same query-tile order (a warp skips the tiles its keys do not reach, which
 // the split kernels either skip too or add as exact zeros), so dK and dV are the split kernels' values
@@ -181,25 +234,19 @@ TEST_CASE("tensor-core attention is bitwise deterministic, also across more emul
 // block's share is of the order of dq itself. T past 2 and 3 key blocks of 128, partial last blocks,
 // every head size, documents across key-block edges.
 TEST_CASE("the fused tensor-core backward gives the split kernels' dK and dV exactly and their dQ to rounding") {
-    struct Case {
-        Sizes s;
-        std::vector<std::vector<int>> eots;
-    };
-    const Case cases[] = {
+    const SizesAndDocuments cases[] = {
         {{1, 300, 128, 2, 2.0f}, {}},                  // hs 64: 3 key blocks, the last partial
         {{2, 256, 64, 2, 2.0f}, {}},                   // hs 32: 2 whole key blocks
         {{1, 150, 32, 2, 3.0f}, {}},                   // hs 16
         {{1, 200, 256, 2, 1.5f}, {}},                  // hs 128: 32-query tiles, dQ in two column parts
         {{2, 300, 128, 2, 2.0f}, {{127, 128, 200}, {5, 250}}},  // documents across the 128-key edges
     };
-    for (const Case& c : cases) {
+    for (const SizesAndDocuments& c : cases) {
         const Sizes& s = c.s;
         CAPTURE(s.B, s.T, s.C, s.NH, c.eots.size());
-        std::mt19937 rng(2024 + s.T + s.C);
-        const std::vector<floatX> qkv = random_qkv(s, rng);
-        const std::vector<floatX> dout = random_floatX(size_t(s.B) * s.T * s.C, 1.0f, rng);
-        const std::vector<int> docs = c.eots.empty() ? std::vector<int>{} : packed_rows(s.T, c.eots);
-        const std::vector<int>* doc_start = c.eots.empty() ? nullptr : &docs;
+        const CaseInputs in = inputs_of(c, 2024);
+        const std::vector<floatX>&qkv = in.qkv, &dout = in.dout;
+        const std::vector<int>* doc_start = in.doc_start();
         const Results split = run_attention(Kernels::tensor_core, qkv, dout, s, doc_start);
         const Results fused = run_attention(Kernels::tensor_core_fused, qkv, dout, s, doc_start);
         const auto grad_split = split_qkv(split.dqkv, s.C), grad_fused = split_qkv(fused.dqkv, s.C);

@@ -274,6 +274,172 @@ TEST_CASE("ldmatrix fragments feed mma: A K^T from K's rows, A V from V's rows t
 }
 
 // ---------------------------------------------------------------------------------------------
+// Warp tile products (mma_a_bt, mma_p_b, mma_at_b and the _rows forms): one warp's 16 F rows
+// against a shared-memory tile, as the attention kernels call them, against a double reference; in
+// the emulator also as one collective (the default) against the instructions, bit for bit.
+
+// Dense (16 F x N) row-major floats to and from one lane's fragments (accumulator layout).
+template <int F, int N> __device__ inline void load_fragments(float (&acc)[F][N / 8][4], const float* dense) {
+    const int lane = int(threadIdx.x) % 32, g = lane >> 2, t = lane % 4;
+    for (int f = 0; f < F; ++f)
+        for (int j = 0; j < N / 8; ++j)
+            for (int i = 0; i < 4; ++i) acc[f][j][i] = dense[(16 * f + g + (i >= 2 ? 8 : 0)) * N + 8 * j + 2 * t + (i & 1)];
+}
+template <int F, int N> __device__ inline void store_fragments(float* dense, const float (&acc)[F][N / 8][4]) {
+    const int lane = int(threadIdx.x) % 32, g = lane >> 2, t = lane % 4;
+    for (int f = 0; f < F; ++f)
+        for (int j = 0; j < N / 8; ++j)
+            for (int i = 0; i < 4; ++i) dense[(16 * f + g + (i >= 2 ? 8 : 0)) * N + 8 * j + 2 * t + (i & 1)] = acc[f][j][i];
+}
+
+// Shared memory: the first operand's rows (rows_a of ld_a), then B's rows (rows_b of ld_b), copied
+// from global memory as they are. `a` is null for p_b (P comes from registers: p, 16 F x K dense).
+enum class TileForm { a_bt, p_b, at_b };
+template <TileForm kForm, int F, int N, int K>
+__global__ void tile_product_kernel(float* acc_out, const float* acc_in, const float* p_in, const bf16* a, int rows_a,
+                                    int ld_a, const bf16* b, int rows_b, int ld_b, const int* live) {
+    DYNAMIC_SHARED(bf16, smem);
+    bf16* sa = smem;
+    bf16* sb = smem + rows_a * ld_a;
+    for (int i = int(threadIdx.x); i < rows_a * ld_a; i += 32) sa[i] = a[i];
+    for (int i = int(threadIdx.x); i < rows_b * ld_b; i += 32) sb[i] = b[i];
+    __syncwarp();
+    float acc[F][N / 8][4], p[F][K / 8][4];
+    load_fragments<F, N>(acc, acc_in);
+    if constexpr (kForm == TileForm::a_bt) {
+        if constexpr (F == 1) mma_a_bt<N, K>(acc[0], sa, sb, ld_b);
+        else mma_a_bt_rows<F, N, K>(acc, sa, sb, ld_b);
+    } else if constexpr (kForm == TileForm::p_b) {
+        load_fragments<F, K>(p, p_in);
+        if constexpr (F == 1) mma_p_b<N, K>(acc[0], p[0], sb, ld_b);
+        else mma_p_b_rows<F, N, K>(acc, p, sb, ld_b);
+    } else {
+        mma_at_b<N, K>(acc[0], sa, ld_a, sb, ld_b, live);
+    }
+    store_fragments<F, N>(acc_out, acc);
+}
+
+namespace {
+
+// Operands and reference of one product: A (16 F x K) and B (K x N) as the reference reads them.
+struct TileCase {
+    std::vector<float> acc, p;   // dense C (16 F x N); P (16 F x K) for p_b
+    std::vector<bf16> a, b;      // the shared-memory images
+    int rows_a = 0, ld_a = 0, rows_b = 0, ld_b = 0;
+    std::vector<int> live;       // at_b: k blocks of 16 taking part
+};
+
+template <TileForm kForm, int F, int N, int K> TileCase make_tile_case(std::mt19937& rng, std::vector<int> live = {}) {
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    TileCase c;
+    c.acc.resize(size_t(16 * F * N));
+    for (float& x : c.acc) x = normal(rng);
+    c.live = live.empty() ? std::vector<int>(K / 16, 1) : live;
+    // ld: the row plus 8 elements of padding, as the kernels lay out their tiles (16-byte aligned rows).
+    if (kForm == TileForm::a_bt) {
+        c.rows_a = 16 * F, c.ld_a = K + 8, c.rows_b = N, c.ld_b = K + 8;  // B^T's rows: n rows of k
+    } else {
+        c.rows_b = K, c.ld_b = N + 8;  // B's rows: k rows of n
+        if (kForm == TileForm::p_b) {
+            c.p.resize(size_t(16 * F * K));
+            for (float& x : c.p) x = normal(rng);  // rounded to bf16 by the product
+        } else {
+            c.rows_a = K, c.ld_a = 16 + 8;  // A^T's rows: k rows of the 16 A rows
+        }
+    }
+    c.a.resize(size_t(c.rows_a) * c.ld_a);
+    c.b.resize(size_t(c.rows_b) * c.ld_b);
+    for (bf16& x : c.a) x = __float2bfloat16(normal(rng));
+    for (bf16& x : c.b) x = __float2bfloat16(normal(rng));
+    // The k blocks an at_b skips hold NaN in both operands: a product that read them would show it.
+    for (int kb = 0; kb < K / 16; ++kb)
+        if (!c.live[kb])
+            for (int kk = 16 * kb; kk < 16 * kb + 16; ++kk) {
+                for (int j = 0; j < c.ld_a; ++j) c.a[size_t(kk) * c.ld_a + j] = __float2bfloat16(NAN);
+                for (int j = 0; j < c.ld_b; ++j) c.b[size_t(kk) * c.ld_b + j] = __float2bfloat16(NAN);
+            }
+    return c;
+}
+
+template <TileForm kForm, int F, int N, int K> std::vector<float> run_tile_product(const TileCase& c) {
+    DeviceBuffer<float> acc_in(c.acc), acc_out(c.acc.size()), p(c.p.empty() ? std::vector<float>(1) : c.p);
+    DeviceBuffer<bf16> a(c.a.empty() ? std::vector<bf16>(1) : c.a), b(c.b);
+    DeviceBuffer<int> live(c.live);
+    acc_out.fill_bytes(0xFF);
+    const size_t smem = (c.a.size() + c.b.size()) * sizeof(bf16);
+    launch<tile_product_kernel<kForm, F, N, K>>(dim3(1), dim3(32), smem, nullptr, acc_out.ptr, acc_in.ptr, p.ptr, a.ptr,
+                                                c.rows_a, c.ld_a, b.ptr, c.rows_b, c.ld_b, live.ptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    return acc_out.download();
+}
+
+// C + A B in double: the products are exact, so the FP32 sums may differ only by their roundings,
+// at most K of them, each within 2^-24 of a partial sum bounded by sum |terms|.
+template <TileForm kForm, int F, int N, int K> void check_tile_reference(const TileCase& c, const std::vector<float>& got) {
+    auto A = [&](int m, int k) -> double {
+        if (kForm == TileForm::a_bt) return __bfloat162float(c.a[size_t(m) * c.ld_a + k]);
+        if (kForm == TileForm::p_b) return bf16_value(c.p[size_t(m) * K + k]);
+        return __bfloat162float(c.a[size_t(k) * c.ld_a + m]);
+    };
+    auto B = [&](int k, int n) -> double {
+        if (kForm == TileForm::a_bt) return __bfloat162float(c.b[size_t(n) * c.ld_b + k]);
+        return __bfloat162float(c.b[size_t(k) * c.ld_b + n]);
+    };
+    for (int m = 0; m < 16 * F; ++m)
+        for (int n = 0; n < N; ++n) {
+            double ref = c.acc[size_t(m) * N + n], magnitude = std::fabs(ref);
+            for (int k = 0; k < K; ++k) {
+                if (!c.live[k / 16]) continue;
+                ref += A(m, k) * B(k, n);
+                magnitude += std::fabs(A(m, k) * B(k, n));
+            }
+            const double g = got[size_t(m) * N + n];
+            INFO("D" << at(m, n) << ": " << g << " against " << ref);
+            CHECK(std::fabs(g - ref) <= (K + 1) * 0x1p-24 * magnitude);  // false for NaN
+        }
+}
+
+template <TileForm kForm, int F, int N, int K> void check_tile_product(uint32_t seed, std::vector<int> live = {}) {
+    CAPTURE(int(kForm), F, N, K, seed);
+    std::mt19937 rng(seed);
+    const TileCase c = make_tile_case<kForm, F, N, K>(rng, live);
+    const std::vector<float> got = run_tile_product<kForm, F, N, K>(c);
+    check_tile_reference<kForm, F, N, K>(c, got);
+#ifndef __CUDACC__
+    // The emulator's two ways: got came from the default (one collective); now the instructions.
+    REQUIRE(cuemu::tensor_core_mode() == cuemu::TensorCoreMode::tiles);
+    cuemu::set_tensor_core_mode(cuemu::TensorCoreMode::instructions);
+    const std::vector<float> by_instructions = run_tile_product<kForm, F, N, K>(c);
+    cuemu::set_tensor_core_mode(cuemu::TensorCoreMode::tiles);
+    check_tile_reference<kForm, F, N, K>(c, by_instructions);
+    CHECK(bitwise_equal(got, by_instructions));
+#endif
+}
+
+}  // namespace
+
+TEST_CASE("warp tile products: A B^T, P B and A^T B (with skipped k blocks) against a double reference") {
+#ifndef __CUDACC__
+    // CUEMU_TENSOR_CORE=instructions (a test configuration) runs the instructions throughout.
+    const cuemu::TensorCoreMode mode = cuemu::tensor_core_mode();
+    cuemu::set_tensor_core_mode(cuemu::TensorCoreMode::tiles);
+#endif
+    check_tile_product<TileForm::a_bt, 1, 64, 64>(1);   // S = Q K^T at hs 64, 64 keys
+    check_tile_product<TileForm::a_bt, 1, 32, 128>(2);  // hs 128, 32 keys
+    check_tile_product<TileForm::a_bt, 2, 64, 32>(3);   // two row fragments (the forward's 128 queries)
+    check_tile_product<TileForm::p_b, 1, 64, 64>(4);    // O += P V
+    check_tile_product<TileForm::p_b, 1, 128, 32>(5);   // hs 128
+    check_tile_product<TileForm::p_b, 2, 16, 64>(6);    // two row fragments, hs 16
+    check_tile_product<TileForm::at_b, 1, 32, 64>(7);                  // dQ += dS K, every block
+    check_tile_product<TileForm::at_b, 1, 16, 64>(8, {1, 0, 1, 0});    // masked key blocks skipped
+    check_tile_product<TileForm::at_b, 1, 8, 32>(9, {0, 1});           // one n tile (hs 16's dQ parts)
+    check_tile_product<TileForm::at_b, 1, 32, 32>(10, {0, 0});         // nothing live: C unchanged
+#ifndef __CUDACC__
+    cuemu::set_tensor_core_mode(mode);
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
 // cp.async with commit and wait groups
 
 // 64 threads copy two 1 KB halves of src into shared memory as two groups (chunks of the second
@@ -394,6 +560,35 @@ __global__ void mma_meets_shuffle_kernel(float* out) {
     if (threadIdx.x < 16) mma_m16n8k16_bf16(c, a, b, c);
     else c[0] = __shfl_xor_sync(0xffffffffu, 1.0f, 1);
     out[threadIdx.x] = c[0];
+}
+
+// A tile product whose lanes give different operand addresses (lane 3's B one row on), and one whose
+// row stride is not a whole 16 bytes (ldmatrix's row alignment).
+__global__ void divergent_tile_product_kernel(float* out) {
+    DYNAMIC_SHARED(bf16, smem);
+    float acc[2][4] = {};
+    mma_a_bt<16, 16>(acc, smem, smem + 16 * 24 + (threadIdx.x == 3 ? 24 : 0), 24);
+    out[threadIdx.x] = acc[0][0];
+}
+__global__ void misaligned_tile_product_kernel(float* out) {
+    DYNAMIC_SHARED(bf16, smem);
+    float acc[2][4] = {};
+    mma_a_bt<16, 16>(acc, smem, smem + 16 * 20, 20);
+    out[threadIdx.x] = acc[0][0];
+}
+
+TEST_CASE("emulator: a tile product's lanes must agree on its operands, and its rows be 16-byte aligned") {
+    const cuemu::TensorCoreMode mode = cuemu::tensor_core_mode();
+    DeviceBuffer<float> out(32);
+    const size_t smem = 48 * 24 * sizeof(bf16);
+    // One collective: it sees the lanes disagree. (The instructions would read lane 3's row instead.)
+    cuemu::set_tensor_core_mode(cuemu::TensorCoreMode::tiles);
+    CHECK(try_launch<divergent_tile_product_kernel>(dim3(1), dim3(32), smem, nullptr, out.ptr) == cudaErrorLaunchFailure);
+    CHECK(try_launch<misaligned_tile_product_kernel>(dim3(1), dim3(32), smem, nullptr, out.ptr) == cudaErrorLaunchFailure);
+    cuemu::set_tensor_core_mode(cuemu::TensorCoreMode::instructions);
+    CHECK(try_launch<divergent_tile_product_kernel>(dim3(1), dim3(32), smem, nullptr, out.ptr) == cudaSuccess);
+    CHECK(try_launch<misaligned_tile_product_kernel>(dim3(1), dim3(32), smem, nullptr, out.ptr) == cudaErrorLaunchFailure);
+    cuemu::set_tensor_core_mode(mode);
 }
 
 TEST_CASE("emulator: misaligned ldmatrix rows, partial-warp mma and divergent forms fail the launch") {

@@ -48,7 +48,7 @@ add_test(test_cublaslt ${TEST_BIN}/test_cublaslt)
 set_tests_properties(test_cublaslt PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
 
 # Kernel and model tests: built in both precisions (test_X and test_X_fp32), each run under every
-# schedule order: every test/test_kernel_*.cu and test/test_model*.cu, except that a source with the
+# schedule order (reverse with the tensor cores' instructions, see below): every test/test_kernel_*.cu and test/test_model*.cu, except that a source with the
 # line "// precision: BF16 only" has no FP32 twin (the Makefile reads the same line).
 # Under ASan only the BF16 binaries and the forward order (memory use depends on neither the precision
 # nor the order in which the emulator runs blocks, and both run without ASan; see Makefile).
@@ -66,9 +66,15 @@ foreach(source ${precision_test_sources})
         continue()
       endif()
       test_command(command ${t} "${suffix}")
+      # The reverse order also runs the tensor cores' tile products as their ldmatrix and mma.sync
+      # instructions (CUEMU_TENSOR_CORE=instructions), the other orders as one collective each.
+      set(tensor_core tiles)
+      if(order STREQUAL "reverse")
+        set(tensor_core instructions)
+      endif()
       add_test(${t}${suffix}_${order} ${command})
       set_tests_properties(${t}${suffix}_${order} PROPERTIES
-        ENVIRONMENT "CUEMU_SCHEDULE=${order};CUEMU_SEED=12345;CUEMU_CHECK=1;CUEMU_RACECHECK=1;TRAIN_GPT_ROOT=${CMAKE_CURRENT_LIST_DIR}/..")
+        ENVIRONMENT "CUEMU_SCHEDULE=${order};CUEMU_SEED=12345;CUEMU_CHECK=1;CUEMU_RACECHECK=1;CUEMU_TENSOR_CORE=${tensor_core};TRAIN_GPT_ROOT=${CMAKE_CURRENT_LIST_DIR}/..")
     endforeach()
   endforeach()
 endforeach()
