@@ -1,7 +1,9 @@
 // Measures what the emulator costs: ns per fiber switch, per thread of an elementwise kernel,
 // per lane-shuffle of a warp reduction (and per lane of the kernels' warp_sum, whose five
 // shuffles the emulator runs as one collective), against plain C++ loops doing the same
-// arithmetic, and per emulated mma.sync (m16n8k16 BF16, 4096 FLOPs).
+// arithmetic, per emulated mma.sync (m16n8k16 BF16, 4096 FLOPs), and per warp tile product of
+// the attention kernels' shape (S = Q K^T, 16 x 64 x 64: 32 mma.sync and 20 ldmatrix) run as one
+// collective and as its instructions (CUEMU_TENSOR_CORE).
 //   make emu-bench        (runs with CUEMU_THREADS=1 so the numbers are per core)
 #include <chrono>
 #include <cstdio>
@@ -65,6 +67,18 @@ __global__ void mma_kernel(float* out, int count) {
     out[blockIdx.x * blockDim.x + threadIdx.x] = d[0] + d[1] + d[2] + d[3];
 }
 
+// `count` tile products per warp (16 query rows against 64 keys at head size 64), 4 warps a block.
+__global__ void tile_product_kernel(float* out, int count) {
+    constexpr int kLd = 64 + 8;
+    DYNAMIC_SHARED(__nv_bfloat16, smem);  // 64 query rows, then 64 key rows
+    for (int i = int(threadIdx.x); i < 128 * kLd; i += int(blockDim.x)) smem[i] = __float2bfloat16(0.0f);
+    __syncthreads();
+    float s[8][4] = {};
+    const int warp = int(threadIdx.x) / 32;
+    for (int i = 0; i < count; ++i) mma_a_bt<64, 64>(s, smem + warp * 16 * kLd, smem + 64 * kLd, kLd);
+    out[blockIdx.x * blockDim.x + threadIdx.x] = s[0][0] + s[7][3];
+}
+
 int main() {
     std::printf("emu_bench: CUEMU_THREADS=%d, schedule %d\n", cuemu::threads(), int(cuemu::schedule()));
 
@@ -111,6 +125,22 @@ int main() {
     double t_mma = best_of(3, [&] { launch<mma_kernel>(dim3(mma_warps / 4), dim3(128), 0, nullptr, out, mma_count); });
     std::printf("mma.sync: %.0f ns per warp-wide m16n8k16 (%d warps x %d)\n", 1e9 * t_mma / (double(mma_warps) * mma_count),
                 mma_warps, mma_count);
+
+    // 5. A warp tile product (kernels/tensor_core.cuh) as one collective and as its instructions.
+    const int tile_warps = 64, tile_count = 20;
+    const size_t tile_smem = 128 * (64 + 8) * sizeof(__nv_bfloat16);
+    const cuemu::TensorCoreMode mode = cuemu::tensor_core_mode();
+    for (const cuemu::TensorCoreMode m : {cuemu::TensorCoreMode::tiles, cuemu::TensorCoreMode::instructions}) {
+        cuemu::set_tensor_core_mode(m);
+        const double t_tile = best_of(3, [&] {
+            launch<tile_product_kernel>(dim3(tile_warps / 4), dim3(128), tile_smem, nullptr, out, tile_count);
+        });
+        const double per_product = t_tile / (double(tile_warps) * tile_count);
+        std::printf("tile product 16x64x64 (%s): %.1f us per warp, %.0f ns per mma.sync it holds (%d warps x %d)\n",
+                    m == cuemu::TensorCoreMode::tiles ? "one collective" : "instructions", 1e6 * per_product,
+                    1e9 * per_product / 32, tile_warps, tile_count);
+    }
+    cuemu::set_tensor_core_mode(mode);
     cudaFree(x);
     cudaFree(in);
     cudaFree(out);
