@@ -21,7 +21,6 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
-#include <deque>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -259,9 +258,18 @@ struct PendingCopy {
     unsigned char data[16];
 };
 
+// A thread's copies in issue order: those before group_ends.back() are committed, group g ending
+// at group_ends[g]; retired ones (before `retired`) have landed. Emptied when all have landed, so
+// the vectors keep their capacity and a block allocates nothing after its first groups.
 struct ThreadCopies {
-    std::vector<PendingCopy> uncommitted;
-    std::deque<std::vector<PendingCopy>> groups;  // oldest first
+    std::vector<PendingCopy> copies;
+    std::vector<size_t> group_ends;  // oldest first, from group `first_group` on
+    size_t first_group = 0, retired = 0;
+    void clear() {
+        copies.clear();
+        group_ends.clear();
+        first_group = retired = 0;
+    }
 };
 
 struct BlockCopies {
@@ -278,10 +286,7 @@ ThreadCopies& this_threads_copies() {
     if (block_copies.serial != serial) {
         block_copies.serial = serial;
         block_copies.threads.resize(nthreads);
-        for (ThreadCopies& t : block_copies.threads) {
-            t.uncommitted.clear();
-            t.groups.clear();
-        }
+        for (ThreadCopies& t : block_copies.threads) t.clear();
     }
     const size_t linear = threadIdx.x + size_t(blockDim.x) * (threadIdx.y + size_t(blockDim.y) * threadIdx.z);
     return block_copies.threads[linear];
@@ -338,21 +343,24 @@ void cp_async(void* smem, const void* gmem, int bytes, int src_bytes) {
     PendingCopy copy{static_cast<unsigned char*>(smem), bytes, {}};
     if (src_bytes > 0) std::memcpy(copy.data, gmem, size_t(src_bytes));
     std::memset(smem, 0xFF, size_t(bytes));  // indeterminate until the copy completes
-    this_threads_copies().uncommitted.push_back(copy);
+    this_threads_copies().copies.push_back(copy);
 }
 
 void cp_async_commit() {
     ThreadCopies& t = this_threads_copies();
-    t.groups.push_back(std::move(t.uncommitted));  // possibly empty: an empty group is trivially complete
-    t.uncommitted.clear();
+    t.group_ends.push_back(t.copies.size());  // possibly empty: an empty group is trivially complete
 }
 
 void cp_async_wait(int max_pending) {
     ThreadCopies& t = this_threads_copies();
-    while (t.groups.size() > size_t(max_pending < 0 ? 0 : max_pending)) {
-        for (const PendingCopy& copy : t.groups.front()) std::memcpy(copy.dst, copy.data, size_t(copy.bytes));
-        t.groups.pop_front();
+    const size_t keep = size_t(max_pending < 0 ? 0 : max_pending);
+    while (t.group_ends.size() - t.first_group > keep) {
+        for (const size_t end = t.group_ends[t.first_group++]; t.retired < end; ++t.retired) {
+            const PendingCopy& copy = t.copies[t.retired];
+            std::memcpy(copy.dst, copy.data, size_t(copy.bytes));
+        }
     }
+    if (t.retired == t.copies.size()) t.clear();  // nothing in flight, committed or not
 }
 
 }  // namespace cuemu
