@@ -360,7 +360,9 @@ void cp_async_wait(int max_pending) {
             std::memcpy(copy.dst, copy.data, size_t(copy.bytes));
         }
     }
-    if (t.retired == t.copies.size()) t.clear();  // nothing in flight, committed or not
+    // Nothing in flight, committed or not. Groups still counted then are empty and the oldest: a
+    // later wait would retire them first, so forgetting them changes what no wait does.
+    if (t.retired == t.copies.size()) t.clear();
 }
 
 }  // namespace cuemu

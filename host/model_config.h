@@ -162,9 +162,10 @@ inline Recompute recompute_of(const std::string& name) {
 // Which flash attention kernels run (--attention): tensor cores (kernels/attention_tc.cuh, BF16 only)
 // or CUDA cores (kernels/attention.cuh, both precisions). "auto", the default, takes the tensor cores
 // for the BF16 build on a GPU and SIMT otherwise: the FP32 build has no tensor-core kernels, and under
-// the CPU emulator (emu/) the tensor-core kernels, even with each warp tile product one collective,
-// take ~1.3x the SIMT ones' time (GPT-2 124M, B=4, T=64, --profile-step: 189-209 against 151 ms a
-// step; 968 against 249 ms when every mma.sync and ldmatrix was a collective of its own).
+// the CPU emulator (emu/) the tensor-core kernels, with each warp tile product one collective, take no
+// less time than the SIMT ones (GPT-2 124M, B=4, T=64, --profile-step: 158-163 against 151-173 ms a
+// step; 968 against 249 ms when every mma.sync and ldmatrix was a collective of its own), and SIMT's
+// FP32 probabilities keep the program's losses closest to the FP64 references.
 enum class Attention { tc, simt };
 
 #ifdef PRECISION_FP32
