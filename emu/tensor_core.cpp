@@ -17,12 +17,10 @@
 #include "cuda_emu.h"
 #include "emu_internal.h"
 
-#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
-#include <tuple>
 #include <vector>
 
 namespace cuemu {
@@ -166,17 +164,17 @@ const char* tile_combine(const void* const inputs[32], void* const outputs[32], 
         return problem_text.c_str();
     }
     // ldmatrix reads rows of 8 elements at 16-byte aligned addresses: the base and the row stride.
-    for (const auto& [base, ld, name] : {std::tuple{static_cast<const void*>(t.a), t.ld_a, "A"},
-                                         std::tuple{static_cast<const void*>(t.b), t.ld_b, "B"}}) {
-        if (name[0] == 'A' && t.operands == TileOperands::p_b) continue;  // A comes from registers
-        if (reinterpret_cast<uintptr_t>(base) % 16 != 0 || ld % 8 != 0) {
-            char where[32];
-            std::snprintf(where, sizeof where, "%p", base);
-            problem_text = std::string(name) + " at " + where + " with a row stride of " + std::to_string(ld) +
-                           " elements: ldmatrix row addresses would not be 16-byte aligned";
-            return problem_text.c_str();
-        }
-    }
+    // (p_b's A comes from registers.)
+    auto misaligned = [](const char* name, const __nv_bfloat16* base, int ld) -> const char* {
+        if (reinterpret_cast<uintptr_t>(base) % 16 == 0 && ld % 8 == 0) return nullptr;
+        char where[32];
+        std::snprintf(where, sizeof where, "%p", static_cast<const void*>(base));
+        problem_text = std::string(name) + " at " + where + " with a row stride of " + std::to_string(ld) +
+                       " elements: ldmatrix row addresses would not be 16-byte aligned";
+        return problem_text.c_str();
+    };
+    if (const char* problem = t.operands == TileOperands::p_b ? nullptr : misaligned("A", t.a, t.ld_a)) return problem;
+    if (const char* problem = misaligned("B", t.b, t.ld_b)) return problem;
     const int m = 16 * t.frags, n = t.n, tiles_n = n / 8;
     // The k blocks that take part (at_b skips those with live == 0, reading neither operand there).
     thread_local std::vector<int> blocks;
@@ -185,8 +183,8 @@ const char* tile_combine(const void* const inputs[32], void* const outputs[32], 
         if (t.operands != TileOperands::at_b || t.live[i]) blocks.push_back(i);
     const int k = 16 * int(blocks.size());
     thread_local std::vector<float> A, B, D;
-    A.resize(size_t(m) * size_t(std::max(k, 1)));
-    B.resize(size_t(std::max(k, 1)) * size_t(n));
+    A.resize(size_t(m) * size_t(k));
+    B.resize(size_t(k) * size_t(n));
     D.resize(size_t(m) * size_t(n));
     for (int lane = 0; lane < 32; ++lane) {
         const float* acc = static_cast<const float*>(outputs[lane]);

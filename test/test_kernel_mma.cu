@@ -278,18 +278,21 @@ TEST_CASE("ldmatrix fragments feed mma: A K^T from K's rows, A V from V's rows t
 // against a shared-memory tile, as the attention kernels call them, against a double reference; in
 // the emulator also as one collective (the default) against the instructions, bit for bit.
 
-// Dense (16 F x N) row-major floats to and from one lane's fragments (accumulator layout).
-template <int F, int N> __device__ inline void load_fragments(float (&acc)[F][N / 8][4], const float* dense) {
+// Dense (16 F x N) row-major floats to and from one lane's fragments (accumulator layout): element i of
+// tile j of fragment f is row 16 f + g (+8 for c2, c3), column 8 j + 2 t (+1 for c1, c3).
+__device__ inline int fragment_element(int N, int f, int j, int i) {
     const int lane = int(threadIdx.x) % 32, g = lane >> 2, t = lane % 4;
+    return (16 * f + g + (i >= 2 ? 8 : 0)) * N + 8 * j + 2 * t + (i & 1);
+}
+template <int F, int N> __device__ inline void load_fragments(float (&acc)[F][N / 8][4], const float* dense) {
     for (int f = 0; f < F; ++f)
         for (int j = 0; j < N / 8; ++j)
-            for (int i = 0; i < 4; ++i) acc[f][j][i] = dense[(16 * f + g + (i >= 2 ? 8 : 0)) * N + 8 * j + 2 * t + (i & 1)];
+            for (int i = 0; i < 4; ++i) acc[f][j][i] = dense[fragment_element(N, f, j, i)];
 }
 template <int F, int N> __device__ inline void store_fragments(float* dense, const float (&acc)[F][N / 8][4]) {
-    const int lane = int(threadIdx.x) % 32, g = lane >> 2, t = lane % 4;
     for (int f = 0; f < F; ++f)
         for (int j = 0; j < N / 8; ++j)
-            for (int i = 0; i < 4; ++i) dense[(16 * f + g + (i >= 2 ? 8 : 0)) * N + 8 * j + 2 * t + (i & 1)] = acc[f][j][i];
+            for (int i = 0; i < 4; ++i) dense[fragment_element(N, f, j, i)] = acc[f][j][i];
 }
 
 // Shared memory: the first operand's rows (rows_a of ld_a), then B's rows (rows_b of ld_b), copied

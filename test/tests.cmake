@@ -48,8 +48,9 @@ add_test(test_cublaslt ${TEST_BIN}/test_cublaslt)
 set_tests_properties(test_cublaslt PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
 
 # Kernel and model tests: built in both precisions (test_X and test_X_fp32), each run under every
-# schedule order (reverse with the tensor cores' instructions, see below): every test/test_kernel_*.cu and test/test_model*.cu, except that a source with the
-# line "// precision: BF16 only" has no FP32 twin (the Makefile reads the same line).
+# schedule order (reverse with the tensor cores' instructions, see below): every test/test_kernel_*.cu
+# and test/test_model*.cu, except that a source with the line "// precision: BF16 only" has no FP32
+# twin (the Makefile reads the same line).
 # Under ASan only the BF16 binaries and the forward order (memory use depends on neither the precision
 # nor the order in which the emulator runs blocks, and both run without ASan; see Makefile).
 file(GLOB precision_test_sources ${CMAKE_CURRENT_LIST_DIR}/test_kernel_*.cu ${CMAKE_CURRENT_LIST_DIR}/test_model*.cu)
