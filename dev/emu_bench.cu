@@ -1,7 +1,7 @@
-// Measures what the emulator costs: ns per fiber switch, per thread of an elementwise kernel,
-// per lane-shuffle of a warp reduction (and per lane of the kernels' warp_sum, whose five
-// shuffles the emulator runs as one collective), against plain C++ loops doing the same
-// arithmetic, per emulated mma.sync (m16n8k16 BF16, 4096 FLOPs), and per warp tile product of
+// Measures what the emulator costs: ns per fiber switch, per thread of an elementwise kernel
+// (against the plain loop, vectorized and kept scalar), per lane-shuffle of a warp reduction (and
+// per lane of the kernels' warp_sum, whose five shuffles the emulator runs as one collective),
+// against plain C++ loops doing the same arithmetic, per emulated mma.sync (m16n8k16 BF16, 4096 FLOPs), and per warp tile product of
 // the attention kernels' shape (S = Q K^T, 16 x 64 x 64: 32 mma.sync and 20 ldmatrix) run as one
 // collective and as its instructions (CUEMU_TENSOR_CORE).
 //   make emu-bench        (runs with CUEMU_THREADS=1 so the numbers are per core)
@@ -34,6 +34,11 @@ template <typename F> double best_of(int reps, F f) {
 __global__ void scale_kernel(float* x, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = 2.0f * x[i] + 1.0f;
+}
+
+// The same loop kept scalar: what a thread of the kernel, one element, is fairly compared with.
+__attribute__((optimize("no-tree-vectorize"))) void scale_scalar(float* x, int n) {
+    for (int i = 0; i < n; ++i) x[i] = 2.0f * x[i] + 1.0f;
 }
 
 // Every lane of every warp passes `rounds` __syncwarp barriers: one switch per lane per round.
@@ -94,8 +99,12 @@ int main() {
         for (int i = 0; i < n; ++i) host[i] = 2.0f * host[i] + 1.0f;
         sink = host[n / 2];
     });
-    std::printf("elementwise: %.2f ns per thread (plain loop %.2f ns per element)\n", 1e9 * t_kernel / n,
-                1e9 * t_loop / n);
+    double t_scalar = best_of(5, [&] {
+        scale_scalar(host.data(), n);
+        sink = host[n / 2];
+    });
+    std::printf("elementwise: %.2f ns per thread (plain loop %.2f ns per element, %.2f kept scalar)\n",
+                1e9 * t_kernel / n, 1e9 * t_loop / n, 1e9 * t_scalar / n);
 
     // 2. Fiber switches: blocks of 1024 threads meeting at __syncwarp.
     const int rounds = 200, blocks = 8;

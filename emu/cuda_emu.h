@@ -73,7 +73,7 @@ struct KernelLaunch {
     dim3 grid, block;
     size_t dynamic_smem;
     cudaStream_t stream;
-    void (*thread_main)(const void* params);  // runs one thread of the kernel
+    void (*run_threads)(const void* params);  // starts the block's threads (cuemu::run_threads)
     const void* params;                       // the kernel's argument tuple
     const MemoryAccess* pointers = nullptr;   // its pointer arguments (race detection only)
     int pointer_count = 0;
@@ -114,6 +114,52 @@ cudaError_t launch_kernel(const KernelLaunch& launch);
 bool capturing(cudaStream_t stream);
 cudaError_t capture(cudaStream_t stream, const char* name, std::function<bool()> replay);
 
+// The threads of the running block not yet started, where a kernel's own loop (run_threads) reads
+// them without a call into the executor. The executor sets them per block; only a thread that
+// reaches a barrier or warp collective gets a fiber (`current`). The OS thread's blocks run one
+// after another, so this is per OS thread.
+struct ThreadStarts {
+    unsigned next = 0;                // position in the start order of the next thread to start
+    unsigned count = 0;               // threads in the block
+    const unsigned* order = nullptr;  // the start order; null: 0, 1, 2, ...
+    unsigned dim_x = 1, dim_y = 1;    // blockDim.x, blockDim.y
+    bool one_dimensional = true;      // dim_y == blockDim.z == 1: threadIdx.x is the linear index
+    bool ready_waiting = false;       // a fiber released by a barrier or collective runs before new threads
+    void* current = nullptr;          // the running thread's fiber; null while it has none (it never blocked)
+};
+inline thread_local ThreadStarts thread_starts;
+void thread_returned_after_blocking();  // the running thread, which has a fiber, has returned
+
+// Starts the block's threads one after another, each a plain call of the kernel (inlined where g++
+// chooses): a thread that never blocks costs a turn of the inner loop, whose only store is
+// threadIdx.x. The loop claims every thread left to start at once. A thread that blocks gets a
+// fiber on this loop's stack, and the executor gives back the threads claimed after it (sets
+// `next` to its position + 1) for a new loop on another stack; nothing else changes threadIdx or
+// `next` without that. Once the blocked thread returns here, this loop claims afresh.
+template <auto Kernel, typename Params> void run_threads(const void* p) {
+    const Params params = *static_cast<const Params*>(p);  // a copy no store of the loop can alias
+    ThreadStarts& s = thread_starts;
+    while (s.next < s.count && !s.ready_waiting) {
+        unsigned i = s.next;
+        const unsigned end = s.count;
+        s.next = end;
+        if (s.one_dimensional && !s.order) {
+            threadIdx = uint3{i, 0, 0};
+            for (; i < end && !s.current; ++i) {
+                threadIdx.x = i;
+                std::apply(Kernel, params);
+            }
+        } else {
+            for (; i < end && !s.current; ++i) {
+                const unsigned t = s.order ? s.order[i] : i;
+                threadIdx = uint3{t % s.dim_x, t / s.dim_x % s.dim_y, t / (s.dim_x * s.dim_y)};
+                std::apply(Kernel, params);
+            }
+        }
+        if (s.current) thread_returned_after_blocking();
+    }
+}
+
 template <typename F> struct kernel_params;
 template <typename... P> struct kernel_params<void (*)(P...)> {
     using tuple = std::tuple<std::decay_t<P>...>;
@@ -125,8 +171,8 @@ cudaError_t launch(const char* name, dim3 grid, dim3 block, size_t dynamic_smem,
     using Params = typename kernel_params<decltype(Kernel)>::tuple;
     static_assert(std::tuple_size_v<Params> == sizeof...(Args), "wrong number of kernel arguments");
     const Params params(std::forward<Args>(args)...);
-    auto thread_main = [](const void* p) { std::apply(Kernel, *static_cast<const Params*>(p)); };
-    KernelLaunch l{name, reinterpret_cast<const void*>(Kernel), grid, block, dynamic_smem, stream, thread_main, &params};
+    KernelLaunch l{name, reinterpret_cast<const void*>(Kernel), grid, block, dynamic_smem, stream, run_threads<Kernel, Params>,
+                   &params};
     if (capturing(stream)) {  // the arguments copied now, as <<<>>> copies them into the graph node
         auto saved = std::make_shared<const Params>(params);
         return capture(stream, name, [=] {

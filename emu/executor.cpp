@@ -1,10 +1,12 @@
 // The SIMT executor: runs a kernel launch on the CPU.
 //
 // Blocks are spread over OS threads (CUEMU_THREADS). A block runs on one OS thread and its CUDA
-// threads are fibers there; they never migrate. Threads start lazily: a "runner" loop calls one
-// thread after another as plain function calls on a shared stack. Only when a thread reaches a
-// barrier or warp collective does that stack become its own; a new runner then continues on a
-// fresh stack. Threads that never block therefore cost a function call, not a context switch.
+// threads are fibers there; they never migrate. Threads start lazily: a "runner" runs the kernel's
+// own loop (cuemu::run_threads, cuda_emu.h), which calls one thread after another on a shared
+// stack, the kernel inlined into it where g++ chooses. Only when a thread reaches a barrier or warp
+// collective does it get a fiber (its Fiber filled in, that stack its own); a new runner then
+// continues on a fresh stack. A thread that never blocks therefore costs a turn of a loop: no
+// context switch, no call into the executor, no bookkeeping of its own.
 //
 // Whenever a fiber must wait, the next one to run is, in this order: a fiber whose barrier has
 // completed (released in schedule order), a thread not yet started (in schedule order), or the
@@ -242,9 +244,10 @@ Stack* new_stack(unsigned index) {
 // ---------------------------------------------------------------------------------------------
 // Per-block state
 
-enum class FiberState : uint8_t { unstarted, running, ready, waiting_block, waiting_warp, done };
+enum class FiberState : uint8_t { running, ready, waiting_block, waiting_warp, done };
 
-struct Fiber {
+struct Fiber {  // valid only where epoch is the running block's serial: filled in when it first blocks
+    uint64_t epoch = 0;
     void* sp = nullptr;  // saved stack pointer while suspended
     Stack* stack = nullptr;
     uint3 tid;
@@ -290,16 +293,16 @@ struct Worker {
     uint3 block_idx{};
     unsigned nthreads = 0;
     std::vector<Fiber> fibers;
-    std::vector<unsigned> order;  // start order of threads (the schedule); empty: 0, 1, 2, ...
-    bool one_dimensional = true;  // blockDim.y == blockDim.z == 1: threadIdx.x is the linear index
-    unsigned next_unstarted = 0;
+    std::vector<unsigned> order;     // start order of threads (the schedule; thread_starts.order)
+    std::vector<unsigned> position;  // its inverse: a thread's place in `order`
+    Stack* runner_stack = nullptr;  // the stack of the loop that starts threads now (theirs if they block)
     std::vector<unsigned> ready;  // released fibers: ready[ready_head..] runs in order
     std::vector<unsigned> released;  // a completed barrier's threads (kept to reuse its memory)
     size_t ready_head = 0;
-    unsigned block_arrived = 0, done = 0;
+    unsigned block_arrived = 0;
+    unsigned blocked_live = 0;  // threads with a fiber that have not returned
     uint64_t block_serial = 0;  // counts the blocks this worker has run (emu_internal.h)
     std::vector<Warp> warps;
-    Fiber* current = nullptr;
     std::mt19937_64 rng;
     std::string error;  // first error in this block
     std::vector<unsigned char> dynamic_shared;
@@ -328,16 +331,13 @@ struct Worker {
             release_pending = nullptr;
         }
     }
-    uint3 thread_index(unsigned t) const {
-        const dim3 b = launch->block;
-        return {t % b.x, (t / b.x) % b.y, t / (b.x * b.y)};
-    }
     bool has_ready() const { return ready_head < ready.size(); }
     unsigned pop_ready() {
         unsigned t = ready[ready_head++];
         if (ready_head == ready.size()) {
             ready.clear();
             ready_head = 0;
+            thread_starts.ready_waiting = false;
         }
         return t;
     }
@@ -418,6 +418,27 @@ void* runner_context(Stack* s) {
 
 void set_builtins(const Fiber& f) { threadIdx = f.tid; }
 
+Fiber*& current_slot() { return reinterpret_cast<Fiber*&>(thread_starts.current); }
+
+// The running thread's fiber. A thread the runner started gets it at its first barrier or
+// collective: the runner's stack becomes its own, and the threads the runner's loop claimed after
+// this one go back to be started (run_threads).
+Fiber& current_fiber(Worker& w) {
+    if (Fiber* f = current_slot()) return *f;
+    const uint3 t = threadIdx;
+    const unsigned linear = t.x + w.launch->block.x * (t.y + w.launch->block.y * t.z);
+    thread_starts.next = (thread_starts.order ? w.position[linear] : linear) + 1;
+    Fiber& f = w.fibers[linear];
+    f.epoch = w.block_serial;
+    f.linear = linear;
+    f.tid = t;
+    f.state = FiberState::running;
+    f.stack = w.runner_stack;
+    ++w.blocked_live;
+    current_slot() = &f;
+    return f;
+}
+
 // Continue with someone else: a released fiber, else a new thread, else the scheduler.
 // `save` is where the current context is saved (null: the current context is finished and its
 // stack `mine` is returned to the pool once left).
@@ -426,9 +447,9 @@ void run_next(Worker& w, void** save, Stack* mine) {
     if (w.has_ready()) {
         Fiber& g = w.fibers[w.pop_ready()];
         g.state = FiberState::running;
-        w.current = &g;
+        current_slot() = &g;
         switch_to(w, save, g.sp, g.stack);
-    } else if (w.next_unstarted < w.nthreads) {
+    } else if (thread_starts.next < thread_starts.count) {
         Stack* s = w.get_stack();
         switch_to(w, save, runner_context(s), s);
     } else {
@@ -436,43 +457,47 @@ void run_next(Worker& w, void** save, Stack* mine) {
     }
 }
 
+bool end_block_and_begin_next(Worker& w);
+
 // Starts threads one after another on this stack until none is left to start, or until a ready
-// fiber should run first.
+// fiber should run first. When that leaves the block complete, the launch's next block for this
+// OS thread begins here too: a kernel whose threads never block runs all its blocks on this one
+// stack, without a switch.
 void runner(Stack* my_stack) {
     Worker& w = *tls_worker;
 #if CUEMU_ASAN
     asan_finish(nullptr);
 #endif
     w.release_pending_stack();
-    void (*const thread_main)(const void*) = w.launch->thread_main;
-    const void* const params = w.launch->params;
-    while (w.next_unstarted < w.nthreads && !w.has_ready()) {
-        const unsigned t = w.order.empty() ? w.next_unstarted : w.order[w.next_unstarted];
-        ++w.next_unstarted;
-        Fiber& f = w.fibers[t];
-        f.state = FiberState::running;
-        f.stack = my_stack;
-        // threadIdx from the local value: reading back f.tid's two just-written halves as one
-        // 8-byte load would stall store forwarding (a third of an elementwise thread's cost).
-        const uint3 tid = w.one_dimensional ? uint3{t, 0, 0} : w.thread_index(t);
-        f.tid = tid;
-        w.current = &f;
-        threadIdx = tid;
-        ++w.started;
-        thread_main(params);
-        // The thread is finished. If it blocked on the way, we are back on the stack it owned,
-        // which is free again; either way this loop may go on with the next thread.
-        Fiber& done = *w.current;
-        done.state = FiberState::done;
-        ++w.done;
+    for (;;) {
+        current_slot() = nullptr;
+        w.runner_stack = my_stack;
+        w.launch->run_threads(w.launch->params);
+        const bool complete = !w.has_ready() && thread_starts.next == thread_starts.count && w.blocked_live == 0;
+        if (!complete || !end_block_and_begin_next(w)) break;
     }
     run_next(w, nullptr, my_stack);
     __builtin_unreachable();
 }
 
+}  // namespace
+
+// A thread that blocked has returned: we are back on the stack it owned, which is free again,
+// and the loop that started it may go on with the next thread there.
+void thread_returned_after_blocking() {
+    Worker& w = *tls_worker;
+    Fiber& f = *current_slot();
+    f.state = FiberState::done;
+    --w.blocked_live;
+    w.runner_stack = f.stack;
+    current_slot() = nullptr;
+}
+
+namespace {
+
 // The current fiber has registered at a barrier; run others until it is released.
 void suspend_current(Worker& w) {
-    Fiber& f = *w.current;
+    Fiber& f = *current_slot();
     if (f.state == FiberState::ready) {
         // Released by its own arrival. If it is also next in line, just carry on.
         if (w.has_ready() && w.ready[w.ready_head] == f.linear) {
@@ -482,7 +507,7 @@ void suspend_current(Worker& w) {
         }
     }
     run_next(w, &f.sp, f.stack);
-    w.current = &f;
+    current_slot() = &f;
     set_builtins(f);
 }
 
@@ -496,6 +521,7 @@ void release_in_schedule_order(Worker& w, unsigned* ids, size_t count, bool run_
         case Schedule::random: std::shuffle(ids, end, w.rng); break;
     }
     for (unsigned* t = ids; t != end; ++t) w.fibers[*t].state = FiberState::ready;
+    if (count > 0) thread_starts.ready_waiting = true;
     if (!run_first) {
         w.ready.insert(w.ready.end(), ids, end);
     } else if (w.ready_head >= count) {  // into the slots already run: no element moves
@@ -600,7 +626,7 @@ std::string hex(unsigned v) {
 
 int block_barrier(int op, int predicate) {
     Worker& w = *tls_worker;
-    Fiber& f = *w.current;
+    Fiber& f = current_fiber(w);
     f.state = FiberState::waiting_block;
     f.block_op = op;
     f.value = predicate != 0;
@@ -664,7 +690,7 @@ uint64_t join_warp_group(Worker& w, Fiber& f, WarpOp op, unsigned mask) {
 
 uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int operand, int width) {
     Worker& w = *tls_worker;
-    Fiber& f = *w.current;
+    Fiber& f = current_fiber(w);
     unsigned lane = f.linear & 31u;
     if (!((mask >> lane) & 1u))
         block_error(w, std::string(op_name(op)) + " with mask " + hex(mask) + " called by lane " + std::to_string(lane) +
@@ -685,7 +711,7 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int operand, 
 
 void warp_exchange(unsigned mask, const void* input, void* output, WarpExchangeFn combine, const char* name) {
     Worker& w = *tls_worker;
-    Fiber& f = *w.current;
+    Fiber& f = current_fiber(w);
     unsigned lane = f.linear & 31u;
     if (!((mask >> lane) & 1u))
         block_error(w, std::string(name) + " with mask " + hex(mask) + " called by lane " + std::to_string(lane) +
@@ -709,13 +735,11 @@ void* dynamic_shared_memory() { return tls_worker->dynamic_shared.data(); }
 namespace {
 
 std::string describe_deadlock(Worker& w) {
-    unsigned at_block = 0, exited = 0, unstarted = 0;
+    unsigned at_block = 0;
+    const unsigned exited = thread_starts.next - w.blocked_live;
     std::string warps;
-    for (const Fiber& f : w.fibers) {
-        if (f.state == FiberState::waiting_block) ++at_block;
-        if (f.state == FiberState::done) ++exited;
-        if (f.state == FiberState::unstarted) ++unstarted;
-    }
+    for (const Fiber& f : w.fibers)
+        if (f.epoch == w.block_serial && f.state == FiberState::waiting_block) ++at_block;
     for (size_t i = 0; i < w.warps.size(); ++i) {
         for (const WarpGroup& g : w.warps[i].groups) {
             unsigned missing = g.mask & w.warps[i].existing & ~g.arrived;
@@ -729,38 +753,35 @@ std::string describe_deadlock(Worker& w) {
     return msg + warps;
 }
 
-void run_block(Worker& w, const KernelLaunch& L, unsigned block_linear) {
+// Sets up block `block_linear` of launch L to run on this OS thread.
+void begin_block(Worker& w, const KernelLaunch& L, unsigned block_linear) {
     const dim3 grid = L.grid, block = L.block;
     w.launch = &L;
     ++w.block_serial;
-    w.block_idx = {block_linear % grid.x, (block_linear / grid.x) % grid.y, block_linear / (grid.x * grid.y)};
-    blockIdx = w.block_idx;
+    // From a local: reading back w.block_idx's just-written halves as one wider load would stall
+    // store forwarding. A 1D grid needs no division.
+    const uint3 idx = grid.y == 1 && grid.z == 1 ? uint3{block_linear, 0, 0}
+                                                 : uint3{block_linear % grid.x, (block_linear / grid.x) % grid.y,
+                                                         block_linear / (grid.x * grid.y)};
+    w.block_idx = idx;
+    blockIdx = idx;
     blockDim = block;
     gridDim = grid;
     w.nthreads = block.x * block.y * block.z;
-    w.one_dimensional = block.y == 1 && block.z == 1;
-    // Per thread only what a start needs; threadIdx is worked out when the thread starts (the
-    // divisions of a 2D or 3D block would cost as much as a short thread).
+    // Nothing per thread: a Fiber is filled in only if its thread blocks (current_fiber).
     w.fibers.resize(w.nthreads);
-    for (unsigned t = 0; t < w.nthreads; ++t) {
-        Fiber& f = w.fibers[t];
-        f.linear = t;
-        f.state = FiberState::unstarted;
-        f.stack = nullptr;
-        f.value = 0;
-        f.exchange_fn = nullptr;
-    }
-    // The start order: empty means 0, 1, 2, ... (forward), so the common case builds no table.
+    // The start order: none means 0, 1, 2, ... (forward), so the common case builds no table.
     const Settings& s = settings();
-    w.order.clear();
     if (s.schedule != Schedule::forward) {
         w.order.resize(w.nthreads);
         for (unsigned t = 0; t < w.nthreads; ++t) w.order[t] = t;
-    }
-    if (s.schedule == Schedule::reverse) std::reverse(w.order.begin(), w.order.end());
-    if (s.schedule == Schedule::random) {
-        w.rng.seed(s.seed * 0x9E3779B97F4A7C15ull + block_linear);
-        std::shuffle(w.order.begin(), w.order.end(), w.rng);
+        if (s.schedule == Schedule::reverse) std::reverse(w.order.begin(), w.order.end());
+        if (s.schedule == Schedule::random) {
+            w.rng.seed(s.seed * 0x9E3779B97F4A7C15ull + block_linear);
+            std::shuffle(w.order.begin(), w.order.end(), w.rng);
+        }
+        w.position.resize(w.nthreads);
+        for (unsigned i = 0; i < w.nthreads; ++i) w.position[w.order[i]] = i;
     }
     unsigned nwarps = (w.nthreads + 31) / 32;
     w.warps.resize(nwarps);
@@ -769,27 +790,24 @@ void run_block(Worker& w, const KernelLaunch& L, unsigned block_linear) {
         w.warps[i].existing = lanes == 32 ? 0xffffffffu : ((1u << lanes) - 1u);
         w.warps[i].groups.clear();
     }
-    w.next_unstarted = 0;
+    ThreadStarts& starts = thread_starts;
+    starts.next = 0;
+    starts.count = w.nthreads;
+    starts.order = s.schedule == Schedule::forward ? nullptr : w.order.data();
+    starts.dim_x = block.x;
+    starts.dim_y = block.y;
+    starts.one_dimensional = block.y == 1 && block.z == 1;
+    starts.ready_waiting = false;
+    starts.current = nullptr;
     w.ready.clear();
     w.ready_head = 0;
     w.block_arrived = 0;
-    w.done = 0;
+    w.blocked_live = 0;
 
     if (s.check) {
         SharedRegion r = this_threads_static_shared();
         if (r.size) std::memset(r.begin, 0xFF, r.size);
         if (!w.dynamic_shared.empty()) std::memset(w.dynamic_shared.data(), 0xFF, w.dynamic_shared.size());
-    }
-
-    // Run the block: switch to a runner and come back when nothing can run any more.
-    Stack* first = w.get_stack();
-    switch_to(w, &w.scheduler_sp, runner_context(first), first);
-
-    if (w.done != w.nthreads) {
-        block_error(w, describe_deadlock(w));
-        // Abandon the stuck fibers; their stacks go back to the pool.
-        for (Fiber& f : w.fibers)
-            if (f.state == FiberState::waiting_block || f.state == FiberState::waiting_warp) w.put_stack(f.stack);
     }
 }
 
@@ -816,20 +834,42 @@ Pool& pool() {
 
 std::atomic<uint64_t> total_started{0}, total_switches{0}, total_launches{0};
 
-// Runs blocks of the current launch until none is left; returns false after an error.
+// Takes the launch's next block for this OS thread and sets it up; false when none is left or
+// the launch failed.
+bool begin_next_block(Pool& p, Worker& w, const KernelLaunch& L) {
+    if (p.abort.load(std::memory_order_relaxed)) return false;
+    const size_t b = p.next_block.fetch_add(1, std::memory_order_relaxed);
+    if (b >= p.nblocks) return false;
+    begin_block(w, L, unsigned(b));
+    return true;
+}
+
+// The block that ran is over: count its threads; its error, if any, fails the launch.
+void end_block(Pool& p, Worker& w) {
+    w.started += thread_starts.next;
+    if (!w.error.empty()) {
+        std::lock_guard<std::mutex> lock(p.mutex);
+        if (p.error.empty()) p.error = w.error;
+        w.error.clear();
+        p.abort = true;
+    }
+}
+
+// Runs blocks of the current launch until none is left or one fails. The runners go from block
+// to block themselves and come back here only then, or when a block cannot go on (deadlock).
 void run_blocks(Pool& p, Worker& w, const KernelLaunch& L) {
     uint64_t started0 = w.started, switches0 = w.switches;
     w.dynamic_shared.assign(L.dynamic_smem, 0);  // exact size: ASan sees overruns
-    for (;;) {
-        if (p.abort.load(std::memory_order_relaxed)) break;
-        size_t b = p.next_block.fetch_add(1, std::memory_order_relaxed);
-        if (b >= p.nblocks) break;
-        run_block(w, L, unsigned(b));
-        if (!w.error.empty()) {
-            std::lock_guard<std::mutex> lock(p.mutex);
-            if (p.error.empty()) p.error = w.error;
-            w.error.clear();
-            p.abort = true;
+    if (begin_next_block(p, w, L)) {
+        Stack* first = w.get_stack();
+        switch_to(w, &w.scheduler_sp, runner_context(first), first);
+        if (w.blocked_live != 0) {  // the last block began did not end: its threads wait for each other
+            block_error(w, describe_deadlock(w));
+            // Abandon the stuck fibers; their stacks go back to the pool.
+            for (Fiber& f : w.fibers)
+                if (f.epoch == w.block_serial && (f.state == FiberState::waiting_block || f.state == FiberState::waiting_warp))
+                    w.put_stack(f.stack);
+            end_block(p, w);
         }
     }
     total_started += w.started - started0;
@@ -850,6 +890,12 @@ void worker_thread(Pool& p, unsigned index) {
         std::lock_guard<std::mutex> lock(p.mutex);
         if (--p.active == 0) p.finished.notify_all();
     }
+}
+
+bool end_block_and_begin_next(Worker& w) {
+    Pool& p = pool();
+    end_block(p, w);
+    return begin_next_block(p, w, *w.launch);
 }
 
 }  // namespace

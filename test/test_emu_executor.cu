@@ -140,6 +140,12 @@ __global__ void divergent_barrier_kernel(float* out) {
     out[threadIdx.x] = 1.0f;
 }
 
+// Only the first block deadlocks; the blocks after it are fine.
+__global__ void first_block_deadlocks_kernel(float* out) {
+    if (blockIdx.x == 0 && threadIdx.x < 5) __syncthreads();
+    out[threadIdx.x] = 1.0f;
+}
+
 __global__ void exited_lane_shuffle_kernel(float* out) {
     if (threadIdx.x == 3) return;
     out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 1);
@@ -159,6 +165,13 @@ TEST_CASE("a barrier some threads never reach is reported as an error, and the e
     REQUIRE(cudaGetLastError() == cudaSuccess);
     REQUIRE(try_launch<divergent_barrier_kernel>(dim3(2), dim3(64), 0, nullptr, out.ptr) == cudaErrorLaunchFailure);
     REQUIRE(try_launch<exited_lane_shuffle_kernel>(dim3(1), dim3(32), 0, nullptr, out.ptr) == cudaErrorLaunchFailure);
+    {  // one OS thread, so the deadlocked block is not the last it runs: the runner must not go on past it
+        const int os_threads = cuemu::threads();
+        cuemu::set_threads(1);
+        const cudaError_t err = try_launch<first_block_deadlocks_kernel>(dim3(4), dim3(64), 0, nullptr, out.ptr);
+        cuemu::set_threads(os_threads);
+        REQUIRE(err == cudaErrorLaunchFailure);
+    }
     REQUIRE(try_launch<mask_without_caller_kernel>(dim3(1), dim3(32), 0, nullptr, out.ptr) == cudaErrorLaunchFailure);
     // cudaGetLastError reports the launch error once, then resets (the error is not sticky).
     REQUIRE(try_launch<divergent_barrier_kernel>(dim3(1), dim3(64), 0, nullptr, out.ptr) == cudaErrorLaunchFailure);
@@ -241,13 +254,57 @@ TEST_CASE("threads that never block cost no context switch of their own") {
     const int n = 1 << 16, threads = 256, blocks = n / threads;
     DeviceBuffer<float> x(n);
     x.fill_bytes(0);
+    const int os_threads = cuemu::threads();
+    cuemu::set_threads(1);
     auto before = cuemu::executor_stats();
     launch<elementwise_kernel>(dim3(blocks), dim3(threads), 0, nullptr, x.ptr, n);
     auto after = cuemu::executor_stats();
+    cuemu::set_threads(os_threads);
     REQUIRE(after.fibers_started - before.fibers_started == uint64_t(n));
-    // Two switches per block (into the runner and back), whatever the block size.
-    REQUIRE(after.switches - before.switches == 2ull * blocks);
+    // Two switches per launch (into the runner and back), whatever the number of blocks: the
+    // runner goes on to the next block itself.
+    REQUIRE(after.switches - before.switches == 2ull);
     for (float v : x.download()) REQUIRE(v == 1.0f);
+}
+
+// Some threads block and others do not, in a 1D and a 3D block: each thread still runs exactly
+// once, with its own threadIdx, and a collective's lanes still meet (the runner's loop gives back
+// the threads it claimed after one that blocks).
+__global__ void some_threads_block_kernel(int* runs, unsigned* seen) {
+    const unsigned t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    const unsigned lane = t % 32;
+    unsigned value = t;
+    if (lane % 3 == 1) value = __shfl_sync(0x92492492u, t, 4, 32);  // lanes 1, 4, 7, ...: lane 4's index
+    if (lane == 31) __syncwarp(0x80000000u);                          // alone: blocks and resumes at once
+    const size_t i = size_t(blockIdx.x) * blockDim.x * blockDim.y * blockDim.z + t;
+    runs[i] += 1;
+    seen[i] = value;
+}
+
+TEST_CASE("threads that block mid-block and threads that do not each run once, under every order") {
+    ScheduleGuard guard;
+    for (const dim3 block : {dim3(96), dim3(8, 3, 4)}) {
+        const unsigned per_block = block.x * block.y * block.z, blocks = 5;
+        for (int o = 0; o < 3; ++o) {
+            DYNAMIC_SECTION(kOrderNames[o] << " block " << block.x << "x" << block.y << "x" << block.z) {
+                cuemu::set_schedule(kOrders[o], 7);
+                DeviceBuffer<int> runs(per_block * blocks);
+                DeviceBuffer<unsigned> seen(per_block * blocks);
+                runs.fill_bytes(0);
+                auto before = cuemu::executor_stats();
+                launch<some_threads_block_kernel>(dim3(blocks), block, 0, nullptr, runs.ptr, seen.ptr);
+                auto after = cuemu::executor_stats();
+                REQUIRE(after.fibers_started - before.fibers_started == uint64_t(per_block) * blocks);
+                const auto r = runs.download();
+                const auto v = seen.download();
+                for (unsigned i = 0; i < per_block * blocks; ++i) {
+                    const unsigned t = i % per_block, lane = t % 32;
+                    REQUIRE(r[i] == 1);
+                    REQUIRE(v[i] == (lane % 3 == 1 ? t - lane + 4 : t));
+                }
+            }
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
