@@ -122,8 +122,6 @@ struct ThreadStarts {
     unsigned next = 0;                // position in the start order of the next thread to start
     unsigned count = 0;               // threads in the block
     const unsigned* order = nullptr;  // the start order; null: 0, 1, 2, ...
-    unsigned dim_x = 1, dim_y = 1;    // blockDim.x, blockDim.y
-    bool one_dimensional = true;      // dim_y == blockDim.z == 1: threadIdx.x is the linear index
     bool ready_waiting = false;       // a fiber released by a barrier or collective runs before new threads
     void* current = nullptr;          // the running thread's fiber; null while it has none (it never blocked)
 };
@@ -139,11 +137,13 @@ void thread_returned_after_blocking();  // the running thread, which has a fiber
 template <auto Kernel, typename Params> void run_threads(const void* p) {
     const Params params = *static_cast<const Params*>(p);  // a copy no store of the loop can alias
     ThreadStarts& s = thread_starts;
+    const unsigned dim_x = blockDim.x, dim_y = blockDim.y;  // the block's, set with thread_starts
+    const bool one_dimensional = dim_y == 1 && blockDim.z == 1;  // threadIdx.x is the linear index
     while (s.next < s.count && !s.ready_waiting) {
         unsigned i = s.next;
         const unsigned end = s.count;
         s.next = end;
-        if (s.one_dimensional && !s.order) {
+        if (one_dimensional && !s.order) {
             threadIdx = uint3{i, 0, 0};
             for (; i < end && !s.current; ++i) {
                 threadIdx.x = i;
@@ -152,7 +152,7 @@ template <auto Kernel, typename Params> void run_threads(const void* p) {
         } else {
             for (; i < end && !s.current; ++i) {
                 const unsigned t = s.order ? s.order[i] : i;
-                threadIdx = uint3{t % s.dim_x, t / s.dim_x % s.dim_y, t / (s.dim_x * s.dim_y)};
+                threadIdx = uint3{t % dim_x, t / dim_x % dim_y, t / (dim_x * dim_y)};
                 std::apply(Kernel, params);
             }
         }

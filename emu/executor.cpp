@@ -291,7 +291,7 @@ struct Worker {
     // the block being run
     const KernelLaunch* launch = nullptr;
     uint3 block_idx{};
-    unsigned nthreads = 0;
+    unsigned nthreads() const { return thread_starts.count; }  // of the block (set in begin_block)
     std::vector<Fiber> fibers;
     std::vector<unsigned> order;     // start order of threads (the schedule; thread_starts.order)
     std::vector<unsigned> position;  // its inverse: a thread's place in `order`
@@ -630,20 +630,20 @@ int block_barrier(int op, int predicate) {
     f.state = FiberState::waiting_block;
     f.block_op = op;
     f.value = predicate != 0;
-    if (++w.block_arrived == w.nthreads) {
+    if (++w.block_arrived == w.nthreads()) {
         uint64_t count = 0;
         for (const Fiber& g : w.fibers) count += g.value;
         uint64_t result = 0;
         switch (op) {
             case 1: result = count; break;
-            case 2: result = count == w.nthreads; break;
+            case 2: result = count == w.nthreads(); break;
             case 3: result = count != 0; break;
             default: break;
         }
         w.block_arrived = 0;
         std::vector<unsigned>& ids = w.released;
-        ids.resize(w.nthreads);
-        for (unsigned t = 0; t < w.nthreads; ++t) {
+        ids.resize(w.nthreads());
+        for (unsigned t = 0; t < w.nthreads(); ++t) {
             ids[t] = t;
             w.fibers[t].result = result;
         }
@@ -747,7 +747,7 @@ std::string describe_deadlock(Worker& w) {
                      " for lanes " + hex(missing);
         }
     }
-    std::string msg = "deadlock: " + std::to_string(at_block) + " of " + std::to_string(w.nthreads) +
+    std::string msg = "deadlock: " + std::to_string(at_block) + " of " + std::to_string(w.nthreads()) +
                       " threads wait at __syncthreads, " + std::to_string(exited) + " have exited";
     if (at_block && exited) msg += " (a barrier some threads never reach)";
     return msg + warps;
@@ -767,36 +767,32 @@ void begin_block(Worker& w, const KernelLaunch& L, unsigned block_linear) {
     blockIdx = idx;
     blockDim = block;
     gridDim = grid;
-    w.nthreads = block.x * block.y * block.z;
+    thread_starts.count = block.x * block.y * block.z;
     // Nothing per thread: a Fiber is filled in only if its thread blocks (current_fiber).
-    w.fibers.resize(w.nthreads);
+    w.fibers.resize(w.nthreads());
     // The start order: none means 0, 1, 2, ... (forward), so the common case builds no table.
     const Settings& s = settings();
     if (s.schedule != Schedule::forward) {
-        w.order.resize(w.nthreads);
-        for (unsigned t = 0; t < w.nthreads; ++t) w.order[t] = t;
+        w.order.resize(w.nthreads());
+        for (unsigned t = 0; t < w.nthreads(); ++t) w.order[t] = t;
         if (s.schedule == Schedule::reverse) std::reverse(w.order.begin(), w.order.end());
         if (s.schedule == Schedule::random) {
             w.rng.seed(s.seed * 0x9E3779B97F4A7C15ull + block_linear);
             std::shuffle(w.order.begin(), w.order.end(), w.rng);
         }
-        w.position.resize(w.nthreads);
-        for (unsigned i = 0; i < w.nthreads; ++i) w.position[w.order[i]] = i;
+        w.position.resize(w.nthreads());
+        for (unsigned i = 0; i < w.nthreads(); ++i) w.position[w.order[i]] = i;
     }
-    unsigned nwarps = (w.nthreads + 31) / 32;
+    unsigned nwarps = (w.nthreads() + 31) / 32;
     w.warps.resize(nwarps);
     for (unsigned i = 0; i < nwarps; ++i) {
-        unsigned lanes = std::min(32u, w.nthreads - i * 32);
+        unsigned lanes = std::min(32u, w.nthreads() - i * 32);
         w.warps[i].existing = lanes == 32 ? 0xffffffffu : ((1u << lanes) - 1u);
         w.warps[i].groups.clear();
     }
     ThreadStarts& starts = thread_starts;
     starts.next = 0;
-    starts.count = w.nthreads;
     starts.order = s.schedule == Schedule::forward ? nullptr : w.order.data();
-    starts.dim_x = block.x;
-    starts.dim_y = block.y;
-    starts.one_dimensional = block.y == 1 && block.z == 1;
     starts.ready_waiting = false;
     starts.current = nullptr;
     w.ready.clear();
