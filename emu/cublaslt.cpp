@@ -81,8 +81,13 @@ bool log_errors() {
 
 // ---- OpenBLAS, loaded on first use ----
 
+}  // namespace
+
 // Ranks started by mpirun on one machine share its cores: each takes its share for the GEMM and
 // epilogue threads (OpenBLAS, OpenMP), so that waiting threads do not steal time from other ranks.
+
+namespace cuemu {
+
 int cpu_threads_per_rank() {
     static const int threads = [] {
         const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
@@ -91,6 +96,27 @@ int cpu_threads_per_rank() {
     }();
     return threads;
 }
+
+void run_on_cpu_threads(size_t n, size_t granule, int threads, const std::function<void(size_t, size_t)>& slice) {
+    if (threads <= 1 || n < 2 * granule) {
+        if (n > 0) slice(0, n);
+        return;
+    }
+#pragma omp parallel num_threads(threads)
+    {
+        const size_t t = size_t(omp_get_thread_num()), count = size_t(omp_get_num_threads());
+        const size_t first = t == 0 ? 0 : n * t / count / granule * granule;
+        const size_t last = t + 1 == count ? n : n * (t + 1) / count / granule * granule;
+        if (first < last) slice(first, last);
+    }
+}
+
+}  // namespace cuemu
+
+namespace {
+
+using cuemu::cpu_threads_per_rank;
+using cuemu::run_on_cpu_threads;
 
 // The GEMMs' and epilogues' threads must not spin while the emulator's own threads run kernels.
 // libgomp's threads (oneDNN's BF16 matmul and the epilogue run on them) spin after each parallel
@@ -628,16 +654,7 @@ void epilogue_rows(const EpilogueJob& job, size_t first, size_t last) {
 void epilogue(const EpilogueJob& job) {
     const size_t m = size_t(job.p->m), n = size_t(job.p->n);
     const int threads = m * n >= (size_t(1) << 16) ? std::min<int>(cpu_threads_per_rank(), int(m / 16)) : 1;
-    if (threads <= 1) {
-        epilogue_rows(job, 0, m);
-        return;
-    }
-#pragma omp parallel num_threads(threads)
-    {
-        const size_t t = size_t(omp_get_thread_num()), count = size_t(omp_get_num_threads());
-        const size_t first = t == 0 ? 0 : m * t / count / 16 * 16, last = t + 1 == count ? m : m * (t + 1) / count / 16 * 16;
-        if (first < last) epilogue_rows(job, first, last);
-    }
+    run_on_cpu_threads(m, 16, threads, [&](size_t first, size_t last) { epilogue_rows(job, first, last); });
 }
 
 cublasStatus_t run_matmul(const MatmulDesc& desc, const Problem& p, float alpha, const void* A, const void* B,

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "cuda_emu.h"
@@ -21,6 +22,14 @@ cudaError_t record_error(cudaError_t err);
 void set_max_dynamic_shared(const void* func, size_t bytes);
 
 bool is_device_allocation(const void* p);
+
+// This rank's share of the CPU's cores for bulk host-side work (emu/cublaslt.cpp): the GEMMs, their
+// epilogues, large fills and copies; ranks started by mpirun on one machine split the cores.
+int cpu_threads_per_rank();
+// slice(first, last) over [0, n) on `threads` OpenMP threads (passive: they sleep between calls,
+// not spin on the cores the executor's threads use), each slice but the last ending at a multiple of
+// `granule`; on the calling thread alone when threads <= 1 or n < 2 granule.
+void run_on_cpu_threads(size_t n, size_t granule, int threads, const std::function<void(size_t, size_t)>& slice);
 
 // Executor services for emu/tensor_core.cpp (called from kernel code, on the block's OS thread):
 // a number that changes with every block this OS thread runs (per-block state can reset itself),
