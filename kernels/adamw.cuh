@@ -101,6 +101,23 @@ __device__ inline floatX adamw_param_from_master(float master, const AdamWStepCo
     }
 }
 
+// The same for the kAdamWChunk elements from `first` on. The generator's state for element i is key +
+// (i + 1) gamma, so the chunk's states are one multiply and then an add each (a loop-carried sum,
+// which g++ vectorizes as a vector induction): one 64-bit multiply per element fewer than
+// rounding_bits_for_key (the CPU build's AdamW spent over a third of its time in the hash).
+template <int N> __device__ inline void adamw_chunk_params_from_master(floatX (&p)[N], const float (&master)[N],
+                                                                    const AdamWStepCoefficients& c, size_t first) {
+    if constexpr (std::is_same_v<floatX, float>) {
+        for (int k = 0; k < N; ++k) p[k] = master[k];
+    } else {
+        uint64_t state = c.rounding_key + (c.element_offset + first + 1) * kSplitMix64Gamma;
+        for (int k = 0; k < N; ++k) {
+            p[k] = stochastic_round_bf16(master[k], uint32_t(splitmix64_mix(state) >> 32));
+            state += kSplitMix64Gamma;
+        }
+    }
+}
+
 // Elements per vector work item: two Packed128 of BF16, four of FP32. 16 rather than 8 halves the
 // threads, whose start is what the CPU emulator pays per thread (AdamW 114 -> 78 ms per d12 step
 // there); 88 registers on sm_90, no spills.
@@ -141,7 +158,7 @@ static __global__ void __launch_bounds__(kAdamWBlock)
         floatX p[kAdamWChunk];
         // Two loops: g++ vectorizes the FP32 update and the 64-bit rounding hash each at its width.
         for (int k = 0; k < kAdamWChunk; ++k) adamw_update_element(g[k], w[k], mm[k], vv[k], c);
-        for (int k = 0; k < kAdamWChunk; ++k) p[k] = adamw_param_from_master(w[k], c, first + k);
+        adamw_chunk_params_from_master(p, w, c, first);
         adamw_store_chunk(master + first, w);
         adamw_store_chunk(m + first, mm);
         adamw_store_chunk(v + first, vv);
