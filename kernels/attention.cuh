@@ -117,10 +117,16 @@ __device__ inline void load_row_values(float* dst, const float* src, int row0, i
 // multiply-add per float4 (fma4).
 // dot's last step, also the backward's D (attention_backward_rowdot_kernel): one order for both.
 __device__ inline float dot_total(const float4& sums) { return (sums.x + sums.y) + (sums.z + sums.w); }
-__device__ inline float dot(const float* a, const float* b, int hs) {
+// Rows of HS_MAX (every GPT-2 shape) take a loop with a compile-time trip count, unrolled.
+template <int HS_MAX> __device__ inline float dot(const float* a, const float* b, int hs) {
     float4 sums = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int d = 0; d < hs; d += 4)
-        sums = fma4(*reinterpret_cast<const float4*>(a + d), *reinterpret_cast<const float4*>(b + d), sums);
+    if (hs == HS_MAX) {
+        for (int d = 0; d < HS_MAX; d += 4)
+            sums = fma4(*reinterpret_cast<const float4*>(a + d), *reinterpret_cast<const float4*>(b + d), sums);
+    } else {
+        for (int d = 0; d < hs; d += 4)
+            sums = fma4(*reinterpret_cast<const float4*>(a + d), *reinterpret_cast<const float4*>(b + d), sums);
+    }
     return dot_total(sums);
 }
 
@@ -150,6 +156,15 @@ template <int HS_MAX> struct RowShare {
             const int d = 4 * (part + kThreadsPerRow * i);
             if (d < hs) acc[i] = fma4(make_float4(w, w, w, w), *reinterpret_cast<const float4*>(row + d), acc[i]);
         }
+    }
+    // acc += sum over r < count of weights[r * weight_stride] * rows[r * rows_stride], r in order (add_scaled
+    // per row). The sum runs in a local copy: acc lives across barriers, which are calls in the CPU build,
+    // and there g++ otherwise kept it in memory through the loop (a store and reload per row and group).
+    __device__ void add_scaled_rows(const float* weights, int weight_stride, const float* rows, int rows_stride, int count,
+                                    int part, int hs) {
+        RowShare local = *this;
+        for (int r = 0; r < count; ++r) local.add_scaled(weights[r * weight_stride], rows + r * rows_stride, part, hs);
+        *this = local;
     }
     // row = s * acc, this thread's dimensions only
     __device__ void write_scaled(float s, float* row, int part, int hs) const {
@@ -252,7 +267,7 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
         float tile_max = -INFINITY;
         for (int j = 0; j < kEntriesPerThread; ++j) {
             const int key_col = part + kThreadsPerRow * j, key = k0 + key_col;
-            s[j] = first_key <= key && key <= last_key ? dot(q_tile + row * stride, k_tile + key_col * stride, hs) * score_scale
+            s[j] = first_key <= key && key <= last_key ? dot<HS_MAX>(q_tile + row * stride, k_tile + key_col * stride, hs) * score_scale
                                                        : -INFINITY;
             tile_max = max_number(tile_max, s[j]);
         }
@@ -262,18 +277,19 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
         const float m_new = max_number(m, row_max(tile_max));
         const float m_ref = m_new == -INFINITY ? 0.0f : m_new;
         const float correction = expf(m - m_ref);  // 0 on the row's first tile (m = -inf)
+        float p[kEntriesPerThread];  // one expf_each: the CPU build's vector expf, 8 at a time
+        for (int j = 0; j < kEntriesPerThread; ++j) s[j] -= m_ref;
+        expf_each(p, s);
         float p_sum = 0.0f;
         for (int j = 0; j < kEntriesPerThread; ++j) {
-            const float p = expf(s[j] - m_ref);
-            p_tile[row * kScoreStride + part + kThreadsPerRow * j] = p;
-            p_sum += p;
+            p_tile[row * kScoreStride + part + kThreadsPerRow * j] = p[j];
+            p_sum += p[j];
         }
         l = l * correction + row_sum(p_sum);
         m = m_new;
         o.scale(correction);
         __syncthreads();  // P complete
-        for (int key_col = 0; key_col < kTile; ++key_col)
-            o.add_scaled(p_tile[row * kScoreStride + key_col], v_tile + key_col * stride, part, hs);
+        o.add_scaled_rows(p_tile + row * kScoreStride, 1, v_tile, stride, kTile, part, hs);
     }
     // q_tile's last reads were before the last "P complete" barrier, so it can stage the output, once
     // every thread's share of its load is done: a span's query tile may see no key tile at all (documents
@@ -368,21 +384,26 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
         load_row_values(d_rows, d_src, q0, Tq);
         __syncthreads();
 
+        // The exponents first, then their expf in one call (expf_each), then dS. Masked entries get p = 0
+        // and dS = 0 without their dots.
+        bool visible[kEntriesPerThread];
+        float exponent[kEntriesPerThread], p[kEntriesPerThread];
         for (int j = 0; j < kEntriesPerThread; ++j) {
             const int r = part + kThreadsPerRow * j, query = q0 + r;
-            float p = 0.0f, ds = 0.0f;
-            if (key <= query + span.key_lead && query < key_query_end) {
-                p = expf(dot(q_tile + r * stride, k_tile + key_col * stride, hs) * score_scale - lse_rows[r]);
-                ds = p * (dot(dout_tile + r * stride, v_tile + key_col * stride, hs) - d_rows[r]);
-            }
-            p_tile[r * kScoreStride + key_col] = p;
-            ds_tile[r * kScoreStride + key_col] = ds;
+            visible[j] = key <= query + span.key_lead && query < key_query_end;
+            exponent[j] = visible[j] ? dot<HS_MAX>(q_tile + r * stride, k_tile + key_col * stride, hs) * score_scale - lse_rows[r]
+                                     : -INFINITY;
+        }
+        expf_each(p, exponent);
+        for (int j = 0; j < kEntriesPerThread; ++j) {
+            const int r = part + kThreadsPerRow * j;
+            p_tile[r * kScoreStride + key_col] = p[j];
+            ds_tile[r * kScoreStride + key_col] =
+                visible[j] ? p[j] * (dot<HS_MAX>(dout_tile + r * stride, v_tile + key_col * stride, hs) - d_rows[r]) : 0.0f;
         }
         __syncthreads();  // P and dS complete
-        for (int r = 0; r < kTile; ++r) {
-            dv.add_scaled(p_tile[r * kScoreStride + key_col], dout_tile + r * stride, part, hs);
-            dk.add_scaled(ds_tile[r * kScoreStride + key_col], q_tile + r * stride, part, hs);
-        }
+        dv.add_scaled_rows(p_tile + key_col, kScoreStride, dout_tile, stride, kTile, part, hs);
+        dk.add_scaled_rows(ds_tile + key_col, kScoreStride, q_tile, stride, kTile, part, hs);
     }
     // k_tile/v_tile's last reads were before the last "P and dS complete" barrier; with no query tile
     // (a span's keys that no query sees) the barrier orders the writes after every thread's loads.
@@ -440,19 +461,23 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
         load_tile(v_tile, k_src + C, kv_stride, k0, Tk, hs);
         __syncthreads();
 
+        // As in the dK/dV kernel: exponents, one expf_each, then dS; masked entries dS = 0 without dots.
+        bool visible[kEntriesPerThread];
+        float exponent[kEntriesPerThread], p[kEntriesPerThread];
         for (int j = 0; j < kEntriesPerThread; ++j) {
             const int key_col = part + kThreadsPerRow * j, key = k0 + key_col;
-            float ds = 0.0f;
-            if (first_key <= key && key <= last_key && query < Tq) {
-                const float p =
-                    expf(dot(q_tile + row * stride, k_tile + key_col * stride, hs) * score_scale - lse_rows[row]);
-                ds = p * (dot(dout_tile + row * stride, v_tile + key_col * stride, hs) - d_rows[row]);
-            }
-            ds_tile[row * kScoreStride + key_col] = ds;
+            visible[j] = first_key <= key && key <= last_key && query < Tq;
+            exponent[j] = visible[j] ? dot<HS_MAX>(q_tile + row * stride, k_tile + key_col * stride, hs) * score_scale - lse_rows[row]
+                                     : -INFINITY;
+        }
+        expf_each(p, exponent);
+        for (int j = 0; j < kEntriesPerThread; ++j) {
+            const int key_col = part + kThreadsPerRow * j;
+            ds_tile[row * kScoreStride + key_col] =
+                visible[j] ? p[j] * (dot<HS_MAX>(dout_tile + row * stride, v_tile + key_col * stride, hs) - d_rows[row]) : 0.0f;
         }
         __syncthreads();  // dS complete
-        for (int key_col = 0; key_col < kTile; ++key_col)
-            dq_row.add_scaled(ds_tile[row * kScoreStride + key_col], k_tile + key_col * stride, part, hs);
+        dq_row.add_scaled_rows(ds_tile + row * kScoreStride, 1, k_tile, stride, kTile, part, hs);
     }
     // q_tile's last reads were before the last "dS complete" barrier; with no key tile (a span's queries
     // that see no key) the barrier orders the writes after every thread's loads.
