@@ -117,16 +117,10 @@ __device__ inline void load_row_values(float* dst, const float* src, int row0, i
 // multiply-add per float4 (fma4).
 // dot's last step, also the backward's D (attention_backward_rowdot_kernel): one order for both.
 __device__ inline float dot_total(const float4& sums) { return (sums.x + sums.y) + (sums.z + sums.w); }
-// Rows of HS_MAX (every GPT-2 shape) take a loop with a compile-time trip count, unrolled.
-template <int HS_MAX> __device__ inline float dot(const float* a, const float* b, int hs) {
+__device__ inline float dot(const float* a, const float* b, int hs) {
     float4 sums = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (hs == HS_MAX) {
-        for (int d = 0; d < HS_MAX; d += 4)
-            sums = fma4(*reinterpret_cast<const float4*>(a + d), *reinterpret_cast<const float4*>(b + d), sums);
-    } else {
-        for (int d = 0; d < hs; d += 4)
-            sums = fma4(*reinterpret_cast<const float4*>(a + d), *reinterpret_cast<const float4*>(b + d), sums);
-    }
+    for (int d = 0; d < hs; d += 4)
+        sums = fma4(*reinterpret_cast<const float4*>(a + d), *reinterpret_cast<const float4*>(b + d), sums);
     return dot_total(sums);
 }
 
@@ -267,7 +261,7 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
         float tile_max = -INFINITY;
         for (int j = 0; j < kEntriesPerThread; ++j) {
             const int key_col = part + kThreadsPerRow * j, key = k0 + key_col;
-            s[j] = first_key <= key && key <= last_key ? dot<HS_MAX>(q_tile + row * stride, k_tile + key_col * stride, hs) * score_scale
+            s[j] = first_key <= key && key <= last_key ? dot(q_tile + row * stride, k_tile + key_col * stride, hs) * score_scale
                                                        : -INFINITY;
             tile_max = max_number(tile_max, s[j]);
         }
@@ -384,22 +378,21 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
         load_row_values(d_rows, d_src, q0, Tq);
         __syncthreads();
 
-        // The exponents first, then their expf in one call (expf_each), then dS. Masked entries get p = 0
-        // and dS = 0 without their dots.
-        bool visible[kEntriesPerThread];
-        float exponent[kEntriesPerThread], p[kEntriesPerThread];
+        // Both dots of each entry first, then the exponentials in one call (expf_each), then dS = P (dP -
+        // D). Masked entries skip their dots: exponent -inf gives P = 0, and dP - D = 0 gives dS = 0.
+        float exponent[kEntriesPerThread], dp_minus_d[kEntriesPerThread], p[kEntriesPerThread];
         for (int j = 0; j < kEntriesPerThread; ++j) {
             const int r = part + kThreadsPerRow * j, query = q0 + r;
-            visible[j] = key <= query + span.key_lead && query < key_query_end;
-            exponent[j] = visible[j] ? dot<HS_MAX>(q_tile + r * stride, k_tile + key_col * stride, hs) * score_scale - lse_rows[r]
-                                     : -INFINITY;
+            const bool visible = key <= query + span.key_lead && query < key_query_end;
+            exponent[j] = visible ? dot(q_tile + r * stride, k_tile + key_col * stride, hs) * score_scale - lse_rows[r]
+                                  : -INFINITY;
+            dp_minus_d[j] = visible ? dot(dout_tile + r * stride, v_tile + key_col * stride, hs) - d_rows[r] : 0.0f;
         }
         expf_each(p, exponent);
         for (int j = 0; j < kEntriesPerThread; ++j) {
             const int r = part + kThreadsPerRow * j;
             p_tile[r * kScoreStride + key_col] = p[j];
-            ds_tile[r * kScoreStride + key_col] =
-                visible[j] ? p[j] * (dot<HS_MAX>(dout_tile + r * stride, v_tile + key_col * stride, hs) - d_rows[r]) : 0.0f;
+            ds_tile[r * kScoreStride + key_col] = p[j] * dp_minus_d[j];
         }
         __syncthreads();  // P and dS complete
         dv.add_scaled_rows(p_tile + key_col, kScoreStride, dout_tile, stride, kTile, part, hs);
@@ -461,21 +454,18 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
         load_tile(v_tile, k_src + C, kv_stride, k0, Tk, hs);
         __syncthreads();
 
-        // As in the dK/dV kernel: exponents, one expf_each, then dS; masked entries dS = 0 without dots.
-        bool visible[kEntriesPerThread];
-        float exponent[kEntriesPerThread], p[kEntriesPerThread];
+        // As in the dK/dV kernel: both dots, one expf_each, then dS; masked entries P = 0, dS = 0, no dots.
+        float exponent[kEntriesPerThread], dp_minus_d[kEntriesPerThread], p[kEntriesPerThread];
         for (int j = 0; j < kEntriesPerThread; ++j) {
             const int key_col = part + kThreadsPerRow * j, key = k0 + key_col;
-            visible[j] = first_key <= key && key <= last_key && query < Tq;
-            exponent[j] = visible[j] ? dot<HS_MAX>(q_tile + row * stride, k_tile + key_col * stride, hs) * score_scale - lse_rows[row]
-                                     : -INFINITY;
+            const bool visible = first_key <= key && key <= last_key && query < Tq;
+            exponent[j] = visible ? dot(q_tile + row * stride, k_tile + key_col * stride, hs) * score_scale - lse_rows[row]
+                                  : -INFINITY;
+            dp_minus_d[j] = visible ? dot(dout_tile + row * stride, v_tile + key_col * stride, hs) - d_rows[row] : 0.0f;
         }
         expf_each(p, exponent);
-        for (int j = 0; j < kEntriesPerThread; ++j) {
-            const int key_col = part + kThreadsPerRow * j;
-            ds_tile[row * kScoreStride + key_col] =
-                visible[j] ? p[j] * (dot<HS_MAX>(dout_tile + row * stride, v_tile + key_col * stride, hs) - d_rows[row]) : 0.0f;
-        }
+        for (int j = 0; j < kEntriesPerThread; ++j)
+            ds_tile[row * kScoreStride + part + kThreadsPerRow * j] = p[j] * dp_minus_d[j];
         __syncthreads();  // dS complete
         dq_row.add_scaled_rows(ds_tile + row * kScoreStride, 1, k_tile, stride, kTile, part, hs);
     }
