@@ -79,15 +79,14 @@ bool log_errors() {
     return status;
 }
 
-// ---- OpenBLAS, loaded on first use ----
-
 }  // namespace
 
-// Ranks started by mpirun on one machine share its cores: each takes its share for the GEMM and
-// epilogue threads (OpenBLAS, OpenMP), so that waiting threads do not steal time from other ranks.
+// ---- the CPU's threads for bulk work ----
 
 namespace cuemu {
 
+// Ranks started by mpirun on one machine share its cores: each takes its share for the GEMM and
+// epilogue threads (OpenBLAS, OpenMP), so that waiting threads do not steal time from other ranks.
 int cpu_threads_per_rank() {
     static const int threads = [] {
         const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
@@ -117,6 +116,8 @@ namespace {
 
 using cuemu::cpu_threads_per_rank;
 using cuemu::run_on_cpu_threads;
+
+// ---- OpenBLAS, loaded on first use ----
 
 // The GEMMs' and epilogues' threads must not spin while the emulator's own threads run kernels.
 // libgomp's threads (oneDNN's BF16 matmul and the epilogue run on them) spin after each parallel

@@ -243,7 +243,7 @@ cudaError_t copy_bytes(const char* name, void* dst, const void* src, size_t coun
     // Bytes to device memory and back: read and written for a device-to-device copy.
     const bool on_device = kind == cudaMemcpyDeviceToDevice ||
                            (kind == cudaMemcpyDefault && cuemu::is_device_allocation(dst) && cuemu::is_device_allocation(src));
-    // Large copies between disjoint ranges on all of the rank's cores (memmove's overlap rule needs one).
+    // Large copies between disjoint ranges on all of the rank's cores; overlapping ones stay one memmove.
     const char *from = static_cast<const char*>(src), *to = static_cast<const char*>(dst);
     const bool disjoint = from + count <= to || to + count <= from;
     cuemu::run_reported(name, on_device ? cuemu::WorkReport::copy_device : cuemu::WorkReport::copy_host,
