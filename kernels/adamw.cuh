@@ -45,10 +45,16 @@ constexpr uint64_t kSplitMix64Gamma = 0x9E3779B97F4A7C15ull;  // the generator's
 __host__ __device__ inline uint64_t rounding_key(uint64_t seed, uint64_t step) {
     return splitmix64_mix(splitmix64_mix(seed) + (step + 1) * kSplitMix64Gamma);
 }
-// The index-th output of the generator whose state starts at `key` (SplitMix64 is counter-based:
-// state_i = key + (i + 1) gamma), high half.
+// SplitMix64 is counter-based: the generator whose state starts at `key` is in state key + (i + 1)
+// gamma for its index-th output, and the state advances by gamma from one index to the next.
+__host__ __device__ inline uint64_t rounding_state(uint64_t key, uint64_t index) {
+    return key + (index + 1) * kSplitMix64Gamma;
+}
+// The output for a state, high half.
+__host__ __device__ inline uint32_t rounding_bits_of_state(uint64_t state) { return uint32_t(splitmix64_mix(state) >> 32); }
+// The index-th output of the generator whose state starts at `key`.
 __host__ __device__ inline uint32_t rounding_bits_for_key(uint64_t key, uint64_t index) {
-    return uint32_t(splitmix64_mix(key + (index + 1) * kSplitMix64Gamma) >> 32);
+    return rounding_bits_of_state(rounding_state(key, index));
 }
 __host__ __device__ inline uint32_t rounding_bits(uint64_t seed, uint64_t step, uint64_t index) {
     return rounding_bits_for_key(rounding_key(seed, step), index);
@@ -101,18 +107,18 @@ __device__ inline floatX adamw_param_from_master(float master, const AdamWStepCo
     }
 }
 
-// The same for the kAdamWChunk elements from `first` on. The generator's state for element i is key +
-// (i + 1) gamma, so the chunk's states are one multiply and then an add each (a loop-carried sum,
-// which g++ vectorizes as a vector induction): one 64-bit multiply per element fewer than
-// rounding_bits_for_key (the CPU build's AdamW spent over a third of its time in the hash).
+// The same for the N elements from `first` on: the chunk's first state (rounding_state), then gamma
+// added for each next element (a loop-carried sum, which g++ vectorizes as a vector induction;
+// written as k * gamma, g++ folded it back into a multiply): one 64-bit multiply per element fewer
+// than rounding_bits_for_key (the CPU build's AdamW spent over a third of its time in the hash).
 template <int N> __device__ inline void adamw_chunk_params_from_master(floatX (&p)[N], const float (&master)[N],
                                                                     const AdamWStepCoefficients& c, size_t first) {
     if constexpr (std::is_same_v<floatX, float>) {
         for (int k = 0; k < N; ++k) p[k] = master[k];
     } else {
-        uint64_t state = c.rounding_key + (c.element_offset + first + 1) * kSplitMix64Gamma;
+        uint64_t state = rounding_state(c.rounding_key, c.element_offset + first);
         for (int k = 0; k < N; ++k) {
-            p[k] = stochastic_round_bf16(master[k], uint32_t(splitmix64_mix(state) >> 32));
+            p[k] = stochastic_round_bf16(master[k], rounding_bits_of_state(state));
             state += kSplitMix64Gamma;
         }
     }
