@@ -209,8 +209,15 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
 }
 
 namespace {
-// Fills and copies from this size on run on all of the rank's cores (emu_internal.h, run_on_cpu_threads).
-constexpr size_t kParallelBytes = size_t(4) << 20;
+// slice(first, last) over the `count` bytes of a fill or copy: from 4 MB on, when `splittable`, in
+// page-aligned slices on all of the rank's cores (emu_internal.h, run_on_cpu_threads); one core fills
+// or copies at about half the rate two reach (the gradients' zeroing: 250 MB a step for GPT-2 124M
+// in BF16).
+template <typename Slice> void for_byte_slices(size_t count, bool splittable, const Slice& slice) {
+    constexpr size_t kParallelBytes = size_t(4) << 20, kPage = 4096;
+    const int threads = splittable && count >= kParallelBytes ? cuemu::cpu_threads_per_rank() : 1;
+    cuemu::run_on_cpu_threads(count, kPage, threads, slice);
+}
 
 const char* copy_name(bool synchronous, cudaMemcpyKind kind) {
     switch (kind) {
@@ -243,13 +250,12 @@ cudaError_t copy_bytes(const char* name, void* dst, const void* src, size_t coun
     // Bytes to device memory and back: read and written for a device-to-device copy.
     const bool on_device = kind == cudaMemcpyDeviceToDevice ||
                            (kind == cudaMemcpyDefault && cuemu::is_device_allocation(dst) && cuemu::is_device_allocation(src));
-    // Large copies between disjoint ranges on all of the rank's cores; overlapping ones stay one memmove.
+    // Overlapping ranges stay one memmove.
     const char *from = static_cast<const char*>(src), *to = static_cast<const char*>(dst);
     const bool disjoint = from + count <= to || to + count <= from;
     cuemu::run_reported(name, on_device ? cuemu::WorkReport::copy_device : cuemu::WorkReport::copy_host,
                         double(count) * (on_device ? 2 : 1), stream, [&] {
-                            const int threads = disjoint && count >= kParallelBytes ? cuemu::cpu_threads_per_rank() : 1;
-                            cuemu::run_on_cpu_threads(count, 4096, threads, [&](size_t first, size_t last) {
+                            for_byte_slices(count, disjoint, [&](size_t first, size_t last) {
                                 std::memmove(static_cast<char*>(dst) + first, from + first, last - first);
                             });
                         });
@@ -261,11 +267,8 @@ cudaError_t fill_bytes(const char* name, void* dst, int value, size_t count, cud
         const cuemu::MemoryAccess written{dst, count, true, false};
         cuemu::race::operation(name, stream, &written, 1);
     }
-    // Large fills (the gradients' zeroing: 250 MB a step for GPT-2 124M in BF16) on all of the rank's
-    // cores: one core fills at about half the rate two reach.
     cuemu::run_reported(name, cuemu::WorkReport::memset, double(count), stream, [&] {
-        const int threads = count >= kParallelBytes ? cuemu::cpu_threads_per_rank() : 1;
-        cuemu::run_on_cpu_threads(count, 4096, threads, [&](size_t first, size_t last) {
+        for_byte_slices(count, true, [&](size_t first, size_t last) {
             std::memset(static_cast<char*>(dst) + first, value, last - first);
         });
     });
