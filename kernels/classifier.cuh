@@ -2,11 +2,10 @@
 // written over the logits in place, so no probability tensor is ever stored.
 //   loss_i    = logsumexp(x_i[:V]) - x_i[t_i]
 //   dlogits_ij = dloss * (softmax(x_i[:V])_j - [j == t_i])  for j < V, 0 for the padding V <= j < Vp
-// One block per row. Pass 1 reads the row in 16-byte chunks with the online-softmax recurrence
-// (Milakov & Gimelshein 2018, "Online normalizer calculation for softmax"): each lane of a thread's
-// chunks keeps a running max m and a sum s of exp(x - m), rescaling s when m grows; the thread
-// combines its lanes' (m, s) pairs and the block its threads'. Pass 2 re-reads the row and writes
-// the gradient. Deterministic: the reductions have a fixed order.
+// One block per row. Pass 1 finds the row's max M and S = sum exp(x - M): each thread over its own
+// 16-byte chunks, then the block, combining the threads' (m, s) pairs as in the online-softmax merge
+// (Milakov & Gimelshein 2018, "Online normalizer calculation for softmax"). Pass 2 re-reads the row
+// and writes the gradient. Deterministic: the reductions have a fixed order.
 #pragma once
 
 #include "common.cuh"
@@ -15,56 +14,59 @@
 #include <cstdint>
 #include <string>
 
-// 256 threads a row: 25 16-byte chunks per thread per pass over GPT-2's vocabulary on a GPU, and a
-// quarter of the barrier and reduction waits of 1024 threads in the CPU emulator, where each is a
-// fiber switch per thread (the classifier took 60% of a `make train` step there with 1024).
-constexpr int kClassifierBlockSize = 256;
+// 128 threads a row: 49 16-byte chunks per thread per pass over GPT-2's vocabulary on a GPU (4 warps
+// a block, up to 16 blocks an SM), and in the CPU emulator, where each thread pays a fiber switch at
+// every barrier and reduction, half the waits of 256. A `make train` classifier (512 rows of 50304)
+// measured 1024 threads: 60% of the step; 256: ~75 ms; 128: ~51 ms; 64: ~47 ms.
+constexpr int kClassifierBlockSize = 128;
 
 // Pass 1 of both classifiers: over row[0, columns) (the block's threads in 16-byte chunks), the max M
-// and the sum S of exp(x - M), by the online-softmax recurrence; (-inf, 0) when there are no columns.
-// Block-wide (its reductions synchronize the block). Each of a thread's kPack vector lanes keeps its
-// own (m, s) pair, combined in lane order at the end: no dependence between the lanes of a chunk, so
-// the recurrence is kPack-wide SIMD in the CPU build (an in-order sum over the chunk and a rescale
-// per chunk made it a serial chain there, 4.3 ns a logit) and independent chains on a GPU.
+// and the sum S of exp(x - M); (-inf, 0) when there are no columns. Block-wide (its reductions
+// synchronize the block). Each thread reads its chunks twice: once for their max m, then for the sum
+// s of exp(x - m), in kPack vector lanes added in lane order at the end. One exponential per logit:
+// the online recurrence within a thread (a running max, and s rescaled when it grows) took two, the
+// rescale's and the value's, and was 45% of a `make train` classifier in the CPU build. A thread's
+// chunks (about 400 bytes over GPT-2's vocabulary) are in L1 for the second read, on a GPU and a CPU.
 __device__ inline void row_max_and_sum(const floatX* row, int columns, float* reduce_scratch, float* out_max, float* out_sum) {
     constexpr int kPack = Packed128<floatX>::size;
-    float lane_max[kPack], lane_sum[kPack];
-    for (int k = 0; k < kPack; ++k) lane_max[k] = -INFINITY, lane_sum[k] = 0.0f;
-    for (int j = threadIdx.x * kPack; j < columns; j += blockDim.x * kPack) {
-        const Packed128<floatX> x = load128(row + j);  // the padding past `columns` is in bounds (rows of 8k)
-        // Columns past the end count as -inf: no effect on the max, exp(-inf) = 0 added exactly. A lane
-        // whose max is still -inf takes exponents relative to 0 (exp(-inf - -inf) would be NaN).
-        // One expf_each over both halves of `exps`: the lanes' rescale factors, then their values'
-        // exponentials (in FP32, 4 lanes, a single 8-wide call rather than two padded ones).
-        float values[kPack], exps[2 * kPack];
-        unpack_floats(values, x);
+    const int first = threadIdx.x * kPack, stride = blockDim.x * kPack;
+    // Columns past the end count as -inf: no effect on the max, exp(-inf) = 0 added exactly. The
+    // padding past `columns` is in bounds (rows of 8k).
+    float lane_max[kPack];
+    for (int k = 0; k < kPack; ++k) lane_max[k] = -INFINITY;
+    for (int j = first; j < columns; j += stride) {
+        float values[kPack];
+        unpack_floats(values, load128(row + j));
+        // A NaN logit is passed over here (NaN > m is false) and makes the sum NaN below. This select
+        // vectorizes in the CPU build; max_number's (whose NaN test is on either side) did not.
         LANE_LOOP
         for (int k = 0; k < kPack; ++k) {
-            values[k] = j + k < columns ? values[k] : -INFINITY;
-            const float new_max = max_number(lane_max[k], values[k]);
-            const float reference = new_max == -INFINITY ? 0.0f : new_max;
-            exps[k] = lane_max[k] - reference;
-            exps[kPack + k] = values[k] - reference;
-            lane_max[k] = new_max;
+            const float value = j + k < columns ? values[k] : -INFINITY;
+            lane_max[k] = value > lane_max[k] ? value : lane_max[k];
         }
+    }
+    float thread_max = -INFINITY;
+    for (int k = 0; k < kPack; ++k) thread_max = max_number(thread_max, lane_max[k]);
+    // A thread whose max is -inf (no columns) takes exponents relative to 0: exp(-inf - -inf) is NaN.
+    const float reference = thread_max == -INFINITY ? 0.0f : thread_max;
+    float lane_sum[kPack];
+    for (int k = 0; k < kPack; ++k) lane_sum[k] = 0.0f;
+    for (int j = first; j < columns; j += stride) {
+        float exps[kPack];
+        unpack_floats(exps, load128(row + j));
+        LANE_LOOP
+        for (int k = 0; k < kPack; ++k) exps[k] = (j + k < columns ? exps[k] : -INFINITY) - reference;
         expf_each(exps, exps);
         LANE_LOOP
-        for (int k = 0; k < kPack; ++k) lane_sum[k] = lane_sum[k] * exps[k] + exps[kPack + k];
+        for (int k = 0; k < kPack; ++k) lane_sum[k] += exps[k];
     }
-    // The thread's (m, s): m = max of the lanes' maxima, s = sum of s_k exp(m_k - m) in lane order.
-    float running_max = -INFINITY;
-    for (int k = 0; k < kPack; ++k) running_max = max_number(running_max, lane_max[k]);
-    const float reference = running_max == -INFINITY ? 0.0f : running_max;
-    float weights[kPack];
-    for (int k = 0; k < kPack; ++k) weights[k] = lane_max[k] - reference;
-    expf_each(weights, weights);
-    float running_sum = 0.0f;
-    for (int k = 0; k < kPack; ++k) running_sum += lane_sum[k] * weights[k];
+    float thread_sum = 0.0f;
+    for (int k = 0; k < kPack; ++k) thread_sum += lane_sum[k];
     // Combine (m_t, s_t): M = max m_t, S = sum s_t exp(m_t - M). Threads without columns add 0. With no
     // columns at all M is -inf for the whole block (uniform): S = 0, not exp(-inf + inf).
-    const float row_max = block_max(running_max, reduce_scratch);
+    const float row_max = block_max(thread_max, reduce_scratch);
     *out_max = row_max;
-    *out_sum = row_max == -INFINITY ? 0.0f : block_sum(running_sum * expf(running_max - row_max), reduce_scratch);
+    *out_sum = row_max == -INFINITY ? 0.0f : block_sum(thread_sum * expf(thread_max - row_max), reduce_scratch);
 }
 
 // Pass 2 of both classifiers: row[j] = scale * (exp(x_j - M) * inverse_sum - [j == target]) over the row's

@@ -1,9 +1,9 @@
 // fused_classifier (kernels/classifier.cuh) against a plain double softmax cross-entropy on the same
 // floatX-rounded logits: losses and in-place dlogits with ignored (-1) rows and a partial last
 // 16-byte chunk (V = 301), padding columns that must never enter the softmax, write_dlogits off,
-// logits of +-80, rows long enough for many chunks per thread (the online-softmax rescaling),
-// determinism, and the size requirements. And the vocabulary-parallel pair (tensor parallelism) on
-// the same reference.
+// logits of +-80, rows long enough for many chunks per thread (a thread's max in its first or its
+// last chunk), determinism, and the size requirements. And the vocabulary-parallel pair (tensor
+// parallelism) on the same reference.
 #include "test_util.h"
 
 #include "kernels/classifier.cuh"
@@ -149,15 +149,37 @@ TEST_CASE("fused_classifier: logits of +-80 stay finite and accurate") {
     CHECK(std::fabs(r.losses[4] - std::log(double(p.V))) < 1e-5);
 }
 
-TEST_CASE("fused_classifier: rows of many chunks per thread (online softmax rescaling)") {
-    // 1024 threads x 8 columns = 8192 columns per sweep: V = 20001 gives each thread 2-3 chunks;
-    // rising rows move the running max at every chunk, falling rows never do.
+TEST_CASE("fused_classifier: rows of many chunks per thread") {
+    // kClassifierBlockSize threads x 8 columns a sweep: V = 20001 gives each thread about 20 chunks
+    // (128 threads); in rising rows a thread's max is in its last chunk, in falling rows its first.
     Problem p = make_problem(5, 20001, 20008, 4.0f, 4);
     for (int j = 0; j < p.V; ++j) {
         p.logits[size_t(1) * p.Vp + j] = from_float<floatX>(-10.0f + 20.0f * j / p.V);
         p.logits[size_t(2) * p.Vp + j] = from_float<floatX>(10.0f - 20.0f * j / p.V);
     }
     check(p, run(p, true), true);
+}
+
+TEST_CASE("fused_classifier: threads whose logits are all -inf add nothing") {
+    // V = 1500: in the first sweep of kClassifierBlockSize * 8 columns, every column -inf, so the
+    // threads without a second chunk see only -inf (a max of -inf, exp(-inf - -inf) would be NaN).
+    // exp(x - M) of -1e4 is 0 in FP32 as exp(-inf) is, so the same rows with -1e4 there must give
+    // the same bits, and those the double reference's values.
+    Problem with_inf = make_problem(4, 1500, 1504, 4.0f, 6), with_large = with_inf;
+    const int sweep = kClassifierBlockSize * Packed128<floatX>::size;
+    REQUIRE(sweep < with_inf.V);
+    for (int i = 0; i < with_inf.N; ++i) {
+        with_inf.targets[i] = with_large.targets[i] = sweep + i;  // a finite column
+        for (int j = 0; j < sweep; ++j) {
+            with_inf.logits[size_t(i) * with_inf.Vp + j] = from_float<floatX>(-INFINITY);
+            with_large.logits[size_t(i) * with_large.Vp + j] = from_float<floatX>(-1e4f);
+        }
+    }
+    const Result a = run(with_inf, true), b = run(with_large, true);
+    for (float loss : a.losses) CHECK(std::isfinite(loss));
+    CHECK(bitwise_equal(a.losses, b.losses));
+    CHECK(bitwise_equal(a.logits, b.logits));
+    check(with_large, b, true);
 }
 
 TEST_CASE("fused_classifier is deterministic") {
