@@ -21,6 +21,7 @@
 #include <unistd.h>  // execv
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <climits>
@@ -616,6 +617,7 @@ struct EpilogueJob {
     void* aux;
     void* d;
     float* bias_grad;  // DGELU_BGRAD: FP32 sums, one per row
+    size_t product_first_row = 0;  // the row of D that the product's row 0 is (a panel's first)
 };
 
 // Rows [first, last) of every column. Threads that split the rows never touch one element, and each
@@ -627,7 +629,7 @@ void epilogue_rows(const EpilogueJob& job, size_t first, size_t last) {
     std::vector<float> x(rows), u(rows), scratch(rows), bias(e.add_bias ? rows : 0);
     if (e.add_bias) widen(offset(job.bias, p.bias_type, first), p.bias_type, bias.data(), rows);
     for (size_t j = 0; j < size_t(p.n); ++j) {
-        std::memcpy(x.data(), job.product + j * job.product_ld + first, rows * sizeof(float));
+        std::memcpy(x.data(), job.product + j * job.product_ld + (first - job.product_first_row), rows * sizeof(float));
         if (job.c) {
             widen(offset(job.c, p.c->type, j * p.c->ld + first), p.c->type, u.data(), rows);
             for (size_t i = 0; i < rows; ++i) x[i] += job.beta * u[i];
@@ -657,6 +659,73 @@ void epilogue(const EpilogueJob& job) {
     const int threads = m * n >= (size_t(1) << 16) ? std::min<int>(cpu_threads_per_rank(), int(m / 16)) : 1;
     run_on_cpu_threads(m, 16, threads, [&](size_t first, size_t last) { epilogue_rows(job, first, last); });
 }
+// BF16 products that need the epilogue (D in BF16, or C to add) come out of oneDNN in FP32. Whole, that
+// FP32 product went to memory and came back for the epilogue: `make train`'s logits (512 x 50304) are
+// 103 MB of it, and that GEMM took 57 ms where the same FLOPs into a small D take 17-23. In panels
+// instead, each panel's GEMM runs on one thread (oneDNN inside an OpenMP region runs sequentially)
+// into a buffer of about 1 MB, and the epilogue rounds it while it is in that core's cache; the
+// threads take the panels in contiguous runs. A panel is D's rows over all its columns, or where n is
+// too wide for 64 rows of it, D's columns over all its rows (not for DGELU_BGRAD, whose row sums run
+// over the columns in one order). At least 64 rows or columns: oneDNN's kernels are slow on thinner
+// panels. A panel's values do not depend on the thread count.
+struct Panels {
+    bool of_rows;
+    size_t size, count;  // rows (or columns) per panel, and panels
+};
+constexpr size_t kPanelFloats = size_t(1) << 18, kPanelMin = 64;
+
+// The split of an m x n product, or none (count 0) when it fits one panel or cannot be split.
+Panels panels_of(size_t m, size_t n, bool row_sums) {
+    const auto split = [](bool of_rows, size_t length, size_t across) {
+        const size_t size = std::max(kPanelMin, kPanelFloats / across / 16 * 16);
+        return size < length ? Panels{of_rows, size, (length + size - 1) / size} : Panels{of_rows, 0, 0};
+    };
+    if (m * n <= kPanelFloats) return {true, 0, 0};
+    if (kPanelMin * n <= kPanelFloats) return split(true, m, n);
+    if (kPanelMin * m <= kPanelFloats && !row_sums) return split(false, n, m);
+    return {true, 0, 0};
+}
+
+cublasStatus_t gemm_bf16_in_panels(const EpilogueJob& whole, const Panels& panels, float alpha, const void* a, const void* b) {
+    const Problem& p = *whole.p;
+    const size_t m = size_t(p.m), n = size_t(p.n);
+    std::atomic<int> status{CUBLAS_STATUS_SUCCESS};
+    const int threads = int(std::min<size_t>(size_t(cpu_threads_per_rank()), panels.count));
+    run_on_cpu_threads(panels.count, 1, threads, [&](size_t first_panel, size_t last_panel) {
+        // Every panel fits kPanelFloats: panels_of splits only where kPanelMin rows (columns) do.
+        thread_local std::unique_ptr<float[]> buffer(new float[kPanelFloats]);
+        for (size_t panel = first_panel; panel < last_panel && status == CUBLAS_STATUS_SUCCESS; ++panel) {
+            const size_t first = panel * panels.size, last = std::min(panels.of_rows ? m : n, first + panels.size);
+            Problem part = p;
+            EpilogueJob job = whole;
+            job.p = &part;
+            job.product = buffer.get();
+            cublasStatus_t s;
+            if (panels.of_rows) {  // rows [first, last) of op(A), and of D
+                part.m = int(last - first);
+                const size_t a_offset = p.transa == CblasNoTrans ? first : first * size_t(p.a->ld);
+                s = gemm_bf16(part, alpha, offset(a, p.a->type, int64_t(a_offset)), b, buffer.get(), last - first);
+                job.product_ld = last - first;
+                job.product_first_row = first;
+            } else {  // columns [first, last) of op(B), and of C, D and aux
+                part.n = int(last - first);
+                const size_t b_offset = p.transb == CblasNoTrans ? first * size_t(p.b->ld) : first;
+                s = gemm_bf16(part, alpha, a, offset(b, p.b->type, int64_t(b_offset)), buffer.get(), m);
+                job.product_ld = m;
+                if (job.c) job.c = offset(job.c, p.c->type, int64_t(first * size_t(p.c->ld)));
+                if (job.aux) job.aux = offset(job.aux, p.aux_type, int64_t(first * size_t(job.desc->aux_ld)));
+                job.d = offset(job.d, p.d->type, int64_t(first * size_t(p.d->ld)));
+            }
+            if (s != CUBLAS_STATUS_SUCCESS) {
+                status = s;
+                return;
+            }
+            if (panels.of_rows) epilogue_rows(job, first, last);
+            else epilogue_rows(job, 0, m);
+        }
+    });
+    return cublasStatus_t(status.load());
+}
 
 cublasStatus_t run_matmul(const MatmulDesc& desc, const Problem& p, float alpha, const void* A, const void* B,
                           float beta, const void* C, void* D) {
@@ -685,32 +754,39 @@ cublasStatus_t run_matmul(const MatmulDesc& desc, const Problem& p, float alpha,
         // cublasLtMatmul(): D = epilogue(alpha op(A) op(B) + beta C). The GEMM computes the linear
         // part into D itself when D is FP32 (sgemm adds beta C there, C copied first unless C is D;
         // oneDNN only when there is no C), else into an FP32 temporary that the epilogue rounds into
-        // D, adding beta C. With beta == 0, C is not read (BLAS convention). The epilogue reads each
-        // element before it writes it, so C may be D.
+        // D, adding beta C: for BF16 inputs and more rows than a panel, panel by panel. With beta ==
+        // 0, C is not read (BLAS convention). The epilogue reads each element before it writes it, so
+        // C may be D.
         const bool direct = p.d->type == CUDA_R_32F && p.k > 0 && (!bf16_inputs || c == nullptr);
         const bool elementwise = !direct || e.add_bias || e.gelu || e.store_aux || e.dgelu || e.bgrad_d;
-        if (!direct && product_capacity < m * n) {
-            product_buffer.reset(new float[m * n]);
-            product_capacity = m * n;
-        }
-        float* out = direct ? static_cast<float*>(d) : product_buffer.get();
-        const size_t out_ld = direct ? size_t(p.d->ld) : m;
-        if (m > 0 && n > 0) {
-            if (p.k == 0) {
-                for (size_t j = 0; j < n; ++j) std::fill_n(out + j * out_ld, m, 0.0f);
-            } else if (bf16_inputs) {
-                if (cublasStatus_t s = gemm_bf16(p, alpha, a, b, out, out_ld); s != CUBLAS_STATUS_SUCCESS) return s;
-            } else {
-                if (direct && c && c != d)
-                    for (size_t j = 0; j < n; ++j)
-                        std::memcpy(out + j * out_ld, static_cast<const float*>(c) + j * p.c->ld, m * sizeof(float));
-                sgemm(CblasColMajor, p.transa, p.transb, p.m, p.n, p.k, alpha, static_cast<const float*>(a), int(p.a->ld),
-                      static_cast<const float*>(b), int(p.b->ld), direct && c ? beta : 0.0f, out, int(out_ld));
-            }
-        }
         if (e.bgrad_d) bias_grad.assign(m, 0.0f);
-        if (elementwise && m > 0 && n > 0)
-            epilogue({&e, &p, &desc, out, out_ld, direct ? nullptr : c, beta, bias, aux, d, bias_grad.data()});
+        const Panels panels = bf16_inputs && !direct && p.k > 0 ? panels_of(m, n, e.bgrad_d) : Panels{true, 0, 0};
+        if (panels.count > 0) {
+            const EpilogueJob job{&e, &p, &desc, nullptr, 0, c, beta, bias, aux, d, bias_grad.data()};
+            if (cublasStatus_t s = gemm_bf16_in_panels(job, panels, alpha, a, b); s != CUBLAS_STATUS_SUCCESS) return s;
+        } else {
+            if (!direct && product_capacity < m * n) {
+                product_buffer.reset(new float[m * n]);
+                product_capacity = m * n;
+            }
+            float* out = direct ? static_cast<float*>(d) : product_buffer.get();
+            const size_t out_ld = direct ? size_t(p.d->ld) : m;
+            if (m > 0 && n > 0) {
+                if (p.k == 0) {
+                    for (size_t j = 0; j < n; ++j) std::fill_n(out + j * out_ld, m, 0.0f);
+                } else if (bf16_inputs) {
+                    if (cublasStatus_t s = gemm_bf16(p, alpha, a, b, out, out_ld); s != CUBLAS_STATUS_SUCCESS) return s;
+                } else {
+                    if (direct && c && c != d)
+                        for (size_t j = 0; j < n; ++j)
+                            std::memcpy(out + j * out_ld, static_cast<const float*>(c) + j * p.c->ld, m * sizeof(float));
+                    sgemm(CblasColMajor, p.transa, p.transb, p.m, p.n, p.k, alpha, static_cast<const float*>(a), int(p.a->ld),
+                          static_cast<const float*>(b), int(p.b->ld), direct && c ? beta : 0.0f, out, int(out_ld));
+                }
+            }
+            if (elementwise && m > 0 && n > 0)
+                epilogue({&e, &p, &desc, out, out_ld, direct ? nullptr : c, beta, bias, aux, d, bias_grad.data()});
+        }
         // DGELU_BGRAD: the bias gradient of the GELU gradient, one value per row of D (the length
         // of the bias it is the gradient of: BIAS_POINTER doc), reduced over D's columns.
         if (e.bgrad_d) narrow(bias_grad.data(), bias, p.bias_type, m);

@@ -459,6 +459,40 @@ TEST_CASE("cublasLt matmul: epilogues, with their aux and bias-gradient outputs"
     }
 }
 
+// Products larger than the emulator's cache-sized panels (emu/cublaslt.cpp, panels_of: about 2^18 FP32
+// values), which it computes and finishes panel by panel: 1000 x 300 splits D's rows (two panels, the
+// last partial), 72 x 5000 its columns (DGELU_BGRAD there: whole, as its row sums run over the
+// columns), each with every epilogue, C added (apart and in place) and two batches. On a GPU these are
+// plain matmuls of the same sizes.
+TEST_CASE("cublasLt matmul: products larger than a panel, every epilogue") {
+    struct Use { cublasLtEpilogue_t epilogue; cublasOperation_t transa, transb; float alpha; };
+    const Use uses[] = {
+        {CUBLASLT_EPILOGUE_DEFAULT, CUBLAS_OP_T, CUBLAS_OP_N, 0.5f},
+        {CUBLASLT_EPILOGUE_DEFAULT, CUBLAS_OP_N, CUBLAS_OP_T, 1.0f},
+        {CUBLASLT_EPILOGUE_GELU_AUX_BIAS, CUBLAS_OP_T, CUBLAS_OP_N, 0.5f},
+        {CUBLASLT_EPILOGUE_GELU_BIAS, CUBLAS_OP_T, CUBLAS_OP_T, 0.5f},
+        {CUBLASLT_EPILOGUE_DGELU, CUBLAS_OP_N, CUBLAS_OP_N, 1.0f},
+        {CUBLASLT_EPILOGUE_DGELU_BGRAD, CUBLAS_OP_N, CUBLAS_OP_N, 1.0f},
+        {CUBLASLT_EPILOGUE_BGRADB, CUBLAS_OP_N, CUBLAS_OP_T, 1.0f},
+    };
+    struct Size { int m, n; };
+    for (Size size : {Size{1000, 300}, Size{72, 5000}})
+        for (const Use& use : uses) {
+            Case c;
+            c.ab = c.cd = CUDA_R_16BF;
+            c.m = size.m, c.n = size.n, c.k = 16;
+            c.epilogue = use.epilogue, c.transa = use.transa, c.transb = use.transb, c.alpha = use.alpha;
+            run_case(c);
+            if (use.epilogue != CUBLASLT_EPILOGUE_DEFAULT) continue;
+            c.beta = -1.5f;  // C added: an FP32 D too takes the epilogue
+            for (cudaDataType cd : {CUDA_R_16BF, CUDA_R_32F})
+                for (bool in_place : {false, true}) {
+                    c.cd = cd, c.in_place = in_place, c.batch = in_place ? 2 : 1;
+                    run_case(c);
+                }
+        }
+}
+
 // A BF16 output rounds as cvt.rn.bf16.f32 and the host's __float2bfloat16 do: to nearest, ties to
 // even, overflow to infinity, NaN to the canonical 0x7FFF. Each element of D is the exact FP32 sum
 // of two BF16 inputs (op(B) = [1, 1]) chosen to land on or near a rounding boundary.
