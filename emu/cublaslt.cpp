@@ -667,12 +667,15 @@ void epilogue(const EpilogueJob& job) {
 // threads take the panels in contiguous runs. A panel is D's rows over all its columns, or where n is
 // too wide for 64 rows of it, D's columns over all its rows (not for DGELU_BGRAD, whose row sums run
 // over the columns in one order). At least 64 rows or columns: oneDNN's kernels are slow on thinner
-// panels. A panel's values do not depend on the thread count.
+// panels. A panel's values do not depend on the thread count. Only products of 16 panels or more
+// are split: with a few, one thread got more of them than the other (GPT-2 124M's QKV and MLP
+// products, 3 panels each: the d12 step 1.54 -> 1.65-1.86 s), and oneDNN's own split of a whole
+// GEMM over the threads is balanced.
 struct Panels {
     bool of_rows;
     size_t size, count;  // rows (or columns) per panel, and panels
 };
-constexpr size_t kPanelFloats = size_t(1) << 18, kPanelMin = 64;
+constexpr size_t kPanelFloats = size_t(1) << 18, kPanelMin = 64, kPanelsMin = 16;
 
 // The split of an m x n product, or none (count 0) when it fits one panel or cannot be split.
 Panels panels_of(size_t m, size_t n, bool row_sums) {
@@ -680,7 +683,7 @@ Panels panels_of(size_t m, size_t n, bool row_sums) {
         const size_t size = std::max(kPanelMin, kPanelFloats / across / 16 * 16);
         return size < length ? Panels{of_rows, size, (length + size - 1) / size} : Panels{of_rows, 0, 0};
     };
-    if (m * n <= kPanelFloats) return {true, 0, 0};
+    if (m * n < kPanelsMin * kPanelFloats) return {true, 0, 0};
     if (kPanelMin * n <= kPanelFloats) return split(true, m, n);
     if (kPanelMin * m <= kPanelFloats && !row_sums) return split(false, n, m);
     return {true, 0, 0};

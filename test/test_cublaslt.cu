@@ -459,11 +459,11 @@ TEST_CASE("cublasLt matmul: epilogues, with their aux and bias-gradient outputs"
     }
 }
 
-// Products larger than the emulator's cache-sized panels (emu/cublaslt.cpp, panels_of: about 2^18 FP32
-// values), which it computes and finishes panel by panel: 1000 x 300 splits D's rows (two panels, the
-// last partial), 72 x 5000 its columns (DGELU_BGRAD there: whole, as its row sums run over the
-// columns), each with every epilogue, C added (apart and in place) and two batches. On a GPU these are
-// plain matmuls of the same sizes.
+// Products the emulator computes and finishes in cache-sized panels (emu/cublaslt.cpp, panels_of: 2^18
+// FP32 values each, from 16 panels on): 15000 x 300 splits D's rows (18 panels, the last partial),
+// 72 x 60000 its columns (17; DGELU_BGRAD there: whole, as its row sums run over the columns), each
+// with every epilogue, C added (apart and in place) and two batches. On a GPU these are plain matmuls
+// of the same sizes.
 TEST_CASE("cublasLt matmul: products larger than a panel, every epilogue") {
     struct Use { cublasLtEpilogue_t epilogue; cublasOperation_t transa, transb; float alpha; };
     const Use uses[] = {
@@ -476,11 +476,11 @@ TEST_CASE("cublasLt matmul: products larger than a panel, every epilogue") {
         {CUBLASLT_EPILOGUE_BGRADB, CUBLAS_OP_N, CUBLAS_OP_T, 1.0f},
     };
     struct Size { int m, n; };
-    for (Size size : {Size{1000, 300}, Size{72, 5000}})
+    for (Size size : {Size{15000, 300}, Size{72, 60000}})
         for (const Use& use : uses) {
             Case c;
             c.ab = c.cd = CUDA_R_16BF;
-            c.m = size.m, c.n = size.n, c.k = 16;
+            c.m = size.m, c.n = size.n, c.k = 8;
             c.epilogue = use.epilogue, c.transa = use.transa, c.transb = use.transb, c.alpha = use.alpha;
             run_case(c);
             if (use.epilogue != CUBLASLT_EPILOGUE_DEFAULT) continue;
