@@ -659,6 +659,7 @@ void epilogue(const EpilogueJob& job) {
     const int threads = m * n >= (size_t(1) << 16) ? std::min<int>(cpu_threads_per_rank(), int(m / 16)) : 1;
     run_on_cpu_threads(m, 16, threads, [&](size_t first, size_t last) { epilogue_rows(job, first, last); });
 }
+
 // BF16 products that need the epilogue (D in BF16, or C to add) come out of oneDNN in FP32. Whole, that
 // FP32 product went to memory and came back for the epilogue: `make train`'s logits (512 x 50304) are
 // 103 MB of it, and that GEMM took 57 ms where the same FLOPs into a small D take 17-23. In panels
@@ -677,7 +678,7 @@ struct Panels {
 };
 constexpr size_t kPanelFloats = size_t(1) << 18, kPanelMin = 64, kPanelsMin = 16;
 
-// The split of an m x n product, or none (count 0) when it fits one panel or cannot be split.
+// The split of an m x n product, or none (count 0) under kPanelsMin panels or where neither way fits.
 Panels panels_of(size_t m, size_t n, bool row_sums) {
     const auto split = [](bool of_rows, size_t length, size_t across) {
         const size_t size = std::max(kPanelMin, kPanelFloats / across / 16 * 16);
@@ -757,9 +758,9 @@ cublasStatus_t run_matmul(const MatmulDesc& desc, const Problem& p, float alpha,
         // cublasLtMatmul(): D = epilogue(alpha op(A) op(B) + beta C). The GEMM computes the linear
         // part into D itself when D is FP32 (sgemm adds beta C there, C copied first unless C is D;
         // oneDNN only when there is no C), else into an FP32 temporary that the epilogue rounds into
-        // D, adding beta C: for BF16 inputs and more rows than a panel, panel by panel. With beta ==
-        // 0, C is not read (BLAS convention). The epilogue reads each element before it writes it, so
-        // C may be D.
+        // D, adding beta C: panel by panel for BF16 inputs and a large product (panels_of). With beta
+        // == 0, C is not read (BLAS convention). The epilogue reads each element before it writes it,
+        // so C may be D.
         const bool direct = p.d->type == CUDA_R_32F && p.k > 0 && (!bf16_inputs || c == nullptr);
         const bool elementwise = !direct || e.add_bias || e.gelu || e.store_aux || e.dgelu || e.bgrad_d;
         if (e.bgrad_d) bias_grad.assign(m, 0.0f);

@@ -25,8 +25,8 @@ constexpr int kClassifierBlockSize = 128;
 // synchronize the block). Each thread reads its chunks twice: once for their max m, then for the sum
 // s of exp(x - m), in kPack vector lanes added in lane order at the end. One exponential per logit:
 // the online recurrence within a thread (a running max, and s rescaled when it grows) took two, the
-// rescale's and the value's, and was 45% of a `make train` classifier in the CPU build. A thread's
-// chunks (about 400 bytes over GPT-2's vocabulary) are in L1 for the second read, on a GPU and a CPU.
+// rescale's and the value's, and was about 40% of a `make train` classifier in the CPU build. A
+// thread's chunks (about 800 bytes over GPT-2's vocabulary) are in L1 for the second read.
 __device__ inline void row_max_and_sum(const floatX* row, int columns, float* reduce_scratch, float* out_max, float* out_sum) {
     constexpr int kPack = Packed128<floatX>::size;
     const int first = threadIdx.x * kPack, stride = blockDim.x * kPack;
@@ -47,7 +47,8 @@ __device__ inline void row_max_and_sum(const floatX* row, int columns, float* re
     }
     float thread_max = -INFINITY;
     for (int k = 0; k < kPack; ++k) thread_max = max_number(thread_max, lane_max[k]);
-    // A thread whose max is -inf (no columns) takes exponents relative to 0: exp(-inf - -inf) is NaN.
+    // A thread whose max is -inf (no columns, or only -inf logits) takes exponents relative to 0:
+    // exp(-inf - -inf) would be NaN.
     const float reference = thread_max == -INFINITY ? 0.0f : thread_max;
     float lane_sum[kPack];
     for (int k = 0; k < kPack; ++k) lane_sum[k] = 0.0f;

@@ -161,13 +161,12 @@ TEST_CASE("fused_classifier: rows of many chunks per thread") {
 }
 
 TEST_CASE("fused_classifier: threads whose logits are all -inf add nothing") {
-    // V = 1500: in the first sweep of kClassifierBlockSize * 8 columns, every column -inf, so the
-    // threads without a second chunk see only -inf (a max of -inf, exp(-inf - -inf) would be NaN).
-    // exp(x - M) of -1e4 is 0 in FP32 as exp(-inf) is, so the same rows with -1e4 there must give
-    // the same bits, and those the double reference's values.
-    Problem with_inf = make_problem(4, 1500, 1504, 4.0f, 6), with_large = with_inf;
-    const int sweep = kClassifierBlockSize * Packed128<floatX>::size;
-    REQUIRE(sweep < with_inf.V);
+    // Rows of 1.5 sweeps (a sweep: kClassifierBlockSize 16-byte chunks), the first sweep all -inf:
+    // the threads whose second chunk would lie past V see only -inf (a max of -inf, and exp(-inf -
+    // -inf) would be NaN). exp(x - M) of -1e4 is 0 in FP32 as exp(-inf) is, so the same rows with
+    // -1e4 there must give the same bits, and those the double reference's values.
+    const int sweep = kClassifierBlockSize * Packed128<floatX>::size, V = sweep * 3 / 2 - 4;
+    Problem with_inf = make_problem(4, V, V + 4, 4.0f, 6), with_large = with_inf;
     for (int i = 0; i < with_inf.N; ++i) {
         with_inf.targets[i] = with_large.targets[i] = sweep + i;  // a finite column
         for (int j = 0; j < sweep; ++j) {
