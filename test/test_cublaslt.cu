@@ -413,24 +413,25 @@ TEST_CASE("cublasLt matmul: strided batches") {
         }
 }
 
+// The epilogues the project uses, the forward ones in the layout of a linear layer's forward pass
+// (weights transposed), the gradient ones in that of its backward pass (BGRADA/B: dW = X dY^T shapes).
+struct EpilogueUse { cublasLtEpilogue_t epilogue; cublasOperation_t transa, transb; float alpha; };
+const EpilogueUse kEpilogueUses[] = {
+    {CUBLASLT_EPILOGUE_DEFAULT, CUBLAS_OP_T, CUBLAS_OP_N, 0.5f},
+    {CUBLASLT_EPILOGUE_BIAS, CUBLAS_OP_T, CUBLAS_OP_N, 0.5f},
+    {CUBLASLT_EPILOGUE_GELU, CUBLAS_OP_T, CUBLAS_OP_N, 0.5f},
+    {CUBLASLT_EPILOGUE_GELU_AUX, CUBLAS_OP_T, CUBLAS_OP_N, 0.5f},
+    {CUBLASLT_EPILOGUE_GELU_BIAS, CUBLAS_OP_T, CUBLAS_OP_N, 0.5f},
+    {CUBLASLT_EPILOGUE_GELU_AUX_BIAS, CUBLAS_OP_T, CUBLAS_OP_N, 0.5f},
+    {CUBLASLT_EPILOGUE_DGELU, CUBLAS_OP_N, CUBLAS_OP_N, 1.0f},
+    {CUBLASLT_EPILOGUE_DGELU_BGRAD, CUBLAS_OP_N, CUBLAS_OP_N, 1.0f},
+    {CUBLASLT_EPILOGUE_BGRADA, CUBLAS_OP_N, CUBLAS_OP_T, 1.0f},
+    {CUBLASLT_EPILOGUE_BGRADB, CUBLAS_OP_N, CUBLAS_OP_T, 1.0f},
+};
+
 TEST_CASE("cublasLt matmul: epilogues, with their aux and bias-gradient outputs") {
-    // The forward epilogues in the layout of a linear layer's forward pass (weights transposed),
-    // the gradient ones in that of its backward pass (BGRADA/B: dW = X dY^T shapes).
-    struct Use { cublasLtEpilogue_t epilogue; cublasOperation_t transa, transb; float alpha; };
-    const Use uses[] = {
-        {CUBLASLT_EPILOGUE_DEFAULT, CUBLAS_OP_T, CUBLAS_OP_N, 0.5f},
-        {CUBLASLT_EPILOGUE_BIAS, CUBLAS_OP_T, CUBLAS_OP_N, 0.5f},
-        {CUBLASLT_EPILOGUE_GELU, CUBLAS_OP_T, CUBLAS_OP_N, 0.5f},
-        {CUBLASLT_EPILOGUE_GELU_AUX, CUBLAS_OP_T, CUBLAS_OP_N, 0.5f},
-        {CUBLASLT_EPILOGUE_GELU_BIAS, CUBLAS_OP_T, CUBLAS_OP_N, 0.5f},
-        {CUBLASLT_EPILOGUE_GELU_AUX_BIAS, CUBLAS_OP_T, CUBLAS_OP_N, 0.5f},
-        {CUBLASLT_EPILOGUE_DGELU, CUBLAS_OP_N, CUBLAS_OP_N, 1.0f},
-        {CUBLASLT_EPILOGUE_DGELU_BGRAD, CUBLAS_OP_N, CUBLAS_OP_N, 1.0f},
-        {CUBLASLT_EPILOGUE_BGRADA, CUBLAS_OP_N, CUBLAS_OP_T, 1.0f},
-        {CUBLASLT_EPILOGUE_BGRADB, CUBLAS_OP_N, CUBLAS_OP_T, 1.0f},
-    };
     for (cudaDataType type : {CUDA_R_32F, CUDA_R_16BF})
-        for (const Use& use : uses)
+        for (const EpilogueUse& use : kEpilogueUses)
             for (int batch : {1, 3}) {
                 Case c;
                 c.ab = c.cd = type;
@@ -462,22 +463,12 @@ TEST_CASE("cublasLt matmul: epilogues, with their aux and bias-gradient outputs"
 // Products the emulator computes and finishes in cache-sized panels (emu/cublaslt.cpp, panels_of: 2^18
 // FP32 values each, from 16 panels on): 15000 x 300 splits D's rows (18 panels, the last partial),
 // 72 x 60000 its columns (17; DGELU_BGRAD there: whole, as its row sums run over the columns), each
-// with every epilogue, C added (apart and in place) and two batches. On a GPU these are plain matmuls
-// of the same sizes.
+// with every epilogue (op(A) and op(B) both transposed and not among them), C added (apart and in
+// place) and two batches. On a GPU these are plain matmuls of the same sizes.
 TEST_CASE("cublasLt matmul: products larger than a panel, every epilogue") {
-    struct Use { cublasLtEpilogue_t epilogue; cublasOperation_t transa, transb; float alpha; };
-    const Use uses[] = {
-        {CUBLASLT_EPILOGUE_DEFAULT, CUBLAS_OP_T, CUBLAS_OP_N, 0.5f},
-        {CUBLASLT_EPILOGUE_DEFAULT, CUBLAS_OP_N, CUBLAS_OP_T, 1.0f},
-        {CUBLASLT_EPILOGUE_GELU_AUX_BIAS, CUBLAS_OP_T, CUBLAS_OP_N, 0.5f},
-        {CUBLASLT_EPILOGUE_GELU_BIAS, CUBLAS_OP_T, CUBLAS_OP_T, 0.5f},
-        {CUBLASLT_EPILOGUE_DGELU, CUBLAS_OP_N, CUBLAS_OP_N, 1.0f},
-        {CUBLASLT_EPILOGUE_DGELU_BGRAD, CUBLAS_OP_N, CUBLAS_OP_N, 1.0f},
-        {CUBLASLT_EPILOGUE_BGRADB, CUBLAS_OP_N, CUBLAS_OP_T, 1.0f},
-    };
     struct Size { int m, n; };
     for (Size size : {Size{15000, 300}, Size{72, 60000}})
-        for (const Use& use : uses) {
+        for (const EpilogueUse& use : kEpilogueUses) {
             Case c;
             c.ab = c.cd = CUDA_R_16BF;
             c.m = size.m, c.n = size.n, c.k = 8;
