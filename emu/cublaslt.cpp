@@ -740,10 +740,10 @@ cublasStatus_t run_matmul(const MatmulDesc& desc, const Problem& p, float alpha,
     const Epilogue& e = p.epilogue;
     const size_t m = size_t(p.m), n = size_t(p.n);
     std::vector<float> bias_grad;
-    // The FP32 product, kept between calls and never cleared: the classifier's weight gradient
-    // needs 154 MB, which a fresh zero-filled vector per call paid for in page faults and a memset
-    // (a third of that GEMM's time). Every element is written by the GEMM (or the k == 0 fill)
-    // before the epilogue reads it.
+    // The FP32 product of a GEMM not split into panels, kept between calls and never cleared: a
+    // fresh zero-filled vector per call paid for in page faults and a memset (a third of the
+    // classifier's weight-gradient GEMM, 154 MB of product, before that was split). Every element
+    // is written by the GEMM (or the k == 0 fill) before the epilogue reads it.
     thread_local std::unique_ptr<float[]> product_buffer;
     thread_local size_t product_capacity = 0;
 
