@@ -306,21 +306,36 @@ static __global__ void __launch_bounds__(kPipelined ? kLayernormPipelinedThreads
         if (kPipelined && row + int(gridDim.x) < N) load_row(row + int(gridDim.x));
         const size_t offset = size_t(row) * C + c0;
         // xhat and dxhat are recomputed in the second pass from the packs (the same expressions, so
-        // the same values) rather than kept: 16 registers fewer.
-        const auto xhat = [&](int p, int k) { return (to_float(x[p][k]) - row_mean) * row_rstd; };
+        // the same values) rather than kept: 16 registers fewer. Pack by pack as float arrays, so that
+        // the CPU build runs the per-channel math as SIMD (it was scalar, a 16-bit load per value); the
+        // multiply-adds are explicit fmaf, as in the forward pass, so that the compiler's contraction
+        // choices (scalar and SIMD code contract differently) cannot change the bits.
         Pack w[kPacks];  // the same every row, reloaded (from L1): at 64 registers, keeping it spilled
         for (int p = 0; p < kPacks; ++p) w[p] = owns_channels ? load128(weight + c0 + p * Pack::size) : Pack::filled(0.0f);
-        const auto dxhat = [&](int p, int k) { return to_float(d[p][k]) * to_float(w[p][k]); };
+        const auto values = [&](int p, float (&dy)[Pack::size], float (&xhat)[Pack::size], float (&dxhat)[Pack::size]) {
+            float wv[Pack::size];
+            unpack_floats(dy, d[p]);
+            unpack_floats(xhat, x[p]);
+            unpack_floats(wv, w[p]);
+            LANE_LOOP
+            for (int k = 0; k < Pack::size; ++k) {
+                xhat[k] = (xhat[k] - row_mean) * row_rstd;
+                dxhat[k] = dy[k] * wv[k];
+            }
+        };
         float dxhat_sum = 0.0f, dxhat_xhat_sum = 0.0f;
         if (owns_channels) {
             for (int p = 0; p < kPacks; ++p) {
+                float dy[Pack::size], xhat[Pack::size], dxhat[Pack::size];
+                values(p, dy, xhat, dxhat);
+                for (int k = 0; k < Pack::size; ++k) {  // the row sums: one chain each, in channel order
+                    dxhat_sum += dxhat[k];
+                    dxhat_xhat_sum = fmaf(dxhat[k], xhat[k], dxhat_xhat_sum);
+                }
+                LANE_LOOP
                 for (int k = 0; k < Pack::size; ++k) {
-                    const int i = p * Pack::size + k;
-                    const float dy = to_float(d[p][k]), xh = xhat(p, k), dxh = dxhat(p, k);
-                    dxhat_sum += dxh;
-                    dxhat_xhat_sum += dxh * xh;
-                    dbias_sum[i] += dy;
-                    dweight_sum[i] += dy * xh;
+                    dbias_sum[p * Pack::size + k] += dy[k];
+                    dweight_sum[p * Pack::size + k] = fmaf(dy[k], xhat[k], dweight_sum[p * Pack::size + k]);
                 }
             }
         }
@@ -338,13 +353,14 @@ static __global__ void __launch_bounds__(kPipelined ? kLayernormPipelinedThreads
         }
         const float mean_dxhat = block_dxhat / float(C), mean_dxhat_xhat = block_dxhat_xhat / float(C);
         for (int p = 0; p < kPacks; ++p) {
+            float dy[Pack::size], xhat[Pack::size], dxhat[Pack::size], g[Pack::size];
+            values(p, dy, xhat, dxhat);
             floatX* grad = dinp + offset + p * Pack::size;
-            Pack g = load128(grad);
-            for (int k = 0; k < Pack::size; ++k) {
-                const float dx = row_rstd * (dxhat(p, k) - mean_dxhat - xhat(p, k) * mean_dxhat_xhat);
-                g[k] = from_float<floatX>(to_float(g[k]) + dx);
-            }
-            store128(grad, g);
+            unpack_floats(g, load128(grad));
+            LANE_LOOP
+            for (int k = 0; k < Pack::size; ++k)
+                g[k] = fmaf(row_rstd, fmaf(-xhat[k], mean_dxhat_xhat, dxhat[k] - mean_dxhat), g[k]);
+            store128(grad, pack_floats<floatX>(g));
         }
     }
     if (!owns_channels) return;
