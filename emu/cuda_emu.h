@@ -509,13 +509,15 @@ namespace cuemu {
 // reference. Without AVX2, the scalar expf.
 inline void expf_each(float* out, const float* in, int n) {
 #ifdef __AVX2__
-    int i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _ZGVdN8v_expf(_mm256_loadu_ps(in + i)));
-    if (i < n) {
+    // The tail's length as n % 8, which g++ sees is under 8 (from a loop's end it warned, for a whole
+    // n such as 32, of iterations past the padded group's end that never run).
+    const int tail = n % 8, whole = n - tail;
+    for (int i = 0; i < whole; i += 8) _mm256_storeu_ps(out + i, _ZGVdN8v_expf(_mm256_loadu_ps(in + i)));
+    if (tail > 0) {
         alignas(32) float padded[8] = {};
-        for (int k = i; k < n; ++k) padded[k - i] = in[k];
+        for (int k = 0; k < tail; ++k) padded[k] = in[whole + k];
         _mm256_store_ps(padded, _ZGVdN8v_expf(_mm256_load_ps(padded)));
-        for (int k = i; k < n; ++k) out[k] = padded[k - i];
+        for (int k = 0; k < tail; ++k) out[whole + k] = padded[k];
     }
 #else
     for (int i = 0; i < n; ++i) out[i] = std::exp(in[i]);

@@ -130,7 +130,7 @@ __device__ inline void store_warp_rows(Dst* dst, size_t dst_stride, bf16* rows, 
         const int row = row0 + g + (odd ? 8 : 0), col = 2 * (t & ~1);
         const float s = odd ? scale[1] : scale[0];
         float* to = row < T ? dst + size_t(row) * dst_stride + col : nullptr;  // rows at or beyond T: not stored
-        TC_UNROLL
+        FULL_UNROLL
         for (int n = 0; n < HS / 8; ++n) {
             const float lo = __shfl_xor_sync(0xffffffffu, odd ? acc[n][0] : acc[n][2], 1);
             const float hi = __shfl_xor_sync(0xffffffffu, odd ? acc[n][1] : acc[n][3], 1);
@@ -148,7 +148,7 @@ __device__ inline void store_warp_rows(Dst* dst, size_t dst_stride, bf16* rows, 
             }
         }
     } else {
-        TC_UNROLL
+        FULL_UNROLL
         for (int n = 0; n < HS / 8; ++n) {
             *reinterpret_cast<__nv_bfloat162*>(rows + g * kLd<HS> + 8 * n + 2 * t) =
                 __floats2bfloat162_rn(acc[n][0] * scale[0], acc[n][1] * scale[0]);
@@ -182,9 +182,9 @@ __device__ inline void key_scores_to_grads(float (&p)[kQueries / 8][4], float (&
                                            const float* d_rows, float scale_log2) {
     const int lane = int(threadIdx.x) % 32;
     if (test_each) {
-        TC_UNROLL
+        FULL_UNROLL
         for (int n = 0; n < kQueries / 8; ++n) {
-            TC_UNROLL
+            FULL_UNROLL
             for (int i = 0; i < 4; ++i) {
                 const int col = 8 * n + 2 * (lane % 4) + (i & 1), query = q0 + col;
                 const bool visible = first_query + 8 * (i / 2) <= query && query < key_query_end[i / 2];
@@ -193,9 +193,9 @@ __device__ inline void key_scores_to_grads(float (&p)[kQueries / 8][4], float (&
             }
         }
     } else {
-        TC_UNROLL
+        FULL_UNROLL
         for (int n = 0; n < kQueries / 8; ++n) {
-            TC_UNROLL
+            FULL_UNROLL
             for (int i = 0; i < 4; ++i) {
                 const int col = 8 * n + 2 * (lane % 4) + (i & 1);
                 p[n][i] = exp2_ftz(fmaf(p[n][i], scale_log2, -lse_rows[col]));
@@ -214,7 +214,7 @@ __device__ inline void add_warp_rows(float (&acc)[HS / 8][4], const float* src, 
     const bool odd = (t & 1) != 0;
     const int row = row0 + g + (odd ? 8 : 0), col = 2 * (t & ~1);
     const float* from = row < T ? src + size_t(row) * src_stride + col : nullptr;
-    TC_UNROLL
+    FULL_UNROLL
     for (int n = 0; n < HS / 8; ++n) {
         const Packed128<float> v = row < T ? load128(from + 8 * n) : Packed128<float>::filled(0.0f);
         const float lo = __shfl_xor_sync(0xffffffffu, odd ? v[0] : v[2], 1);
@@ -270,7 +270,7 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
     // row0[f] and row0[f] + 8.
     const int warp_row0 = q0 + warp * F * kWarpRows;
     int row0[F], first_key[F][2];
-    TC_UNROLL
+    FULL_UNROLL
     for (int f = 0; f < F; ++f) {
         row0[f] = warp_row0 + f * kWarpRows + lane / 4;
         first_key[f][0] = attention_detail::first_visible_key(doc_row, row0[f], Tq);
@@ -284,7 +284,7 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
     // document) is skipped by the warp: with 128-row blocks the block's key tiles reach past the first
     // warps' rows, and a block can span documents.
     int lane_first_key = 0, lane_min_first_key = Tk;
-    TC_UNROLL
+    FULL_UNROLL
     for (int f = 0; f < F; ++f) {
         lane_first_key = max(lane_first_key, max(first_key[f][0], first_key[f][1]));
         lane_min_first_key = min(lane_min_first_key, min(first_key[f][0], first_key[f][1]));
@@ -295,7 +295,7 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
     const int warp_last_last_key = min(warp_row0 + F * kWarpRows - 1 + lead, Tk - 1);  // of its last
     float o[F][HS / 8][4] = {};
     float m[F][2], l[F][2];  // l: this lane's share of the row sums
-    TC_UNROLL
+    FULL_UNROLL
     for (int f = 0; f < F; ++f) m[f][0] = m[f][1] = -INFINITY, l[f][0] = l[f][1] = 0.0f;
     for (int kt = first_tile; kt < key_tiles; ++kt) {
         if (kt + 1 < key_tiles) {  // prefetch the next tile into the other buffer
@@ -315,14 +315,14 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
             float s[F][kKeys / 8][4] = {};
             mma_a_bt_rows<F, kKeys, HS>(s, q_tile + warp * F * kWarpRows * ld, k_tile, ld);
             float tile_max[F][2];
-            TC_UNROLL
+            FULL_UNROLL
             for (int f = 0; f < F; ++f) tile_max[f][0] = tile_max[f][1] = -INFINITY;
             if (kt * kKeys + kKeys - 1 > warp_first_last_key || kt * kKeys < warp_first_key) {  // warp-uniform
-                TC_UNROLL
+                FULL_UNROLL
                 for (int f = 0; f < F; ++f) {
-                    TC_UNROLL
+                    FULL_UNROLL
                     for (int n = 0; n < kKeys / 8; ++n) {
-                        TC_UNROLL
+                        FULL_UNROLL
                         for (int i = 0; i < 4; ++i) {
                             const int key = kt * kKeys + 8 * n + 2 * (lane % 4) + (i & 1);
                             const bool visible = first_key[f][i / 2] <= key && key - lead <= row0[f] + 8 * (i / 2) && key < Tk;
@@ -332,11 +332,11 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
                     }
                 }
             } else {
-                TC_UNROLL
+                FULL_UNROLL
                 for (int f = 0; f < F; ++f) {
-                    TC_UNROLL
+                    FULL_UNROLL
                     for (int n = 0; n < kKeys / 8; ++n) {
-                        TC_UNROLL
+                        FULL_UNROLL
                         for (int i = 0; i < 4; ++i) tile_max[f][i / 2] = fmaxf(tile_max[f][i / 2], s[f][n][i]);
                     }
                 }
@@ -344,10 +344,10 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
             // A row's fully masked tile after its first visible key gives correction 1 and P = 0. Before
             // it (a document that starts later in the block) m stays -inf: exponents relative to 0 then
             // keep P = 0 and o = l = 0 (exp2(-inf - -inf) would be NaN).
-            TC_UNROLL
+            FULL_UNROLL
             for (int f = 0; f < F; ++f) {
                 float correction[2], m_ref_scaled[2];
-                TC_UNROLL
+                FULL_UNROLL
                 for (int r = 0; r < 2; ++r) {
                     const float m_new = fmaxf(m[f][r], attention_detail::row_max(tile_max[f][r]));
                     const float m_ref = m_new == -INFINITY ? 0.0f : m_new;
@@ -356,17 +356,17 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
                     m[f][r] = m_new;
                     l[f][r] *= correction[r];
                 }
-                TC_UNROLL
+                FULL_UNROLL
                 for (int n = 0; n < kKeys / 8; ++n) {
-                    TC_UNROLL
+                    FULL_UNROLL
                     for (int i = 0; i < 4; ++i) {
                         s[f][n][i] = exp2_ftz(fmaf(s[f][n][i], scale_log2, -m_ref_scaled[i / 2]));
                         l[f][i / 2] += s[f][n][i];
                     }
                 }
-                TC_UNROLL
+                FULL_UNROLL
                 for (int n = 0; n < HS / 8; ++n) {
-                    TC_UNROLL
+                    FULL_UNROLL
                     for (int i = 0; i < 4; ++i) o[f][n][i] *= correction[i / 2];
                 }
             }
@@ -381,10 +381,10 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
         __syncthreads();
     }
 
-    TC_UNROLL
+    FULL_UNROLL
     for (int f = 0; f < F; ++f) {
         float inv_l[2];
-        TC_UNROLL
+        FULL_UNROLL
         for (int r = 0; r < 2; ++r) {
             l[f][r] = attention_detail::row_sum(l[f][r]);
             inv_l[r] = l[f][r] > 0.0f ? 1.0f / l[f][r] : 0.0f;
@@ -539,7 +539,7 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
     const int row0 = q0 + warp * kWarpRows + lane / 4;  // this lane's rows: row0 and row0 + 8
     float lse_log2[2], d_row[2];  // rows beyond Tq are masked below; their values do not matter
     int first_key[2];
-    TC_UNROLL
+    FULL_UNROLL
     for (int r = 0; r < 2; ++r) {
         const int row = row0 + 8 * r;
         lse_log2[r] = row < Tq ? lse[(size_t(b) * NH + h) * span.q_seq + row] * kLog2e : 0.0f;
@@ -571,9 +571,9 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
         mma_a_bt<kKeys, HS>(ds, q_tile + warp * kWarpRows * ld, k_tile, ld);  // S first
         mma_a_bt<kKeys, HS>(dp, dout_tile + warp * kWarpRows * ld, v_tile, ld);
         if (!warp_rows_in_range || kt * kKeys + kKeys - 1 > warp_first_last_key || kt * kKeys < warp_first_key) {  // warp-uniform
-            TC_UNROLL
+            FULL_UNROLL
             for (int n = 0; n < kKeys / 8; ++n) {
-                TC_UNROLL
+                FULL_UNROLL
                 for (int i = 0; i < 4; ++i) {
                     const int key = kt * kKeys + 8 * n + 2 * (lane % 4) + (i & 1), row = row0 + 8 * (i / 2);
                     const bool visible = first_key[i / 2] <= key && key - lead <= row && key < Tk && row < Tq;
@@ -582,9 +582,9 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
                 }
             }
         } else {
-            TC_UNROLL
+            FULL_UNROLL
             for (int n = 0; n < kKeys / 8; ++n) {
-                TC_UNROLL
+                FULL_UNROLL
                 for (int i = 0; i < 4; ++i) {
                     const float p = exp2_ftz(fmaf(ds[n][i], scale_log2, -lse_log2[i / 2]));
                     ds[n][i] = p * (dp[n][i] - d_row[i / 2]);
@@ -727,7 +727,7 @@ static __global__ void __launch_bounds__(attention_tc_detail::kFusedThreads, 1)
                                               key0, key_query_end, lse_rows + buf * kQueries, d_rows + buf * kQueries,
                                               scale_log2);
                 // dS^T to shared memory for dQ, rounded to bf16 as the dK product rounds it.
-                TC_UNROLL
+                FULL_UNROLL
                 for (int n = 0; n < kQueries / 8; ++n) {
                     bf16* row = ds_tile + (warp * kWarpRows + lane / 4) * ld_ds + 8 * n + 2 * (lane % 4);
                     *reinterpret_cast<uint32_t*>(row) = pack_bf16x2(ds[n][0], ds[n][1]);

@@ -16,9 +16,12 @@
     extern __shared__ __align__(16) unsigned char cuda_dynamic_shared_[]; \
     type* name = reinterpret_cast<type*>(cuda_dynamic_shared_)
 constexpr bool kEmulatedDevice = false;  // the kernels run on a GPU
+// Full unrolling of a loop over a thread's array that must stay in registers (the emulator needs none).
+#define FULL_UNROLL _Pragma("unroll")
 #else
 #include "../emu/cuda_emu.h"
 constexpr bool kEmulatedDevice = true;  // the kernels run in the CPU emulator (emu/)
+#define FULL_UNROLL
 #endif
 
 // ---------------------------------------------------------------------------------------------

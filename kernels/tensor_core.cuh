@@ -19,14 +19,6 @@
 
 #include "cuda_common.h"
 
-// Full unrolling of loops over fragment arrays, which must stay in registers (nvcc only; the
-// emulator needs none).
-#ifdef __CUDACC__
-#define TC_UNROLL _Pragma("unroll")
-#else
-#define TC_UNROLL
-#endif
-
 // Two floats rounded to bf16 (nearest even) in one 32-bit register: `lo` in the low half.
 __device__ inline uint32_t pack_bf16x2(float lo, float hi) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -212,12 +204,12 @@ template <int N, int K>
 __device__ inline void mma_a_bt(float (&acc)[N / 8][4], const __nv_bfloat16* a, const __nv_bfloat16* b, int ld) {
     if (tile_product_in_emulator_a_bt(1, N, K, a, b, ld, &acc[0][0])) return;
     const int lane = int(threadIdx.x) % 32;
-    TC_UNROLL
+    FULL_UNROLL
     for (int k0 = 0; k0 < K; k0 += 16) {
         // Matrices: rows 0-7 / 8-15 of columns k0.. , then of columns k0+8.. (the A fragment order).
         uint32_t af[4];
         ldmatrix_x4(af, a + (lane % 16) * ld + k0 + (lane / 16) * 8);
-        TC_UNROLL
+        FULL_UNROLL
         for (int n = 0; n < N / 8; n += 2) {
             // Matrices: rows 8n.. columns k0.. and k0+8.., then rows 8n+8.. (B fragments of n, n+1).
             uint32_t bf[4];
@@ -235,14 +227,14 @@ template <int N, int K>
 __device__ inline void mma_p_b(float (&acc)[N / 8][4], const float (&p)[K / 8][4], const __nv_bfloat16* b, int ld) {
     if (tile_product_in_emulator_p_b(1, N, K, &p[0][0], b, ld, &acc[0][0])) return;
     const int lane = int(threadIdx.x) % 32;
-    TC_UNROLL
+    FULL_UNROLL
     for (int k = 0; k < K / 16; ++k) {
         // Accumulator tiles 2k and 2k+1 are, register for register, the A fragment of columns
         // 16k..16k+15 (PTX ISA m16n8k16 figures: c0,c1 / c2,c3 = rows g / g+8, as a0,a1 / a2,a3).
         const uint32_t af[4] = {pack_bf16x2(p[2 * k][0], p[2 * k][1]), pack_bf16x2(p[2 * k][2], p[2 * k][3]),
                                 pack_bf16x2(p[2 * k + 1][0], p[2 * k + 1][1]),
                                 pack_bf16x2(p[2 * k + 1][2], p[2 * k + 1][3])};
-        TC_UNROLL
+        FULL_UNROLL
         for (int n = 0; n < N / 8; n += 2) {
             // Matrices: rows 16k.. / 16k+8.. of columns 8n.., then of columns 8n+8.. (transposed).
             uint32_t bf[4];
@@ -262,7 +254,7 @@ __device__ inline void mma_at_b(float (&acc)[N / 8][4], const __nv_bfloat16* at,
     static_assert(N == 8 || N % 16 == 0, "n tiles in pairs, or one");
     if (tile_product_in_emulator_at_b(N, K, at, ld_at, b, ld, live, &acc[0][0])) return;
     const int lane = int(threadIdx.x) % 32;
-    TC_UNROLL
+    FULL_UNROLL
     for (int k = 0; k < K / 16; ++k) {
         if (!live[k]) continue;
         // Matrices: A rows 0-7 / 8-15 of columns 16k.. (stored rows 16k.., columns 0.. / 8..), then of
@@ -274,7 +266,7 @@ __device__ inline void mma_at_b(float (&acc)[N / 8][4], const __nv_bfloat16* at,
             ldmatrix_x2_trans(bf, b + (16 * k + lane % 16) * ld);
             mma_m16n8k16_bf16(acc[0], af, bf, acc[0]);
         }
-        TC_UNROLL
+        FULL_UNROLL
         for (int n = 0; n + 1 < N / 8; n += 2) {
             uint32_t bf[4];
             ldmatrix_x4_trans(bf, b + (16 * k + lane % 16) * ld + 8 * n + (lane / 16) * 8);
@@ -290,16 +282,16 @@ template <int F, int N, int K>
 __device__ inline void mma_a_bt_rows(float (&acc)[F][N / 8][4], const __nv_bfloat16* a, const __nv_bfloat16* b, int ld) {
     if (tile_product_in_emulator_a_bt(F, N, K, a, b, ld, &acc[0][0][0])) return;
     const int lane = int(threadIdx.x) % 32;
-    TC_UNROLL
+    FULL_UNROLL
     for (int k0 = 0; k0 < K; k0 += 16) {
         uint32_t af[F][4];
-        TC_UNROLL
+        FULL_UNROLL
         for (int f = 0; f < F; ++f) ldmatrix_x4(af[f], a + (16 * f + lane % 16) * ld + k0 + (lane / 16) * 8);
-        TC_UNROLL
+        FULL_UNROLL
         for (int n = 0; n < N / 8; n += 2) {
             uint32_t bf[4];
             ldmatrix_x4(bf, b + (8 * n + lane % 8 + (lane / 16) * 8) * ld + k0 + (lane / 8 % 2) * 8);
-            TC_UNROLL
+            FULL_UNROLL
             for (int f = 0; f < F; ++f) {
                 mma_m16n8k16_bf16(acc[f][n], af[f], bf, acc[f][n]);
                 mma_m16n8k16_bf16(acc[f][n + 1], af[f], bf + 2, acc[f][n + 1]);
@@ -313,21 +305,21 @@ template <int F, int N, int K>
 __device__ inline void mma_p_b_rows(float (&acc)[F][N / 8][4], const float (&p)[F][K / 8][4], const __nv_bfloat16* b, int ld) {
     if (tile_product_in_emulator_p_b(F, N, K, &p[0][0][0], b, ld, &acc[0][0][0])) return;
     const int lane = int(threadIdx.x) % 32;
-    TC_UNROLL
+    FULL_UNROLL
     for (int k = 0; k < K / 16; ++k) {
         uint32_t af[F][4];
-        TC_UNROLL
+        FULL_UNROLL
         for (int f = 0; f < F; ++f) {
             af[f][0] = pack_bf16x2(p[f][2 * k][0], p[f][2 * k][1]);
             af[f][1] = pack_bf16x2(p[f][2 * k][2], p[f][2 * k][3]);
             af[f][2] = pack_bf16x2(p[f][2 * k + 1][0], p[f][2 * k + 1][1]);
             af[f][3] = pack_bf16x2(p[f][2 * k + 1][2], p[f][2 * k + 1][3]);
         }
-        TC_UNROLL
+        FULL_UNROLL
         for (int n = 0; n < N / 8; n += 2) {
             uint32_t bf[4];
             ldmatrix_x4_trans(bf, b + (16 * k + lane % 16) * ld + 8 * n + (lane / 16) * 8);
-            TC_UNROLL
+            FULL_UNROLL
             for (int f = 0; f < F; ++f) {
                 mma_m16n8k16_bf16(acc[f][n], af[f], bf, acc[f][n]);
                 mma_m16n8k16_bf16(acc[f][n + 1], af[f], bf + 2, acc[f][n + 1]);
