@@ -26,7 +26,11 @@
 // of a chunk that lies wholly before it. With `accumulate`, the backward kernels add their gradients to
 // what the destination holds (one ring step's share of a sum over all of them) instead of writing them.
 //
-// Shared memory reaches 76 KB per block (dK/dV kernel, hs 128); launchers opt in beyond 48 KB.
+// The tiles a kernel loads in its loop (K and V, or Q and dO) have two buffers, used by alternate
+// iterations: a tile's loads go to the buffer the iteration before last read, which every thread has
+// left once all have passed the last iteration's barriers, so an iteration needs no barrier before its
+// loads (two a tile, not three; the CPU emulator pays a fiber switch per thread at each). Shared
+// memory reaches 110 KB per block (dK/dV kernel, hs 128); launchers opt in beyond 48 KB.
 // __launch_bounds__(kThreads, 1): without the minimum-blocks hint ptxas capped registers at
 // 80-128 and spilled a few bytes on sm_80/sm_90; with it the kernels use 123-210 and never spill.
 #pragma once
@@ -67,9 +71,9 @@ constexpr int kScoreStride = kTile + 1;  // score tiles [row][key], padded so co
 __host__ __device__ inline int row_stride(int hs) { return hs + kRowPad; }
 
 // Dynamic shared memory of each kernel, in floats (see the carving at the top of each kernel).
-inline size_t forward_smem_floats(int hs) { return 3 * kTile * row_stride(hs) + kTile * kScoreStride; }
-inline size_t dkdv_smem_floats(int hs) { return 4 * kTile * row_stride(hs) + 2 * kTile * kScoreStride + 2 * kTile; }
-inline size_t dq_smem_floats(int hs) { return 4 * kTile * row_stride(hs) + kTile * kScoreStride + 2 * kTile; }
+inline size_t forward_smem_floats(int hs) { return 5 * kTile * row_stride(hs) + kTile * kScoreStride; }
+inline size_t dkdv_smem_floats(int hs) { return 6 * kTile * row_stride(hs) + 2 * kTile * kScoreStride + 4 * kTile; }
+inline size_t dq_smem_floats(int hs) { return 6 * kTile * row_stride(hs) + kTile * kScoreStride + 2 * kTile; }
 
 // Rows [row0, row0 + kTile) of one head (hs values at src + t * src_stride for position t) into
 // shared memory as floats; positions at or beyond T read as zeros (so that masked entries, whose
@@ -160,6 +164,14 @@ template <int HS_MAX> struct RowShare {
         for (int r = 0; r < count; ++r) local.add_scaled(weights[r * weight_stride], rows + r * rows_stride, part, hs);
         *this = local;
     }
+    // The same for weights held by the thread, weights[r] for row r: add_scaled_rows over an array whose
+    // size the compiler knows, so that a GPU keeps it in registers.
+    template <int kCount> __device__ void add_scaled_rows(const float (&weights)[kCount], const float* rows, int rows_stride, int part, int hs) {
+        RowShare local = *this;
+        FULL_UNROLL
+        for (int r = 0; r < kCount; ++r) local.add_scaled(weights[r], rows + r * rows_stride, part, hs);
+        *this = local;
+    }
     // row = s * acc, this thread's dimensions only
     __device__ void write_scaled(float s, float* row, int part, int hs) const {
         for (int i = 0; i < kGroups; ++i) {
@@ -169,9 +181,21 @@ template <int HS_MAX> struct RowShare {
     }
 };
 
-// Combines a value over the 4 threads of a row (adjacent lanes of one warp).
+// Combines a value over the 4 threads of a row (adjacent lanes of one warp): the tensor-core kernels'.
 __device__ inline float row_max(float v) { return warp_xor_chain<MaxOp, 1, 2>(v); }
 __device__ inline float row_sum(float v) { return warp_xor_chain<AddOp, 1, 2>(v); }
+// What that butterfly (xor 1, then xor 2) gives thread `part` of a row, from the 4 threads' values
+// held by one thread: the same operations in the same order, so the same bits, and no shuffle.
+// Lane p folds op(op(v[p], v[p^1]), op(v[p^2], v[p^3])); written with selects, not an index by
+// p, which would put the shares in a GPU's local memory.
+template <typename Op> __device__ inline float row_combined(const float (&shares)[kThreadsPerRow], int part) {
+    static_assert(kThreadsPerRow == 4, "the butterfly of row_max and row_sum");
+    const Op op;
+    const bool odd = (part & 1) != 0, high = (part & 2) != 0;
+    const float low_pair = odd ? op(shares[1], shares[0]) : op(shares[0], shares[1]);
+    const float high_pair = odd ? op(shares[3], shares[2]) : op(shares[2], shares[3]);
+    return high ? op(high_pair, low_pair) : op(low_pair, high_pair);
+}
 
 // Key tiles (of `tile` keys) that `rows` queries from q0 see: those starting at or before the last key
 // their last query sees (fully masked tiles are never loaded). key_lead is at most Tk (the launchers
@@ -234,10 +258,9 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
     const int query = q0 + row;
 
     DYNAMIC_SHARED(float, smem);
-    float* q_tile = smem;                      // [kTile][stride], later the normalized output
-    float* k_tile = q_tile + kTile * stride;   // [kTile][stride]
-    float* v_tile = k_tile + kTile * stride;   // [kTile][stride]
-    float* p_tile = v_tile + kTile * stride;   // [kTile][kScoreStride]: P[query row][key]
+    float* q_tile = smem;                          // [kTile][stride], later the normalized output
+    float* kv_buffers = q_tile + kTile * stride;   // 2 x (k_tile, v_tile), [kTile][stride] each
+    float* s_tile = kv_buffers + 4 * kTile * stride;  // [kTile][kScoreStride]: S[query row][key]
 
     const floatX* q_src = q + size_t(b) * span.q_seq * 3 * C + h * hs;
     const floatX* k_src = kv + size_t(b) * span.kv_seq * span.kv_stride + h * hs;
@@ -252,40 +275,50 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
     const int key_tiles = span_key_tiles(q0, span);
     for (int kt = first_key_tile(doc_row, q0, kTile); kt < key_tiles; ++kt) {
         const int k0 = kt * kTile;
-        __syncthreads();  // the previous tile's k/v/p reads are done
+        float* k_tile = kv_buffers + (kt & 1) * 2 * kTile * stride;  // the buffer the tile before last used
+        float* v_tile = k_tile + kTile * stride;
         load_tile(k_tile, k_src, size_t(span.kv_stride), k0, Tk, hs);
         load_tile(v_tile, k_src + C, size_t(span.kv_stride), k0, Tk, hs);
-        __syncthreads();
+        __syncthreads();  // K and V (on the first tile also Q) loaded; the last tile's S reads done
 
-        float s[kEntriesPerThread];
-        float tile_max = -INFINITY;
         for (int j = 0; j < kEntriesPerThread; ++j) {
             const int key_col = part + kThreadsPerRow * j, key = k0 + key_col;
-            s[j] = first_key <= key && key <= last_key ? dot(q_tile + row * stride, k_tile + key_col * stride, hs) * score_scale
-                                                       : -INFINITY;
-            tile_max = max_number(tile_max, s[j]);
+            s_tile[row * kScoreStride + key_col] =
+                first_key <= key && key <= last_key ? dot(q_tile + row * stride, k_tile + key_col * stride, hs) * score_scale
+                                                    : -INFINITY;
+        }
+        __syncthreads();  // S complete
+        // Each of a row's 4 threads takes the row's kTile scores and repeats its softmax update (the
+        // max, kTile exponentials, the sum) instead of combining the threads' shares with shuffles:
+        // the CPU emulator pays a fiber switch per thread for each shuffle chain, two a tile, and was
+        // ~30% switches. The shares (each thread's keys in order) are combined as the shuffles did
+        // (row_combined), so the bits are theirs; the 4x exponentials cost little on a GPU.
+        float p[kTile];
+        for (int c = 0; c < kTile; ++c) p[c] = s_tile[row * kScoreStride + c];
+        float share_max[kThreadsPerRow];
+        for (int t = 0; t < kThreadsPerRow; ++t) {
+            share_max[t] = -INFINITY;
+            for (int j = 0; j < kEntriesPerThread; ++j) share_max[t] = max_number(share_max[t], p[t + kThreadsPerRow * j]);
         }
         // A row's fully masked tile after its first visible key gives correction 1 and P = 0. Before
         // it (a document that starts later in the query tile) m_new is still -inf: exponents
         // relative to 0 then keep P = 0 and o = l = 0 (exp(-inf - -inf) would be NaN).
-        const float m_new = max_number(m, row_max(tile_max));
+        const float m_new = max_number(m, row_combined<MaxOp>(share_max, part));
         const float m_ref = m_new == -INFINITY ? 0.0f : m_new;
         const float correction = expf(m - m_ref);  // 0 on the row's first tile (m = -inf)
-        float p[kEntriesPerThread];  // one expf_each: the CPU build's vector expf, 8 at a time
-        for (int j = 0; j < kEntriesPerThread; ++j) s[j] -= m_ref;
-        expf_each(p, s);
-        float p_sum = 0.0f;
-        for (int j = 0; j < kEntriesPerThread; ++j) {
-            p_tile[row * kScoreStride + part + kThreadsPerRow * j] = p[j];
-            p_sum += p[j];
+        for (int c = 0; c < kTile; ++c) p[c] -= m_ref;
+        expf_each(p, p);  // the CPU build's vector expf, 8 at a time
+        float share_sum[kThreadsPerRow];
+        for (int t = 0; t < kThreadsPerRow; ++t) {
+            share_sum[t] = 0.0f;
+            for (int j = 0; j < kEntriesPerThread; ++j) share_sum[t] += p[t + kThreadsPerRow * j];
         }
-        l = l * correction + row_sum(p_sum);
+        l = l * correction + row_combined<AddOp>(share_sum, part);
         m = m_new;
         o.scale(correction);
-        __syncthreads();  // P complete
-        o.add_scaled_rows(p_tile + row * kScoreStride, 1, v_tile, stride, kTile, part, hs);
+        o.add_scaled_rows(p, v_tile, stride, part, hs);
     }
-    // q_tile's last reads were before the last "P complete" barrier, so it can stage the output, once
+    // q_tile's last reads were before the last "S complete" barrier, so it can stage the output, once
     // every thread's share of its load is done: a span's query tile may see no key tile at all (documents
     // under context parallelism), and then no barrier of the loop came after the load. Such a row gets
     // out 0 and lse -inf: the ring's merge gives it weight 0.
@@ -346,12 +379,10 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
     DYNAMIC_SHARED(float, smem);
     float* k_tile = smem;                         // [kTile][stride], later dK
     float* v_tile = k_tile + kTile * stride;      // [kTile][stride], later dV
-    float* q_tile = v_tile + kTile * stride;      // [kTile][stride]
-    float* dout_tile = q_tile + kTile * stride;   // [kTile][stride]
-    float* p_tile = dout_tile + kTile * stride;   // [kTile][kScoreStride]: P[query row][key]
+    float* query_buffers = v_tile + kTile * stride;   // 2 x (q_tile, dout_tile), [kTile][stride] each
+    float* p_tile = query_buffers + 4 * kTile * stride;  // [kTile][kScoreStride]: P[query row][key]
     float* ds_tile = p_tile + kTile * kScoreStride;  // [kTile][kScoreStride]: dS[query row][key]
-    float* lse_rows = ds_tile + kTile * kScoreStride;  // [kTile]
-    float* d_rows = lse_rows + kTile;                   // [kTile]
+    float* row_buffers = ds_tile + kTile * kScoreStride;  // 2 x (lse_rows, d_rows), [kTile] each
 
     const size_t qkv_stride = 3 * size_t(C), kv_stride = size_t(span.kv_stride);
     const floatX* q_src = q + size_t(b) * span.q_seq * qkv_stride + h * hs;
@@ -371,12 +402,16 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
     dv.zero();
     // kTile-aligned: the query tiles before the first that sees key k0 see none of these keys
     for (int q0 = span_first_query_tile(k0, span); q0 < query_end; q0 += kTile) {
-        __syncthreads();  // the previous query tile's reads are done
+        const int buffer = (q0 / kTile) & 1;  // the one the query tile before last used
+        float* q_tile = query_buffers + buffer * 2 * kTile * stride;
+        float* dout_tile = q_tile + kTile * stride;
+        float* lse_rows = row_buffers + buffer * 2 * kTile;
+        float* d_rows = lse_rows + kTile;
         load_tile(q_tile, q_src, qkv_stride, q0, Tq, hs);
         load_tile(dout_tile, dout_src, size_t(C), q0, Tq, hs);
         load_row_values(lse_rows, lse_src, q0, Tq);
         load_row_values(d_rows, d_src, q0, Tq);
-        __syncthreads();
+        __syncthreads();  // Q, dO and their rows (on the first tile also K, V) loaded; the last tile's P, dS reads done
 
         // Both dots of each entry first, then the exponentials in one call (expf_each), then dS = P (dP -
         // D). Masked entries skip their dots: exponent -inf gives P = 0, and dP - D = 0 gives dS = 0.
@@ -427,9 +462,8 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
     DYNAMIC_SHARED(float, smem);
     float* q_tile = smem;                            // [kTile][stride], later dQ
     float* dout_tile = q_tile + kTile * stride;      // [kTile][stride]
-    float* k_tile = dout_tile + kTile * stride;      // [kTile][stride]
-    float* v_tile = k_tile + kTile * stride;         // [kTile][stride]
-    float* ds_tile = v_tile + kTile * stride;        // [kTile][kScoreStride]: dS[query row][key]
+    float* kv_buffers = dout_tile + kTile * stride;  // 2 x (k_tile, v_tile), [kTile][stride] each
+    float* ds_tile = kv_buffers + 4 * kTile * stride;  // [kTile][kScoreStride]: dS[query row][key]
     float* lse_rows = ds_tile + kTile * kScoreStride;  // [kTile]
     float* d_rows = lse_rows + kTile;                   // [kTile]
 
@@ -449,10 +483,11 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
     const int key_tiles = span_key_tiles(q0, span);
     for (int kt = first_key_tile(doc_row, q0, kTile); kt < key_tiles; ++kt) {
         const int k0 = kt * kTile;
-        __syncthreads();  // the previous key tile's reads are done
+        float* k_tile = kv_buffers + (kt & 1) * 2 * kTile * stride;  // the buffer the tile before last used
+        float* v_tile = k_tile + kTile * stride;
         load_tile(k_tile, k_src, kv_stride, k0, Tk, hs);
         load_tile(v_tile, k_src + C, kv_stride, k0, Tk, hs);
-        __syncthreads();
+        __syncthreads();  // K and V (on the first tile also Q, dO and their rows) loaded; the last tile's dS reads done
 
         // As in the dK/dV kernel: both dots, one expf_each, then dS; masked entries P = 0, dS = 0, no dots.
         float exponent[kEntriesPerThread], dp_minus_d[kEntriesPerThread], p[kEntriesPerThread];
