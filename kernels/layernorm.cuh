@@ -32,7 +32,11 @@ inline std::string layernorm_rows_problem(int N) {
 
 // ---------------------------------------------------------------------------------------------
 // Forward: one warp per row, in two forms with the same arithmetic in the same order (so the same
-// bits). Lane l handles Packed128 number l, l + 32, ... of the row. Mean first, then the variance
+// bits). Lane l handles Packed128 number l, l + 32, ... of the row. Rows of at most 16 (or 8) packs
+// take half (or a quarter) of a warp each in the register form: the lanes a whole warp would add
+// beyond them hold zeros, whose adds change nothing, so the sums are the same; the CPU emulator pays
+// a fiber switch per thread for each of a row's two reductions, and `make train`'s C = 128 (16 packs)
+// left half the threads idle. Mean first, then the variance
 // about the mean (the two-pass form does not cancel catastrophically like E[x^2] - mean^2), then the
 // output; the multiply-adds are explicit fmaf, so that the compiler's contraction choices (g++ -O3
 // vectorizes the two forms differently) cannot make their bits differ. Rows of up to
@@ -43,12 +47,19 @@ inline std::string layernorm_rows_problem(int N) {
 constexpr int kLayernormMaxRegisterPacks = 8;
 
 // The packs per lane of the register form for a row of C (the smallest instantiated count that
-// holds it), or 0: the streaming form.
-inline int layernorm_register_packs(int C) {
-    const int needed = int(ceil_div(C, 32 * Packed128<floatX>::size));
+// holds it), or 0: the streaming form; and the lanes per row (32, or 16 or 8 for rows that fit one
+// pack per lane).
+struct LayernormForm {
+    int packs, lanes;
+};
+inline LayernormForm layernorm_form(int C) {
+    const int row_packs = int(ceil_div(C, Packed128<floatX>::size));
+    for (int lanes : {8, 16})
+        if (row_packs <= lanes) return {1, lanes};
+    const int needed = int(ceil_div(row_packs, 32));
     for (int packs : {2, 3, 4, kLayernormMaxRegisterPacks})
-        if (needed <= packs) return packs;
-    return 0;
+        if (needed <= packs) return {packs, 32};
+    return {0, 32};
 }
 
 // The arithmetic both forms share, pack by pack, so that it lives in one place.
@@ -67,9 +78,19 @@ __device__ inline void add_squared_deviations(float& squares, const Pack& v, flo
         squares = fmaf(d, d, squares);
     }
 }
-// The warp's mean and rstd from its lanes' partial sums (two warp reductions).
-__device__ inline float row_mean(float sum, int C) { return warp_sum(sum) / float(C); }
-__device__ inline float row_rstd(float squares, int C) { return rsqrtf(warp_sum(squares) / float(C) + kLayernormEps); }
+// The sum over a row's kLanes lanes (aligned groups of a warp): warp_sum's butterfly without its
+// steps across groups.
+template <int kLanes> __device__ inline float row_lanes_sum(float v) {
+    static_assert(kLanes == 8 || kLanes == 16 || kLanes == 32, "a row takes 8, 16 or 32 lanes");
+    if constexpr (kLanes == 32) return warp_sum(v);
+    else if constexpr (kLanes == 16) return warp_xor_chain<AddOp, 8, 4, 2, 1>(v);
+    else return warp_xor_chain<AddOp, 4, 2, 1>(v);
+}
+// The row's mean and rstd from its lanes' partial sums (two reductions).
+template <int kLanes = 32> __device__ inline float row_mean(float sum, int C) { return row_lanes_sum<kLanes>(sum) / float(C); }
+template <int kLanes = 32> __device__ inline float row_rstd(float squares, int C) {
+    return rsqrtf(row_lanes_sum<kLanes>(squares) / float(C) + kLayernormEps);
+}
 // out[c .. c + Pack::size) = (v - mean) * rstd * weight + bias.
 __device__ inline void store_normalized(floatX* out, const floatX* weight, const floatX* bias, int c, const Pack& v,
                                         float mean, float rstd) {
@@ -81,32 +102,35 @@ __device__ inline void store_normalized(floatX* out, const floatX* weight, const
     for (int k = 0; k < Pack::size; ++k) x[k] = fmaf((x[k] - mean) * rstd, w[k], b[k]);
     store128(out + c, pack_floats<floatX>(x));
 }
-__device__ inline void store_statistics(float* mean_out, float* rstd_out, float mean, float rstd) {
-    if (threadIdx.x % 32 != 0) return;
+template <int kLanes = 32> __device__ inline void store_statistics(float* mean_out, float* rstd_out, float mean, float rstd) {
+    if (threadIdx.x % kLanes != 0) return;
     if (mean_out) *mean_out = mean;
     if (rstd_out) *rstd_out = rstd;
 }
 }  // namespace layernorm_detail
 
-// The statistics and output of a row whose packs are in `row` (lane's pack p is pack lane + 32 p).
-template <int kPacks>
+// The statistics and output of a row whose packs are in `row` (lane's pack p is pack lane + kLanes p).
+// A row past the last (valid false: the rest of a warp shared by rows) computes on zeros, so that its
+// lanes take part in the reductions, and stores nothing.
+template <int kPacks, int kLanes>
 __device__ inline void layernorm_row_in_registers(floatX* out, float* mean_out, float* rstd_out,
                                                   const Packed128<floatX> (&row)[kPacks], const floatX* weight,
-                                                  const floatX* bias, int C) {
+                                                  const floatX* bias, int C, bool valid = true) {
     using namespace layernorm_detail;
-    const int lane = int(threadIdx.x % 32);
-    const auto column = [&](int p) { return (lane + 32 * p) * Pack::size; };
+    const int lane = int(threadIdx.x % kLanes);
+    const auto column = [&](int p) { return (lane + kLanes * p) * Pack::size; };
     float sum = 0.0f;
     for (int p = 0; p < kPacks; ++p)
         if (column(p) < C) add_values(sum, row[p]);
-    const float mean = row_mean(sum, C);
+    const float mean = row_mean<kLanes>(sum, C);
     float squares = 0.0f;
     for (int p = 0; p < kPacks; ++p)
         if (column(p) < C) add_squared_deviations(squares, row[p], mean);
-    const float rstd = row_rstd(squares, C);
+    const float rstd = row_rstd<kLanes>(squares, C);
+    if (!valid) return;
     for (int p = 0; p < kPacks; ++p)
         if (column(p) < C) store_normalized(out, weight, bias, column(p), row[p], mean, rstd);
-    store_statistics(mean_out, rstd_out, mean, rstd);
+    store_statistics<kLanes>(mean_out, rstd_out, mean, rstd);
 }
 
 // The streaming form: the row read three times.
@@ -125,40 +149,45 @@ __device__ inline void layernorm_row_streamed(floatX* out, float* mean_out, floa
     store_statistics(mean_out, rstd_out, mean, rstd);
 }
 
-constexpr int kLayernormForwardBlock = 256;  // 8 rows per block
+constexpr int kLayernormForwardBlock = 256;  // 8 rows per block (16 or 32 in the sub-warp forms)
 
-// kPacks: packs per lane held in registers; 0: the streaming form.
-template <int kPacks>
+// kPacks: packs per lane held in registers; 0: the streaming form. kLanes: lanes per row (32 for the
+// streaming form).
+template <int kPacks, int kLanes>
 static __global__ void layernorm_forward_kernel(floatX* out, float* mean, float* rstd, const floatX* inp,
                                          const floatX* weight, const floatX* bias, int N, int C) {
     using Pack = Packed128<floatX>;
-    const int row = int(blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32);
-    if (row >= N) return;  // whole warps leave; no block-wide barrier follows
-    const size_t offset = size_t(row) * C;
+    static_assert(kPacks > 0 || kLanes == 32, "the streaming form takes a warp a row");
+    const int row = int(blockIdx.x * (blockDim.x / kLanes) + threadIdx.x / kLanes);
+    if (kLanes == 32 && row >= N) return;  // whole warps leave; no block-wide barrier follows
+    const bool valid = row < N;            // (rows sharing a warp all take part in its reductions)
+    const size_t offset = size_t(valid ? row : 0) * C;
     float* row_mean = mean ? mean + row : nullptr;
     float* row_rstd = rstd ? rstd + row : nullptr;
     if constexpr (kPacks == 0) {
         layernorm_row_streamed(out + offset, row_mean, row_rstd, inp + offset, weight, bias, C);
     } else {
-        const int lane = int(threadIdx.x % 32);
+        const int lane = int(threadIdx.x % kLanes);
         Pack x[kPacks];
         for (int p = 0; p < kPacks; ++p) {  // every load issued before the first use
-            const int c = (lane + 32 * p) * Pack::size;
-            x[p] = c < C ? load128cs(inp + offset + c) : Pack::filled(0.0f);
+            const int c = (lane + kLanes * p) * Pack::size;
+            x[p] = valid && c < C ? load128cs(inp + offset + c) : Pack::filled(0.0f);
         }
-        layernorm_row_in_registers<kPacks>(out + offset, row_mean, row_rstd, x, weight, bias, C);
+        layernorm_row_in_registers<kPacks, kLanes>(out + offset, row_mean, row_rstd, x, weight, bias, C, valid);
     }
 }
 
-template <int kPacks>
+template <int kPacks, int kLanes>
 static __global__ void fused_residual_layernorm_forward_kernel(floatX* residual, floatX* out, float* mean, float* rstd,
                                                         const floatX* inp1, const floatX* inp2, const floatX* weight,
                                                         const floatX* bias, int N, int C) {
     using Pack = Packed128<floatX>;
-    const int row = int(blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32);
-    if (row >= N) return;
-    const size_t offset = size_t(row) * C;
-    const int lane = int(threadIdx.x % 32);
+    static_assert(kPacks > 0 || kLanes == 32, "the streaming form takes a warp a row");
+    const int row = int(blockIdx.x * (blockDim.x / kLanes) + threadIdx.x / kLanes);
+    if (kLanes == 32 && row >= N) return;
+    const bool valid = row < N;  // (see layernorm_forward_kernel)
+    const size_t offset = size_t(valid ? row : 0) * C;
+    const int lane = int(threadIdx.x % kLanes);
     float* row_mean = mean ? mean + row : nullptr;
     float* row_rstd = rstd ? rstd + row : nullptr;
     // The statistics come from the rounded residual that the next layer reads.
@@ -180,10 +209,10 @@ static __global__ void fused_residual_layernorm_forward_kernel(floatX* residual,
     } else {
         Pack r[kPacks];
         for (int p = 0; p < kPacks; ++p) {
-            const int c = (lane + 32 * p) * Pack::size;
-            r[p] = c < C ? residual_pack(c) : Pack::filled(0.0f);
+            const int c = (lane + kLanes * p) * Pack::size;
+            r[p] = valid && c < C ? residual_pack(c) : Pack::filled(0.0f);
         }
-        layernorm_row_in_registers<kPacks>(out + offset, row_mean, row_rstd, r, weight, bias, C);
+        layernorm_row_in_registers<kPacks, kLanes>(out + offset, row_mean, row_rstd, r, weight, bias, C, valid);
     }
 }
 
@@ -199,16 +228,20 @@ inline KernelCost layernorm_forward_cost(int N, int C, bool stats, bool residual
     return {(residual ? 9.0 : 8.0) * nc, tensors * nc * X + 2.0 * C * X + (stats ? 2.0 * N * sizeof(float) : 0.0)};
 }
 
-// Calls f(std::integral_constant<int, packs>) with the packs per lane of C (layernorm_register_packs):
-// the forward kernels are instantiated for these counts only.
+// Calls f(std::integral_constant<int, packs>, std::integral_constant<int, lanes>) with the form of C
+// (layernorm_form): the forward kernels are instantiated for these forms only.
 template <typename F>
-void with_layernorm_packs(int C, F&& f) {
-    switch (layernorm_register_packs(C)) {
-        case 2: f(std::integral_constant<int, 2>{}); break;
-        case 3: f(std::integral_constant<int, 3>{}); break;
-        case 4: f(std::integral_constant<int, 4>{}); break;
-        case kLayernormMaxRegisterPacks: f(std::integral_constant<int, kLayernormMaxRegisterPacks>{}); break;
-        default: f(std::integral_constant<int, 0>{}); break;
+void with_layernorm_form(int C, F&& f) {
+    using std::integral_constant;
+    const LayernormForm form = layernorm_form(C);
+    if (form.lanes == 8) return f(integral_constant<int, 1>{}, integral_constant<int, 8>{});
+    if (form.lanes == 16) return f(integral_constant<int, 1>{}, integral_constant<int, 16>{});
+    switch (form.packs) {
+        case 2: f(integral_constant<int, 2>{}, integral_constant<int, 32>{}); break;
+        case 3: f(integral_constant<int, 3>{}, integral_constant<int, 32>{}); break;
+        case 4: f(integral_constant<int, 4>{}, integral_constant<int, 32>{}); break;
+        case kLayernormMaxRegisterPacks: f(integral_constant<int, kLayernormMaxRegisterPacks>{}, integral_constant<int, 32>{}); break;
+        default: f(integral_constant<int, 0>{}, integral_constant<int, 32>{}); break;
     }
 }
 
@@ -218,12 +251,11 @@ inline void layernorm_forward(floatX* out, float* mean, float* rstd, const float
     require_supported("layernorm_forward", layernorm_requirements(C));
     require_supported("layernorm_forward", layernorm_rows_problem(N));
     if (N == 0) return;
-    const int rows_per_block = kLayernormForwardBlock / 32;
     const KernelCost cost = layernorm_forward_cost(N, C, mean != nullptr, false);
-    with_layernorm_packs(C, [&](auto packs) {
-        launch<layernorm_forward_kernel<decltype(packs)::value>>(cost, dim3(ceil_div(N, rows_per_block)),
-                                                                 dim3(kLayernormForwardBlock), 0, stream, out, mean,
-                                                                 rstd, inp, weight, bias, N, C);
+    with_layernorm_form(C, [&](auto packs, auto lanes) {
+        const int rows_per_block = kLayernormForwardBlock / decltype(lanes)::value;
+        launch<layernorm_forward_kernel<decltype(packs)::value, decltype(lanes)::value>>(cost, dim3(ceil_div(N, rows_per_block)), dim3(kLayernormForwardBlock), 0,
+                                                       stream, out, mean, rstd, inp, weight, bias, N, C);
     });
 }
 
@@ -233,12 +265,12 @@ inline void fused_residual_layernorm_forward(floatX* residual, floatX* out, floa
     require_supported("fused_residual_layernorm_forward", layernorm_requirements(C));
     require_supported("fused_residual_layernorm_forward", layernorm_rows_problem(N));
     if (N == 0) return;
-    const int rows_per_block = kLayernormForwardBlock / 32;
     const KernelCost cost = layernorm_forward_cost(N, C, mean != nullptr, true);
-    with_layernorm_packs(C, [&](auto packs) {
-        launch<fused_residual_layernorm_forward_kernel<decltype(packs)::value>>(
-            cost, dim3(ceil_div(N, rows_per_block)), dim3(kLayernormForwardBlock), 0, stream, residual, out, mean, rstd,
-            inp1, inp2, weight, bias, N, C);
+    with_layernorm_form(C, [&](auto packs, auto lanes) {
+        const int rows_per_block = kLayernormForwardBlock / decltype(lanes)::value;
+        launch<fused_residual_layernorm_forward_kernel<decltype(packs)::value, decltype(lanes)::value>>(cost, dim3(ceil_div(N, rows_per_block)),
+                                                                      dim3(kLayernormForwardBlock), 0, stream, residual, out,
+                                                                      mean, rstd, inp1, inp2, weight, bias, N, C);
     });
 }
 
