@@ -372,16 +372,26 @@ static __global__ void __launch_bounds__(kPipelined ? kLayernormPipelinedThreads
             }
         }
         warp_sum_pair(dxhat_sum, dxhat_xhat_sum);
-        if (lane == 0) {
-            warp_sums[parity][warp][0] = dxhat_sum;
-            warp_sums[parity][warp][1] = dxhat_xhat_sum;
-        }
-        __syncthreads();
-        if (!owns_channels) continue;
         float block_dxhat = 0.0f, block_dxhat_xhat = 0.0f;
-        for (int wi = 0; wi < warps; ++wi) {  // the same order in every thread: identical means
-            block_dxhat += warp_sums[parity][wi][0];
-            block_dxhat_xhat += warp_sums[parity][wi][1];
+        if (kPipelined && warps == 1) {
+            // A one-warp block (C <= 256 in BF16): its sums are the warp's, added to 0 as below (the
+            // same bits), with no shared memory and no barrier, which costs every thread a fiber
+            // switch in the CPU emulator. Uniform over the block. (The plain form's blocks are wider
+            // than 256 threads; the path compiled there cost its FP32 build a spill at 64 registers.)
+            if (!owns_channels) continue;
+            block_dxhat += dxhat_sum;
+            block_dxhat_xhat += dxhat_xhat_sum;
+        } else {
+            if (lane == 0) {
+                warp_sums[parity][warp][0] = dxhat_sum;
+                warp_sums[parity][warp][1] = dxhat_xhat_sum;
+            }
+            __syncthreads();
+            if (!owns_channels) continue;
+            for (int wi = 0; wi < warps; ++wi) {  // the same order in every thread: identical means
+                block_dxhat += warp_sums[parity][wi][0];
+                block_dxhat_xhat += warp_sums[parity][wi][1];
+            }
         }
         const float mean_dxhat = block_dxhat / float(C), mean_dxhat_xhat = block_dxhat_xhat / float(C);
         for (int p = 0; p < kPacks; ++p) {
