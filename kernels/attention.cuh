@@ -32,7 +32,7 @@
 // loads (two a tile, not three; the CPU emulator pays a fiber switch per thread at each). Shared
 // memory reaches 110 KB per block (dK/dV kernel, hs 128); launchers opt in beyond 48 KB.
 // __launch_bounds__(kThreads, 1): without the minimum-blocks hint ptxas capped registers at
-// 80-128 and spilled a few bytes on sm_80/sm_90; with it the kernels use 123-210 and never spill.
+// 80-128 and spilled a few bytes on sm_80/sm_90; with it the kernels use 123-227 and never spill.
 #pragma once
 
 #include <cmath>
