@@ -166,7 +166,8 @@ template <int HS_MAX> struct RowShare {
     }
     // The same for weights held by the thread, weights[r] for row r: add_scaled_rows over an array whose
     // size the compiler knows, so that a GPU keeps it in registers.
-    template <int kCount> __device__ void add_scaled_rows(const float (&weights)[kCount], const float* rows, int rows_stride, int part, int hs) {
+    template <int kCount>
+    __device__ void add_scaled_rows(const float (&weights)[kCount], const float* rows, int rows_stride, int part, int hs) {
         RowShare local = *this;
         FULL_UNROLL
         for (int r = 0; r < kCount; ++r) local.add_scaled(weights[r], rows + r * rows_stride, part, hs);

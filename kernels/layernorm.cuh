@@ -253,9 +253,9 @@ inline void layernorm_forward(floatX* out, float* mean, float* rstd, const float
     if (N == 0) return;
     const KernelCost cost = layernorm_forward_cost(N, C, mean != nullptr, false);
     with_layernorm_form(C, [&](auto packs, auto lanes) {
-        const int rows_per_block = kLayernormForwardBlock / decltype(lanes)::value;
-        launch<layernorm_forward_kernel<decltype(packs)::value, decltype(lanes)::value>>(cost, dim3(ceil_div(N, rows_per_block)), dim3(kLayernormForwardBlock), 0,
-                                                       stream, out, mean, rstd, inp, weight, bias, N, C);
+        constexpr int P = decltype(packs)::value, L = decltype(lanes)::value;
+        launch<layernorm_forward_kernel<P, L>>(cost, dim3(ceil_div(N, kLayernormForwardBlock / L)), dim3(kLayernormForwardBlock), 0,
+                                               stream, out, mean, rstd, inp, weight, bias, N, C);
     });
 }
 
@@ -267,10 +267,10 @@ inline void fused_residual_layernorm_forward(floatX* residual, floatX* out, floa
     if (N == 0) return;
     const KernelCost cost = layernorm_forward_cost(N, C, mean != nullptr, true);
     with_layernorm_form(C, [&](auto packs, auto lanes) {
-        const int rows_per_block = kLayernormForwardBlock / decltype(lanes)::value;
-        launch<fused_residual_layernorm_forward_kernel<decltype(packs)::value, decltype(lanes)::value>>(cost, dim3(ceil_div(N, rows_per_block)),
-                                                                      dim3(kLayernormForwardBlock), 0, stream, residual, out,
-                                                                      mean, rstd, inp1, inp2, weight, bias, N, C);
+        constexpr int P = decltype(packs)::value, L = decltype(lanes)::value;
+        launch<fused_residual_layernorm_forward_kernel<P, L>>(cost, dim3(ceil_div(N, kLayernormForwardBlock / L)),
+                                                              dim3(kLayernormForwardBlock), 0, stream, residual, out, mean, rstd,
+                                                              inp1, inp2, weight, bias, N, C);
     });
 }
 
