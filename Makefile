@@ -423,7 +423,7 @@ kernel-report: $(GPU_DIR)/train_gpt $(GPU_DIR)/launches_tc.json $(GPU_DIR)/launc
 # loss and a text sample; writes out/mini_shakespeare/ (config.json, metrics.jsonl, checkpoints).
 # The optimizer settings were picked by validation loss over 1500 steps (README, "make train"): a 5e-3
 # peak held stable by 200 warmup steps and beta2 0.99, beta1 0.8, decay to 0. Validation reads 64
-# batches (32768 tokens, 19% of the split): 8 measured the first 4096 only, 0.1-0.16 above the whole.
+# batches (32768 tokens, 19% of the split): 8 read its first 4096 only, 0.07-0.16 above the whole split.
 HAVE_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 TRAIN_BIN := $(if $(HAVE_GPU),./train_gpt,./train_gpt_cpu)$(ROOT_SUFFIX)
 TRAIN_FLAGS ?= -e mini -b 8 -t 64 -x 1500 -l 5e-3 -u 200 -q 0 --beta1 0.8 --beta2 0.99 -c 0.1 -v 250 -m 64 -s 1500 \
