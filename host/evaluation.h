@@ -67,10 +67,28 @@ inline SamplingSettings sampling_settings_of(const RunConfig& rc) {
 // beside the training data (to decode samples; token ids are printed without one), the sampling RNG.
 struct Evaluation {
     std::optional<DataLoader> val;
+    int val_batches = 0;  // batches per validation on each rank (-m, or the whole split's share for -m 0)
     std::optional<HellaSwagSet> hellaswag;
     std::optional<Tokenizer> tokenizer;
     Rng sample_rng{0};
 };
+
+// Batches per validation on each rank: -m, or for -m 0 each rank's share of one pass over the split.
+// More batches than the split holds would read some of them twice (the loader wraps to the split's
+// start) and weigh them double: an explicit -m over the split is an error naming both counts; the
+// default gives way to the whole split with a note (`note`: this rank prints it).
+inline int validation_batches(const RunConfig& rc, const DataLoader& val, int batch_ranks, bool note) {
+    const size_t whole = val.samples_per_epoch_per_rank() / size_t(rc.batch_size);  // >= 1: the loader checks
+    const std::string split = "the validation split -j/--val-data '" + rc.val_data + "' holds " + std::to_string(whole) +
+                              " batches of " + std::to_string(rc.batch_size) + " x " + std::to_string(rc.seq_len) +
+                              " tokens per rank over " + std::to_string(batch_ranks) + (batch_ranks == 1 ? " rank" : " ranks");
+    if (rc.val_batches == 0 || size_t(rc.val_batches) <= whole) return rc.val_batches == 0 ? int(whole) : rc.val_batches;
+    if (rc.was_given("val-batches"))
+        throw ConfigError("-m/--val-batches " + std::to_string(rc.val_batches) + " is more than " + split +
+                          "; -m 0 takes all of them");
+    if (note) std::printf("note: validation reads %zu batches, not -m/--val-batches %d: %s\n", whole, rc.val_batches, split.c_str());
+    return int(whole);
+}
 
 // Opens the run's evaluation data; every validation token is checked against the vocabulary first.
 // Two defaults give way with a one-line note (rank 0) instead of an error: validation when -v was not
@@ -90,6 +108,7 @@ inline Evaluation evaluation_of(const RunConfig& rc, const Distributed& d, int v
     if (rc.val_every > 0 && !no_val_shards) {
         e.val.emplace(rc.val_data, rc.batch_size, rc.seq_len, batch_rank, batch_ranks, uint64_t(rc.seed), false);
         e.val->check_tokens(vocab_size);
+        e.val_batches = validation_batches(rc, *e.val, batch_ranks, d.rank == 0);
     }
     if (!rc.hellaswag.empty()) e.hellaswag = read_hellaswag(rc.hellaswag, vocab_size);
     e.tokenizer = tokenizer_beside(rc.train_data);
@@ -134,7 +153,7 @@ inline void evaluate_when_due(const RunConfig& rc, Evaluation& e, const Evaluate
                               const Distributed& d, int64_t done, bool last) {
     const int B = rc.batch_size, T = rc.seq_len;
     if (e.val && (done % rc.val_every == 0 || last))  // e.val is set only when val_every > 0
-        log.val(done, mean_validation_loss(*e.val, rc.val_batches, B, T, d, model.batch_loss));
+        log.val(done, mean_validation_loss(*e.val, e.val_batches, B, T, d, model.batch_loss));
     if (e.hellaswag && ((rc.val_every > 0 && done % rc.val_every == 0) || last)) {
         const HellaSwagResult hs = hellaswag_all_ranks(*e.hellaswag, B, T, d, model.token_losses, model.sequence_ranks);
         log.hellaswag(done, hs.accuracy(), hs.correct, hs.total, hs.skipped);

@@ -359,7 +359,7 @@ TEST_CASE("bad values name the flag", "[config]") {
         {{"--max-memory", "-1"}, "--max-memory must be >= 0"},
         {{"-n", "-1"}, "-n/--checkpoint-every must be >= 0"},
         {{"-v", "-1"}, "-v/--val-every must be >= 0"},
-        {{"-m", "0"}, "-m/--val-batches must be > 0"},
+        {{"-m", "-1"}, "-m/--val-batches must be >= 0"},
         {{"-g", "0"}, "-g/--gen-tokens must be > 0"},
         {{"--temperature", "-1"}, "--temperature must be >= 0"},
         {{"--top-p", "1.5"}, "--top-p must be in (0, 1]"},
