@@ -17,11 +17,13 @@ constexpr int kGlobalNormBlock = 64;
 // so it must stay <= 1024.
 constexpr size_t kGlobalNormMaxBlocks = 1024;
 
-// At least this many vectors a thread before another block is added: a small model's gradient
-// then takes few blocks, whose reductions (a fiber switch per thread and wait in the CPU emulator)
-// cost more than its reads there (mini, 7.2M parameters: 25 -> 6 ms); from 33.5M parameters on
-// (BF16; 16.8M FP32) the grid is the full 1024 blocks as before.
-constexpr size_t kGlobalNormMinVectorsPerThread = 16;
+// At least this many vectors a thread before another block is added. The CPU emulator runs a warp's
+// lanes one after another, so a lane's loads (512 bytes apart) are a strided stream of their own, and
+// short streams read at a fraction of the memory's speed: `make train`'s 7.2M-parameter gradient took
+// 21-24 ms at 16 vectors a thread, 7 at 64, 3.1 at 256 (throwaway benchmark, one core, best of 5).
+// From 122M parameters on (BF16; 61M FP32) the grid is the full 1024 blocks whatever this is. On a
+// GPU a small gradient is a few microseconds either way.
+constexpr size_t kGlobalNormMinVectorsPerThread = 256;
 
 inline size_t global_norm_blocks(size_t n) {
     const size_t per_block = size_t(kGlobalNormBlock) * Packed128<floatX>::size * kGlobalNormMinVectorsPerThread;

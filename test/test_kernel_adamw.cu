@@ -374,8 +374,8 @@ TEST_CASE("rounding_bits is a pure function of (seed, step, index) and changes w
 
 TEST_CASE("global_norm_squared matches a double sum of squares, bitwise reproducible on more OS threads") {
     std::mt19937 rng(5);
-    // n: empty, single, partial vector, partial blocks, and ~1e6 (the grid-stride loop at the
-    // 1024-block cap); start 0 or 3 elements into an aligned buffer (scalar head before vectors).
+    // n: empty, single, partial vector, partial blocks, and ~1e6 (several blocks of up to 256 vectors a
+    // thread); start 0 or 3 elements into an aligned buffer (scalar head before vectors).
     for (size_t n : {size_t(0), size_t(1), size_t(7), size_t(1000), size_t(4099), size_t(1 << 20) + 5}) {
         for (size_t start : {size_t(0), size_t(3)}) {
             std::vector<floatX> values = random_grads(n + start, rng);
@@ -386,9 +386,11 @@ TEST_CASE("global_norm_squared matches a double sum of squares, bitwise reproduc
             global_norm_squared(out.ptr, d_values.ptr + start, n, scratch.ptr, nullptr);
             const float got = out.download()[0];
             // All terms are non-negative, so FP32 summation errs by at most (additions along the
-            // longest chain) x 2^-24 relative: here <= 8 squares per thread, then 5 + 5 levels of
-            // the block's warp_sum trees and 5 + 5 of the finishing block's: ~30 additions, 1.8e-6
-            // (past the 1024-block cap the per-thread chain grows as n / 2^18). Measured: 1.6e-7.
+            // longest chain) x 2^-24 relative: here <= 256 squares per vector lane of a thread (the
+            // ~1e6 case: 228), 8 lanes, then 5 + 1 levels of the block's sum and 5 + 5 of the
+            // finishing block's: < 280 additions, 1.7e-5 at worst, but rounding errors of random
+            // sign grow as the square root of the chain. Measured: at most 9.4e-8 (BF16; 4.3e-8
+            // FP32), deterministic, so the check holds 1e-5.
             INFO("n " << n << " start " << start << " got " << got << " want " << want);
             if (std::getenv("REPORT_ERRORS")) std::printf("global norm n %zu: relative error %.2e\n", n, std::abs(got - want) / (want + 1e-30));
             CHECK(std::abs(got - want) <= 1e-5 * want);
