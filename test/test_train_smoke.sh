@@ -84,24 +84,17 @@ cmp "$dir/tiny/model_00000002.bin" "$dir/shaped/model_00000002.bin" ||
 # Validation batches against the split's size: a split of 201 tokens holds 6 samples of 33, 3 batches
 # of B = 2 per rank. -m 0 reads all 3 (the same loss as -m 3, unlike -m 1); more than 3 is an error
 # when asked for, and the default 20 gives way with a note.
-python3 - "$dir" <<'PY'
-import random, struct, sys
-random.seed(5)
-tokens = [random.randrange(50256) for _ in range(201)]
-with open(f"{sys.argv[1]}/small_val_000000.bin", "wb") as f:
-    f.write(struct.pack("<256i", 20240520, 1, len(tokens), *([0] * 253)))
-    f.write(struct.pack(f"<{len(tokens)}H", *tokens))
-PY
+mkdir "$dir/small" && python3 "$(dirname "$0")/make_shards.py" "$dir/small" 5 201
 for m in 0 3 1; do
-    "$bin" -e tiny -b 2 -t 32 -x 1 -v 1 -m $m -s 0 -i "$dir/train_*.bin" -j "$dir/small_val_*.bin" -o "$dir/val_m$m" > "$dir/val_m$m.log"
+    "$bin" -e tiny -b 2 -t 32 -x 1 -v 1 -m $m -s 0 -i "$dir/train_*.bin" -j "$dir/small/val_*.bin" -o "$dir/val_m$m" > "$dir/val_m$m.log"
 done
 val_of() { python3 -c "import json,sys; print([json.loads(l)['val_loss'] for l in open(sys.argv[1]) if 'val_loss' in l][0])" "$1/metrics.jsonl"; }
 [ "$(val_of "$dir/val_m0")" = "$(val_of "$dir/val_m3")" ] ||
     { echo "smoke: -m 0 gave val $(val_of "$dir/val_m0"), the whole split's 3 batches (-m 3) $(val_of "$dir/val_m3")"; exit 1; }
 [ "$(val_of "$dir/val_m1")" != "$(val_of "$dir/val_m3")" ] || { echo "smoke: -m 1 and -m 3 gave the same val loss"; exit 1; }
-"$(dirname "$0")/expect_failure.sh" "^train_gpt: -m/--val-batches 4 is more than the validation split -j/--val-data '.*small_val_\*.bin' holds 3 batches of 2 x 32 tokens per rank over 1 rank; -m 0 takes all of them$" \
-    "$bin" -e tiny -b 2 -t 32 -x 1 -v 1 -m 4 -s 0 -i "$dir/train_*.bin" -j "$dir/small_val_*.bin" -o "$dir/val_m4"
-"$bin" -e tiny -b 2 -t 32 -x 1 -v 1 -s 0 -i "$dir/train_*.bin" -j "$dir/small_val_*.bin" -o "$dir/val_default" > "$dir/val_default.log"
+"$(dirname "$0")/expect_failure.sh" "^train_gpt: -m/--val-batches 4 is more than the validation split -j/--val-data '.*small/val_\*.bin' holds 3 batches of 2 x 32 tokens per rank over 1 rank; -m 0 takes all of them$" \
+    "$bin" -e tiny -b 2 -t 32 -x 1 -v 1 -m 4 -s 0 -i "$dir/train_*.bin" -j "$dir/small/val_*.bin" -o "$dir/val_m4"
+"$bin" -e tiny -b 2 -t 32 -x 1 -v 1 -s 0 -i "$dir/train_*.bin" -j "$dir/small/val_*.bin" -o "$dir/val_default" > "$dir/val_default.log"
 grep -q "^note: validation reads 3 batches, not -m/--val-batches 20: the validation split" "$dir/val_default.log" ||
     { echo "smoke: no note for the default -m over a small split"; cat "$dir/val_default.log"; exit 1; }
 [ "$(val_of "$dir/val_default")" = "$(val_of "$dir/val_m3")" ] || { echo "smoke: the default -m did not read the whole small split"; exit 1; }
