@@ -158,8 +158,8 @@ template <typename T> __host__ __device__ inline Packed128<T> pack_floats(const 
         const __m256i magnitude = _mm256_and_si256(bits, _mm256_set1_epi32(0x7FFFFFFF));
         const __m256i nan = _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x7F800000));  // both below 2^31
         const __m256i rounded = _mm256_blendv_epi8(nearest_even, _mm256_set1_epi32(0x7FFF), nan);
-        // Each 128-bit half packs on its own (values fit 16 bits, so no saturation): the order of
-        // the 64-bit quarters is then 0, 2, 1, 3.
+        // packus packs each 128-bit half on its own (values fit 16 bits, so no saturation): 64-bit
+        // quarters 0 and 2 hold lanes 0-3 and 4-7 (1 and 3 repeat them); the permute puts 2 after 0.
         const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(rounded, rounded), 0x08);
         const __m128i low = _mm256_castsi256_si128(packed);
         memcpy(&p, &low, sizeof(p));
