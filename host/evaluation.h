@@ -79,10 +79,11 @@ struct Evaluation {
 // default gives way to the whole split with a note (`note`: this rank prints it).
 inline int validation_batches(const RunConfig& rc, const DataLoader& val, int batch_ranks, bool note) {
     const size_t whole = val.samples_per_epoch_per_rank() / size_t(rc.batch_size);  // >= 1: the loader checks
+    if (rc.val_batches == 0) return int(whole);
+    if (size_t(rc.val_batches) <= whole) return rc.val_batches;
     const std::string split = "the validation split -j/--val-data '" + rc.val_data + "' holds " + std::to_string(whole) +
                               " batches of " + std::to_string(rc.batch_size) + " x " + std::to_string(rc.seq_len) +
                               " tokens per rank over " + std::to_string(batch_ranks) + (batch_ranks == 1 ? " rank" : " ranks");
-    if (rc.val_batches == 0 || size_t(rc.val_batches) <= whole) return rc.val_batches == 0 ? int(whole) : rc.val_batches;
     if (rc.was_given("val-batches"))
         throw ConfigError("-m/--val-batches " + std::to_string(rc.val_batches) + " is more than " + split +
                           "; -m 0 takes all of them");
@@ -91,8 +92,9 @@ inline int validation_batches(const RunConfig& rc, const DataLoader& val, int ba
 }
 
 // Opens the run's evaluation data; every validation token is checked against the vocabulary first.
-// Two defaults give way with a one-line note (rank 0) instead of an error: validation when -v was not
-// given and no shard matches -j, and the sample length when -g exceeds -t - 1. Validation batches are
+// Three defaults give way with a one-line note (rank 0) instead of an error: validation when -v was not
+// given and no shard matches -j, the sample length when -g exceeds -t - 1, and -m when the split holds
+// fewer batches (validation_batches). Validation batches are
 // split over `batch_ranks` readers (the ranks of `d` but with --cp, whose context groups share theirs).
 // Under --cp each context group runs HellaSwag's rows and the samples' windows together, padded to -t
 // (EvaluatedModel).
