@@ -143,6 +143,8 @@ inline const std::vector<Option>& options() {
         {"Evaluation and sampling", 'm', "val-batches", &R::val_batches,
          "batches per validation on each data rank; 0 = the whole validation split (each rank's share of one pass "
          "over it). More than the split holds is an error"},
+        {"Evaluation and sampling", 0, "final-val-batches", &R::final_val_batches,
+         "batches of the validation after the run's last step, as -m (0 = the whole split); -1 = -m's"},
         {"Evaluation and sampling", 's', "sample-every", &R::sample_every, "generate a sample every N steps; 0 = never"},
         {"Evaluation and sampling", 'g', "gen-tokens", &R::gen_tokens,
          "tokens per sample, at most -t - 1 (a sample fits one context window; more is clipped with a note)"},
@@ -331,6 +333,7 @@ inline void validate(const RunConfig& c) {
     check(c.keep_last >= 0, "keep-last", c.keep_last, "must be >= 0");
     check(c.val_every >= 0, "val-every", c.val_every, "must be >= 0");
     check(c.val_batches >= 0, "val-batches", c.val_batches, "must be >= 0");
+    check(c.final_val_batches >= -1, "final-val-batches", c.final_val_batches, "must be >= -1");
     check(c.sample_every >= 0, "sample-every", c.sample_every, "must be >= 0");
     check(c.gen_tokens > 0, "gen-tokens", c.gen_tokens, "must be > 0");
     check(c.temperature >= 0, "temperature", c.temperature, "must be >= 0");

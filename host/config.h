@@ -79,6 +79,7 @@ struct RunConfig {
     // evaluation and sampling
     int64_t val_every = 20;  // 0 = never
     int val_batches = 20;
+    int final_val_batches = -1;  // the run's last validation: -1 = as val_batches, 0 = the whole split
     int64_t sample_every = 20;  // 0 = never
     int gen_tokens = 64;
     double temperature = 1.0;  // 0 = greedy (the most likely token)

@@ -21,10 +21,16 @@
 #include "host/tokenizer.h"
 #include "parallel/process_groups.h"
 
+// The validation loss and what it averaged over.
+struct ValidationLoss {
+    double loss = 0;        // the mean over `tokens`
+    long long tokens = 0;  // valid targets, every rank's
+};
+
 // Mean loss over `batches` validation batches of B x T on every rank: the sum of all token losses
 // over the count of all valid targets. forward(inputs, targets) returns {loss sum, valid targets}.
-inline double mean_validation_loss(DataLoader& val, int batches, int B, int T, const Distributed& d,
-                                   const std::function<std::pair<double, long long>(const int*, const int*)>& forward) {
+inline ValidationLoss mean_validation_loss(DataLoader& val, int batches, int B, int T, const Distributed& d,
+                                           const std::function<std::pair<double, long long>(const int*, const int*)>& forward) {
     std::vector<int> inputs(size_t(B) * T), targets(size_t(B) * T);
     val.reset();
     double sum = 0;
@@ -36,7 +42,8 @@ inline double mean_validation_loss(DataLoader& val, int batches, int B, int T, c
         valid += batch_valid;
     }
     const long long total = all_ranks_sum(d, valid);
-    return total > 0 ? all_ranks_sum(d, sum) / double(total) : 0.0;
+    const double all_sum = all_ranks_sum(d, sum);
+    return {total > 0 ? all_sum / double(total) : 0.0, total};
 }
 
 // HellaSwag accuracy over every rank: each group of `sequence_ranks` consecutive ranks (one rank, or a
@@ -68,6 +75,7 @@ inline SamplingSettings sampling_settings_of(const RunConfig& rc) {
 struct Evaluation {
     std::optional<DataLoader> val;
     int val_batches = 0;  // batches per validation on each rank (-m, or the whole split's share for -m 0)
+    int final_val_batches = 0;  // the same for the validation after the last step (--final-val-batches)
     std::optional<HellaSwagSet> hellaswag;
     std::optional<Tokenizer> tokenizer;
     Rng sample_rng{0};
@@ -76,18 +84,22 @@ struct Evaluation {
 // Batches per validation on each rank: -m, or for -m 0 each rank's share of one pass over the split.
 // More batches than the split holds would read some of them twice (the loader wraps to the split's
 // start) and weigh them double: an explicit -m over the split is an error naming both counts; the
-// default gives way to the whole split with a note (`note`: this rank prints it).
-inline int validation_batches(const RunConfig& rc, const DataLoader& val, int batch_ranks, bool note) {
+// default gives way to the whole split with a note (`note`: this rank prints it). The same for the
+// last validation's --final-val-batches (final: true), whose -1 takes -m's count.
+inline int validation_batches(const RunConfig& rc, const DataLoader& val, int batch_ranks, bool note, bool final = false) {
     const size_t whole = val.samples_per_epoch_per_rank() / size_t(rc.batch_size);  // >= 1: the loader checks
-    if (rc.val_batches == 0) return int(whole);
-    if (size_t(rc.val_batches) <= whole) return rc.val_batches;
+    const int requested = final ? rc.final_val_batches : rc.val_batches;
+    const std::string flag = final ? "--final-val-batches" : "-m/--val-batches";
+    if (final && requested == -1) return validation_batches(rc, val, batch_ranks, false);  // -m's note is printed once
+    if (requested == 0) return int(whole);
+    if (size_t(requested) <= whole) return requested;
     const std::string split = "the validation split -j/--val-data '" + rc.val_data + "' holds " + std::to_string(whole) +
                               " batches of " + std::to_string(rc.batch_size) + " x " + std::to_string(rc.seq_len) +
                               " tokens per rank over " + std::to_string(batch_ranks) + (batch_ranks == 1 ? " rank" : " ranks");
-    if (rc.was_given("val-batches"))
-        throw ConfigError("-m/--val-batches " + std::to_string(rc.val_batches) + " is more than " + split +
-                          "; -m 0 takes all of them");
-    if (note) std::printf("note: validation reads %zu batches, not -m/--val-batches %d: %s\n", whole, rc.val_batches, split.c_str());
+    if (final || rc.was_given("val-batches"))
+        throw ConfigError(flag + " " + std::to_string(requested) + " is more than " + split + "; " +
+                          (final ? "--final-val-batches" : "-m") + " 0 takes all of them");
+    if (note) std::printf("note: validation reads %zu batches, not %s %d: %s\n", whole, flag.c_str(), requested, split.c_str());
     return int(whole);
 }
 
@@ -111,6 +123,7 @@ inline Evaluation evaluation_of(const RunConfig& rc, const Distributed& d, int v
         e.val.emplace(rc.val_data, rc.batch_size, rc.seq_len, batch_rank, batch_ranks, uint64_t(rc.seed), false);
         e.val->check_tokens(vocab_size);
         e.val_batches = validation_batches(rc, *e.val, batch_ranks, d.rank == 0);
+        e.final_val_batches = validation_batches(rc, *e.val, batch_ranks, d.rank == 0, true);
     }
     if (!rc.hellaswag.empty()) e.hellaswag = read_hellaswag(rc.hellaswag, vocab_size);
     e.tokenizer = tokenizer_beside(rc.train_data);
@@ -154,8 +167,10 @@ inline std::vector<int> sample_tokens(const EvaluatedModel& model, int eot, int 
 inline void evaluate_when_due(const RunConfig& rc, Evaluation& e, const EvaluatedModel& model, RunLog& log,
                               const Distributed& d, int64_t done, bool last) {
     const int B = rc.batch_size, T = rc.seq_len;
-    if (e.val && (done % rc.val_every == 0 || last))  // e.val is set only when val_every > 0
-        log.val(done, mean_validation_loss(*e.val, e.val_batches, B, T, d, model.batch_loss));
+    if (e.val && (done % rc.val_every == 0 || last)) {  // e.val is set only when val_every > 0
+        const ValidationLoss v = mean_validation_loss(*e.val, last ? e.final_val_batches : e.val_batches, B, T, d, model.batch_loss);
+        log.val(done, v.loss, v.tokens);
+    }
     if (e.hellaswag && ((rc.val_every > 0 && done % rc.val_every == 0) || last)) {
         const HellaSwagResult hs = hellaswag_all_ranks(*e.hellaswag, B, T, d, model.token_losses, model.sequence_ranks);
         log.hellaswag(done, hs.accuracy(), hs.correct, hs.total, hs.skipped);

@@ -50,8 +50,8 @@ void MetricsWriter::log_step(const StepReport& r) {
                         {"batch_tokens", r.batch_tokens}}));
 }
 
-void MetricsWriter::log_val(int64_t step, float val_loss) {
-    write_line(line_of({{"step", step}, {"val_loss", tidy(val_loss)}}));
+void MetricsWriter::log_val(int64_t step, float val_loss, long long val_tokens) {
+    write_line(line_of({{"step", step}, {"val_loss", tidy(val_loss)}, {"val_tokens", val_tokens}}));
 }
 
 void MetricsWriter::log_sample(int64_t step, const std::string& text) {

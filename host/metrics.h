@@ -116,7 +116,7 @@ inline std::string step_line(const StepReport& r) {
 // Appends to <output_dir>/metrics.jsonl (a resumed run continues the file; readers keep the last
 // record of a step). Records:
 //   {"step", "loss", "lr", "grad_norm", "ms", "tokens_per_second", "mfu" (null when unknown), "batch_tokens"}
-//   {"step", "val_loss"}   and   {"step", "sample"}
+//   {"step", "val_loss", "val_tokens" (the valid targets it averaged over, every rank's)}   and   {"step", "sample"}
 //   {"step", "hellaswag_accuracy", "hellaswag_correct", "hellaswag_examples"} (examples scored)
 // Non-finite numbers are written as null (JSON has no NaN).
 class MetricsWriter {
@@ -129,7 +129,7 @@ public:
     const std::string& path() const { return path_; }
 
     void log_step(const StepReport& r);
-    void log_val(int64_t step, float val_loss);
+    void log_val(int64_t step, float val_loss, long long val_tokens);
     void log_sample(int64_t step, const std::string& text);
     void log_hellaswag(int64_t step, long long correct, long long examples);
 
@@ -158,10 +158,10 @@ public:
         std::fprintf(stderr, "train_gpt: step %lld skipped: %s\n", (long long)step, why.c_str());
         std::fflush(stderr);
     }
-    void val(int64_t step, double val_loss) {
+    void val(int64_t step, double val_loss, long long val_tokens) {
         if (!main_) return;
-        std::printf("val loss %.4f\n", val_loss);
-        if (metrics_) metrics_->log_val(step, float(val_loss));
+        std::printf("val loss %.4f (%s tokens)\n", val_loss, with_thousands(val_tokens).c_str());
+        if (metrics_) metrics_->log_val(step, float(val_loss), val_tokens);
     }
     void hellaswag(int64_t step, double accuracy, long long correct, long long total, long long skipped) {
         if (!main_) return;

@@ -249,7 +249,7 @@ TEST_CASE("metrics.jsonl: one JSON object per line, appended, parsing back", "[m
         MetricsWriter writer((dir / "sub").string());  // creates the folder
         path = writer.path();
         writer.log_step(r);
-        writer.log_val(1, 4.5f);
+        writer.log_val(1, 4.5f, 32768);
         writer.log_sample(1, sample);
         // Each line is on disk as soon as it is written (flushed), before the writer closes.
         std::ifstream early(path);
@@ -282,7 +282,7 @@ TEST_CASE("metrics.jsonl: one JSON object per line, appended, parsing back", "[m
     CHECK(step["mfu"] == 0.25);
     CHECK(step["batch_tokens"] == 8192);
     CHECK(step.size() == 8);
-    CHECK(lines[1] == nlohmann::json{{"step", 1}, {"val_loss", 4.5}});
+    CHECK(lines[1] == nlohmann::json{{"step", 1}, {"val_loss", 4.5}, {"val_tokens", 32768}});
     CHECK(lines[2]["step"] == 1);
     CHECK(lines[2]["sample"].get<std::string>() == "He said \"hi\"\nthen\xef\xbf\xbd left");  // U+FFFD
     CHECK(lines[3]["step"] == 2);

@@ -98,6 +98,24 @@ val_of() { python3 -c "import json,sys; print([json.loads(l)['val_loss'] for l i
 grep -q "^note: validation reads 3 batches, not -m/--val-batches 20: the validation split" "$dir/val_default.log" ||
     { echo "smoke: no note for the default -m over a small split"; cat "$dir/val_default.log"; exit 1; }
 [ "$(val_of "$dir/val_default")" = "$(val_of "$dir/val_m3")" ] || { echo "smoke: the default -m did not read the whole small split"; exit 1; }
+# --final-val-batches: the validation after the last step reads its own count (0: the whole split), the
+# others -m's; each record's val_tokens counts the targets it averaged (a batch here: 2 x 32).
+"$bin" -e tiny -b 2 -t 32 -x 2 -v 1 -m 1 --final-val-batches 0 -s 0 -i "$dir/train_*.bin" -j "$dir/small/val_*.bin" \
+    -o "$dir/val_final" > "$dir/val_final.log"
+"$bin" -e tiny -b 2 -t 32 -x 2 -v 1 -m 0 -s 0 -i "$dir/train_*.bin" -j "$dir/small/val_*.bin" -o "$dir/val_all" > "$dir/val_all.log"
+python3 - "$dir/val_final/metrics.jsonl" "$dir/val_all/metrics.jsonl" <<'PY'
+import json, sys
+final, whole = ([json.loads(l) for l in open(p) if '"val_loss"' in l] for p in sys.argv[1:])
+def fail(why):
+    print("smoke: --final-val-batches:", why, final, whole); sys.exit(1)
+if [r["val_tokens"] for r in final] != [64, 192]: fail("val_tokens not 64 then 192")
+if [r["val_tokens"] for r in whole] != [192, 192]: fail("-m 0 did not average 192 targets each time")
+if final[1]["val_loss"] != whole[1]["val_loss"]: fail("the last validation differs from -m 0's")
+if final[0]["val_loss"] == whole[0]["val_loss"]: fail("the first validation read the whole split")
+PY
+grep -q "^val loss [0-9.]* (192 tokens)$" "$dir/val_final.log" || { echo "smoke: no 'val loss ... (192 tokens)' line"; cat "$dir/val_final.log"; exit 1; }
+"$(dirname "$0")/expect_failure.sh" "^train_gpt: --final-val-batches 4 is more than the validation split -j/--val-data '.*small/val_\*.bin' holds 3 batches of 2 x 32 tokens per rank over 1 rank; --final-val-batches 0 takes all of them$" \
+    "$bin" -e tiny -b 2 -t 32 -x 1 -v 1 -m 1 --final-val-batches 4 -s 0 -i "$dir/train_*.bin" -j "$dir/small/val_*.bin" -o "$dir/val_f4"
 
-echo "smoke: a document-masked run; notes for a clipped sample and absent validation shards; errors for -v without shards and an unknown preset; shape flags; validation batches against the split's size"
+echo "smoke: a document-masked run; notes for a clipped sample and absent validation shards; errors for -v without shards and an unknown preset; shape flags; validation batches against the split's size, and the last validation's own count"
 
