@@ -14,11 +14,13 @@
 #include <cstdint>
 #include <string>
 
-// 128 threads a row: 49 16-byte chunks per thread per pass over GPT-2's vocabulary on a GPU (4 warps
-// a block, up to 16 blocks an SM), and in the CPU emulator, where each thread pays a fiber switch at
-// every barrier and reduction, half the waits of 256. A `make train` classifier (512 rows of 50304)
-// measured 1024 threads: 60% of the step; 256: ~75 ms; 128: ~51 ms; 64: ~47 ms.
-constexpr int kClassifierBlockSize = 128;
+// 64 threads a row: 98 16-byte chunks per thread per pass over GPT-2's vocabulary on a GPU (2 warps a
+// block; 32 blocks, an H100 SM's limit, fill its 2048 threads), and in the CPU emulator, where each
+// thread pays a fiber switch at every barrier and reduction, half the waits of 128. A `make train`
+// classifier (512 rows of 50304, quiet 2-core VM, --profile-step) measured 1024 threads: 60% of the
+// step; 256: ~75 ms; 128: 67-72 ms; 64: 44-59 ms; 32: 40-45 ms, but one warp a block would leave half
+// of a GPU SM's threads idle at its 32-block limit.
+constexpr int kClassifierBlockSize = 64;
 
 // Pass 1 of both classifiers: over row[0, columns) (the block's threads in 16-byte chunks), the max M
 // and the sum S of exp(x - M); (-inf, 0) when there are no columns. Block-wide (its reductions
@@ -26,7 +28,7 @@ constexpr int kClassifierBlockSize = 128;
 // s of exp(x - m), in kPack vector lanes added in lane order at the end. One exponential per logit:
 // the online recurrence within a thread (a running max, and s rescaled when it grows) took two, the
 // rescale's and the value's, and was about 40% of a `make train` classifier in the CPU build. A
-// thread's chunks (about 800 bytes over GPT-2's vocabulary) are in L1 for the second read.
+// thread's chunks (about 1.6 KB over GPT-2's vocabulary) are in L1 for the second read.
 __device__ inline void row_max_and_sum(const floatX* row, int columns, float* reduce_scratch, float* out_max, float* out_sum) {
     constexpr int kPack = Packed128<floatX>::size;
     const int first = threadIdx.x * kPack, stride = blockDim.x * kPack;

@@ -150,8 +150,8 @@ TEST_CASE("fused_classifier: logits of +-80 stay finite and accurate") {
 }
 
 TEST_CASE("fused_classifier: rows of many chunks per thread") {
-    // kClassifierBlockSize threads x 8 columns a sweep: V = 20001 gives each thread about 20 chunks
-    // (128 threads); in rising rows a thread's max is in its last chunk, in falling rows its first.
+    // kClassifierBlockSize threads x 8 columns a sweep: V = 20001 gives each thread about 39 chunks
+    // (64 threads); in rising rows a thread's max is in its last chunk, in falling rows its first.
     Problem p = make_problem(5, 20001, 20008, 4.0f, 4);
     for (int j = 0; j < p.V; ++j) {
         p.logits[size_t(1) * p.Vp + j] = from_float<floatX>(-10.0f + 20.0f * j / p.V);
