@@ -183,10 +183,15 @@ ROOT_SUFFIX := $(if $(filter FP32,$(PRECISION)),_fp32,)
 train_gpt_cpu: $(CPU_DIR)/train_gpt_cpu
 	cp $< $@$(ROOT_SUFFIX)
 
-$(CPU_DIR)/train_gpt_cpu: train_gpt.cu $(DEPS_TRACKED) $(call host_lib,$(CPU_DIR),$(PRECISION)) $(CPU_DIR)/libcuemu.a | deps-if-missing
+# Compiled apart from its link, and listed first: train_gpt.cu is the build's longest compile (~90 s
+# on one core here), so under -j it starts at once, beside the libraries, not after them (a fresh
+# clone's build: 135 s before, as `make train` times it).
+$(CPU_DIR)/train_gpt_cpu.o: train_gpt.cu $(DEPS_TRACKED) | deps-if-missing
 	@mkdir -p $(@D)
-	$(CXX) $(CPU_CXXFLAGS) $(DEPFLAGS) -x c++ $< -x none $(call host_lib,$(CPU_DIR),$(PRECISION)) $(CPU_DIR)/libcuemu.a \
-	  $(CPU_LDLIBS) -o $@
+	$(CXX) $(CPU_CXXFLAGS) $(DEPFLAGS) -x c++ -c $< -o $@
+
+$(CPU_DIR)/train_gpt_cpu: $(CPU_DIR)/train_gpt_cpu.o $(call host_lib,$(CPU_DIR),$(PRECISION)) $(CPU_DIR)/libcuemu.a
+	$(CXX) $(CPU_CXXFLAGS) $< $(call host_lib,$(CPU_DIR),$(PRECISION)) $(CPU_DIR)/libcuemu.a $(CPU_LDLIBS) -o $@
 
 $(CPU_DIR)/catch_main.o: test/catch_main.cpp $(DEPS_TRACKED) | deps-if-missing
 	@mkdir -p $(@D)
