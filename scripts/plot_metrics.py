@@ -17,7 +17,8 @@ import sys
 
 
 def read_metrics(path):
-    """Returns (train, val): {step: record} for step records and {step: val_loss}."""
+    """Returns (train, val): {step: record} for step records and {step: (val_loss, val_tokens)} (tokens None
+    in logs older than the field)."""
     train, val = {}, {}
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
@@ -32,7 +33,7 @@ def read_metrics(path):
             if "loss" in record:
                 train[step] = record
             elif "val_loss" in record:
-                val[step] = record["val_loss"]
+                val[step] = (record["val_loss"], record.get("val_tokens"))
     return train, val
 
 
@@ -76,10 +77,15 @@ def main():
     # None (a non-finite value, written as null) leaves a gap in a curve.
     series = lambda key: [train[s].get(key) if train[s].get(key) is not None else float("nan") for s in steps]
     loss_axes.plot(steps, series("loss"), linewidth=1, label="train loss")
-    if val:
-        val_steps = sorted(val)
-        val_loss = [val[s] if val[s] is not None else float("nan") for s in val_steps]
-        loss_axes.plot(val_steps, val_loss, "o-", markersize=3, label="val loss")
+    # Validations over different token counts (make train's curve over a few batches, its last over the
+    # whole split) are separate series, each labelled with its count: their losses are not one curve.
+    by_tokens = {}
+    for s in sorted(val):
+        by_tokens.setdefault(val[s][1], []).append(s)
+    for i, (tokens, val_steps) in enumerate(sorted(by_tokens.items(), key=lambda item: -len(item[1]))):
+        val_loss = [val[s][0] if val[s][0] is not None else float("nan") for s in val_steps]
+        label = "val loss" if tokens is None else f"val loss ({tokens:,} tokens)"
+        loss_axes.plot(val_steps, val_loss, "o-" if i == 0 else "s", markersize=3 if i == 0 else 5, label=label)
     loss_axes.set_ylabel("loss")
     loss_axes.legend()
     loss_axes.set_title(os.path.basename(os.path.dirname(os.path.abspath(path))) or path)

@@ -16,8 +16,9 @@ with open(sys.argv[1], "w") as f:
         loss = None if step == 7 else 10.0 - 0.1 * step
         f.write(json.dumps({"step": step, "loss": loss, "lr": 1e-3, "grad_norm": 1.0 + 0.01 * step, "ms": 700.0,
                             "tokens_per_second": 700.0 + step, "mfu": None, "batch_tokens": 512}) + "\n")
-        if step % 10 == 0:
-            f.write(json.dumps({"step": step, "val_loss": 9.0 - 0.1 * step}) + "\n")
+        if step % 10 == 0:  # the last validation over more tokens (--final-val-batches), one without a count
+            tokens = 8192 if step == 40 else None if step == 10 else 1024
+            f.write(json.dumps({"step": step, "val_loss": 9.0 - 0.1 * step, "val_tokens": tokens}) + "\n")
     f.write(json.dumps({"step": 40, "loss": 5.9, "lr": 1e-3, "grad_norm": 1.4, "ms": 700.0,
                         "tokens_per_second": 741.0, "mfu": None, "batch_tokens": 512}) + "\n")  # resumed: written twice
     f.write('{"step": 41, "loss": 5.')  # cut by a crash
