@@ -81,24 +81,22 @@ struct Evaluation {
     Rng sample_rng{0};
 };
 
-// Batches per validation on each rank: -m, or for -m 0 each rank's share of one pass over the split.
-// More batches than the split holds would read some of them twice (the loader wraps to the split's
-// start) and weigh them double: an explicit -m over the split is an error naming both counts; the
-// default gives way to the whole split with a note (`note`: this rank prints it). The same for the
-// last validation's --final-val-batches (final: true), whose -1 takes -m's count.
-inline int validation_batches(const RunConfig& rc, const DataLoader& val, int batch_ranks, bool note, bool final = false) {
+// Batches per validation on each rank for a count asked by `flag` (-m, or --final-val-batches): 0 is
+// each rank's share of one pass over the split. More batches than the split holds would read some of
+// them twice (the loader wraps to the split's start) and weigh them double: that is an error naming
+// both counts, unless the count is a default that may give way to the whole split with a note
+// (`note`: this rank prints it).
+inline int validation_batches(const RunConfig& rc, const DataLoader& val, int batch_ranks, int requested,
+                              const std::string& flag, bool may_give_way, bool note) {
     const size_t whole = val.samples_per_epoch_per_rank() / size_t(rc.batch_size);  // >= 1: the loader checks
-    const int requested = final ? rc.final_val_batches : rc.val_batches;
-    const std::string flag = final ? "--final-val-batches" : "-m/--val-batches";
-    if (final && requested == -1) return validation_batches(rc, val, batch_ranks, false);  // -m's note is printed once
     if (requested == 0) return int(whole);
     if (size_t(requested) <= whole) return requested;
     const std::string split = "the validation split -j/--val-data '" + rc.val_data + "' holds " + std::to_string(whole) +
                               " batches of " + std::to_string(rc.batch_size) + " x " + std::to_string(rc.seq_len) +
                               " tokens per rank over " + std::to_string(batch_ranks) + (batch_ranks == 1 ? " rank" : " ranks");
-    if (final || rc.was_given("val-batches"))
+    if (!may_give_way)
         throw ConfigError(flag + " " + std::to_string(requested) + " is more than " + split + "; " +
-                          (final ? "--final-val-batches" : "-m") + " 0 takes all of them");
+                          flag.substr(0, flag.find('/')) + " 0 takes all of them");
     if (note) std::printf("note: validation reads %zu batches, not %s %d: %s\n", whole, flag.c_str(), requested, split.c_str());
     return int(whole);
 }
@@ -122,8 +120,11 @@ inline Evaluation evaluation_of(const RunConfig& rc, const Distributed& d, int v
     if (rc.val_every > 0 && !no_val_shards) {
         e.val.emplace(rc.val_data, rc.batch_size, rc.seq_len, batch_rank, batch_ranks, uint64_t(rc.seed), false);
         e.val->check_tokens(vocab_size);
-        e.val_batches = validation_batches(rc, *e.val, batch_ranks, d.rank == 0);
-        e.final_val_batches = validation_batches(rc, *e.val, batch_ranks, d.rank == 0, true);
+        e.val_batches = validation_batches(rc, *e.val, batch_ranks, rc.val_batches, "-m/--val-batches",
+                                           !rc.was_given("val-batches"), d.rank == 0);
+        e.final_val_batches = rc.final_val_batches == -1 ? e.val_batches
+                                                         : validation_batches(rc, *e.val, batch_ranks, rc.final_val_batches,
+                                                                              "--final-val-batches", false, d.rank == 0);
     }
     if (!rc.hellaswag.empty()) e.hellaswag = read_hellaswag(rc.hellaswag, vocab_size);
     e.tokenizer = tokenizer_beside(rc.train_data);
