@@ -337,6 +337,14 @@ template <typename Op, int... Offsets> void warp_xor_chain_pair(float& a, float&
     b = out[1];
 }
 
+// kCount values' chains (kernels/common.cuh's warp_xor_chain_each) as one collective.
+template <typename Op, int kCount, int... Offsets> void warp_xor_chain_each(float (&v)[kCount]) {
+    static_assert(sizeof...(Offsets) > 0 && ((Offsets > 0 && Offsets < 32) && ...), "xor offsets are lanes 1..31");
+    float out[kCount];
+    warp_exchange(0xffffffffu, v, out, &xor_chain_combine<Op, kCount, Offsets...>, "__shfl_xor_sync chains");
+    for (int i = 0; i < kCount; ++i) v[i] = out[i];
+}
+
 // mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (all 32 lanes): d = a * b + c, fragments
 // as the PTX ISA lays them out. d may alias c.
 void mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]);

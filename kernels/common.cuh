@@ -230,12 +230,24 @@ template <typename Op, int... Offsets> __device__ inline void warp_xor_chain_pai
 #endif
 }
 
+// kCount values' chains at once (warp_xor_chain_pair for any count): one collective in the CPU build.
+template <typename Op, int kCount, int... Offsets> __device__ inline void warp_xor_chain_each(float (&v)[kCount]) {
+#ifdef __CUDACC__
+    FULL_UNROLL
+    for (int i = 0; i < kCount; ++i) ((v[i] = Op{}(v[i], __shfl_xor_sync(0xffffffffu, v[i], Offsets))), ...);
+#else
+    cuemu::warp_xor_chain_each<Op, kCount, Offsets...>(v);
+#endif
+}
+
 // Butterfly reduction over the 32 lanes of a warp; every lane gets the result.
 template <typename Op> __device__ inline float warp_reduce(float v, Op) { return warp_xor_chain<Op, 16, 8, 4, 2, 1>(v); }
 __device__ inline float warp_sum(float v) { return warp_reduce(v, AddOp{}); }
 __device__ inline float warp_max(float v) { return warp_reduce(v, MaxOp{}); }
 // warp_sum of a and of b.
 __device__ inline void warp_sum_pair(float& a, float& b) { warp_xor_chain_pair<AddOp, 16, 8, 4, 2, 1>(a, b); }
+// warp_sum of each of kCount values.
+template <int kCount> __device__ inline void warp_sum_each(float (&v)[kCount]) { warp_xor_chain_each<AddOp, kCount, 16, 8, 4, 2, 1>(v); }
 
 // Reduction over the block, returned to every thread. blockDim.x must be a multiple of 32 (at most
 // 1024); `scratch` is kBlockReduceScratch floats of shared memory, which the next block_reduce over

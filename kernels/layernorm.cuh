@@ -86,6 +86,14 @@ template <int kLanes> __device__ inline float row_lanes_sum(float v) {
     else if constexpr (kLanes == 16) return warp_xor_chain<AddOp, 8, 4, 2, 1>(v);
     else return warp_xor_chain<AddOp, 4, 2, 1>(v);
 }
+// row_lanes_sum of each of kCount values (the rows of a group, layernorm_rows_in_registers): one
+// collective.
+template <int kLanes, int kCount> __device__ inline void row_lanes_sum_each(float (&v)[kCount]) {
+    static_assert(kLanes == 8 || kLanes == 16 || kLanes == 32, "a row takes 8, 16 or 32 lanes");
+    if constexpr (kLanes == 32) warp_sum_each(v);
+    else if constexpr (kLanes == 16) warp_xor_chain_each<AddOp, kCount, 8, 4, 2, 1>(v);
+    else warp_xor_chain_each<AddOp, kCount, 4, 2, 1>(v);
+}
 // The row's mean and rstd from its lanes' partial sums (two reductions).
 template <int kLanes = 32> __device__ inline float row_mean(float sum, int C) { return row_lanes_sum<kLanes>(sum) / float(C); }
 template <int kLanes = 32> __device__ inline float row_rstd(float squares, int C) {
@@ -109,28 +117,43 @@ template <int kLanes = 32> __device__ inline void store_statistics(float* mean_o
 }
 }  // namespace layernorm_detail
 
-// The statistics and output of a row whose packs are in `row` (lane's pack p is pack lane + kLanes p).
-// A row past the last (valid false: the rest of a warp shared by rows) computes on zeros, so that its
-// lanes take part in the reductions, and stores nothing.
-template <int kPacks, int kLanes>
-__device__ inline void layernorm_row_in_registers(floatX* out, float* mean_out, float* rstd_out,
-                                                  const Packed128<floatX> (&row)[kPacks], const floatX* weight,
-                                                  const floatX* bias, int C, bool valid = true) {
+// Rows a warp's lanes take together in the register form: kPacks packs of each in registers. Their
+// sums cross the lanes in one shuffle collective per reduction (a fiber switch per thread each in the
+// CPU emulator, which were most of its cost at one row a warp: GPT-2 124M's residual LayerNorms 15 ms
+// a step); 2 rows at 8 packs a lane keep the registers those rows need at 64 for the packs.
+__host__ __device__ constexpr int layernorm_rows_per_group(int packs) { return packs == 0 ? 1 : packs <= 4 ? 4 : 2; }
+
+// The statistics and output of kRows rows whose packs are in `rows` (lane's pack p of row r is pack
+// lane + kLanes p of row r), row r at out + r C, mean_out[r], rstd_out[r]. Rows from `valid_rows` on
+// (past the last row of the batch) compute on zeros, so that their lanes take part in the reductions,
+// and store nothing. Each row's sums are the one-row form's, in its order.
+template <int kPacks, int kLanes, int kRows>
+__device__ inline void layernorm_rows_in_registers(floatX* out, float* mean_out, float* rstd_out,
+                                                   const Packed128<floatX> (&rows)[kRows][kPacks], const floatX* weight,
+                                                   const floatX* bias, int C, int valid_rows) {
     using namespace layernorm_detail;
     const int lane = int(threadIdx.x % kLanes);
     const auto column = [&](int p) { return (lane + kLanes * p) * Pack::size; };
-    float sum = 0.0f;
-    for (int p = 0; p < kPacks; ++p)
-        if (column(p) < C) add_values(sum, row[p]);
-    const float mean = row_mean<kLanes>(sum, C);
-    float squares = 0.0f;
-    for (int p = 0; p < kPacks; ++p)
-        if (column(p) < C) add_squared_deviations(squares, row[p], mean);
-    const float rstd = row_rstd<kLanes>(squares, C);
-    if (!valid) return;
-    for (int p = 0; p < kPacks; ++p)
-        if (column(p) < C) store_normalized(out, weight, bias, column(p), row[p], mean, rstd);
-    store_statistics<kLanes>(mean_out, rstd_out, mean, rstd);
+    float mean[kRows], rstd[kRows];
+    for (int r = 0; r < kRows; ++r) {
+        mean[r] = 0.0f;
+        for (int p = 0; p < kPacks; ++p)
+            if (column(p) < C) add_values(mean[r], rows[r][p]);
+    }
+    row_lanes_sum_each<kLanes>(mean);
+    for (int r = 0; r < kRows; ++r) mean[r] /= float(C);
+    for (int r = 0; r < kRows; ++r) {
+        rstd[r] = 0.0f;  // the squares first
+        for (int p = 0; p < kPacks; ++p)
+            if (column(p) < C) add_squared_deviations(rstd[r], rows[r][p], mean[r]);
+    }
+    row_lanes_sum_each<kLanes>(rstd);
+    for (int r = 0; r < kRows; ++r) rstd[r] = rsqrtf(rstd[r] / float(C) + kLayernormEps);
+    for (int r = 0; r < kRows && r < valid_rows; ++r) {
+        for (int p = 0; p < kPacks; ++p)
+            if (column(p) < C) store_normalized(out + size_t(r) * C, weight, bias, column(p), rows[r][p], mean[r], rstd[r]);
+        store_statistics<kLanes>(mean_out ? mean_out + r : nullptr, rstd_out ? rstd_out + r : nullptr, mean[r], rstd[r]);
+    }
 }
 
 // The streaming form: the row read three times.
@@ -149,31 +172,40 @@ __device__ inline void layernorm_row_streamed(floatX* out, float* mean_out, floa
     store_statistics(mean_out, rstd_out, mean, rstd);
 }
 
-constexpr int kLayernormForwardBlock = 256;  // 8 rows per block (16 or 32 in the sub-warp forms)
+constexpr int kLayernormForwardBlock = 256;  // 8 warps; a warp takes a group of rows (16 or 32 in the sub-warp forms)
+
+// The forward kernels' grid for N rows in the form (packs, lanes): groups of layernorm_rows_per_group
+// rows, kLayernormForwardBlock / lanes groups a block.
+inline dim3 layernorm_forward_grid(int N, int packs, int lanes) {
+    return dim3(unsigned(ceil_div(N, kLayernormForwardBlock / lanes * layernorm_rows_per_group(packs))));
+}
 
 // kPacks: packs per lane held in registers; 0: the streaming form. kLanes: lanes per row (32 for the
-// streaming form).
+// streaming form). The kLanes lanes of group g take rows g kRows .. g kRows + kRows - 1.
 template <int kPacks, int kLanes>
 static __global__ void layernorm_forward_kernel(floatX* out, float* mean, float* rstd, const floatX* inp,
                                          const floatX* weight, const floatX* bias, int N, int C) {
     using Pack = Packed128<floatX>;
     static_assert(kPacks > 0 || kLanes == 32, "the streaming form takes a warp a row");
-    const int row = int(blockIdx.x * (blockDim.x / kLanes) + threadIdx.x / kLanes);
-    if (kLanes == 32 && row >= N) return;  // whole warps leave; no block-wide barrier follows
-    const bool valid = row < N;            // (rows sharing a warp all take part in its reductions)
-    const size_t offset = size_t(valid ? row : 0) * C;
-    float* row_mean = mean ? mean + row : nullptr;
-    float* row_rstd = rstd ? rstd + row : nullptr;
+    constexpr int kRows = layernorm_rows_per_group(kPacks);
+    const int first = int(blockIdx.x * (blockDim.x / kLanes) + threadIdx.x / kLanes) * kRows;
+    if (kLanes == 32 && first >= N) return;  // whole warps leave; no block-wide barrier follows
+    const int valid_rows = N - first;        // (rows sharing a warp all take part in its reductions)
+    float* first_mean = mean && valid_rows > 0 ? mean + first : nullptr;
+    float* first_rstd = rstd && valid_rows > 0 ? rstd + first : nullptr;
     if constexpr (kPacks == 0) {
-        layernorm_row_streamed(out + offset, row_mean, row_rstd, inp + offset, weight, bias, C);
+        const size_t offset = size_t(first) * C;
+        layernorm_row_streamed(out + offset, first_mean, first_rstd, inp + offset, weight, bias, C);
     } else {
         const int lane = int(threadIdx.x % kLanes);
-        Pack x[kPacks];
-        for (int p = 0; p < kPacks; ++p) {  // every load issued before the first use
-            const int c = (lane + kLanes * p) * Pack::size;
-            x[p] = valid && c < C ? load128cs(inp + offset + c) : Pack::filled(0.0f);
-        }
-        layernorm_row_in_registers<kPacks, kLanes>(out + offset, row_mean, row_rstd, x, weight, bias, C, valid);
+        Pack x[kRows][kPacks];
+        for (int r = 0; r < kRows; ++r)  // every load issued before the first use
+            for (int p = 0; p < kPacks; ++p) {
+                const int c = (lane + kLanes * p) * Pack::size;
+                x[r][p] = r < valid_rows && c < C ? load128cs(inp + size_t(first + r) * C + c) : Pack::filled(0.0f);
+            }
+        const size_t offset = size_t(valid_rows > 0 ? first : 0) * C;
+        layernorm_rows_in_registers<kPacks, kLanes, kRows>(out + offset, first_mean, first_rstd, x, weight, bias, C, valid_rows);
     }
 }
 
@@ -183,36 +215,39 @@ static __global__ void fused_residual_layernorm_forward_kernel(floatX* residual,
                                                         const floatX* bias, int N, int C) {
     using Pack = Packed128<floatX>;
     static_assert(kPacks > 0 || kLanes == 32, "the streaming form takes a warp a row");
-    const int row = int(blockIdx.x * (blockDim.x / kLanes) + threadIdx.x / kLanes);
-    if (kLanes == 32 && row >= N) return;
-    const bool valid = row < N;  // (see layernorm_forward_kernel)
-    const size_t offset = size_t(valid ? row : 0) * C;
+    constexpr int kRows = layernorm_rows_per_group(kPacks);
+    const int first = int(blockIdx.x * (blockDim.x / kLanes) + threadIdx.x / kLanes) * kRows;
+    if (kLanes == 32 && first >= N) return;
+    const int valid_rows = N - first;  // (see layernorm_forward_kernel)
     const int lane = int(threadIdx.x % kLanes);
-    float* row_mean = mean ? mean + row : nullptr;
-    float* row_rstd = rstd ? rstd + row : nullptr;
+    float* first_mean = mean && valid_rows > 0 ? mean + first : nullptr;
+    float* first_rstd = rstd && valid_rows > 0 ? rstd + first : nullptr;
     // The statistics come from the rounded residual that the next layer reads.
-    const auto residual_pack = [&](int c) {
+    const auto residual_pack = [&](size_t offset) {
         float a[Pack::size], b[Pack::size];
-        unpack_floats(a, load128cs(inp1 + offset + c));
-        unpack_floats(b, load128cs(inp2 + offset + c));
+        unpack_floats(a, load128cs(inp1 + offset));
+        unpack_floats(b, load128cs(inp2 + offset));
         LANE_LOOP
         for (int k = 0; k < Pack::size; ++k) a[k] += b[k];
         const Pack r = pack_floats<floatX>(a);
-        store128(residual + offset + c, r);
+        store128(residual + offset, r);
         return r;
     };
     if constexpr (kPacks == 0) {
         // Each lane writes the very packs it reads back (the same lane-to-pack map), so it sees its
         // own stores without any synchronization.
-        for (int c = lane * Pack::size; c < C; c += 32 * Pack::size) residual_pack(c);
-        layernorm_row_streamed(out + offset, row_mean, row_rstd, residual + offset, weight, bias, C);
+        const size_t offset = size_t(first) * C;
+        for (int c = lane * Pack::size; c < C; c += 32 * Pack::size) residual_pack(offset + c);
+        layernorm_row_streamed(out + offset, first_mean, first_rstd, residual + offset, weight, bias, C);
     } else {
-        Pack r[kPacks];
-        for (int p = 0; p < kPacks; ++p) {
-            const int c = (lane + kLanes * p) * Pack::size;
-            r[p] = valid && c < C ? residual_pack(c) : Pack::filled(0.0f);
-        }
-        layernorm_row_in_registers<kPacks, kLanes>(out + offset, row_mean, row_rstd, r, weight, bias, C, valid);
+        Pack r[kRows][kPacks];
+        for (int row = 0; row < kRows; ++row)
+            for (int p = 0; p < kPacks; ++p) {
+                const int c = (lane + kLanes * p) * Pack::size;
+                r[row][p] = row < valid_rows && c < C ? residual_pack(size_t(first + row) * C + c) : Pack::filled(0.0f);
+            }
+        const size_t offset = size_t(valid_rows > 0 ? first : 0) * C;
+        layernorm_rows_in_registers<kPacks, kLanes, kRows>(out + offset, first_mean, first_rstd, r, weight, bias, C, valid_rows);
     }
 }
 
@@ -254,8 +289,8 @@ inline void layernorm_forward(floatX* out, float* mean, float* rstd, const float
     const KernelCost cost = layernorm_forward_cost(N, C, mean != nullptr, false);
     with_layernorm_form(C, [&](auto packs, auto lanes) {
         constexpr int P = decltype(packs)::value, L = decltype(lanes)::value;
-        launch<layernorm_forward_kernel<P, L>>(cost, dim3(ceil_div(N, kLayernormForwardBlock / L)), dim3(kLayernormForwardBlock), 0,
-                                               stream, out, mean, rstd, inp, weight, bias, N, C);
+        launch<layernorm_forward_kernel<P, L>>(cost, layernorm_forward_grid(N, P, L), dim3(kLayernormForwardBlock), 0, stream, out,
+                                               mean, rstd, inp, weight, bias, N, C);
     });
 }
 
@@ -268,9 +303,8 @@ inline void fused_residual_layernorm_forward(floatX* residual, floatX* out, floa
     const KernelCost cost = layernorm_forward_cost(N, C, mean != nullptr, true);
     with_layernorm_form(C, [&](auto packs, auto lanes) {
         constexpr int P = decltype(packs)::value, L = decltype(lanes)::value;
-        launch<fused_residual_layernorm_forward_kernel<P, L>>(cost, dim3(ceil_div(N, kLayernormForwardBlock / L)),
-                                                              dim3(kLayernormForwardBlock), 0, stream, residual, out, mean, rstd,
-                                                              inp1, inp2, weight, bias, N, C);
+        launch<fused_residual_layernorm_forward_kernel<P, L>>(cost, layernorm_forward_grid(N, P, L), dim3(kLayernormForwardBlock), 0,
+                                                              stream, residual, out, mean, rstd, inp1, inp2, weight, bias, N, C);
     });
 }
 
@@ -294,115 +328,120 @@ inline size_t layernorm_backward_scratch_floats(int N, int C) {
     return size_t(layernorm_backward_blocks(N)) * 2 * size_t(std::max(C, 0));
 }
 
-// kPipelined: a row's statistics and this thread's dout and inp packs are loaded one row ahead, so
-// those loads are in flight while the row before is reduced and waits at the barrier. That holds
-// two rows' packs in registers, which fits blocks of up to kLayernormPipelinedThreads (C <= 2048);
-// at 1024 threads (64 registers each) it spilled on sm_90, so wider rows load each row when they
-// reach it. Both forms compute the same values in the same order.
-constexpr int kLayernormPipelinedThreads = 256;
+// kRows: rows taken together. Their statistics and this thread's dout and inp packs are loaded
+// before any is used (their loads in flight together), and their row sums cross the warp in one
+// shuffle collective and the block through one barrier: a fiber switch per thread each in the CPU
+// emulator, which were most of its cost at one row a round (GPT-2 124M's 25 launches a step: 27 ms).
+// kLayernormRowsPerRound rows' packs fit in registers at blocks of up to kLayernormBatchedThreads
+// (C <= 2048 in BF16); at 1024 threads (64 registers each) wider rows take one row a round. Every row's
+// sums are the same values in the same order either way, so both forms give the same bits.
+constexpr int kLayernormRowsPerRound = 4;
+constexpr int kLayernormBatchedThreads = 256;
 
-template <bool kPipelined>
-static __global__ void __launch_bounds__(kPipelined ? kLayernormPipelinedThreads : 1024)
+template <int kRows>
+static __global__ void __launch_bounds__(kRows > 1 ? kLayernormBatchedThreads : 1024)
     layernorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout, const floatX* inp, const floatX* weight,
                               const float* mean, const float* rstd, int N, int C) {
     using Pack = Packed128<floatX>;
     constexpr int kChannels = kLayernormChannelsPerThread;
     constexpr int kPacks = kChannels / Pack::size;
-    // Per row, each warp's two sums; two buffers so that one barrier per row suffices: a warp can
-    // only overwrite buffer (row parity) after the next row's barrier, which every warp reaches
-    // after it has read this row's sums.
-    __shared__ float warp_sums[2][32][2];
+    constexpr int kSums = 2 * kRows;  // per row of a round: sum(dxhat), sum(dxhat * xhat)
+    // Per round, each warp's sums; two buffers so that one barrier per round suffices: a warp can
+    // only overwrite buffer (round parity) after the next round's barrier, which every warp reaches
+    // after it has read this round's sums.
+    __shared__ float warp_sums[2][32][kSums];
     const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32), warps = int(blockDim.x / 32);
     const int c0 = int(threadIdx.x) * kChannels;
     const bool owns_channels = c0 < C;  // the last warp may be partial: its idle lanes add zeros
 
     float dweight_sum[kChannels] = {}, dbias_sum[kChannels] = {};
-    float next_mean = 0.0f, next_rstd = 0.0f;
-    Pack next_d[kPacks], next_x[kPacks];
-    const auto load_row = [&](int row) {  // every value set each time: nothing carried between rows
-        next_mean = mean[row];
-        next_rstd = rstd[row];
-        const size_t offset = size_t(row) * C + c0;
-        for (int p = 0; p < kPacks; ++p) {
-            next_d[p] = owns_channels ? load128cs(dout + offset + p * Pack::size) : Pack::filled(0.0f);
-            next_x[p] = owns_channels ? load128cs(inp + offset + p * Pack::size) : Pack::filled(0.0f);
-        }
-    };
-    if (kPipelined && int(blockIdx.x) < N) load_row(int(blockIdx.x));
+    // The block's rows are blockIdx.x, blockIdx.x + gridDim.x, ...; a round takes kRows of them.
+    const int stride = int(gridDim.x);
     int parity = 0;
-    for (int row = int(blockIdx.x); row < N; row += int(gridDim.x), parity ^= 1) {
-        if (!kPipelined) load_row(row);
-        const float row_mean = next_mean, row_rstd = next_rstd;
-        Pack d[kPacks], x[kPacks];
-        for (int p = 0; p < kPacks; ++p) d[p] = next_d[p], x[p] = next_x[p];
-        if (kPipelined && row + int(gridDim.x) < N) load_row(row + int(gridDim.x));
-        const size_t offset = size_t(row) * C + c0;
+    for (int first = int(blockIdx.x); first < N; first += kRows * stride, parity ^= 1) {
+        float row_mean[kRows], row_rstd[kRows];
+        Pack d[kRows][kPacks], x[kRows][kPacks];
+        for (int r = 0; r < kRows; ++r) {  // rows past N read as zeros and store nothing
+            const int row = first + r * stride;
+            const bool load = row < N && owns_channels;
+            row_mean[r] = row < N ? mean[row] : 0.0f;
+            row_rstd[r] = row < N ? rstd[row] : 0.0f;
+            const size_t offset = size_t(load ? row : 0) * C + c0;
+            for (int p = 0; p < kPacks; ++p) {
+                d[r][p] = load ? load128cs(dout + offset + p * Pack::size) : Pack::filled(0.0f);
+                x[r][p] = load ? load128cs(inp + offset + p * Pack::size) : Pack::filled(0.0f);
+            }
+        }
         // xhat and dxhat are recomputed in the second pass from the packs (the same expressions, so
-        // the same values) rather than kept: 16 registers fewer. Pack by pack as float arrays, so that
+        // the same values) rather than kept: registers fewer. Pack by pack as float arrays, so that
         // the CPU build runs the per-channel math as SIMD (it was scalar, a 16-bit load per value); the
         // multiply-adds are explicit fmaf, as in the forward pass, so that the compiler's contraction
         // choices (scalar and SIMD code contract differently) cannot change the bits.
-        Pack w[kPacks];  // the same every row, reloaded (from L1): at 64 registers, keeping it spilled
+        Pack w[kPacks];  // the same every round, reloaded (from L1): kept, it spilled at 64 registers
         for (int p = 0; p < kPacks; ++p) w[p] = owns_channels ? load128(weight + c0 + p * Pack::size) : Pack::filled(0.0f);
-        const auto values = [&](int p, float (&dy)[Pack::size], float (&xhat)[Pack::size], float (&dxhat)[Pack::size]) {
+        const auto values = [&](int r, int p, float (&dy)[Pack::size], float (&xhat)[Pack::size], float (&dxhat)[Pack::size]) {
             float wv[Pack::size];
-            unpack_floats(dy, d[p]);
-            unpack_floats(xhat, x[p]);
+            unpack_floats(dy, d[r][p]);
+            unpack_floats(xhat, x[r][p]);
             unpack_floats(wv, w[p]);
             LANE_LOOP
             for (int k = 0; k < Pack::size; ++k) {
-                xhat[k] = (xhat[k] - row_mean) * row_rstd;
+                xhat[k] = (xhat[k] - row_mean[r]) * row_rstd[r];
                 dxhat[k] = dy[k] * wv[k];
             }
         };
-        float dxhat_sum = 0.0f, dxhat_xhat_sum = 0.0f;
-        if (owns_channels) {
-            for (int p = 0; p < kPacks; ++p) {
-                float dy[Pack::size], xhat[Pack::size], dxhat[Pack::size];
-                values(p, dy, xhat, dxhat);
-                for (int k = 0; k < Pack::size; ++k) {  // the row sums: one chain each, in channel order
-                    dxhat_sum += dxhat[k];
-                    dxhat_xhat_sum = fmaf(dxhat[k], xhat[k], dxhat_xhat_sum);
-                }
-                LANE_LOOP
-                for (int k = 0; k < Pack::size; ++k) {
-                    dbias_sum[p * Pack::size + k] += dy[k];
-                    dweight_sum[p * Pack::size + k] = fmaf(dy[k], xhat[k], dweight_sum[p * Pack::size + k]);
+        float sums[kSums];  // row r's at 2r and 2r + 1
+        for (int r = 0; r < kRows; ++r) {
+            float dxhat_sum = 0.0f, dxhat_xhat_sum = 0.0f;
+            if (owns_channels && first + r * stride < N) {
+                for (int p = 0; p < kPacks; ++p) {
+                    float dy[Pack::size], xhat[Pack::size], dxhat[Pack::size];
+                    values(r, p, dy, xhat, dxhat);
+                    for (int k = 0; k < Pack::size; ++k) {  // the row sums: one chain each, in channel order
+                        dxhat_sum += dxhat[k];
+                        dxhat_xhat_sum = fmaf(dxhat[k], xhat[k], dxhat_xhat_sum);
+                    }
+                    LANE_LOOP
+                    for (int k = 0; k < Pack::size; ++k) {
+                        dbias_sum[p * Pack::size + k] += dy[k];
+                        dweight_sum[p * Pack::size + k] = fmaf(dy[k], xhat[k], dweight_sum[p * Pack::size + k]);
+                    }
                 }
             }
+            sums[2 * r] = dxhat_sum;
+            sums[2 * r + 1] = dxhat_xhat_sum;
         }
-        warp_sum_pair(dxhat_sum, dxhat_xhat_sum);
-        float block_dxhat = 0.0f, block_dxhat_xhat = 0.0f;
-        if (kPipelined && warps == 1) {
+        warp_sum_each(sums);
+        float block_sums[kSums] = {};
+        if (kRows > 1 && warps == 1) {
             // A one-warp block (C <= 256 in BF16): its sums are the warp's, added to 0 as below (the
             // same bits), with no shared memory and no barrier, which costs every thread a fiber
-            // switch in the CPU emulator. Uniform over the block. (The plain form's blocks are wider
+            // switch in the CPU emulator. Uniform over the block. (The one-row form's blocks are wider
             // than 256 threads; the path compiled there cost its FP32 build a spill at 64 registers.)
             if (!owns_channels) continue;
-            block_dxhat += dxhat_sum;
-            block_dxhat_xhat += dxhat_xhat_sum;
+            for (int i = 0; i < kSums; ++i) block_sums[i] += sums[i];
         } else {
-            if (lane == 0) {
-                warp_sums[parity][warp][0] = dxhat_sum;
-                warp_sums[parity][warp][1] = dxhat_xhat_sum;
-            }
+            if (lane == 0)
+                for (int i = 0; i < kSums; ++i) warp_sums[parity][warp][i] = sums[i];
             __syncthreads();
             if (!owns_channels) continue;
-            for (int wi = 0; wi < warps; ++wi) {  // the same order in every thread: identical means
-                block_dxhat += warp_sums[parity][wi][0];
-                block_dxhat_xhat += warp_sums[parity][wi][1];
-            }
+            for (int wi = 0; wi < warps; ++wi)  // the same order in every thread: identical means
+                for (int i = 0; i < kSums; ++i) block_sums[i] += warp_sums[parity][wi][i];
         }
-        const float mean_dxhat = block_dxhat / float(C), mean_dxhat_xhat = block_dxhat_xhat / float(C);
-        for (int p = 0; p < kPacks; ++p) {
-            float dy[Pack::size], xhat[Pack::size], dxhat[Pack::size], g[Pack::size];
-            values(p, dy, xhat, dxhat);
-            floatX* grad = dinp + offset + p * Pack::size;
-            unpack_floats(g, load128(grad));
-            LANE_LOOP
-            for (int k = 0; k < Pack::size; ++k)
-                g[k] = fmaf(row_rstd, fmaf(-xhat[k], mean_dxhat_xhat, dxhat[k] - mean_dxhat), g[k]);
-            store128(grad, pack_floats<floatX>(g));
+        for (int r = 0; r < kRows; ++r) {
+            const int row = first + r * stride;
+            if (row >= N) break;
+            const float mean_dxhat = block_sums[2 * r] / float(C), mean_dxhat_xhat = block_sums[2 * r + 1] / float(C);
+            for (int p = 0; p < kPacks; ++p) {
+                float dy[Pack::size], xhat[Pack::size], dxhat[Pack::size], g[Pack::size];
+                values(r, p, dy, xhat, dxhat);
+                floatX* grad = dinp + size_t(row) * C + c0 + p * Pack::size;
+                unpack_floats(g, load128(grad));
+                LANE_LOOP
+                for (int k = 0; k < Pack::size; ++k)
+                    g[k] = fmaf(row_rstd[r], fmaf(-xhat[k], mean_dxhat_xhat, dxhat[k] - mean_dxhat), g[k]);
+                store128(grad, pack_floats<floatX>(g));
+            }
         }
     }
     if (!owns_channels) return;
@@ -456,12 +495,12 @@ inline void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias, flo
     // dout, inp read; dinp read and written (+=); weight, mean, rstd read; the partials written.
     const double nc = double(N) * C, X = sizeof(floatX), partial_floats = double(blocks) * 2 * C;
     const KernelCost cost{14.0 * nc, 4.0 * nc * X + double(C) * X + 2.0 * N * sizeof(float) + partial_floats * sizeof(float)};
-    if (threads <= unsigned(kLayernormPipelinedThreads))
-        launch<layernorm_backward_kernel<true>>(cost, dim3(blocks), dim3(threads), 0, stream, dinp, scratch, dout, inp,
-                                                weight, mean, rstd, N, C);
+    if (threads <= unsigned(kLayernormBatchedThreads))
+        launch<layernorm_backward_kernel<kLayernormRowsPerRound>>(cost, dim3(blocks), dim3(threads), 0, stream, dinp, scratch,
+                                                                  dout, inp, weight, mean, rstd, N, C);
     else
-        launch<layernorm_backward_kernel<false>>(cost, dim3(blocks), dim3(threads), 0, stream, dinp, scratch, dout, inp,
-                                                 weight, mean, rstd, N, C);
+        launch<layernorm_backward_kernel<1>>(cost, dim3(blocks), dim3(threads), 0, stream, dinp, scratch, dout, inp, weight,
+                                             mean, rstd, N, C);
     // The partials summed (one add each) and added into dweight and dbias (read and written).
     const KernelCost reduce_cost{partial_floats + 2.0 * C, partial_floats * sizeof(float) + 4.0 * C * X};
     launch<layernorm_param_grads_kernel>(reduce_cost, dim3(ceil_div(2 * size_t(C), 32)), dim3(32, layernorm_reduce_slices(blocks)),

@@ -347,7 +347,7 @@ LayernormForm check_forms_agree(int N, int C, std::mt19937& rng) {
     };
     auto run = [&](auto packs, auto lanes, bool fused) {
         constexpr int P = decltype(packs)::value, L = decltype(lanes)::value;
-        const dim3 grid(ceil_div(N, kLayernormForwardBlock / L)), block(kLayernormForwardBlock);
+        const dim3 grid = layernorm_forward_grid(N, P, L), block(kLayernormForwardBlock);
         DeviceBuffer<floatX> out(inp1.size()), residual(inp1.size());
         DeviceBuffer<float> mean(N), rstd(N);
         if (fused)
@@ -394,10 +394,11 @@ TEST_CASE("layernorm forward: the row in registers gives the streaming form's bi
     CHECK(forms == want);
 }
 
-// The backward pass's pipelined form (loads one row ahead; blocks of up to kLayernormPipelinedThreads)
-// and its plain form (for wider rows) compute the same values in the same order: the same dinp and
-// partial sums, bit for bit, including a grid whose blocks take several rows each.
-TEST_CASE("layernorm backward: the pipelined form gives the plain form's bits") {
+// The backward pass's batched form (kLayernormRowsPerRound rows a round; blocks of up to
+// kLayernormBatchedThreads) and its one-row form (for wider rows) compute the same values in the same
+// order: the same dinp and partial sums, bit for bit, including grids whose blocks take several rounds
+// and a last round with fewer rows than a round holds.
+TEST_CASE("layernorm backward: the batched form gives the one-row form's bits") {
     std::mt19937 rng(5);
     for (const Shape& s : {Shape{9001, 16, 1.0f}, Shape{37, 768, 2.0f}, Shape{13, 2048, 0.0f}}) {
         INFO("N = " << s.N << ", C = " << s.C);
@@ -411,19 +412,19 @@ TEST_CASE("layernorm backward: the pipelined form gives the plain form's bits") 
         DeviceBuffer<float> d_mean(mean), d_rstd(rstd);
         const int blocks = layernorm_backward_blocks(s.N);
         const unsigned threads = ceil_div(ceil_div(s.C, kLayernormChannelsPerThread), 32) * 32;
-        REQUIRE(threads <= unsigned(kLayernormPipelinedThreads));
-        auto run = [&](auto pipelined) {
+        REQUIRE(threads <= unsigned(kLayernormBatchedThreads));
+        auto run = [&](auto rows) {
             DeviceBuffer<floatX> dinp(dinp_init);
             DeviceBuffer<float> partials(layernorm_backward_scratch_floats(s.N, s.C));
-            launch<layernorm_backward_kernel<decltype(pipelined)::value>>(dim3(blocks), dim3(threads), 0, nullptr, dinp.ptr,
-                                                                          partials.ptr, d_dout.ptr, d_inp.ptr, d_weight.ptr,
-                                                                          d_mean.ptr, d_rstd.ptr, s.N, s.C);
+            launch<layernorm_backward_kernel<decltype(rows)::value>>(dim3(blocks), dim3(threads), 0, nullptr, dinp.ptr,
+                                                                     partials.ptr, d_dout.ptr, d_inp.ptr, d_weight.ptr,
+                                                                     d_mean.ptr, d_rstd.ptr, s.N, s.C);
             return std::pair(dinp.download(), partials.download());
         };
-        const auto [dinp_pipelined, partials_pipelined] = run(std::true_type{});
-        const auto [dinp_plain, partials_plain] = run(std::false_type{});
-        CHECK(bitwise_equal(dinp_pipelined, dinp_plain));
-        CHECK(partials_pipelined == partials_plain);
+        const auto [dinp_batched, partials_batched] = run(std::integral_constant<int, kLayernormRowsPerRound>{});
+        const auto [dinp_plain, partials_plain] = run(std::integral_constant<int, 1>{});
+        CHECK(bitwise_equal(dinp_batched, dinp_plain));
+        CHECK(partials_batched == partials_plain);
         CHECK(!bitwise_equal(dinp_plain, dinp_init));  // the kernels did add something
     }
 }
