@@ -24,6 +24,10 @@ constexpr size_t kGlobalNormMaxBlocks = 1024;
 // From 122M parameters on (BF16; 61M FP32) the grid is the full 1024 blocks whatever this is. On a
 // GPU a small gradient is a few microseconds either way.
 constexpr size_t kGlobalNormMinVectorsPerThread = 256;
+// A lane's vectors go round kGlobalNormChains running sums (vector i of the lane into sum i mod 4):
+// one sum was a chain of dependent multiply-adds whose latency, four cycles a vector, bounded the
+// CPU emulator's lanes (GPT-2 124M: 18 ms -> 15 ms).
+constexpr int kGlobalNormChains = 4;
 
 inline size_t global_norm_blocks(size_t n) {
     const size_t per_block = size_t(kGlobalNormBlock) * Packed128<floatX>::size * kGlobalNormMinVectorsPerThread;
@@ -36,13 +40,17 @@ inline size_t global_norm_scratch_floats(size_t n) { return global_norm_blocks(n
 // (coalesced); then the `head` elements before them and the tail after them, one per thread,
 // grid-strided. Pieces per warp rather than a block-wide stride: the CPU emulator runs a warp's lanes
 // one after another, and a lane's loads 512 bytes apart stay in a page, where the hardware prefetcher
-// follows them (4 KB apart, each in a new page, it did not). One running sum per vector lane:
-// independent fma chains (a single chain is latency-bound wherever a thread runs alone, as in the CPU
-// emulator), added in a fixed order. GPT-2 124M's gradient (BF16, `make`'s -O3 CPU build, 2 cores):
-// 42-60 ms with 256-thread blocks and a block-wide stride, 20-22 ms so (plain streaming reads: 10 ms).
+// follows them (4 KB apart, each in a new page, it did not). Per lane kGlobalNormChains running sums
+// of each vector lane (independent fma chains), added in a fixed order. The block's sum: each thread's
+// into shared memory, one barrier, thread 0 adds them in thread order. A shuffle tree cost the
+// emulator two warp collectives and two barriers, a fiber switch each, per thread (~100 ns of a
+// thread's ~300); on a GPU the 64 serial adds per block hide behind the other blocks' loads.
+// GPT-2 124M's gradient (BF16, `make`'s -O3 CPU build, 2 cores): 42-60 ms with 256-thread blocks and a
+// block-wide stride, 18 ms with warp pieces, 13 ms with the chains and the serial block sum (a plain
+// OpenMP loop over the same array: 6.5 ms).
 static __global__ void __launch_bounds__(kGlobalNormBlock)
     global_norm_partials_kernel(float* partials, const floatX* values, size_t n, size_t head, size_t vectors) {
-    __shared__ float scratch[kBlockReduceScratch];
+    __shared__ float thread_sums[kGlobalNormBlock];
     constexpr int width = Packed128<floatX>::size;
     const size_t stride = size_t(gridDim.x) * blockDim.x;
     const size_t thread = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -54,22 +62,33 @@ static __global__ void __launch_bounds__(kGlobalNormBlock)
     const size_t per_warp = (block_end - block_begin + warps - 1) / warps;
     const size_t first = smaller(block_begin + warp * per_warp, block_end);
     const size_t last = smaller(first + per_warp, block_end);
-    float lane_sums[width] = {};
-    for (size_t j = first + lane; j < last; j += 32) {
+    float lane_sums[kGlobalNormChains][width] = {};
+    const auto add_squares = [&](float (&sums)[width], size_t vector) {
         float x[width];
-        unpack_floats(x, load128(values + head + j * width));
+        unpack_floats(x, load128(values + head + vector * width));
         LANE_LOOP
-        for (int k = 0; k < width; ++k) lane_sums[k] = fmaf(x[k], x[k], lane_sums[k]);
+        for (int k = 0; k < width; ++k) sums[k] = fmaf(x[k], x[k], sums[k]);
+    };
+    size_t j = first + lane;
+    for (; j + 32 * (kGlobalNormChains - 1) < last; j += 32 * kGlobalNormChains) {
+        FULL_UNROLL
+        for (int c = 0; c < kGlobalNormChains; ++c) add_squares(lane_sums[c], j + 32 * c);
     }
+    for (int c = 0; j < last; j += 32, ++c) add_squares(lane_sums[c], j);  // the last, fewer than the chains
     const size_t vector_end = head + vectors * width;
-    for (size_t j = thread; j < n - vectors * width; j += stride) {
-        const float x = to_float(values[j < head ? j : vector_end + (j - head)]);
-        lane_sums[0] = fmaf(x, x, lane_sums[0]);
+    for (size_t i = thread; i < n - vectors * width; i += stride) {
+        const float x = to_float(values[i < head ? i : vector_end + (i - head)]);
+        lane_sums[0][0] = fmaf(x, x, lane_sums[0][0]);
     }
     float sum = 0.0f;
-    for (int k = 0; k < width; ++k) sum += lane_sums[k];
-    sum = block_sum(sum, scratch);
-    if (threadIdx.x == 0) partials[blockIdx.x] = sum;
+    for (int c = 0; c < kGlobalNormChains; ++c)
+        for (int k = 0; k < width; ++k) sum += lane_sums[c][k];
+    thread_sums[threadIdx.x] = sum;
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    float total = 0.0f;
+    for (int t = 0; t < int(blockDim.x); ++t) total += thread_sums[t];
+    partials[blockIdx.x] = total;
 }
 
 // One block, a multiple of 32 threads >= count: thread i takes partial i.

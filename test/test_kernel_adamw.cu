@@ -386,11 +386,12 @@ TEST_CASE("global_norm_squared matches a double sum of squares, bitwise reproduc
             global_norm_squared(out.ptr, d_values.ptr + start, n, scratch.ptr, nullptr);
             const float got = out.download()[0];
             // All terms are non-negative, so FP32 summation errs by at most (additions along the
-            // longest chain) x 2^-24 relative: here <= 256 squares per vector lane of a thread (the
-            // ~1e6 case: 228), 8 lanes, then 5 + 1 levels of the block's sum and 5 + 5 of the
-            // finishing block's: < 280 additions, 1.7e-5 at worst, but rounding errors of random
-            // sign grow as the square root of the chain. Measured: at most 9.4e-8 (BF16; 4.3e-8
-            // FP32), deterministic, so the check holds 1e-5.
+            // longest chain) x 2^-24 relative: here <= 64 squares per running sum of a vector lane
+            // (256 vectors a thread over kGlobalNormChains sums; the ~1e6 case: 57), 4 x 8 sums a
+            // thread, then up to 63 adds of the block's thread sums and 5 + 5 levels of the finishing
+            // block's: < 175 additions, 1.0e-5 at worst, but rounding errors of random sign grow as
+            // the square root of the chain. Measured: at most 2.4e-7 (BF16; 1.6e-7 FP32, where one
+            // square's own rounding is up to 6e-8), deterministic, so the check holds 1e-5.
             INFO("n " << n << " start " << start << " got " << got << " want " << want);
             if (std::getenv("REPORT_ERRORS")) std::printf("global norm n %zu: relative error %.2e\n", n, std::abs(got - want) / (want + 1e-30));
             CHECK(std::abs(got - want) <= 1e-5 * want);
