@@ -3,8 +3,9 @@
 // per lane of the kernels' warp_sum, whose five shuffles the emulator runs as one collective),
 // against plain C++ loops doing the same arithmetic, per emulated mma.sync (m16n8k16 BF16, 4096 FLOPs), and per warp tile product of
 // the attention kernels' shape (S = Q K^T, 16 x 64 x 64: 32 mma.sync and 20 ldmatrix) run as one
-// collective and as its instructions (CUEMU_TENSOR_CORE).
-//   make emu-bench        (runs with CUEMU_THREADS=1 so the numbers are per core)
+// collective and as its instructions (CUEMU_TENSOR_CORE), and the cost of a launch of two blocks
+// that do nothing on two OS threads (waking the pool's thread and waiting for it).
+//   make emu-bench        (runs with CUEMU_THREADS=1 so the numbers are per core; the launch on 2)
 #include <chrono>
 #include <cstdio>
 #include <vector>
@@ -64,6 +65,10 @@ __global__ void warp_sum_chain_kernel(const float* x, float* out, int rows) {
 }
 
 // `count` dependent mma.sync per warp: the accumulator feeds the next one.
+__global__ void empty_kernel(float* out) {
+    if (out != nullptr && threadIdx.x == 0) out[blockIdx.x] = 0.0f;
+}
+
 __global__ void mma_kernel(float* out, int count) {
     const uint32_t one = pack_bf16x2(1.0f, 1.0f);
     const uint32_t a[4] = {one, one, one, one}, b[2] = {one, one};
@@ -150,6 +155,18 @@ int main() {
                     1e9 * per_product / 32, tile_warps, tile_count);
     }
     cuemu::set_tensor_core_mode(mode);
+
+    // 6. Launch: two blocks on two OS threads, so the pool's thread takes one (back to back, as a
+    // training step's kernels come).
+    const int threads_before = cuemu::threads();
+    cuemu::set_threads(2);
+    constexpr int launches = 2000;
+    const double t_launch = best_of(3, [&] {
+        for (int i = 0; i < launches; ++i) launch<empty_kernel>(dim3(2), dim3(32), 0, nullptr, (float*)nullptr);
+        cudaDeviceSynchronize();
+    });
+    cuemu::set_threads(threads_before);
+    std::printf("launch: %.1f us per launch of two empty blocks on 2 OS threads (%d launches)\n", 1e6 * t_launch / launches, launches);
     cudaFree(x);
     cudaFree(in);
     cudaFree(out);

@@ -25,6 +25,7 @@
 #include <link.h>
 #include <sys/mman.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -818,7 +819,8 @@ struct Pool {
     size_t nblocks = 0;
     std::atomic<size_t> next_block{0};
     std::atomic<bool> abort{false};
-    unsigned generation = 0, active = 0;
+    // Written under `mutex` (so that a waiter cannot miss a change), read without it while spinning.
+    std::atomic<unsigned> generation{0}, active{0};
     std::string error;
     uint64_t started = 0, switches = 0;
 };
@@ -872,13 +874,35 @@ void run_blocks(Pool& p, Worker& w, const KernelLaunch& L) {
     total_switches += w.switches - switches0;
 }
 
+// Waits up to kSpinWait for done() to hold, giving the core to any other thread that wants it
+// meanwhile; false if it still does not. Waking a thread asleep on a condition variable took ~20 us
+// a side on these VMs (a futex wake is an interrupt to the other core): a launch of two blocks cost
+// 48 us however little they did, ~20 ms of a d12 B=4 T=64 step's 544 launches. Kernels follow each
+// other within microseconds, so a pool thread that spins a little finds the next launch awake; a
+// GEMM between them (its own OpenMP threads) outlasts the spin, and yielding leaves them the core.
+constexpr auto kSpinWait = std::chrono::microseconds(50);
+template <typename Done> bool spin_until(Done done) {
+    const auto give_up = std::chrono::steady_clock::now() + kSpinWait;
+    for (int turn = 0;; ++turn) {
+        if (done()) return true;
+        if (turn % 16 == 15) {
+            if (std::chrono::steady_clock::now() > give_up) return false;
+            std::this_thread::yield();
+        }
+    }
+}
+
 void worker_thread(Pool& p, unsigned index) {
     unsigned seen = 0;
     for (;;) {
+        const auto launched = [&] { return p.generation.load(std::memory_order_acquire) != seen; };
+        if (!spin_until(launched)) {
+            std::unique_lock<std::mutex> lock(p.mutex);
+            p.wake.wait(lock, launched);
+        }
         const KernelLaunch* L;
         {
-            std::unique_lock<std::mutex> lock(p.mutex);
-            p.wake.wait(lock, [&] { return p.generation != seen; });
+            std::lock_guard<std::mutex> lock(p.mutex);  // pairs with the launch's writes
             seen = p.generation;
             L = p.launch;
         }
@@ -940,8 +964,11 @@ cudaError_t launch_kernel(const KernelLaunch& L) {
     }
     run_blocks(p, worker(), L);
     if (helpers > 0) {
-        std::unique_lock<std::mutex> lock(p.mutex);
-        p.finished.wait(lock, [&] { return p.active == 0; });
+        const auto finished = [&] { return p.active.load(std::memory_order_acquire) == 0; };
+        if (!spin_until(finished)) {
+            std::unique_lock<std::mutex> lock(p.mutex);
+            p.finished.wait(lock, finished);
+        }
     }
     if (!p.error.empty()) {
         std::fprintf(stderr, "cuemu: %s\n", p.error.c_str());
