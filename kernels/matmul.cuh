@@ -310,13 +310,17 @@ inline void run(const Matmul& mm, const Gemm& g, cudaStream_t stream, const std:
 }
 
 // ---------------------------------------------------------------------------------------------
-// Bias gradient, dbias[o] += sum over rows n of dout[n, o], without atomics: blocks of 32 x 8
+// Bias gradient, dbias[o] += sum over rows n of dout[n, o], without atomics: blocks of 32 x 4
 // threads cover 32 16-byte column groups of one chunk of rows; each writes its chunk's column
 // sums to `partials` (chunk-major), and a second kernel adds the chunks in order.
 
-constexpr int kBiasRowThreads = 8;  // blockDim.y
+// 4 row threads, each with two running sums (its even and odd rows): with 8 row threads of one
+// chain each, the CPU emulator's threads waited on their chains' adds and paid twice the starts and
+// barrier switches (d12 B=4 T=64, 48 launches: 7.5-7.8 -> 5.5-6.2 ms); a GPU keeps as many loads in
+// flight (two per thread).
+constexpr int kBiasRowThreads = 4;  // blockDim.y
 // At least 256 rows a chunk: a GPU's row counts (B*T in the tens of thousands) still fill 128
-// chunks; at a CPU run's few hundred rows, each emulated thread's barrier is worth its 32 rows
+// chunks; at a CPU run's few hundred rows, each emulated thread's barrier is worth its rows
 // (d12 B=4 T=64 step: 46 -> 20-22 ms against 64 rows a chunk).
 constexpr int kBiasMinRowsPerChunk = 256, kBiasMaxChunks = 128;
 constexpr int kPack = Packed128<floatX>::size;
@@ -330,19 +334,29 @@ static __global__ void __launch_bounds__(32 * kBiasRowThreads)
     const int block_column = blockIdx.x * kBiasColumnsPerBlock;
     const int column = block_column + threadIdx.x * kPack;
     const int row_end = min(N, int(blockIdx.y + 1) * rows_per_chunk);
-    float sums[kPack] = {};
-    if (column < OC)
-        for (int row = blockIdx.y * rows_per_chunk + threadIdx.y; row < row_end; row += kBiasRowThreads) {
+    // Two running sums, the thread's even and odd rows, added at the end: one was a chain of
+    // dependent adds, whose latency bounded the CPU emulator's threads.
+    float sums[2][kPack] = {};
+    if (column < OC) {
+        const auto add_row = [&](float (&to)[kPack], int row) {
             float values[kPack];
             unpack_floats(values, load128(dout + size_t(row) * OC + column));
             LANE_LOOP
-            for (int i = 0; i < kPack; ++i) sums[i] += values[i];
+            for (int i = 0; i < kPack; ++i) to[i] += values[i];
+        };
+        int row = blockIdx.y * rows_per_chunk + threadIdx.y;
+        for (; row + kBiasRowThreads < row_end; row += 2 * kBiasRowThreads) {
+            add_row(sums[0], row);
+            add_row(sums[1], row + kBiasRowThreads);
         }
-    for (int i = 0; i < kPack; ++i) column_sums[threadIdx.y][threadIdx.x * kPack + i] = sums[i];
+        if (row < row_end) add_row(sums[0], row);
+    }
+    for (int i = 0; i < kPack; ++i) column_sums[threadIdx.y][threadIdx.x * kPack + i] = sums[0][i] + sums[1][i];
     __syncthreads();
-    // Each thread finishes one column: the row threads' sums in a fixed order.
-    const int local = threadIdx.y * 32 + threadIdx.x;
-    if (local < kBiasColumnsPerBlock && block_column + local < OC) {
+    // The threads finish the block's columns (kPack / kBiasRowThreads each): the row threads' sums in
+    // a fixed order.
+    for (int local = threadIdx.y * 32 + threadIdx.x; local < kBiasColumnsPerBlock && block_column + local < OC;
+         local += 32 * kBiasRowThreads) {
         float sum = 0.0f;
         for (int y = 0; y < kBiasRowThreads; ++y) sum += column_sums[y][local];
         partials[size_t(blockIdx.y) * OC + block_column + local] = sum;
