@@ -105,9 +105,11 @@ __device__ inline void store_tile(Dst* dst, size_t dst_stride, const float* src,
         const float* from = src + r * row_stride(hs) + d;
         Dst* to = dst + size_t(row0 + r) * dst_stride + d;
         const Pack before = accumulate ? load128(to) : Pack::filled(0.0f);
-        Pack v;
-        for (int k = 0; k < Pack::size; ++k) v[k] = from_float<Dst>(to_float(before[k]) + from[k]);
-        store128(to, v);
+        float sums[Pack::size];
+        unpack_floats(sums, before);
+        LANE_LOOP
+        for (int k = 0; k < Pack::size; ++k) sums[k] += from[k];
+        store128(to, pack_floats<Dst>(sums));  // the CPU build's SIMD rounding (one by one it was scalar)
     }
 }
 
@@ -296,10 +298,13 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
         // (row_combined), so the bits are theirs; the 4x exponentials cost little on a GPU.
         float p[kTile];
         for (int c = 0; c < kTile; ++c) p[c] = s_tile[row * kScoreStride + c];
+        // Thread t's share is keys t, t + 4, ...: the loops run over the keys in order with the four
+        // shares side by side, which the CPU build does as one 4-wide select per key group.
         float share_max[kThreadsPerRow];
-        for (int t = 0; t < kThreadsPerRow; ++t) {
-            share_max[t] = -INFINITY;
-            for (int j = 0; j < kEntriesPerThread; ++j) share_max[t] = max_number(share_max[t], p[t + kThreadsPerRow * j]);
+        for (int t = 0; t < kThreadsPerRow; ++t) share_max[t] = -INFINITY;
+        for (int j = 0; j < kEntriesPerThread; ++j) {
+            LANE_LOOP
+            for (int t = 0; t < kThreadsPerRow; ++t) share_max[t] = max_number(share_max[t], p[t + kThreadsPerRow * j]);
         }
         // A row's fully masked tile after its first visible key gives correction 1 and P = 0. Before
         // it (a document that starts later in the query tile) m_new is still -inf: exponents
@@ -310,9 +315,10 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
         for (int c = 0; c < kTile; ++c) p[c] -= m_ref;
         expf_each(p, p);  // the CPU build's vector expf, 8 at a time
         float share_sum[kThreadsPerRow];
-        for (int t = 0; t < kThreadsPerRow; ++t) {
-            share_sum[t] = 0.0f;
-            for (int j = 0; j < kEntriesPerThread; ++j) share_sum[t] += p[t + kThreadsPerRow * j];
+        for (int t = 0; t < kThreadsPerRow; ++t) share_sum[t] = 0.0f;
+        for (int j = 0; j < kEntriesPerThread; ++j) {
+            LANE_LOOP
+            for (int t = 0; t < kThreadsPerRow; ++t) share_sum[t] += p[t + kThreadsPerRow * j];
         }
         l = l * correction + row_combined<AddOp>(share_sum, part);
         m = m_new;
