@@ -433,7 +433,7 @@ kernel-report: $(GPU_DIR)/train_gpt $(GPU_DIR)/launches_tc.json $(GPU_DIR)/launc
 # 32 validation batches (16384 tokens) every 500 steps, the last validation the whole split.
 HAVE_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 TRAIN_BIN := $(if $(HAVE_GPU),./train_gpt,./train_gpt_cpu)$(ROOT_SUFFIX)
-TRAIN_FLAGS ?= -e mini --layers 1 -b 16 -t 32 -x 2800 -l 5e-3 -u 200 -k linear -q 0 --beta1 0.8 --beta2 0.99 -c 0.1 \
+TRAIN_FLAGS ?= -e mini --layers 1 -b 16 -t 32 -x 2800 -l 5e-3 -u 200 -k linear -q 0 --beta1 0.8 --beta2 0.99 -c 0.2 \
                -v 500 -m 32 --final-val-batches 0 -s 2800 -g 31 --top-k 40 -n 500 -o out/mini_shakespeare
 
 $(DATA_DIR)/tokenizer.bin: | deps-if-missing
