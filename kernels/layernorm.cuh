@@ -31,10 +31,11 @@ inline std::string layernorm_rows_problem(int N) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Forward: one warp per row, in two forms with the same arithmetic in the same order (so the same
-// bits). Lane l handles Packed128 number l, l + 32, ... of the row. Rows of at most 16 (or 8) packs
-// take half (or a quarter) of a warp each in the register form: the lanes a whole warp would add
-// beyond them hold zeros, whose adds change nothing, so the sums are the same; the CPU emulator pays
+// Forward: a warp's lanes per row, in two forms with the same arithmetic in the same order (so the
+// same bits). Lane l handles Packed128 number l, l + 32, ... of the row; in the register form a
+// warp takes a group of rows (layernorm_rows_per_group), one reduction for all of them. Rows of at
+// most 16 (or 8) packs take half (or a quarter) of a warp each in the register form: the lanes a
+// whole warp would add beyond them hold zeros, whose adds change nothing, so the sums are the same; the CPU emulator pays
 // a fiber switch per thread for each of a row's two reductions, and `make train`'s C = 128 (16 packs)
 // left half the threads idle. Mean first, then the variance
 // about the mean (the two-pass form does not cancel catastrophically like E[x^2] - mean^2), then the
