@@ -43,8 +43,9 @@ inline size_t global_norm_scratch_floats(size_t n) { return global_norm_blocks(n
 // follows them (4 KB apart, each in a new page, it did not). Per lane kGlobalNormChains running sums
 // of each vector lane (independent fma chains), added in a fixed order. The block's sum: each thread's
 // into shared memory, one barrier, thread 0 adds them in thread order. A shuffle tree cost the
-// emulator two warp collectives and two barriers, a fiber switch each, per thread (~100 ns of a
-// thread's ~300); on a GPU the 64 serial adds per block hide behind the other blocks' loads.
+// emulator two warp collectives and two barriers per thread, a fiber switch each (`make emu-bench`:
+// ~55-65 ns a lane per collective); on a GPU the 64 serial adds per block hide behind the other
+// blocks' loads.
 // GPT-2 124M's gradient (BF16, `make`'s -O3 CPU build, 2 cores): 42-60 ms with 256-thread blocks and a
 // block-wide stride, 18 ms with warp pieces, 13 ms with the chains and the serial block sum (a plain
 // OpenMP loop over the same array: 6.5 ms).

@@ -35,15 +35,15 @@ inline std::string layernorm_rows_problem(int N) {
 // same bits). Lane l handles Packed128 number l, l + 32, ... of the row; in the register form a
 // warp takes a group of rows (layernorm_rows_per_group), one reduction for all of them. Rows of at
 // most 16 (or 8) packs take half (or a quarter) of a warp each in the register form: the lanes a
-// whole warp would add beyond them hold zeros, whose adds change nothing, so the sums are the same; the CPU emulator pays
-// a fiber switch per thread for each of a row's two reductions, and `make train`'s C = 128 (16 packs)
-// left half the threads idle. Mean first, then the variance
-// about the mean (the two-pass form does not cancel catastrophically like E[x^2] - mean^2), then the
-// output; the multiply-adds are explicit fmaf, so that the compiler's contraction choices (g++ -O3
-// vectorizes the two forms differently) cannot make their bits differ. Rows of up to
-// kLayernormMaxRegisterPacks packs per lane (C <= 2048 in BF16, 1024 in FP32)
-// are held in registers, so the row is read from memory once, and the fused variant never reads back
-// the residual it writes; wider rows stream the row three times (the re-reads mostly from cache).
+// whole warp would add beyond them hold zeros, whose adds change nothing, so the sums are the same;
+// the CPU emulator pays a fiber switch per thread for each reduction, and `make train`'s C = 128
+// (16 packs) left half the threads idle. Mean first, then the variance about the mean (the two-pass
+// form does not cancel catastrophically like E[x^2] - mean^2), then the output; the multiply-adds
+// are explicit fmaf, so that the compiler's contraction choices (g++ -O3 vectorizes the two forms
+// differently) cannot make their bits differ. Rows of up to kLayernormMaxRegisterPacks packs per
+// lane (C <= 2048 in BF16, 1024 in FP32) are held in registers, so the row is read from memory once,
+// and the fused variant never reads back the residual it writes; wider rows stream the row three
+// times (the re-reads mostly from cache).
 
 constexpr int kLayernormMaxRegisterPacks = 8;
 

@@ -316,7 +316,7 @@ inline void run(const Matmul& mm, const Gemm& g, cudaStream_t stream, const std:
 
 // 4 row threads, each with two running sums (its even and odd rows): with 8 row threads of one
 // chain each, the CPU emulator's threads waited on their chains' adds and paid twice the starts and
-// barrier switches (d12 B=4 T=64, 48 launches: 7.5-7.8 -> 5.5-6.2 ms); a GPU keeps as many loads in
+// barrier switches (d12 B=4 T=64, 48 launches: 7.5-9.7 -> 5.3-5.6 ms); a GPU keeps as many loads in
 // flight (two per thread).
 constexpr int kBiasRowThreads = 4;  // blockDim.y
 // At least 256 rows a chunk: a GPU's row counts (B*T in the tens of thousands) still fill 128
