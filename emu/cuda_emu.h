@@ -327,16 +327,6 @@ template <typename Op, int... Offsets> float warp_xor_chain(float v) {
     warp_exchange(0xffffffffu, &v, &result, &xor_chain_combine<Op, 1, Offsets...>, "__shfl_xor_sync chain");
     return result;
 }
-// Two values' chains (kernels/common.cuh's warp_xor_chain_pair) as one collective.
-template <typename Op, int... Offsets> void warp_xor_chain_pair(float& a, float& b) {
-    static_assert(sizeof...(Offsets) > 0 && ((Offsets > 0 && Offsets < 32) && ...), "xor offsets are lanes 1..31");
-    const float in[2] = {a, b};
-    float out[2];
-    warp_exchange(0xffffffffu, in, out, &xor_chain_combine<Op, 2, Offsets...>, "__shfl_xor_sync chain pair");
-    a = out[0];
-    b = out[1];
-}
-
 // kCount values' chains (kernels/common.cuh's warp_xor_chain_each) as one collective.
 template <typename Op, int kCount, int... Offsets> void warp_xor_chain_each(float (&v)[kCount]) {
     static_assert(sizeof...(Offsets) > 0 && ((Offsets > 0 && Offsets < 32) && ...), "xor offsets are lanes 1..31");

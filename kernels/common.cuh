@@ -220,17 +220,8 @@ template <typename Op, int... Offsets> __device__ inline float warp_xor_chain(fl
 #endif
 }
 
-// Two values' chains at once, each with warp_xor_chain's operations in its order: one collective
-// in the CPU build instead of two (a fiber switch per lane each).
-template <typename Op, int... Offsets> __device__ inline void warp_xor_chain_pair(float& a, float& b) {
-#ifdef __CUDACC__
-    ((a = Op{}(a, __shfl_xor_sync(0xffffffffu, a, Offsets)), b = Op{}(b, __shfl_xor_sync(0xffffffffu, b, Offsets))), ...);
-#else
-    cuemu::warp_xor_chain_pair<Op, Offsets...>(a, b);
-#endif
-}
-
-// kCount values' chains at once (warp_xor_chain_pair for any count): one collective in the CPU build.
+// kCount values' chains at once, each with warp_xor_chain's operations in its order: one collective
+// in the CPU build instead of kCount (a fiber switch per lane each).
 template <typename Op, int kCount, int... Offsets> __device__ inline void warp_xor_chain_each(float (&v)[kCount]) {
 #ifdef __CUDACC__
     FULL_UNROLL
@@ -244,8 +235,6 @@ template <typename Op, int kCount, int... Offsets> __device__ inline void warp_x
 template <typename Op> __device__ inline float warp_reduce(float v, Op) { return warp_xor_chain<Op, 16, 8, 4, 2, 1>(v); }
 __device__ inline float warp_sum(float v) { return warp_reduce(v, AddOp{}); }
 __device__ inline float warp_max(float v) { return warp_reduce(v, MaxOp{}); }
-// warp_sum of a and of b.
-__device__ inline void warp_sum_pair(float& a, float& b) { warp_xor_chain_pair<AddOp, 16, 8, 4, 2, 1>(a, b); }
 // warp_sum of each of kCount values.
 template <int kCount> __device__ inline void warp_sum_each(float (&v)[kCount]) { warp_xor_chain_each<AddOp, kCount, 16, 8, 4, 2, 1>(v); }
 

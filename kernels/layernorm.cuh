@@ -79,27 +79,18 @@ __device__ inline void add_squared_deviations(float& squares, const Pack& v, flo
         squares = fmaf(d, d, squares);
     }
 }
-// The sum over a row's kLanes lanes (aligned groups of a warp): warp_sum's butterfly without its
+// The sums over a row's kLanes lanes (aligned groups of a warp) of each of kCount values (the rows
+// of a group, layernorm_rows_in_registers), in one collective: warp_sum's butterfly without its
 // steps across groups.
-template <int kLanes> __device__ inline float row_lanes_sum(float v) {
-    static_assert(kLanes == 8 || kLanes == 16 || kLanes == 32, "a row takes 8, 16 or 32 lanes");
-    if constexpr (kLanes == 32) return warp_sum(v);
-    else if constexpr (kLanes == 16) return warp_xor_chain<AddOp, 8, 4, 2, 1>(v);
-    else return warp_xor_chain<AddOp, 4, 2, 1>(v);
-}
-// row_lanes_sum of each of kCount values (the rows of a group, layernorm_rows_in_registers): one
-// collective.
 template <int kLanes, int kCount> __device__ inline void row_lanes_sum_each(float (&v)[kCount]) {
     static_assert(kLanes == 8 || kLanes == 16 || kLanes == 32, "a row takes 8, 16 or 32 lanes");
     if constexpr (kLanes == 32) warp_sum_each(v);
     else if constexpr (kLanes == 16) warp_xor_chain_each<AddOp, kCount, 8, 4, 2, 1>(v);
     else warp_xor_chain_each<AddOp, kCount, 4, 2, 1>(v);
 }
-// The row's mean and rstd from its lanes' partial sums (two reductions).
-template <int kLanes = 32> __device__ inline float row_mean(float sum, int C) { return row_lanes_sum<kLanes>(sum) / float(C); }
-template <int kLanes = 32> __device__ inline float row_rstd(float squares, int C) {
-    return rsqrtf(row_lanes_sum<kLanes>(squares) / float(C) + kLayernormEps);
-}
+// The row's mean and rstd from its lanes' summed sums.
+__device__ inline float mean_of(float sum, int C) { return sum / float(C); }
+__device__ inline float rstd_of(float squares, int C) { return rsqrtf(squares / float(C) + kLayernormEps); }
 // out[c .. c + Pack::size) = (v - mean) * rstd * weight + bias.
 __device__ inline void store_normalized(floatX* out, const floatX* weight, const floatX* bias, int c, const Pack& v,
                                         float mean, float rstd) {
@@ -142,14 +133,14 @@ __device__ inline void layernorm_rows_in_registers(floatX* out, float* mean_out,
             if (column(p) < C) add_values(mean[r], rows[r][p]);
     }
     row_lanes_sum_each<kLanes>(mean);
-    for (int r = 0; r < kRows; ++r) mean[r] /= float(C);
+    for (int r = 0; r < kRows; ++r) mean[r] = mean_of(mean[r], C);
     for (int r = 0; r < kRows; ++r) {
         rstd[r] = 0.0f;  // the squares first
         for (int p = 0; p < kPacks; ++p)
             if (column(p) < C) add_squared_deviations(rstd[r], rows[r][p], mean[r]);
     }
     row_lanes_sum_each<kLanes>(rstd);
-    for (int r = 0; r < kRows; ++r) rstd[r] = rsqrtf(rstd[r] / float(C) + kLayernormEps);
+    for (int r = 0; r < kRows; ++r) rstd[r] = rstd_of(rstd[r], C);
     for (int r = 0; r < kRows && r < valid_rows; ++r) {
         for (int p = 0; p < kPacks; ++p)
             if (column(p) < C) store_normalized(out + size_t(r) * C, weight, bias, column(p), rows[r][p], mean[r], rstd[r]);
@@ -163,12 +154,14 @@ __device__ inline void layernorm_row_streamed(floatX* out, float* mean_out, floa
     using namespace layernorm_detail;
     const int first = int(threadIdx.x % 32) * Pack::size;
     constexpr int kStride = 32 * Pack::size;
-    float sum = 0.0f;
-    for (int c = first; c < C; c += kStride) add_values(sum, load128(x + c));
-    const float mean = row_mean(sum, C);
-    float squares = 0.0f;
-    for (int c = first; c < C; c += kStride) add_squared_deviations(squares, load128(x + c), mean);
-    const float rstd = row_rstd(squares, C);
+    float sum[1] = {0.0f};
+    for (int c = first; c < C; c += kStride) add_values(sum[0], load128(x + c));
+    row_lanes_sum_each<32>(sum);
+    const float mean = mean_of(sum[0], C);
+    float squares[1] = {0.0f};
+    for (int c = first; c < C; c += kStride) add_squared_deviations(squares[0], load128(x + c), mean);
+    row_lanes_sum_each<32>(squares);
+    const float rstd = rstd_of(squares[0], C);
     for (int c = first; c < C; c += kStride) store_normalized(out, weight, bias, c, load128cs(x + c), mean, rstd);
     store_statistics(mean_out, rstd_out, mean, rstd);
 }

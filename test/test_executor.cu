@@ -461,10 +461,10 @@ __global__ void xor_chain_kernel(float* chain, float* shuffles, const float* x) 
     chain[4 * t + 1] = warp_xor_chain<AddOp, 1, 2>(v);
     chain[4 * t + 2] = warp_xor_chain<MaxOp, 16, 8, 4, 2, 1>(v);
     chain[4 * t + 3] = warp_sum(v);
-    float pair_a = v, pair_b = -2.0f * v;  // warp_sum_pair: each as warp_sum gives it
-    warp_sum_pair(pair_a, pair_b);
-    chain[4 * kXorChainThreads + 2 * t] = pair_a;
-    chain[4 * kXorChainThreads + 2 * t + 1] = pair_b;
+    float pair[2] = {v, -2.0f * v};  // warp_sum_each: each as warp_sum gives it
+    warp_sum_each(pair);
+    chain[4 * kXorChainThreads + 2 * t] = pair[0];
+    chain[4 * kXorChainThreads + 2 * t + 1] = pair[1];
     shuffles[4 * kXorChainThreads + 2 * t] = warp_sum(v);
     shuffles[4 * kXorChainThreads + 2 * t + 1] = warp_sum(-2.0f * v);
     float a = v, b = v, c = v;
@@ -477,7 +477,7 @@ __global__ void xor_chain_kernel(float* chain, float* shuffles, const float* x) 
     shuffles[4 * t + 3] = a;
 }
 
-TEST_CASE("warp_xor_chain, warp_sum and warp_sum_pair give their shuffle chains' bits in every lane") {
+TEST_CASE("warp_xor_chain, warp_sum and warp_sum_each give their shuffle chains' bits in every lane") {
     constexpr int kThreads = kXorChainThreads;
     std::mt19937 rng(11);
     std::uniform_real_distribution<float> mantissa(-1.0f, 1.0f);
