@@ -5,11 +5,17 @@
 // Layouts: qkv (B, T, 3C) = q | k | v per position, head h at channels [h*hs, (h+1)*hs) of each
 // group (hs = C/NH); out (B, T, C) the same way; lse and the backward scratch D are (B, NH, T).
 //
-// Every kernel works on 32 x 32 tiles (kTile query rows by kTile keys) of one (b, h) with 128
-// threads. Tiles are staged in shared memory as floats. A thread owns one row (a query, or a key
-// in the dK/dV kernel) together with three siblings: the four split the row's score entries
-// (keys part, part+4, ...) and its hs-wide accumulator (float4 groups part, part+4, ...), so
-// per-thread registers are bounded by the kernels' template parameter HS_MAX.
+// Every kernel works on 32 x 32 tiles (kTile query rows by kTile keys) of one (b, h). Tiles are
+// staged in shared memory as floats. ROW_THREADS threads own a row (a query, or a key in the dK/dV
+// kernel) and split its score entries (keys part, part + ROW_THREADS, ...) and its hs-wide
+// accumulator (float4 groups part, part + ROW_THREADS, ...), so per-thread registers are bounded by
+// the template parameters HS_MAX and ROW_THREADS. On a GPU 4 threads share a row (128-thread blocks
+// keep an SM's warps busy); where the CPU emulator runs the kernels a thread takes a whole row
+// (simt_row_threads): it then holds every score of its row, so the kernels need no score tiles in
+// shared memory nor the barrier that completes them, and the emulator switches a quarter as many
+// fibers (GPT-2 124M, B=4, T=64, one core, with dot_group: forward 5.4 -> 1.7 ms a launch, backward
+// 10.4 -> 4.5).
+// Both forms compute every value in the same order: the same bits (test_kernel_attention).
 //
 // Document masking (--doc-mask, host/documents.h): with doc_start (B, T) ints, the start of each
 // token's document within its row, query t sees key k only when doc_start[t] <= k <= t; null is plain
@@ -29,10 +35,11 @@
 // The tiles a kernel loads in its loop (K and V, or Q and dO) have two buffers, used by alternate
 // iterations: a tile's loads go to the buffer the iteration before last read, which every thread has
 // left once all have passed the last iteration's barriers, so an iteration needs no barrier before its
-// loads (two a tile, not three; the CPU emulator pays a fiber switch per thread at each). Shared
-// memory reaches 110 KB per block (dK/dV kernel, hs 128); launchers opt in beyond 48 KB.
-// __launch_bounds__(kThreads, 1): without the minimum-blocks hint ptxas capped registers at
-// 80-128 and spilled a few bytes on sm_80/sm_90; with it the kernels use 123-227 and never spill.
+// loads (two a tile with 4 threads a row, one with a thread a row; the CPU emulator pays a fiber
+// switch per thread at each). Shared memory reaches 110 KB per block (dK/dV kernel, hs 128);
+// launchers opt in beyond 48 KB. __launch_bounds__(block_threads, 1): without the minimum-blocks hint
+// ptxas capped registers at 80-128 and spilled a few bytes on sm_80/sm_90; with it the kernels use
+// 121-241 and never spill.
 #pragma once
 
 #include <cmath>
@@ -57,11 +64,19 @@ inline AttentionSpan causal_span(int T, int C) { return {T, T, T, T, 3 * C, 0}; 
 
 namespace attention_detail {
 
-constexpr int kTile = 32;                         // query rows and keys per tile
-constexpr int kThreadsPerRow = 4;                 // threads sharing one row
-constexpr int kThreads = kTile * kThreadsPerRow;  // 128
-constexpr int kEntriesPerThread = kTile / kThreadsPerRow;
+constexpr int kTile = 32;  // query rows and keys per tile
+// A row's softmax max and sum run as 4 shares (keys s, s + 4, ...) combined by row_combined's butterfly:
+// the shares of the 4 threads of a row on a GPU, and the same order where one thread owns the row.
+constexpr int kShares = 4;
 constexpr int kMaxHeadSize = 128;
+// The largest head size whose kernels take a thread a row (GPT-2's heads are 64 wide; the emulator's
+// fibers hold larger accumulators in memory anyway). The CPU build alone has these kernels: on a GPU
+// they would spill registers (ptxas, sm_90, hs 64: dK/dV 260 bytes, with dK and dV 128 floats a
+// thread; dQ 60) and leave an SM a few 32-thread blocks.
+constexpr int kMaxHeadSizeOneThreadRows = 64;
+__host__ __device__ constexpr bool one_thread_rows_exist(int hs) { return kEmulatedDevice && hs <= kMaxHeadSizeOneThreadRows; }
+template <int ROW_THREADS> constexpr int block_threads = kTile * ROW_THREADS;
+template <int ROW_THREADS> constexpr int entries_per_thread = kTile / ROW_THREADS;
 constexpr int kVec = 8;  // hs must be a multiple of Packed128<bf16>::size, in both precisions
 // Shared-memory rows hold hs floats plus 4: float4-aligned, and consecutive rows start on
 // different banks (row stride 4 mod 32 words when hs is a multiple of 32).
@@ -70,10 +85,14 @@ constexpr int kScoreStride = kTile + 1;  // score tiles [row][key], padded so co
 
 __host__ __device__ inline int row_stride(int hs) { return hs + kRowPad; }
 
-// Dynamic shared memory of each kernel, in floats (see the carving at the top of each kernel).
-inline size_t forward_smem_floats(int hs) { return 5 * kTile * row_stride(hs) + kTile * kScoreStride; }
-inline size_t dkdv_smem_floats(int hs) { return 6 * kTile * row_stride(hs) + 2 * kTile * kScoreStride + 4 * kTile; }
-inline size_t dq_smem_floats(int hs) { return 6 * kTile * row_stride(hs) + kTile * kScoreStride + 2 * kTile; }
+// Dynamic shared memory of each kernel, in floats (see the carving at the top of each kernel): score
+// tiles only where threads share a row.
+inline size_t score_tiles_floats(int count, int row_threads) { return row_threads > 1 ? size_t(count) * kTile * kScoreStride : 0; }
+inline size_t forward_smem_floats(int hs, int row_threads) { return 5 * kTile * row_stride(hs) + score_tiles_floats(1, row_threads); }
+inline size_t dkdv_smem_floats(int hs, int row_threads) {
+    return 6 * kTile * row_stride(hs) + score_tiles_floats(2, row_threads) + 4 * kTile;
+}
+inline size_t dq_smem_floats(int hs, int row_threads) { return 6 * kTile * row_stride(hs) + score_tiles_floats(1, row_threads) + 2 * kTile; }
 
 // Rows [row0, row0 + kTile) of one head (hs values at src + t * src_stride for position t) into
 // shared memory as floats; positions at or beyond T read as zeros (so that masked entries, whose
@@ -118,23 +137,33 @@ __device__ inline void load_row_values(float* dst, const float* src, int row0, i
     for (int r = int(threadIdx.x); r < kTile; r += int(blockDim.x)) dst[r] = row0 + r < T ? src[row0 + r] : 0.0f;
 }
 
-// Four running sums, one per float4 component, added pairwise at the end: independent chains (a
-// single in-order sum was a chain of hs dependent adds), and in the CPU build one 4-wide SIMD
-// multiply-add per float4 (fma4).
-// dot's last step, also the backward's D (attention_backward_rowdot_kernel): one order for both.
+// Dot products of hs-wide rows in the kernels' one order: four running sums, one per float4 component,
+// added pairwise at the end (dot_total): independent chains (a single in-order sum was a chain of hs
+// dependent adds), and in the CPU build one 4-wide SIMD multiply-add per float4 (fma4).
+// dot_total is also the last step of the backward's D (attention_backward_rowdot_kernel): one order.
 __device__ inline float dot_total(const float4& sums) { return (sums.x + sums.y) + (sums.z + sums.w); }
-__device__ inline float dot(const float* a, const float* b, int hs) {
-    float4 sums = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int d = 0; d < hs; d += 4)
-        sums = fma4(*reinterpret_cast<const float4*>(a + d), *reinterpret_cast<const float4*>(b + d), sums);
-    return dot_total(sums);
+// The dots of row a with the kDotGroup rows b + g * b_stride, the group's chains side by side so that
+// their dependent multiply-adds overlap (one dot at a time, the CPU build waited on each fma's latency:
+// about half of the dQ kernel's time went there). fma is symmetric in its factors, so a query row
+// against key rows and a key row against query rows give the same bits.
+constexpr int kDotGroup = 8;
+static_assert(entries_per_thread<1> % kDotGroup == 0 && entries_per_thread<4> % kDotGroup == 0, "whole groups a thread");
+__device__ inline void dot_group(float (&out)[kDotGroup], const float* a, const float* b, int b_stride, int hs) {
+    float4 sums[kDotGroup];
+    for (int g = 0; g < kDotGroup; ++g) sums[g] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int d = 0; d < hs; d += 4) {
+        const float4 x = *reinterpret_cast<const float4*>(a + d);
+        FULL_UNROLL
+        for (int g = 0; g < kDotGroup; ++g) sums[g] = fma4(x, *reinterpret_cast<const float4*>(b + g * b_stride + d), sums[g]);
+    }
+    for (int g = 0; g < kDotGroup; ++g) out[g] = dot_total(sums[g]);
 }
 
-// A thread's share of an hs-wide row accumulator: float4 groups part, part+4, part+8, ... of the
-// row, i.e. acc[i] holds dimensions 4*(part + 4*i) .. +3. Loops have compile-time trip counts so acc
-// stays in registers; dimensions at or beyond hs are skipped.
-template <int HS_MAX> struct RowShare {
-    static constexpr int kGroups = HS_MAX / (4 * kThreadsPerRow);
+// A thread's share of an hs-wide row accumulator: float4 groups part, part + ROW_THREADS, ... of the
+// row, i.e. acc[i] holds dimensions 4*(part + ROW_THREADS*i) .. +3. Loops have compile-time trip counts
+// so acc stays in registers; dimensions at or beyond hs are skipped.
+template <int HS_MAX, int ROW_THREADS> struct RowShare {
+    static constexpr int kGroups = HS_MAX / (4 * ROW_THREADS);
     float4 acc[kGroups];
 
     __device__ void zero() {
@@ -149,11 +178,11 @@ template <int HS_MAX> struct RowShare {
     __device__ void add_scaled(float w, const float* row, int part, int hs) {
         if (hs == HS_MAX) {
             for (int i = 0; i < kGroups; ++i)
-                acc[i] = fma4(make_float4(w, w, w, w), *reinterpret_cast<const float4*>(row + 4 * (part + kThreadsPerRow * i)), acc[i]);
+                acc[i] = fma4(make_float4(w, w, w, w), *reinterpret_cast<const float4*>(row + 4 * (part + ROW_THREADS * i)), acc[i]);
             return;
         }
         for (int i = 0; i < kGroups; ++i) {
-            const int d = 4 * (part + kThreadsPerRow * i);
+            const int d = 4 * (part + ROW_THREADS * i);
             if (d < hs) acc[i] = fma4(make_float4(w, w, w, w), *reinterpret_cast<const float4*>(row + d), acc[i]);
         }
     }
@@ -178,7 +207,7 @@ template <int HS_MAX> struct RowShare {
     // row = s * acc, this thread's dimensions only
     __device__ void write_scaled(float s, float* row, int part, int hs) const {
         for (int i = 0; i < kGroups; ++i) {
-            const int d = 4 * (part + kThreadsPerRow * i);
+            const int d = 4 * (part + ROW_THREADS * i);
             if (d < hs) *reinterpret_cast<float4*>(row + d) = make_float4(s * acc[i].x, s * acc[i].y, s * acc[i].z, s * acc[i].w);
         }
     }
@@ -191,8 +220,9 @@ __device__ inline float row_sum(float v) { return warp_xor_chain<AddOp, 1, 2>(v)
 // held by one thread: the same operations in the same order, so the same bits, and no shuffle.
 // Lane p folds op(op(v[p], v[p^1]), op(v[p^2], v[p^3])); written with selects, not an index by
 // p, which would put the shares in a GPU's local memory.
-template <typename Op> __device__ inline float row_combined(const float (&shares)[kThreadsPerRow], int part) {
-    static_assert(kThreadsPerRow == 4, "the butterfly of row_max and row_sum");
+// A thread that owns its row takes part 0.
+template <typename Op> __device__ inline float row_combined(const float (&shares)[kShares], int part) {
+    static_assert(kShares == 4, "the butterfly of row_max and row_sum");
     const Op op;
     const bool odd = (part & 1) != 0, high = (part & 2) != 0;
     const float low_pair = odd ? op(shares[1], shares[0]) : op(shares[0], shares[1]);
@@ -248,22 +278,23 @@ __device__ inline int visible_query_end(const int* doc_row, int from, int last_k
 // query), m' = max(m, rowmax S), P = exp(S - m'), l' = l exp(m - m') + rowsum P,
 // O' = O exp(m - m') + P V (FlashAttention-2, Algorithm 1); at the end O / l and lse = m + log l.
 
-template <int HS_MAX, typename Out>
-static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
+template <int HS_MAX, int ROW_THREADS, typename Out>
+static __global__ void __launch_bounds__(attention_detail::block_threads<ROW_THREADS>, 1)
     attention_forward_kernel(Out* out, float* lse, const floatX* q, const floatX* kv, const int* doc_start,
                              AttentionSpan span, int C, int NH) {
     using namespace attention_detail;
+    constexpr int kEntries = entries_per_thread<ROW_THREADS>;
     const int hs = C / NH, stride = row_stride(hs), Tq = span.Tq, Tk = span.Tk;
     const float score_scale = 1.0f / sqrtf(float(hs));
     const int q0 = (int(gridDim.x) - 1 - int(blockIdx.x)) * kTile;  // longest causal rows first
     const int h = int(blockIdx.y), b = int(blockIdx.z);
-    const int row = int(threadIdx.x) / kThreadsPerRow, part = int(threadIdx.x) % kThreadsPerRow;
+    const int row = int(threadIdx.x) / ROW_THREADS, part = int(threadIdx.x) % ROW_THREADS;
     const int query = q0 + row;
 
     DYNAMIC_SHARED(float, smem);
     float* q_tile = smem;                          // [kTile][stride], later the normalized output
     float* kv_buffers = q_tile + kTile * stride;   // 2 x (k_tile, v_tile), [kTile][stride] each
-    float* s_tile = kv_buffers + 4 * kTile * stride;  // [kTile][kScoreStride]: S[query row][key]
+    float* s_tile = kv_buffers + 4 * kTile * stride;  // [kTile][kScoreStride]: S[query row][key] (ROW_THREADS > 1)
 
     const floatX* q_src = q + size_t(b) * span.q_seq * 3 * C + h * hs;
     const floatX* k_src = kv + size_t(b) * span.kv_seq * span.kv_stride + h * hs;
@@ -273,7 +304,7 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
     const int last_key = min(query + span.key_lead, Tk - 1);  // of this row
 
     float m = -INFINITY, l = 0.0f;  // running max and softmax denominator of this row
-    RowShare<HS_MAX> o;
+    RowShare<HS_MAX, ROW_THREADS> o;
     o.zero();
     const int key_tiles = span_key_tiles(q0, span);
     for (int kt = first_key_tile(doc_row, q0, kTile); kt < key_tiles; ++kt) {
@@ -284,27 +315,37 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
         load_tile(v_tile, k_src + C, size_t(span.kv_stride), k0, Tk, hs);
         __syncthreads();  // K and V (on the first tile also Q) loaded; the last tile's S reads done
 
-        for (int j = 0; j < kEntriesPerThread; ++j) {
-            const int key_col = part + kThreadsPerRow * j, key = k0 + key_col;
-            s_tile[row * kScoreStride + key_col] =
-                first_key <= key && key <= last_key ? dot(q_tile + row * stride, k_tile + key_col * stride, hs) * score_scale
-                                                    : -INFINITY;
+        float scores[kEntries];  // keys part + ROW_THREADS * j of the tile
+        for (int j0 = 0; j0 < kEntries; j0 += kDotGroup) {
+            const int first_col = part + ROW_THREADS * j0, first = k0 + first_col, last = first + ROW_THREADS * (kDotGroup - 1);
+            float qk[kDotGroup] = {};
+            if (first <= last_key && first_key <= last)  // a group of masked keys skips its dots
+                dot_group(qk, q_tile + row * stride, k_tile + first_col * stride, ROW_THREADS * stride, hs);
+            for (int g = 0; g < kDotGroup; ++g) {
+                const int key = first + ROW_THREADS * g;
+                scores[j0 + g] = first_key <= key && key <= last_key ? qk[g] * score_scale : -INFINITY;
+            }
         }
-        __syncthreads();  // S complete
-        // Each of a row's 4 threads takes the row's kTile scores and repeats its softmax update (the
-        // max, kTile exponentials, the sum) instead of combining the threads' shares with shuffles:
-        // the CPU emulator pays a fiber switch per thread for each shuffle chain, two a tile, and was
-        // ~30% switches. The shares (each thread's keys in order) are combined as the shuffles did
-        // (row_combined), so the bits are theirs; the 4x exponentials cost little on a GPU.
+        // Each thread of a row takes the row's kTile scores and repeats its softmax update (the max,
+        // kTile exponentials, the sum) instead of combining the threads' shares with shuffles: the CPU
+        // emulator pays a fiber switch per thread for each shuffle chain, two a tile, and was ~30%
+        // switches. The shares are combined as the shuffles did (row_combined), so the bits are theirs;
+        // the repeated exponentials cost little on a GPU.
         float p[kTile];
-        for (int c = 0; c < kTile; ++c) p[c] = s_tile[row * kScoreStride + c];
-        // Thread t's share is keys t, t + 4, ...: the loops run over the keys in order with the four
-        // shares side by side, which the CPU build does as one 4-wide select per key group.
-        float share_max[kThreadsPerRow];
-        for (int t = 0; t < kThreadsPerRow; ++t) share_max[t] = -INFINITY;
-        for (int j = 0; j < kEntriesPerThread; ++j) {
+        if constexpr (ROW_THREADS > 1) {
+            for (int j = 0; j < kEntries; ++j) s_tile[row * kScoreStride + part + ROW_THREADS * j] = scores[j];
+            __syncthreads();  // S complete
+            for (int c = 0; c < kTile; ++c) p[c] = s_tile[row * kScoreStride + c];
+        } else {
+            for (int c = 0; c < kTile; ++c) p[c] = scores[c];
+        }
+        // Share t is keys t, t + 4, ...: the loops run over the keys in order with the four shares side
+        // by side, which the CPU build does as one 4-wide select per key group.
+        float share_max[kShares];
+        for (int t = 0; t < kShares; ++t) share_max[t] = -INFINITY;
+        for (int j = 0; j < kTile / kShares; ++j) {
             LANE_LOOP
-            for (int t = 0; t < kThreadsPerRow; ++t) share_max[t] = max_number(share_max[t], p[t + kThreadsPerRow * j]);
+            for (int t = 0; t < kShares; ++t) share_max[t] = max_number(share_max[t], p[t + kShares * j]);
         }
         // A row's fully masked tile after its first visible key gives correction 1 and P = 0. Before
         // it (a document that starts later in the query tile) m_new is still -inf: exponents
@@ -314,21 +355,21 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
         const float correction = expf(m - m_ref);  // 0 on the row's first tile (m = -inf)
         for (int c = 0; c < kTile; ++c) p[c] -= m_ref;
         expf_each(p, p);  // the CPU build's vector expf, 8 at a time
-        float share_sum[kThreadsPerRow];
-        for (int t = 0; t < kThreadsPerRow; ++t) share_sum[t] = 0.0f;
-        for (int j = 0; j < kEntriesPerThread; ++j) {
+        float share_sum[kShares];
+        for (int t = 0; t < kShares; ++t) share_sum[t] = 0.0f;
+        for (int j = 0; j < kTile / kShares; ++j) {
             LANE_LOOP
-            for (int t = 0; t < kThreadsPerRow; ++t) share_sum[t] += p[t + kThreadsPerRow * j];
+            for (int t = 0; t < kShares; ++t) share_sum[t] += p[t + kShares * j];
         }
         l = l * correction + row_combined<AddOp>(share_sum, part);
         m = m_new;
         o.scale(correction);
         o.add_scaled_rows(p, v_tile, stride, part, hs);
     }
-    // q_tile's last reads were before the last "S complete" barrier, so it can stage the output, once
-    // every thread's share of its load is done: a span's query tile may see no key tile at all (documents
-    // under context parallelism), and then no barrier of the loop came after the load. Such a row gets
-    // out 0 and lse -inf: the ring's merge gives it weight 0.
+    // q_tile stages the output once its row's threads have left the loop (the loop reads a thread's own
+    // row only) and every thread's share of its load is done: a span's query tile may see no key tile at
+    // all (documents under context parallelism), and then no barrier of the loop came after the load.
+    // Such a row gets out 0 and lse -inf: the ring's merge gives it weight 0.
     __syncthreads();
     o.write_scaled(l > 0.0f ? 1.0f / l : 0.0f, q_tile + row * stride, part, hs);
     if (part == 0 && query < Tq) lse[(size_t(b) * NH + h) * span.q_seq + query] = l > 0.0f ? m + logf(l) : -INFINITY;
@@ -344,7 +385,7 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
 // D for every (b, h, t): one thread per row, heads of a position in adjacent threads. A row is short
 // (hs <= 128: at most 16 16-byte loads of each operand), so a thread sums it alone, with no warp
 // reduction; the kernel is launch-bound on a GPU either way (it reads 2 B T C elements). The sum runs
-// in dot's order (four running sums, added pairwise): where out is one value row (a query that sees a
+// in the dots' order (four running sums, added pairwise): where out is one value row (a query that sees a
 // single key), D and the backward kernels' dP = dO . V are then the same sum and dS = P (dP - D) is 0
 // exactly, as it is mathematically (in another order the two roundings differed by ~1e-7).
 static __global__ void attention_backward_rowdot_kernel(float* D, const floatX* dout, const floatX* out, int B, int T, int C,
@@ -367,29 +408,31 @@ static __global__ void attention_backward_rowdot_kernel(float* D, const floatX* 
     D[(b * NH + h) * T + t] = attention_detail::dot_total(sums);
 }
 
-// dK, dV: grid (key tiles, NH, B). A thread owns a key row (with its 3 siblings) and loops over
-// the query tiles at or after the key tile, the ones the causal mask lets see these keys, up to
-// the first query whose document starts after the tile's last key.
-template <int HS_MAX, typename Grad>
-static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
+// dK, dV: grid (key tiles, NH, B). A key row's threads loop over the query tiles at or after the key
+// tile, the ones the causal mask lets see these keys, up to the first query whose document starts
+// after the tile's last key.
+template <int HS_MAX, int ROW_THREADS, typename Grad>
+static __global__ void __launch_bounds__(attention_detail::block_threads<ROW_THREADS>, 1)
     attention_backward_dkdv_kernel(Grad* dkv, int dkv_stride, const floatX* dout, const floatX* q, const floatX* kv,
                                    const float* lse, const float* D, const int* doc_start, AttentionSpan span, int C, int NH,
                                    bool accumulate) {
     using namespace attention_detail;
+    constexpr int kEntries = entries_per_thread<ROW_THREADS>;
     const int hs = C / NH, stride = row_stride(hs), Tq = span.Tq, Tk = span.Tk;
     const float score_scale = 1.0f / sqrtf(float(hs));
     const int k0 = int(blockIdx.x) * kTile;  // the first key tiles see the most queries: first
     const int h = int(blockIdx.y), b = int(blockIdx.z);
-    const int key_col = int(threadIdx.x) / kThreadsPerRow, part = int(threadIdx.x) % kThreadsPerRow;
+    const int key_col = int(threadIdx.x) / ROW_THREADS, part = int(threadIdx.x) % ROW_THREADS;
     const int key = k0 + key_col;
 
     DYNAMIC_SHARED(float, smem);
     float* k_tile = smem;                         // [kTile][stride], later dK
     float* v_tile = k_tile + kTile * stride;      // [kTile][stride], later dV
     float* query_buffers = v_tile + kTile * stride;   // 2 x (q_tile, dout_tile), [kTile][stride] each
-    float* p_tile = query_buffers + 4 * kTile * stride;  // [kTile][kScoreStride]: P[query row][key]
-    float* ds_tile = p_tile + kTile * kScoreStride;  // [kTile][kScoreStride]: dS[query row][key]
-    float* row_buffers = ds_tile + kTile * kScoreStride;  // 2 x (lse_rows, d_rows), [kTile] each
+    float* row_buffers = query_buffers + 4 * kTile * stride;  // 2 x (lse_rows, d_rows), [kTile] each
+    // ROW_THREADS > 1: [kTile][kScoreStride] each, P and dS [query row][key]
+    float* p_tile = row_buffers + 4 * kTile;
+    float* ds_tile = p_tile + kTile * kScoreStride;
 
     const size_t qkv_stride = 3 * size_t(C), kv_stride = size_t(span.kv_stride);
     const floatX* q_src = q + size_t(b) * span.q_seq * qkv_stride + h * hs;
@@ -404,7 +447,7 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
     load_tile(k_tile, k_src, kv_stride, k0, Tk, hs);
     load_tile(v_tile, k_src + C, kv_stride, k0, Tk, hs);
 
-    RowShare<HS_MAX> dk, dv;
+    RowShare<HS_MAX, ROW_THREADS> dk, dv;
     dk.zero();
     dv.zero();
     // kTile-aligned: the query tiles before the first that sees key k0 see none of these keys
@@ -421,27 +464,42 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
         __syncthreads();  // Q, dO and their rows (on the first tile also K, V) loaded; the last tile's P, dS reads done
 
         // Both dots of each entry first, then the exponentials in one call (expf_each), then dS = P (dP -
-        // D). Masked entries skip their dots: exponent -inf gives P = 0, and dP - D = 0 gives dS = 0.
-        float exponent[kEntriesPerThread], dp_minus_d[kEntriesPerThread], p[kEntriesPerThread];
-        for (int j = 0; j < kEntriesPerThread; ++j) {
-            const int r = part + kThreadsPerRow * j, query = q0 + r;
-            const bool visible = key <= query + span.key_lead && query < key_query_end;
-            exponent[j] = visible ? dot(q_tile + r * stride, k_tile + key_col * stride, hs) * score_scale - lse_rows[r]
-                                  : -INFINITY;
-            dp_minus_d[j] = visible ? dot(dout_tile + r * stride, v_tile + key_col * stride, hs) - d_rows[r] : 0.0f;
+        // D). A group of masked entries skips its dots; a masked entry gets exponent -inf, so P = 0, and
+        // dP - D = 0, so dS = 0, whatever its dots were (NaN included, from rows of another document).
+        // Entry j: query row part + ROW_THREADS * j of the tile.
+        float exponent[kEntries], dp_minus_d[kEntries], p[kEntries], ds[kEntries];
+        for (int j0 = 0; j0 < kEntries; j0 += kDotGroup) {
+            const int first_row = part + ROW_THREADS * j0, first = q0 + first_row, last = first + ROW_THREADS * (kDotGroup - 1);
+            float qk[kDotGroup] = {}, dov[kDotGroup] = {};
+            if (key <= last + span.key_lead && first < key_query_end) {  // the key's visible queries are a range
+                dot_group(qk, k_tile + key_col * stride, q_tile + first_row * stride, ROW_THREADS * stride, hs);
+                dot_group(dov, v_tile + key_col * stride, dout_tile + first_row * stride, ROW_THREADS * stride, hs);
+            }
+            for (int g = 0; g < kDotGroup; ++g) {
+                const int r = first_row + ROW_THREADS * g, query = q0 + r;
+                const bool visible = key <= query + span.key_lead && query < key_query_end;
+                exponent[j0 + g] = visible ? qk[g] * score_scale - lse_rows[r] : -INFINITY;
+                dp_minus_d[j0 + g] = visible ? dov[g] - d_rows[r] : 0.0f;
+            }
         }
         expf_each(p, exponent);
-        for (int j = 0; j < kEntriesPerThread; ++j) {
-            const int r = part + kThreadsPerRow * j;
-            p_tile[r * kScoreStride + key_col] = p[j];
-            ds_tile[r * kScoreStride + key_col] = p[j] * dp_minus_d[j];
+        for (int j = 0; j < kEntries; ++j) ds[j] = p[j] * dp_minus_d[j];
+        if constexpr (ROW_THREADS > 1) {  // every thread of the key row adds every query row
+            for (int j = 0; j < kEntries; ++j) {
+                const int r = part + ROW_THREADS * j;
+                p_tile[r * kScoreStride + key_col] = p[j];
+                ds_tile[r * kScoreStride + key_col] = ds[j];
+            }
+            __syncthreads();  // P and dS complete
+            dv.add_scaled_rows(p_tile + key_col, kScoreStride, dout_tile, stride, kTile, part, hs);
+            dk.add_scaled_rows(ds_tile + key_col, kScoreStride, q_tile, stride, kTile, part, hs);
+        } else {  // the thread holds its key's P and dS of every query row, in row order
+            dv.add_scaled_rows(p, dout_tile, stride, part, hs);
+            dk.add_scaled_rows(ds, q_tile, stride, part, hs);
         }
-        __syncthreads();  // P and dS complete
-        dv.add_scaled_rows(p_tile + key_col, kScoreStride, dout_tile, stride, kTile, part, hs);
-        dk.add_scaled_rows(ds_tile + key_col, kScoreStride, q_tile, stride, kTile, part, hs);
     }
-    // k_tile/v_tile's last reads were before the last "P and dS complete" barrier; with no query tile
-    // (a span's keys that no query sees) the barrier orders the writes after every thread's loads.
+    // A key row's threads read k_tile and v_tile at their own row only, in the loop; with no query tile (a
+    // span's keys that no query sees) the barrier orders the writes after every thread's loads.
     __syncthreads();
     dk.write_scaled(score_scale, k_tile + key_col * stride, part, hs);
     dv.write_scaled(1.0f, v_tile + key_col * stride, part, hs);
@@ -451,28 +509,29 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
     store_tile(head_dst + C, size_t(dkv_stride), v_tile, k0, Tk, hs, accumulate);
 }
 
-// dQ: grid (query tiles, NH, B). A thread owns a query row (with its 3 siblings) and loops over
-// the key tiles the causal and document masks let it see, as the forward pass does.
-template <int HS_MAX, typename Grad>
-static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
+// dQ: grid (query tiles, NH, B). A query row's threads loop over the key tiles the causal and
+// document masks let it see, as the forward pass does.
+template <int HS_MAX, int ROW_THREADS, typename Grad>
+static __global__ void __launch_bounds__(attention_detail::block_threads<ROW_THREADS>, 1)
     attention_backward_dq_kernel(Grad* dq, int dq_stride, const floatX* dout, const floatX* q, const floatX* kv,
                                  const float* lse, const float* D, const int* doc_start, AttentionSpan span, int C, int NH,
                                  bool accumulate) {
     using namespace attention_detail;
+    constexpr int kEntries = entries_per_thread<ROW_THREADS>;
     const int hs = C / NH, stride = row_stride(hs), Tq = span.Tq, Tk = span.Tk;
     const float score_scale = 1.0f / sqrtf(float(hs));
     const int q0 = (int(gridDim.x) - 1 - int(blockIdx.x)) * kTile;  // longest causal rows first
     const int h = int(blockIdx.y), b = int(blockIdx.z);
-    const int row = int(threadIdx.x) / kThreadsPerRow, part = int(threadIdx.x) % kThreadsPerRow;
+    const int row = int(threadIdx.x) / ROW_THREADS, part = int(threadIdx.x) % ROW_THREADS;
     const int query = q0 + row;
 
     DYNAMIC_SHARED(float, smem);
     float* q_tile = smem;                            // [kTile][stride], later dQ
     float* dout_tile = q_tile + kTile * stride;      // [kTile][stride]
     float* kv_buffers = dout_tile + kTile * stride;  // 2 x (k_tile, v_tile), [kTile][stride] each
-    float* ds_tile = kv_buffers + 4 * kTile * stride;  // [kTile][kScoreStride]: dS[query row][key]
-    float* lse_rows = ds_tile + kTile * kScoreStride;  // [kTile]
+    float* lse_rows = kv_buffers + 4 * kTile * stride;  // [kTile]
     float* d_rows = lse_rows + kTile;                   // [kTile]
+    float* ds_tile = d_rows + kTile;  // ROW_THREADS > 1: [kTile][kScoreStride], dS[query row][key]
 
     const size_t qkv_stride = 3 * size_t(C), kv_stride = size_t(span.kv_stride);
     const floatX* q_src = q + size_t(b) * span.q_seq * qkv_stride + h * hs;
@@ -485,7 +544,7 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
     const int first_key = first_visible_key(doc_row, query, Tq);
     const int last_key = min(query + span.key_lead, Tk - 1);  // of this row
 
-    RowShare<HS_MAX> dq_row;
+    RowShare<HS_MAX, ROW_THREADS> dq_row;
     dq_row.zero();
     const int key_tiles = span_key_tiles(q0, span);
     for (int kt = first_key_tile(doc_row, q0, kTile); kt < key_tiles; ++kt) {
@@ -496,23 +555,35 @@ static __global__ void __launch_bounds__(attention_detail::kThreads, 1)
         load_tile(v_tile, k_src + C, kv_stride, k0, Tk, hs);
         __syncthreads();  // K and V (on the first tile also Q, dO and their rows) loaded; the last tile's dS reads done
 
-        // As in the dK/dV kernel: both dots, one expf_each, then dS; masked entries P = 0, dS = 0, no dots.
-        float exponent[kEntriesPerThread], dp_minus_d[kEntriesPerThread], p[kEntriesPerThread];
-        for (int j = 0; j < kEntriesPerThread; ++j) {
-            const int key_col = part + kThreadsPerRow * j, key = k0 + key_col;
-            const bool visible = first_key <= key && key <= last_key && query < Tq;
-            exponent[j] = visible ? dot(q_tile + row * stride, k_tile + key_col * stride, hs) * score_scale - lse_rows[row]
-                                  : -INFINITY;
-            dp_minus_d[j] = visible ? dot(dout_tile + row * stride, v_tile + key_col * stride, hs) - d_rows[row] : 0.0f;
+        // As in the dK/dV kernel: both dots, one expf_each, then dS; masked entries P = 0, dS = 0.
+        // Entry j: key part + ROW_THREADS * j of the tile.
+        float exponent[kEntries], dp_minus_d[kEntries], p[kEntries], ds[kEntries];
+        for (int j0 = 0; j0 < kEntries; j0 += kDotGroup) {
+            const int first_col = part + ROW_THREADS * j0, first = k0 + first_col, last = first + ROW_THREADS * (kDotGroup - 1);
+            float qk[kDotGroup] = {}, dov[kDotGroup] = {};
+            if (query < Tq && first <= last_key && first_key <= last) {
+                dot_group(qk, q_tile + row * stride, k_tile + first_col * stride, ROW_THREADS * stride, hs);
+                dot_group(dov, dout_tile + row * stride, v_tile + first_col * stride, ROW_THREADS * stride, hs);
+            }
+            for (int g = 0; g < kDotGroup; ++g) {
+                const int key = first + ROW_THREADS * g;
+                const bool visible = first_key <= key && key <= last_key && query < Tq;
+                exponent[j0 + g] = visible ? qk[g] * score_scale - lse_rows[row] : -INFINITY;
+                dp_minus_d[j0 + g] = visible ? dov[g] - d_rows[row] : 0.0f;
+            }
         }
         expf_each(p, exponent);
-        for (int j = 0; j < kEntriesPerThread; ++j)
-            ds_tile[row * kScoreStride + part + kThreadsPerRow * j] = p[j] * dp_minus_d[j];
-        __syncthreads();  // dS complete
-        dq_row.add_scaled_rows(ds_tile + row * kScoreStride, 1, k_tile, stride, kTile, part, hs);
+        for (int j = 0; j < kEntries; ++j) ds[j] = p[j] * dp_minus_d[j];
+        if constexpr (ROW_THREADS > 1) {  // every thread of the row adds every key row
+            for (int j = 0; j < kEntries; ++j) ds_tile[row * kScoreStride + part + ROW_THREADS * j] = ds[j];
+            __syncthreads();  // dS complete
+            dq_row.add_scaled_rows(ds_tile + row * kScoreStride, 1, k_tile, stride, kTile, part, hs);
+        } else {  // the thread holds its row's dS of every key, in key order
+            dq_row.add_scaled_rows(ds, k_tile, stride, part, hs);
+        }
     }
-    // q_tile's last reads were before the last "dS complete" barrier; with no key tile (a span's queries
-    // that see no key) the barrier orders the writes after every thread's loads.
+    // A query row's threads read q_tile at their own row only, in the loop; with no key tile (a span's
+    // queries that see no key) the barrier orders the writes after every thread's loads.
     __syncthreads();
     dq_row.write_scaled(score_scale, q_tile + row * stride, part, hs);
     __syncthreads();
@@ -583,6 +654,34 @@ template <typename F> void dispatch_head_size(int hs, F&& f) {
     else f(std::integral_constant<int, 128>{});
 }
 
+// The threads sharing a row (see the top of the file) where the kernels run: a thread a row when the
+// CPU emulator executes them (one_thread_rows_exist), else 4, also when the emulator only records
+// launches for a GPU's roofline (dev/roofline.cu).
+inline int simt_row_threads(int hs) { return kernels_run_on_cpu() && one_thread_rows_exist(hs) ? 1 : 4; }
+
+// The launchers' row split: `requested` (1 or 4; tests run both), or 0 for simt_row_threads.
+inline int resolve_row_threads(const char* launcher, int hs, int requested) {
+    if (requested == 0) return simt_row_threads(hs);
+    if (requested != 1 && requested != 4)
+        require_supported(launcher, "attention: row_threads = " + std::to_string(requested) + " must be 0 (automatic), 1 or 4");
+    if (requested == 1 && !one_thread_rows_exist(hs))
+        require_supported(launcher, kEmulatedDevice ? "attention: row_threads = 1 takes head sizes up to " +
+                                                          std::to_string(kMaxHeadSizeOneThreadRows) + ", got " + std::to_string(hs)
+                                                    : std::string("attention: row_threads = 1 exists in the CPU build only"));
+    return requested;
+}
+
+// Calls f(integral_constant HS_MAX, integral_constant ROW_THREADS) for head size hs and a resolved row
+// split; the one-thread kernels are instantiated only where one_thread_rows_exist.
+template <typename F> void dispatch_kernel_shape(int hs, int row_threads, F&& f) {
+    dispatch_head_size(hs, [&](auto hs_max) {
+        if constexpr (one_thread_rows_exist(decltype(hs_max)::value)) {
+            if (row_threads == 1) return f(hs_max, std::integral_constant<int, 1>{});
+        }
+        f(hs_max, std::integral_constant<int, 4>{});
+    });
+}
+
 // Work of one (b, h) for the launch costs: the query-key pairs the span's mask keeps (T(T+1)/2 for
 // causal attention), and the pairs of the 32 x 32 tiles the kernels sweep (every tile with a kept pair,
 // masked entries included: the P V and dS K products run over whole tiles).
@@ -618,16 +717,18 @@ template <auto Kernel> void allow_smem(size_t bytes) {
 // Queries of `q` against the keys and values at `kv` (v = k + C) over `span` (see AttentionSpan):
 // out (floatX, or float for context parallelism's merges; rows C apart) and lse for the span's
 // queries. doc_start: (B, T) document starts for document masking (the causal span only), or null.
+// row_threads: threads sharing a row, 1 or 4 (the same bits either way), or 0 for simt_row_threads.
 template <typename Out>
 inline void attention_forward(Out* out, float* lse, const floatX* q, const floatX* kv, AttentionSpan span, int B, int C,
-                              int NH, cudaStream_t stream, const int* doc_start = nullptr) {
+                              int NH, cudaStream_t stream, const int* doc_start = nullptr, int row_threads = 0) {
     using namespace attention_detail;
     check_sizes("attention_forward", B, std::max(span.Tq, span.Tk), C, NH);
     require_supported("attention_forward", span_problem(span));
     span.key_lead = std::min(span.key_lead, span.Tk);  // every key already; keeps the kernels' sums in int
     const int hs = C / NH;
+    row_threads = resolve_row_threads("attention_forward", hs, row_threads);
     const dim3 grid(ceil_div(span.Tq, kTile), NH, B);
-    const size_t smem = forward_smem_floats(hs) * sizeof(float);
+    const size_t smem = forward_smem_floats(hs, row_threads) * sizeof(float);
     // Per (b, h): a scaled q.k dot for each kept pair; per swept pair the online softmax (max,
     // subtract, exp, add) and a p * v row update. Bytes: q, k and v read once, out and lse written
     // once; each key tile is re-read by every query tile that sees it (from L2, not counted). With
@@ -636,17 +737,18 @@ inline void attention_forward(Out* out, float* lse, const floatX* q, const float
     const double q_elems = double(B) * span.Tq * C, k_elems = double(B) * span.Tk * C;
     const KernelCost cost{heads * (kept_pairs(span) * (2.0 * hs + 1) + swept_pairs(span) * (2.0 * hs + 4)),
                           (q_elems + 2.0 * k_elems) * X + q_elems * sizeof(Out) + heads * span.Tq * sizeof(float)};
-    dispatch_head_size(hs, [&](auto hs_max) {
-        constexpr auto kernel = attention_forward_kernel<decltype(hs_max)::value, Out>;
+    dispatch_kernel_shape(hs, row_threads, [&](auto hs_max, auto rows) {
+        constexpr int kRowThreads = decltype(rows)::value;
+        constexpr auto kernel = attention_forward_kernel<decltype(hs_max)::value, kRowThreads, Out>;
         allow_smem<kernel>(smem);
-        launch<kernel>(cost, grid, dim3(kThreads), smem, stream, out, lse, q, kv, doc_start, span, C, NH);
+        launch<kernel>(cost, grid, dim3(block_threads<kRowThreads>), smem, stream, out, lse, q, kv, doc_start, span, C, NH);
     });
 }
 
 // Causal self-attention of B rows of T tokens: qkv (B, T, 3C) -> out (B, T, C), lse (B, NH, T).
 inline void attention_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH,
-                              cudaStream_t stream, const int* doc_start = nullptr) {
-    attention_forward<floatX>(out, lse, qkv, qkv + C, causal_span(T, C), B, C, NH, stream, doc_start);
+                              cudaStream_t stream, const int* doc_start = nullptr, int row_threads = 0) {
+    attention_forward<floatX>(out, lse, qkv, qkv + C, causal_span(T, C), B, C, NH, stream, doc_start, row_threads);
 }
 
 // D = rowsum(dout * out) per (b, h, t) into D (B, NH, T): the first step of both backward passes
@@ -665,20 +767,23 @@ inline void attention_backward_rowdot(float* D, const floatX* dout, const floatX
 // (dv = dk + C, rows dkv_stride apart), floatX or float (context parallelism's sums), written, or with
 // `accumulate` added to what they hold. key_gradients_done, if given, is recorded on `stream` once dk
 // and dv are complete, before dq's kernel: context parallelism sends them on while dq is computed.
+// row_threads as in attention_forward.
 template <typename Grad>
 inline void attention_backward(Grad* dq, int dq_stride, Grad* dkv, int dkv_stride, const floatX* dout, const floatX* q,
                                const floatX* kv, const float* lse, const float* D, AttentionSpan span, int B, int C, int NH,
                                cudaStream_t stream, const int* doc_start = nullptr, bool accumulate = false,
-                               cudaEvent_t key_gradients_done = nullptr) {
+                               cudaEvent_t key_gradients_done = nullptr, int row_threads = 0) {
     using namespace attention_detail;
     check_sizes("attention_backward", B, std::max(span.Tq, span.Tk), C, NH);
     require_supported("attention_backward", span_problem(span));
     span.key_lead = std::min(span.key_lead, span.Tk);
     const int hs = C / NH;
+    row_threads = resolve_row_threads("attention_backward", hs, row_threads);
     const double heads = double(B) * NH, X = sizeof(floatX);
     const double q_elems = double(B) * span.Tq * C, k_elems = double(B) * span.Tk * C;
     const double row_floats = heads * span.Tq * sizeof(float);  // lse or D
-    const size_t dkdv_smem = dkdv_smem_floats(hs) * sizeof(float), dq_smem = dq_smem_floats(hs) * sizeof(float);
+    const size_t dkdv_smem = dkdv_smem_floats(hs, row_threads) * sizeof(float);
+    const size_t dq_smem = dq_smem_floats(hs, row_threads) * sizeof(float);
     // Per kept pair both kernels recompute p (a q.k dot, scale, subtract, exp) and dS (a dout.v
     // dot, subtract, multiply); per swept pair dK/dV add two rows (dS q and p dout), dQ one (dS k).
     // Bytes: q, k, v, dout, lse and D read once, the gradients written once (and read once more when
@@ -688,28 +793,30 @@ inline void attention_backward(Grad* dq, int dq_stride, Grad* dkv, int dkv_strid
                                (2.0 * q_elems + 2.0 * k_elems) * X + 2.0 * row_floats + 2.0 * k_elems * G};
     const KernelCost dq_cost{heads * (kept * (4.0 * hs + 5) + swept * 2.0 * hs),
                              (2.0 * q_elems + 2.0 * k_elems) * X + 2.0 * row_floats + q_elems * G};
-    dispatch_head_size(hs, [&](auto hs_max) {
-        constexpr auto dkdv_kernel = attention_backward_dkdv_kernel<decltype(hs_max)::value, Grad>;
-        constexpr auto dq_kernel = attention_backward_dq_kernel<decltype(hs_max)::value, Grad>;
+    dispatch_kernel_shape(hs, row_threads, [&](auto hs_max, auto rows) {
+        constexpr int kHsMax = decltype(hs_max)::value, kRowThreads = decltype(rows)::value;
+        constexpr auto dkdv_kernel = attention_backward_dkdv_kernel<kHsMax, kRowThreads, Grad>;
+        constexpr auto dq_kernel = attention_backward_dq_kernel<kHsMax, kRowThreads, Grad>;
         allow_smem<dkdv_kernel>(dkdv_smem);
         allow_smem<dq_kernel>(dq_smem);
-        launch<dkdv_kernel>(dkdv_cost, dim3(ceil_div(span.Tk, kTile), NH, B), dim3(kThreads), dkdv_smem, stream, dkv,
-                            dkv_stride, dout, q, kv, lse, D, doc_start, span, C, NH, accumulate);
+        const dim3 block(block_threads<kRowThreads>);
+        launch<dkdv_kernel>(dkdv_cost, dim3(ceil_div(span.Tk, kTile), NH, B), block, dkdv_smem, stream, dkv, dkv_stride, dout, q,
+                            kv, lse, D, doc_start, span, C, NH, accumulate);
         if (key_gradients_done) CUDA_CHECK(cudaEventRecord(key_gradients_done, stream));
-        launch<dq_kernel>(dq_cost, dim3(ceil_div(span.Tq, kTile), NH, B), dim3(kThreads), dq_smem, stream, dq, dq_stride,
-                          dout, q, kv, lse, D, doc_start, span, C, NH, accumulate);
+        launch<dq_kernel>(dq_cost, dim3(ceil_div(span.Tq, kTile), NH, B), block, dq_smem, stream, dq, dq_stride, dout, q, kv,
+                          lse, D, doc_start, span, C, NH, accumulate);
     });
 }
 
 // Causal self-attention's backward: dqkv (B, T, 3C) from dout, with scratch for D (B, NH, T).
 inline void attention_backward(floatX* dqkv, float* scratch, const floatX* dout, const floatX* qkv,
                                const floatX* out, const float* lse, int B, int T, int C, int NH,
-                               cudaStream_t stream, const int* doc_start = nullptr) {
+                               cudaStream_t stream, const int* doc_start = nullptr, int row_threads = 0) {
     attention_detail::check_sizes("attention_backward", B, T, C, NH);
     float* D = scratch;  // (B, NH, T)
     attention_backward_rowdot(D, dout, out, B, T, C, NH, stream);
     attention_backward(dqkv, 3 * C, dqkv + C, 3 * C, dout, qkv, qkv + C, lse, D, causal_span(T, C), B, C, NH, stream,
-                       doc_start);
+                       doc_start, false, nullptr, row_threads);
 }
 
 // (out, lse) of the span's queries merged with (part_out, part_lse) of the same queries over other keys;

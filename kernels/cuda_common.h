@@ -55,6 +55,17 @@ inline void label_device_memory(const void* p, size_t bytes, const char* label) 
 #endif
 }
 
+// Whether the CPU emulator executes the kernels (not a GPU, nor the emulator's record-only mode, which
+// records launches for a GPU's roofline, dev/roofline.cu): launchers that have a form the emulator runs
+// faster take it then.
+inline bool kernels_run_on_cpu() {
+#ifdef __CUDACC__
+    return false;
+#else
+    return !cuemu::record_only();
+#endif
+}
+
 // ---------------------------------------------------------------------------------------------
 // The kernel's name, from the compiler's spelling of the template argument (for messages).
 

@@ -201,9 +201,10 @@ struct Results {
 // Forward then backward with the chosen kernels, on fresh NaN-filled outputs and scratch, so every
 // element must be written (and the fused backward's dQ sums written before they are read); with
 // doc_start, document-masked. tensor_core_fused: the tensor-core forward, then the fused backward.
+// row_threads: the SIMT kernels' threads a row (1 or 4; 0: the launchers' choice for this build).
 enum class Kernels { tensor_core, simt, tensor_core_fused };
 inline Results run_attention(Kernels which, const std::vector<floatX>& qkv_host, const std::vector<floatX>& dout_host,
-                             const Sizes& s, const std::vector<int>* doc_start_host = nullptr) {
+                             const Sizes& s, const std::vector<int>* doc_start_host = nullptr, int row_threads = 0) {
     const size_t BT = size_t(s.B) * s.T;
     const bool tc = which != Kernels::simt;
     const AttentionTcBackward how = which == Kernels::tensor_core_fused ? AttentionTcBackward::fused : AttentionTcBackward::split;
@@ -221,8 +222,8 @@ inline Results run_attention(Kernels which, const std::vector<floatX>& qkv_host,
         attention_tc_forward(out.ptr, lse.ptr, qkv.ptr, s.B, s.T, s.C, s.NH, 0, docs);
         attention_tc_backward(dqkv.ptr, scratch.ptr, dout.ptr, qkv.ptr, out.ptr, lse.ptr, s.B, s.T, s.C, s.NH, 0, docs, how);
     } else {
-        attention_forward(out.ptr, lse.ptr, qkv.ptr, s.B, s.T, s.C, s.NH, 0, docs);
-        attention_backward(dqkv.ptr, scratch.ptr, dout.ptr, qkv.ptr, out.ptr, lse.ptr, s.B, s.T, s.C, s.NH, 0, docs);
+        attention_forward(out.ptr, lse.ptr, qkv.ptr, s.B, s.T, s.C, s.NH, 0, docs, row_threads);
+        attention_backward(dqkv.ptr, scratch.ptr, dout.ptr, qkv.ptr, out.ptr, lse.ptr, s.B, s.T, s.C, s.NH, 0, docs, row_threads);
     }
     CUDA_CHECK(cudaDeviceSynchronize());
     return {out.download(), dqkv.download(), lse.download()};
@@ -236,13 +237,14 @@ inline Results run_attention(Kernels which, const std::vector<floatX>& qkv_host,
 // The backward pass runs twice, the second time accumulating: every gradient doubles, bit for bit.
 // R: the results' type (floatX, or float as the ring takes them). Head sizes 16-128, all of which the
 // tensor-core kernels take. Tolerances relative to each tensor's max |ref|: out and dv, lse, dq and dk.
+// row_threads as in run_attention (SIMT only; head sizes without the one-thread form take 4).
 struct SpanTolerances {
     double out, lse, grad;
 };
 inline const char* kernels_name(Kernels which) {
     return which == Kernels::tensor_core ? "tensor cores" : which == Kernels::simt ? "simt" : "tensor cores, fused backward";
 }
-template <typename R> void check_spans(Kernels which, const SpanTolerances& tol) {
+template <typename R> void check_spans(Kernels which, const SpanTolerances& tol, int row_threads = 0) {
     struct SpanCase {
         const char* what;
         Sizes s;
@@ -262,7 +264,8 @@ template <typename R> void check_spans(Kernels which, const SpanTolerances& tol)
     for (const SpanCase& c : cases) {
         const Sizes& s = c.s;
         const Window& w = c.w;
-        CAPTURE(kernels_name(which), sizeof(R), documents, c.what, s.B, s.T, s.C, s.NH, w.q_begin, w.q_end, w.k_begin, w.k_end);
+        const int rows = row_threads == 1 && !attention_detail::one_thread_rows_exist(s.C / s.NH) ? 4 : row_threads;
+        CAPTURE(kernels_name(which), sizeof(R), rows, documents, c.what, s.B, s.T, s.C, s.NH, w.q_begin, w.q_end, w.k_begin, w.k_end);
         std::mt19937 rng(4321 + s.T + s.C + w.q_begin);
         const std::vector<floatX> qkv = random_qkv(s, rng);
         const std::vector<floatX> dout = random_floatX(size_t(s.B) * s.T * s.C, 1.0f, rng);
@@ -305,13 +308,13 @@ template <typename R> void check_spans(Kernels which, const SpanTolerances& tol)
                                       s.B, C, s.NH, 0, docs, accumulate);
             else
                 attention_backward(dq_at, 3 * C, dkv.ptr, 2 * C, g_at, q_at, kv.ptr, lse.ptr + q_off, D.ptr + q_off, span, s.B,
-                                   C, s.NH, 0, docs, accumulate);
+                                   C, s.NH, 0, docs, accumulate, nullptr, rows);
             CUDA_CHECK(cudaDeviceSynchronize());
         };
         if (which == Kernels::tensor_core)
             attention_tc_forward(out.ptr + q_off * C, lse.ptr + q_off, q.ptr + q_off * 3 * C, kv.ptr, span, s.B, C, s.NH, 0, docs);
         else
-            attention_forward(out.ptr + q_off * C, lse.ptr + q_off, q.ptr + q_off * 3 * C, kv.ptr, span, s.B, C, s.NH, 0, docs);
+            attention_forward(out.ptr + q_off * C, lse.ptr + q_off, q.ptr + q_off * 3 * C, kv.ptr, span, s.B, C, s.NH, 0, docs, rows);
         // D = rowsum(dO * out) from the results as the kernels wrote them (the ring's are FP32 sums,
         // rounded to floatX for the backward pass as here); rows outside the window: NaN, unread.
         std::vector<floatX> out_rounded;

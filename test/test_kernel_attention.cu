@@ -1,7 +1,9 @@
 // Causal flash attention (kernels/attention.cuh) against a plain double-precision reference that
 // builds the full T x T softmax: out and lse forward; dq, dk, dv as the analytic gradient of
 // sum(out * G) for a random G. Then with document masks (packed rows), fully masked tiles skipped,
-// and the document starts computed from the tokens (host/documents.h).
+// and the document starts computed from the tokens (host/documents.h). Every check runs both row
+// splits, a thread a row (what the CPU build runs) and four threads a row (what a GPU runs), and
+// the two must agree bit for bit.
 #include "test_util.h"
 
 #include "attention_reference.h"
@@ -21,6 +23,23 @@ struct Tolerances {
 };
 constexpr Tolerances kTolerances = std::is_same_v<floatX, float> ? Tolerances{5e-6, 5e-6, 1e-6}
                                                                  : Tolerances{0x1p-8 + 5e-6, 1e-2, 1e-6};
+
+// The SIMT kernels' row splits a head size has in this build (kernels/attention.cuh, ROW_THREADS).
+std::vector<int> row_splits(const Sizes& s) {
+    if (attention_detail::one_thread_rows_exist(s.C / s.NH)) return {1, 4};
+    return {4};
+}
+
+template <typename T> bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
+}
+// Both row splits compute every value in the same order: the CPU build's runs of the one-thread form
+// then speak for the four-thread form a GPU runs.
+void check_same_bits(const Results& a, const Results& b) {
+    CHECK(same_bits(a.out, b.out));
+    CHECK(same_bits(a.lse, b.lse));
+    CHECK(same_bits(a.dqkv, b.dqkv));
+}
 
 // out, lse, dq, dk and dv of the kernels against the reference, within kTolerances.
 void check_against_reference(const Results& got, const Reference& ref, int C) {
@@ -52,7 +71,11 @@ TEST_CASE("attention forward and backward match a double reference") {
         const std::vector<floatX> dout = random_floatX(size_t(s.B) * s.T * s.C, 1.0f, rng);
 
         const Reference ref = reference_attention(qkv, dout, s);
-        const Results got = run_attention(Kernels::simt, qkv, dout, s);
+        std::vector<Results> splits;
+        for (const int rows : row_splits(s)) {
+        CAPTURE(rows);
+        const Results got = run_attention(Kernels::simt, qkv, dout, s, nullptr, rows);
+        splits.push_back(got);
 
         // Errors relative to each tensor's max |ref|, measured over these cases under every schedule.
         // FP32: float accumulation over <= T keys and hs dims; measured max 1.3e-6 (out, the sharpest
@@ -62,7 +85,7 @@ TEST_CASE("attention forward and backward match a double reference") {
         // the stored bf16 out as FlashAttention-2 does: measured <= 5.8e-3 (dk, hs 16). lse stays float.
         check_against_reference(got, ref, s.C);
         // A query that sees one key has P = 1 and out = its value row, so D = dO . out and dP = dO . V
-        // are one sum of the same products (attention_backward_rowdot_kernel sums in dot's order):
+        // are one sum of the same products (attention_backward_rowdot_kernel sums in the dots' order):
         // dS = 0 and dq = dk = 0 exactly, as in the reference. The relative errors above would pass
         // ~1e-7 of rounding noise there.
         if (s.T == 1) {
@@ -73,6 +96,8 @@ TEST_CASE("attention forward and backward match a double reference") {
                     REQUIRE(to_float(grad[part][i]) == 0.0f);
                 }
         }
+        }
+        if (splits.size() == 2) check_same_bits(splits[0], splits[1]);
     }
 }
 
@@ -90,10 +115,15 @@ TEST_CASE("document-masked attention matches a double reference with an explicit
         const std::vector<int> docs = packed_rows(s.T, c.eots);
 
         const Reference ref = reference_attention(qkv, dout, s, &docs);
-        const Results got = run_attention(Kernels::simt, qkv, dout, s, &docs);
-        check_against_reference(got, ref, s.C);
-        // The mask matters in every case: plain causal attention is far from it.
-        CHECK(tensor_error(got.out, reference_attention(qkv, dout, s).out).value > 10 * kTolerances.out);
+        std::vector<Results> splits;
+        for (const int rows : row_splits(s)) {
+            CAPTURE(rows);
+            splits.push_back(run_attention(Kernels::simt, qkv, dout, s, &docs, rows));
+            check_against_reference(splits.back(), ref, s.C);
+            // The mask matters in every case: plain causal attention is far from it.
+            CHECK(tensor_error(splits.back().out, reference_attention(qkv, dout, s).out).value > 10 * kTolerances.out);
+        }
+        if (splits.size() == 2) check_same_bits(splits[0], splits[1]);
     }
 }
 
@@ -102,8 +132,10 @@ TEST_CASE("document-masked attention matches a double reference with an explicit
 // tolerances (a span is the same computation over fewer pairs; FP32 results are rounded less).
 TEST_CASE("attention over a span: one range's queries against another's keys, written or accumulated") {
     const SpanTolerances tolerances{kTolerances.out, kTolerances.lse, kTolerances.dqk};
-    check_spans<floatX>(Kernels::simt, tolerances);
-    check_spans<float>(Kernels::simt, tolerances);
+    for (const int rows : {kEmulatedDevice ? 1 : 4, 4}) {
+        check_spans<floatX>(Kernels::simt, tolerances, rows);
+        check_spans<float>(Kernels::simt, tolerances, rows);
+    }
 }
 
 // A key tile that lies wholly before a query tile's documents, or a query tile wholly after the
@@ -112,14 +144,15 @@ TEST_CASE("attention over a span: one range's queries against another's keys, wr
 TEST_CASE("document masking skips fully masked tiles: NaN in one document stays out of the other") {
     const Sizes s{1, 128, 128, 2, 2.0f};
     const std::vector<int> docs = packed_rows(s.T, {{64}});  // documents [0, 64) and [64, 128): tile edges
+    for (const int rows : row_splits(s))
     for (const bool poison_first : {true, false}) {
-        CAPTURE(poison_first);
+        CAPTURE(rows, poison_first);
         std::mt19937 rng(31);
         std::vector<floatX> qkv = random_qkv(s, rng), dout = random_floatX(size_t(s.T) * s.C, 1.0f, rng);
         const int from = poison_first ? 0 : 64, to = from + 64, kept = poison_first ? 64 : 0;
         poison_positions(qkv, dout, s, 0, from, to);
         const Reference ref = reference_attention(qkv, dout, s, &docs);
-        const Results got = run_attention(Kernels::simt, qkv, dout, s, &docs);
+        const Results got = run_attention(Kernels::simt, qkv, dout, s, &docs, rows);
         auto kept_rows = [&](const auto& x, int width) { return positions_of(x, s, width, 0, kept, kept + 64); };
         CHECK(tensor_error(kept_rows(got.out, s.C), kept_rows(ref.out, s.C)) <= kTolerances.out);
         CHECK(tensor_error(lse_positions_of(got.lse, s, 0, kept, kept + 64), lse_positions_of(ref.lse, s, 0, kept, kept + 64)) <=
@@ -158,21 +191,43 @@ TEST_CASE("attention is bitwise deterministic, also across more emulator threads
     std::mt19937 rng(99);
     const std::vector<floatX> qkv = random_floatX(size_t(s.B) * s.T * 3 * s.C, 2.0f, rng);
     const std::vector<floatX> dout = random_floatX(size_t(s.B) * s.T * s.C, 1.0f, rng);
-    const Results first = run_attention(Kernels::simt, qkv, dout, s);
+    for (const int rows : row_splits(s)) {
+        CAPTURE(rows);
+        const Results first = run_attention(Kernels::simt, qkv, dout, s, nullptr, rows);
 #ifndef __CUDACC__
-    const int threads = cuemu::threads();
-    cuemu::set_threads(2);  // blocks now finish in a different order
+        const int threads = cuemu::threads();
+        cuemu::set_threads(2);  // blocks now finish in a different order
 #endif
-    const Results second = run_attention(Kernels::simt, qkv, dout, s);
+        const Results second = run_attention(Kernels::simt, qkv, dout, s, nullptr, rows);
 #ifndef __CUDACC__
-    cuemu::set_threads(threads);
+        cuemu::set_threads(threads);
 #endif
-    auto same_bits = [](const auto& a, const auto& b) {
-        return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
-    };
-    CHECK(same_bits(first.out, second.out));
-    CHECK(same_bits(first.lse, second.lse));
-    CHECK(same_bits(first.dqkv, second.dqkv));
+        check_same_bits(first, second);
+    }
+}
+
+TEST_CASE("the SIMT row split: a thread a row where the emulator runs the kernels (hs <= 64), else 4; others refused") {
+    using attention_detail::simt_row_threads;
+    CHECK(simt_row_threads(128) == 4);
+#ifdef __CUDACC__
+    CHECK(simt_row_threads(64) == 4);
+#else
+    CHECK(simt_row_threads(64) == 1);
+    CHECK(simt_row_threads(16) == 1);
+    cuemu::set_record_only(true);  // launches recorded for a GPU's roofline take the GPU's split
+    const int recorded = simt_row_threads(64);
+    cuemu::set_record_only(false);
+    CHECK(recorded == 4);
+#endif
+    const Sizes s{1, 8, 256, 2, 1.0f};  // hs 128
+    DeviceBuffer<floatX> qkv(size_t(s.T) * 3 * s.C), out(size_t(s.T) * s.C);
+    DeviceBuffer<float> lse(size_t(s.T) * s.NH);
+    CHECK_THROWS_WITH(attention_forward(out.ptr, lse.ptr, qkv.ptr, s.B, s.T, s.C, s.NH, 0, nullptr, 1),
+                      Catch::Matchers::Contains(kEmulatedDevice ? "row_threads = 1 takes head sizes up to 64, got 128"
+                                                                : "row_threads = 1 exists in the CPU build only") &&
+                          Catch::Matchers::Contains("attention_forward"));
+    CHECK_THROWS_WITH(attention_forward(out.ptr, lse.ptr, qkv.ptr, s.B, s.T, 128, 2, 0, nullptr, 2),
+                      Catch::Matchers::Contains("row_threads = 2 must be 0 (automatic), 1 or 4"));
 }
 
 TEST_CASE("attention_requirements accepts GPT-2 shapes and names the broken constraint otherwise") {
