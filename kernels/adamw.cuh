@@ -117,6 +117,7 @@ template <int N> __device__ inline void adamw_chunk_params_from_master(floatX (&
         for (int k = 0; k < N; ++k) p[k] = master[k];
     } else {
         uint64_t state = rounding_state(c.rounding_key, c.element_offset + first);
+        LANE_LOOP
         for (int k = 0; k < N; ++k) {
             p[k] = stochastic_round_bf16(master[k], rounding_bits_of_state(state));
             state += kSplitMix64Gamma;
@@ -126,7 +127,7 @@ template <int N> __device__ inline void adamw_chunk_params_from_master(floatX (&
 
 // Elements per vector work item: two Packed128 of BF16, four of FP32. 16 rather than 8 halves the
 // threads, whose start is what the CPU emulator pays per thread (AdamW 114 -> 78 ms per d12 step
-// there); 88 registers on sm_90, no spills.
+// there); 92 registers on sm_90 with the item loop below, no spills.
 constexpr int kAdamWChunk = 16;
 constexpr int kAdamWBlock = 256;
 
@@ -146,32 +147,44 @@ template <typename T> __device__ inline void adamw_store_chunk(T* p, const T (&v
     }
 }
 
-// Work items: `chunks` vectors of kAdamWChunk elements from element `head` on (every pointer is
-// 16-byte aligned there), then one item per remaining element: the `head` elements before the
-// vectors and the tail after them.
+// Chunks a vector work item takes, one after another: 1 on a GPU (adjacent threads' loads coalesce),
+// 2 in the CPU build, where the emulator's cost per thread showed (GPT-2 124M on its own, 2 threads,
+// best of 8: 71 -> 62 ms; a plain OpenMP loop moving the same bytes 57 ms; 4 a thread no faster).
+// What a thread holds in registers stays one chunk either way. The bits do not depend on it.
+constexpr int kAdamWChunksPerItem = kEmulatedDevice ? 2 : 1;
+
+// Work items: vector items of up to `chunks_per_item` consecutive chunks of kAdamWChunk elements,
+// `chunks` in all, from element `head` on (every pointer is 16-byte aligned there), then one item
+// per remaining element: the `head` elements before the vectors and the tail after them.
 static __global__ void __launch_bounds__(kAdamWBlock)
     adamw_kernel(floatX* params, float* master, float* m, float* v, const floatX* grads, size_t n, size_t head,
-                 size_t chunks, AdamWStepCoefficients c) {
+                 size_t chunks, int chunks_per_item, AdamWStepCoefficients c) {
     const size_t item = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    const size_t vector_elements = chunks * kAdamWChunk;
-    if (item < chunks) {
-        const size_t first = head + item * kAdamWChunk;
-        float g[kAdamWChunk], w[kAdamWChunk], mm[kAdamWChunk], vv[kAdamWChunk];
-        adamw_load_chunk(g, grads + first);
-        adamw_load_chunk(w, master + first);
-        adamw_load_chunk(mm, m + first);
-        adamw_load_chunk(vv, v + first);
-        floatX p[kAdamWChunk];
-        // Two loops: g++ vectorizes the FP32 update and the 64-bit rounding hash each at its width.
-        for (int k = 0; k < kAdamWChunk; ++k) adamw_update_element(g[k], w[k], mm[k], vv[k], c);
-        adamw_chunk_params_from_master(p, w, c, first);
-        adamw_store_chunk(master + first, w);
-        adamw_store_chunk(m + first, mm);
-        adamw_store_chunk(v + first, vv);
-        adamw_store_chunk(params + first, p);
+    const size_t per_item = size_t(chunks_per_item);
+    const size_t vector_items = (chunks + per_item - 1) / per_item, vector_elements = chunks * kAdamWChunk;
+    if (item < vector_items) {
+        const size_t chunk_end = (item + 1) * per_item < chunks ? (item + 1) * per_item : chunks;
+        ROLLED_LOOP  // one chunk's registers at a time
+        for (size_t chunk = item * per_item; chunk < chunk_end; ++chunk) {
+            const size_t first = head + chunk * kAdamWChunk;
+            float g[kAdamWChunk], w[kAdamWChunk], mm[kAdamWChunk], vv[kAdamWChunk];
+            adamw_load_chunk(g, grads + first);
+            adamw_load_chunk(w, master + first);
+            adamw_load_chunk(mm, m + first);
+            adamw_load_chunk(vv, v + first);
+            floatX p[kAdamWChunk];
+            // Two loops: g++ vectorizes the FP32 update and the 64-bit rounding hash each at its width.
+            LANE_LOOP
+            for (int k = 0; k < kAdamWChunk; ++k) adamw_update_element(g[k], w[k], mm[k], vv[k], c);
+            adamw_chunk_params_from_master(p, w, c, first);
+            adamw_store_chunk(master + first, w);
+            adamw_store_chunk(m + first, mm);
+            adamw_store_chunk(v + first, vv);
+            adamw_store_chunk(params + first, p);
+        }
         return;
     }
-    const size_t scalar = item - chunks;
+    const size_t scalar = item - vector_items;
     if (scalar >= n - vector_elements) return;
     const size_t i = scalar < head ? scalar : scalar + vector_elements;
     float w = master[i], mi = m[i], vi = v[i];
@@ -204,11 +217,16 @@ inline std::string adamw_requirements(const AdamWHyper& hyper, int step, float g
 }
 
 // One AdamW step over n contiguous parameters (a tensor, or this rank's shard of the flat
-// buffer); element_offset is params[0]'s index in the whole flat parameter buffer.
+// buffer); element_offset is params[0]'s index in the whole flat parameter buffer. chunks_per_item:
+// the vector work items' chunks (tests vary it; the bits do not depend on it), or 0 for this
+// build's kAdamWChunksPerItem.
 inline void adamw_update(floatX* params, float* master, float* m, float* v, const floatX* grads, size_t n,
                          const AdamWHyper& hyper, int step, float grad_scale, uint64_t seed, size_t element_offset,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, int chunks_per_item = 0) {
     require_supported("adamw_update", adamw_requirements(hyper, step, grad_scale));
+    if (chunks_per_item < 0)
+        require_supported("adamw_update", "adamw: chunks_per_item = " + std::to_string(chunks_per_item) + " must be >= 0");
+    if (chunks_per_item == 0) chunks_per_item = kAdamWChunksPerItem;
     if (n == 0) return;
     if (!params || !master || !m || !v || !grads)
         require_supported("adamw_update", "adamw: null params, master, m, v or grads pointer with n > 0");
@@ -235,12 +253,12 @@ inline void adamw_update(floatX* params, float* master, float* m, float* v, cons
         chunks = (n - head) / kAdamWChunk;
     }
     if (chunks == 0) head = 0;
-    const size_t items = chunks + (n - chunks * kAdamWChunk);
+    const size_t items = ceil_div(chunks, size_t(chunks_per_item)) + (n - chunks * kAdamWChunk);
     // Per element 16 FLOPs: adamw_update_element's 14 multiplies and adds (an fma counts 2), a
     // square root and a division (the rounding's integer hash not counted). Bytes: grads and
     // master, m, v read; master, m, v and params written.
     const double elements = double(n);
     const KernelCost cost{16.0 * elements, elements * (2.0 * sizeof(floatX) + 6.0 * sizeof(float))};
     launch<adamw_kernel>(cost, dim3(ceil_div(items, kAdamWBlock)), dim3(kAdamWBlock), 0, stream, params, master, m, v,
-                         grads, n, head, chunks, c);
+                         grads, n, head, chunks, chunks_per_item, c);
 }

@@ -18,10 +18,13 @@
 constexpr bool kEmulatedDevice = false;  // the kernels run on a GPU
 // Full unrolling of a loop over a thread's array that must stay in registers (the emulator needs none).
 #define FULL_UNROLL _Pragma("unroll")
+// A loop nvcc must not unroll (its body's registers once, not several times over); g++ decides alone.
+#define ROLLED_LOOP _Pragma("unroll 1")
 #else
 #include "../emu/cuda_emu.h"
 constexpr bool kEmulatedDevice = true;  // the kernels run in the CPU emulator (emu/)
 #define FULL_UNROLL
+#define ROLLED_LOOP
 #endif
 
 // ---------------------------------------------------------------------------------------------

@@ -167,8 +167,10 @@ TEST_CASE("adamw_update matches a double-precision AdamW step for t = 1..5") {
 // Runs one AdamW step per entry of grads_per_step over [0, n) as calls over [begin, end) ranges given by `cuts` (e.g. {0, k,
 // n}); with `shard_local_state` each range after the first keeps master/m/v in buffers of its own
 // (as a ZeRO shard does), while params and grads stay views of the whole buffer.
+// chunks_per_item: adamw_update's (0: the build's).
 HostState run_split(const HostState& initial, const std::vector<std::vector<floatX>>& grads_per_step,
-                    const std::vector<size_t>& cuts, bool shard_local_state, uint64_t seed, uint64_t base_offset) {
+                    const std::vector<size_t>& cuts, bool shard_local_state, uint64_t seed, uint64_t base_offset,
+                    int chunks_per_item = 0) {
     const AdamWHyper hyper{3e-3f, 0.9f, 0.999f, 1e-8f, 0.1f};
     DeviceState whole(initial);
     std::vector<std::unique_ptr<DeviceState>> shards;
@@ -187,7 +189,7 @@ HostState run_split(const HostState& initial, const std::vector<std::vector<floa
             float* m = local ? shards[r]->m.ptr : whole.m.ptr + begin;
             float* v = local ? shards[r]->v.ptr : whole.v.ptr + begin;
             adamw_update(whole.params.ptr + begin, master, m, v, grads.ptr + begin, count, hyper, int(t), 1.0f, seed,
-                         base_offset + begin, nullptr);
+                         base_offset + begin, nullptr, chunks_per_item);
         }
     }
     HostState result = whole.download();
@@ -229,6 +231,29 @@ TEST_CASE("adamw_update: splitting the buffer into calls or ZeRO shards changes 
     }
     INFO("three calls with cuts at 5, 1003");
     require_same_bits(run_split(initial, grads, {0, 5, 1003, n}, true, seed, base_offset), whole);
+}
+
+// A vector work item takes kAdamWChunksPerItem chunks: 1 on a GPU, 2 in the CPU build. Every count
+// gives the same bits, with a last item short of chunks (4099 - 3 head elements: 256 chunks, then 3
+// and 5 a thread leave 1 over) and calls that start unaligned.
+TEST_CASE("adamw_update: chunks per work item change no bit") {
+    const size_t n = 4099;
+    const uint64_t seed = 3, base_offset = 17;
+    std::mt19937 rng(8);
+    const HostState initial = random_state(n, rng);
+    const std::vector<std::vector<floatX>> grads{random_grads(n, rng), random_grads(n, rng)};
+    const HostState one = run_split(initial, grads, {0, 3, n}, false, seed, base_offset, 1);
+    for (int chunks_per_item : {2, 3, 5}) {
+        INFO(chunks_per_item << " chunks a work item");
+        require_same_bits(run_split(initial, grads, {0, 3, n}, false, seed, base_offset, chunks_per_item), one);
+        require_same_bits(run_split(initial, grads, {0, 13, 2048, n}, true, seed, base_offset, chunks_per_item), one);
+    }
+    CHECK(kAdamWChunksPerItem == (kEmulatedDevice ? 2 : 1));
+    DeviceState state(initial);
+    DeviceBuffer<floatX> g(grads[0]);
+    CHECK_THROWS_WITH(adamw_update(state.params.ptr, state.master.ptr, state.m.ptr, state.v.ptr, g.ptr, n,
+                                   AdamWHyper{1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f}, 1, 1.0f, seed, 0, nullptr, -1),
+                      Catch::Matchers::Contains("chunks_per_item = -1 must be >= 0"));
 }
 
 TEST_CASE("adamw_update: reproducible for a seed, different rounding for another, same bits on more OS threads") {
