@@ -150,7 +150,9 @@ template <typename T> __device__ inline void adamw_store_chunk(T* p, const T (&v
 // Chunks a vector work item takes, one after another: 1 on a GPU (adjacent threads' loads coalesce),
 // 2 in the CPU build, where the emulator's cost per thread showed (GPT-2 124M on its own, 2 threads,
 // best of 8: 71 -> 62 ms; a plain OpenMP loop moving the same bytes 57 ms; 4 a thread no faster).
-// What a thread holds in registers stays one chunk either way. The bits do not depend on it.
+// What a thread holds in registers stays one chunk either way. The bits do not depend on it. Launches
+// recorded for a GPU's roofline (record-only mode) keep this build's count: only the number of blocks
+// differs, thousands either way for GPT-2.
 constexpr int kAdamWChunksPerItem = kEmulatedDevice ? 2 : 1;
 
 // Work items: vector items of up to `chunks_per_item` consecutive chunks of kAdamWChunk elements,
