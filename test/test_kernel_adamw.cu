@@ -234,8 +234,9 @@ TEST_CASE("adamw_update: splitting the buffer into calls or ZeRO shards changes 
 }
 
 // A vector work item takes kAdamWChunksPerItem chunks: 1 on a GPU, 2 in the CPU build. Every count
-// gives the same bits, with a last item short of chunks (4099 - 3 head elements: 256 chunks, then 3
-// and 5 a thread leave 1 over) and calls that start unaligned.
+// gives the same bits, also where the last item is short of chunks (the call over [3, n): 255 chunks
+// after a 5-element head in BF16, 1 over at 2 an item; the call over [2048, n): 128 chunks, 2 and 3
+// over at 3 and 5) and where a call runs all-scalar (shard-local state cut at 13).
 TEST_CASE("adamw_update: chunks per work item change no bit") {
     const size_t n = 4099;
     const uint64_t seed = 3, base_offset = 17;

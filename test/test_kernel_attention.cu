@@ -73,29 +73,29 @@ TEST_CASE("attention forward and backward match a double reference") {
         const Reference ref = reference_attention(qkv, dout, s);
         std::vector<Results> splits;
         for (const int rows : row_splits(s)) {
-        CAPTURE(rows);
-        const Results got = run_attention(Kernels::simt, qkv, dout, s, nullptr, rows);
-        splits.push_back(got);
+            CAPTURE(rows);
+            const Results got = run_attention(Kernels::simt, qkv, dout, s, nullptr, rows);
+            splits.push_back(got);
 
-        // Errors relative to each tensor's max |ref|, measured over these cases under every schedule.
-        // FP32: float accumulation over <= T keys and hs dims; measured max 1.3e-6 (out, the sharpest
-        // rows), gradients <= 8e-7, lse <= 1.9e-7. BF16: out and dqkv are rounded to bf16 (at most
-        // 2^-8 of the element, itself <= the scale); measured out <= 1.98e-3, dv <= 2.8e-3. dq and dk
-        // also inherit the rounding of out through D = rowsum(dO * out), which backward reads from
-        // the stored bf16 out as FlashAttention-2 does: measured <= 5.8e-3 (dk, hs 16). lse stays float.
-        check_against_reference(got, ref, s.C);
-        // A query that sees one key has P = 1 and out = its value row, so D = dO . out and dP = dO . V
-        // are one sum of the same products (attention_backward_rowdot_kernel sums in the dots' order):
-        // dS = 0 and dq = dk = 0 exactly, as in the reference. The relative errors above would pass
-        // ~1e-7 of rounding noise there.
-        if (s.T == 1) {
-            const auto grad = split_qkv(got.dqkv, s.C);
-            for (int part = 0; part < 2; ++part)
-                for (size_t i = 0; i < grad[part].size(); ++i) {
-                    INFO((part == 0 ? "dq" : "dk") << " element " << i);
-                    REQUIRE(to_float(grad[part][i]) == 0.0f);
-                }
-        }
+            // Errors relative to each tensor's max |ref|, measured over these cases under every schedule.
+            // FP32: float accumulation over <= T keys and hs dims; measured max 1.3e-6 (out, the sharpest
+            // rows), gradients <= 8e-7, lse <= 1.9e-7. BF16: out and dqkv are rounded to bf16 (at most
+            // 2^-8 of the element, itself <= the scale); measured out <= 1.98e-3, dv <= 2.8e-3. dq and dk
+            // also inherit the rounding of out through D = rowsum(dO * out), which backward reads from
+            // the stored bf16 out as FlashAttention-2 does: measured <= 5.8e-3 (dk, hs 16). lse stays float.
+            check_against_reference(got, ref, s.C);
+            // A query that sees one key has P = 1 and out = its value row, so D = dO . out and dP = dO . V
+            // are one sum of the same products (attention_backward_rowdot_kernel sums in the dots' order):
+            // dS = 0 and dq = dk = 0 exactly, as in the reference. The relative errors above would pass
+            // ~1e-7 of rounding noise there.
+            if (s.T == 1) {
+                const auto grad = split_qkv(got.dqkv, s.C);
+                for (int part = 0; part < 2; ++part)
+                    for (size_t i = 0; i < grad[part].size(); ++i) {
+                        INFO((part == 0 ? "dq" : "dk") << " element " << i);
+                        REQUIRE(to_float(grad[part][i]) == 0.0f);
+                    }
+            }
         }
         if (splits.size() == 2) check_same_bits(splits[0], splits[1]);
     }
