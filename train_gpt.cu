@@ -398,7 +398,8 @@ inline MemoryPlan gpt2_memory_plan(const GPT2Config& whole, int B, int T, const 
                                      options.attention == Attention::tc
                                          ? attention_tc_backward_scratch_floats(B, T, int(Ct), int(NHt), attention_tc_backward_of(options))
                                          : attention_backward_scratch_floats(B, T, int(NHt)),
-                                     global_norm_scratch_floats(shard.optimizer_size()), size_t(1)});
+                                     global_norm_scratch_floats(shard.optimizer_size()),
+                                     options.first_stage() ? encoder_backward_partial_floats(B, T, ci) : size_t(0), size_t(1)});
     plan.add("scratch", "workspace", scratch * F);
     if (options.context_parallel > 1) {  // the ring's buffers (parallel/context.h), for the whole sequence of T cp
         const ContextRingSizes ring = context_ring_sizes(B, T * options.context_parallel, int(Ct), int(NHt), options.context_parallel);
@@ -1291,7 +1292,7 @@ inline void gpt2_backward(GPT2& model, const std::function<void(int)>& layer_don
     if (embeds(model)) {
         const EncoderGrouping& grouping = model.slots[size_t(model.slot)].encoder;
         if (grouping.count == 0) throw TrainGptError("gpt2_backward: the forward pass before it wrote no dlogits (grad_scale 0)");
-        encoder_backward(g.wte, g.wpe, b.encoder_scratch, gather_sequence(model, b.dresidual), grouping, B, T, C, stream,
+        encoder_backward(g.wte, g.wpe, b.encoder_scratch, b.scratch, gather_sequence(model, b.dresidual), grouping, B, T, C, stream,
                          model.tensor.rank * Vr, Vr);
     }
     if (layer_done) layer_done(-1);

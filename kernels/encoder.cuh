@@ -1,6 +1,7 @@
 // GPT-2 embeddings (Radford et al. 2019): a token embedding (wte, V x C) plus a learned position
 // embedding (wpe, maxT x C). The backward pass is deterministic without atomics: the host groups
-// positions by token, and each token's gradient row is summed by one thread per channel group.
+// positions by token, and each token's gradient row is summed by one thread per channel group (a
+// frequent token's rows in pieces by several blocks, their sums then added in order).
 // Positions: by default token t of a row is at position t. A (B, T) array, token_positions, may say
 // otherwise: --doc-positions (host/documents.h) restarts them at each document (t - doc_start[t]);
 // context parallelism (parallel/context.h) holds rows made of two chunks of the sequence (zigzag),
@@ -79,46 +80,95 @@ inline void encoder_forward(floatX* out, const int* inp, const floatX* wte, cons
 
 // ---------------------------------------------------------------------------------------------
 // Backward. The scratch buffer holds the grouping the host computed from the token ids, at offsets
-// fixed by N = B*T alone (so that a captured CUDA graph replays for any batch; only the values change):
-//   positions[N]        every position b*T+t, grouped by token, increasing within a group
-//   group_start[N + 1]  group g owns positions[group_start[g] .. group_start[g+1]); G + 1 used
-//   group_token[N]      the token of group g; G used
-//   groups[1]           G, the number of distinct tokens (<= N)
-// hence 3N + 2 ints. With token positions a second grouping follows, by position, laid out the same
-// way (G' <= N groups: restarted per document under context parallelism, a rank's rows can hold more
-// distinct positions than T), 3N + 2 ints more.
+// fixed by N = B*T alone (so that a captured CUDA graph replays for any batch; only the values change).
+// A group is the positions of one token; a work item is a group, or a piece of one: a group of more
+// than kEncoderRowsPerPiece rows is cut into pieces of that many rows (the last one shorter), each
+// summed into a float partial row ("slot"), and a second kernel adds a split group's slots in piece
+// order. With I items and S split groups (offsets with M = N and S_max = encoder_max_split_groups(N)):
+//   positions[N]                every position b*T+t, grouped by token, increasing within a group
+//   item_start[M + 1]           item i sums positions[item_start[i] .. item_start[i+1]); I + 1 used
+//   item_key[M]                 item i's token
+//   item_slot[M]                -1: item i is a whole group, added into its gradient row; else its slot
+//   items[1]                    I (<= N)
+//   split_slot_start[S_max + 1] split group s owns slots split_slot_start[s] .. [s+1]; S + 1 used
+//   split_key[S_max]            its token
+//   splits[1]                   S
+// hence 4N + 2 S_max + 4 ints. With token positions a second grouping follows, by position, laid out
+// the same way (G' <= N groups: restarted per document under context parallelism, a rank's rows can
+// hold more distinct positions than T).
 
-inline size_t encoder_backward_scratch_ints(int B, int T, bool token_positions = false) {
-    const size_t N = size_t(B) * size_t(T);
-    return 3 * N + 2 + (token_positions ? 3 * N + 2 : 0);
+// Rows of a work item at most. One block sums a whole item, so without pieces the most frequent token
+// is a serial tail: on an H100 (d12, B=64, Shakespeare, 2026-11-27) its 8,238 rows took 3.5 ms, 0.43 us
+// a row, against 0.05 ms for the whole kernel on the roofline. At 64 rows, 8 rounds of 8 rows in flight,
+// an item is a few microseconds, and the slots of a d12 B=64 batch take at most 2N/65 rows of C floats
+// (6.2 MB; 129 for that token).
+constexpr int kEncoderRowsPerPiece = 64;
+// Rows of an item loaded before any is added (their loads in flight together); the sums still add
+// the rows in position order.
+constexpr int kEncoderRowsInFlight = 8;
+// Blocks of the item and combining kernels: each takes items blockIdx.x, + gridDim.x, ... of the items
+// there are (the largest first, see write_grouping). A fixed grid, so the launch does not depend on I.
+constexpr unsigned kEncoderGroupBlocks = 1024;
+
+// A split group has more than kEncoderRowsPerPiece rows, so there are at most N / 65 of them; its n
+// rows make ceil(n / 64) <= (n + 63) / 64 pieces, at most 2N / 65 over all split groups.
+inline int encoder_max_split_groups(int N) { return std::max(N, 0) / (kEncoderRowsPerPiece + 1); }
+inline int encoder_max_slots(int N) { return int(2 * int64_t(std::max(N, 0)) / (kEncoderRowsPerPiece + 1)); }
+
+namespace encoder_detail {
+
+// The ints of one grouping of N positions (see above).
+inline size_t grouping_ints(int N) { return 4 * size_t(N) + 2 * size_t(encoder_max_split_groups(N)) + 4; }
+
+// The parts of a grouping at `base` (host or device memory), at the offsets fixed by N.
+template <typename Int> struct GroupingParts {
+    Int *positions, *item_start, *item_key, *item_slot, *items, *split_slot_start, *split_key, *splits;
+};
+template <typename Int> GroupingParts<Int> grouping_parts(Int* base, int N) {
+    const size_t n = size_t(N), s = size_t(encoder_max_split_groups(N));
+    GroupingParts<Int> g;
+    g.positions = base;
+    g.item_start = g.positions + n;
+    g.item_key = g.item_start + n + 1;
+    g.item_slot = g.item_key + n;
+    g.items = g.item_slot + n;
+    g.split_slot_start = g.items + 1;
+    g.split_key = g.split_slot_start + s + 1;
+    g.splits = g.split_key + s;
+    return g;
 }
 
-// Blocks of the grouped sums: each takes groups blockIdx.x, + gridDim.x, ... of the *groups there
-// are (the largest first, see write_grouping). A fixed grid, so the launch does not depend on G.
-constexpr unsigned kEncoderGroupBlocks = 1024;
-// Rows of a group loaded before any is added. One block sums a whole group, so the most frequent
-// token is a serial tail: on an H100 (d12, B=64, Shakespeare, 2026-11-27) its 8,238 rows took 3.5 ms,
-// 0.43 us a row, each row two dependent loads (its position, then its values). With 8 rows' loads in
-// flight the tail should take about an eighth; the sums still add the rows in position order.
-constexpr int kEncoderRowsInFlight = 8;
+}  // namespace encoder_detail
 
-// dgrad[group_token[g],:] += group g's dout rows summed in increasing position order: dwte by token,
-// or dwpe by restarted position. grid.y * blockDim.x threads of 8 channels each cover C. Vocabulary-
-// parallel: dgrad holds rows [key_first, key_first + key_rows) only; other groups are skipped.
-static __global__ void encoder_backward_wte_kernel(floatX* dwte, const int* positions, const int* group_start,
-                                            const int* group_token, const int* groups, const floatX* dout, int C,
-                                            int key_first, int key_rows) {
+inline size_t encoder_backward_scratch_ints(int B, int T, bool token_positions = false) {
+    const size_t one = encoder_detail::grouping_ints(B * T);
+    return token_positions ? 2 * one : one;
+}
+
+// The float partial rows (slots) of the pieces: one grouping's at a time (the two run one after the other).
+inline size_t encoder_backward_partial_floats(int B, int T, int C) {
+    return size_t(encoder_max_slots(B * T)) * size_t(std::max(C, 0));
+}
+
+// The rows of work item `item` summed in increasing position order: added into grad[item_key[item],:]
+// (dwte by token, or dwpe by restarted position) when it is a whole group, else written to its slot of
+// `partials` (rows of C floats). grid.y * blockDim.x threads of 8 channels each cover C. Vocabulary-
+// parallel: grad holds rows [key_first, key_first + key_rows) only; other items are skipped.
+static __global__ void encoder_backward_wte_kernel(floatX* grad, float* partials, const int* positions, const int* item_start,
+                                                   const int* item_key, const int* item_slot, const int* items,
+                                                   const floatX* dout, int C, int key_first, int key_rows) {
     using Pack = Packed128<floatX>;
+    using FloatPack = Packed128<float>;
     constexpr int kPacks = kEncoderChannelsPerThread / Pack::size;
     const int c0 = int(blockIdx.y * blockDim.x + threadIdx.x) * kEncoderChannelsPerThread;
     if (c0 >= C) return;
-    const int group_count = *groups;
-    for (int group = int(blockIdx.x); group < group_count; group += int(gridDim.x)) {
-        const int key_row = group_token[group] - key_first;
+    const int item_count = *items;
+    for (int item = int(blockIdx.x); item < item_count; item += int(gridDim.x)) {
+        const int key_row = item_key[item] - key_first;
         if (key_row < 0 || key_row >= key_rows) continue;  // another rank's row
         float sum[kEncoderChannelsPerThread] = {};
-        const int end = group_start[group + 1];
-        int i = group_start[group];
+        const int end = item_start[item + 1];
+        int i = item_start[item];
         for (; i + kEncoderRowsInFlight <= end; i += kEncoderRowsInFlight) {
             Pack d[kEncoderRowsInFlight][kPacks];
             for (int r = 0; r < kEncoderRowsInFlight; ++r)
@@ -134,11 +184,52 @@ static __global__ void encoder_backward_wte_kernel(floatX* dwte, const int* posi
                 for (int k = 0; k < Pack::size; ++k) sum[p * Pack::size + k] += to_float(d[k]);
             }
         }
-        floatX* grad = dwte + size_t(key_row) * C + c0;
+        const int slot = item_slot[item];
+        if (slot >= 0) {  // a piece: its sum goes to its slot, for the combining kernel
+            float* partial = partials + size_t(slot) * C + c0;
+            for (int p = 0; p < kEncoderChannelsPerThread / FloatPack::size; ++p) {
+                FloatPack v;
+                for (int k = 0; k < FloatPack::size; ++k) v[k] = sum[p * FloatPack::size + k];
+                store128(partial + p * FloatPack::size, v);
+            }
+            continue;
+        }
+        floatX* row = grad + size_t(key_row) * C + c0;
         for (int p = 0; p < kPacks; ++p) {
-            Pack g = load128(grad + p * Pack::size);
+            Pack g = load128(row + p * Pack::size);
             for (int k = 0; k < Pack::size; ++k) g[k] = from_float<floatX>(to_float(g[k]) + sum[p * Pack::size + k]);
-            store128(grad + p * Pack::size, g);
+            store128(row + p * Pack::size, g);
+        }
+    }
+}
+
+// grad[split_key[s],:] += the split group's slots summed in piece order (from zero), for every split
+// group s; the same channels per thread and vocabulary-parallel skip as the item kernel.
+static __global__ void encoder_backward_combine_kernel(floatX* grad, const float* partials, const int* split_slot_start,
+                                                       const int* split_key, const int* splits, int C, int key_first,
+                                                       int key_rows) {
+    using Pack = Packed128<floatX>;
+    using FloatPack = Packed128<float>;
+    constexpr int kPacks = kEncoderChannelsPerThread / Pack::size;
+    const int c0 = int(blockIdx.y * blockDim.x + threadIdx.x) * kEncoderChannelsPerThread;
+    if (c0 >= C) return;
+    const int split_count = *splits;
+    for (int s = int(blockIdx.x); s < split_count; s += int(gridDim.x)) {
+        const int key_row = split_key[s] - key_first;
+        if (key_row < 0 || key_row >= key_rows) continue;
+        float sum[kEncoderChannelsPerThread] = {};
+        for (int slot = split_slot_start[s]; slot < split_slot_start[s + 1]; ++slot) {
+            const float* partial = partials + size_t(slot) * C + c0;
+            for (int p = 0; p < kEncoderChannelsPerThread / FloatPack::size; ++p) {
+                const FloatPack v = load128(partial + p * FloatPack::size);
+                for (int k = 0; k < FloatPack::size; ++k) sum[p * FloatPack::size + k] += v[k];
+            }
+        }
+        floatX* row = grad + size_t(key_row) * C + c0;
+        for (int p = 0; p < kPacks; ++p) {
+            Pack g = load128(row + p * Pack::size);
+            for (int k = 0; k < Pack::size; ++k) g[k] = from_float<floatX>(to_float(g[k]) + sum[p * Pack::size + k]);
+            store128(row + p * Pack::size, g);
         }
     }
 }
@@ -160,50 +251,59 @@ static __global__ void encoder_backward_wpe_kernel(floatX* dwpe, const floatX* d
     store128(dwpe + offset, g);
 }
 
+// What one grouping holds: G groups, I work items, S split groups owning `slots` partial rows.
+struct EncoderGroupingCounts {
+    int groups = 0, items = 0, splits = 0, slots = 0;
+};
+
 namespace encoder_detail {
 
-// The ints of one grouping of N positions into at most M groups: positions[N], group_start[M + 1],
-// group_key[M], groups[1] (see above).
-inline size_t grouping_ints(int N, int M) { return size_t(N) + 2 * size_t(M) + 2; }
-
-// The parts of a grouping at `base` (host or device memory), at the offsets fixed by N and M.
-struct GroupingParts {
-    const int *positions, *group_start, *group_key, *groups;
-};
-inline GroupingParts grouping_parts(const int* base, int N, int M) {
-    return {base, base + N, base + size_t(N) + M + 1, base + size_t(N) + 2 * size_t(M) + 1};
-}
-
 // Writes at `out` the positions 0..N-1 grouped by key (keys[i] = key << 32 | position, sorted) in the
-// layout above for at most M groups; returns G. The largest groups go first: their blocks have the
-// longest sums, and blocks start roughly in blockIdx order, so this balances the GPU. Ties keep key
-// order (deterministic).
-inline int write_grouping(int* out, const std::vector<uint64_t>& keys, int M) {
+// layout above. The longest items go first: blocks start roughly in blockIdx order, so this balances
+// the GPU. Ties keep key order, and a group's pieces their order (deterministic).
+inline EncoderGroupingCounts write_grouping(int* out, const std::vector<uint64_t>& keys) {
     const int N = int(keys.size());
-    std::vector<int> run_start;  // start of each key's run in keys
-    for (int i = 0; i < N; ++i)
-        if (i == 0 || keys[i] >> 32 != keys[i - 1] >> 32) run_start.push_back(i);
-    const int G = int(run_start.size());
-    if (G > M) throw TrainGptError("encoder_backward: " + std::to_string(G) + " groups exceed the " + std::to_string(M) + " planned");
-    run_start.push_back(N);
-    std::vector<int> order(G);
-    for (int g = 0; g < G; ++g) order[g] = g;
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
-        return run_start[a + 1] - run_start[a] > run_start[b + 1] - run_start[b];
-    });
-    int* positions = out;
-    int* group_start = positions + N;
-    int* group_key = group_start + M + 1;
-    int filled = 0;
-    for (int g = 0; g < G; ++g) {
-        const int run = order[g];
-        group_start[g] = filled;
-        group_key[g] = int(keys[run_start[run]] >> 32);
-        for (int i = run_start[run]; i < run_start[run + 1]; ++i) positions[filled++] = int(uint32_t(keys[i]));
+    const GroupingParts<int> g = grouping_parts(out, N);
+    EncoderGroupingCounts counts;
+    // The items in key order: (first index into keys, rows, key, slot).
+    struct Item {
+        int first, rows, key, slot;
+    };
+    std::vector<Item> items;
+    for (int first = 0; first < N;) {
+        int end = first + 1;
+        while (end < N && keys[end] >> 32 == keys[first] >> 32) ++end;
+        const int key = int(keys[first] >> 32), rows = end - first;
+        ++counts.groups;
+        if (rows <= kEncoderRowsPerPiece) {
+            items.push_back({first, rows, key, -1});
+        } else {
+            g.split_slot_start[counts.splits] = counts.slots;
+            g.split_key[counts.splits] = key;
+            ++counts.splits;
+            for (int piece = first; piece < end; piece += kEncoderRowsPerPiece)
+                items.push_back({piece, std::min(kEncoderRowsPerPiece, end - piece), key, counts.slots++});
+        }
+        first = end;
     }
-    group_start[G] = filled;
-    group_key[M] = G;  // groups[0]
-    return G;
+    if (counts.splits > encoder_max_split_groups(N) || counts.slots > encoder_max_slots(N))
+        throw TrainGptError("encoder_backward: " + std::to_string(counts.splits) + " split groups with " +
+                            std::to_string(counts.slots) + " slots exceed the bounds for " + std::to_string(N) + " positions");
+    g.split_slot_start[counts.splits] = counts.slots;
+    *g.splits = counts.splits;
+    std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.rows > b.rows; });
+    counts.items = int(items.size());
+    int filled = 0;  // positions in item order, so that item i's are item_start[i] .. item_start[i+1]
+    for (int i = 0; i < counts.items; ++i) {
+        const Item& item = items[size_t(i)];
+        g.item_start[i] = filled;
+        g.item_key[i] = item.key;
+        g.item_slot[i] = item.slot;
+        for (int k = item.first; k < item.first + item.rows; ++k) g.positions[filled++] = int(uint32_t(keys[size_t(k)]));
+    }
+    g.item_start[counts.items] = filled;
+    *g.items = counts.items;
+    return counts;
 }
 
 }  // namespace encoder_detail
@@ -213,10 +313,11 @@ inline int write_grouping(int* out, const std::vector<uint64_t>& keys, int M) {
 // layout above). It needs only the host's copy of the batch, so it is made when the batch is known,
 // and copied to the device with the batch. wpe_rows: the positions there are (max_seq_len).
 struct EncoderGrouping {
-    const int* ints = nullptr;  // host memory: by token, then (token positions) by position
-    size_t count = 0;           // ints to copy: encoder_backward_scratch_ints
-    int groups = 0;             // G
-    int position_groups = -1;   // G'; -1: dwpe by t (no token positions)
+    const int* ints = nullptr;          // host memory: by token, then (token positions) by position
+    size_t count = 0;                   // ints to copy: encoder_backward_scratch_ints
+    EncoderGroupingCounts by_token;     // what the kernels will find there (the launches' cost estimates)
+    EncoderGroupingCounts by_position;  // with token positions
+    bool has_positions = false;         // false: dwpe by t (no token positions)
 };
 
 inline EncoderGrouping encoder_backward_grouping(int* grouping, const int* inp_host, int B, int T,
@@ -235,7 +336,7 @@ inline EncoderGrouping encoder_backward_grouping(int* grouping, const int* inp_h
     std::sort(keys.begin(), keys.end());
     EncoderGrouping g;
     g.ints = grouping;
-    g.groups = encoder_detail::write_grouping(grouping, keys, N);
+    g.by_token = encoder_detail::write_grouping(grouping, keys);
     g.count = encoder_backward_scratch_ints(B, T, token_positions_host != nullptr);
     if (token_positions_host != nullptr) {
         for (int i = 0; i < N; ++i) {
@@ -247,48 +348,66 @@ inline EncoderGrouping encoder_backward_grouping(int* grouping, const int* inp_h
             keys[i] = uint64_t(uint32_t(position)) << 32 | uint32_t(i);
         }
         std::sort(keys.begin(), keys.end());
-        g.position_groups = encoder_detail::write_grouping(grouping + encoder_detail::grouping_ints(N, N), keys, N);
+        g.by_position = encoder_detail::write_grouping(grouping + encoder_detail::grouping_ints(N), keys);
+        g.has_positions = true;
     }
     return g;
 }
 
+namespace encoder_detail {
+
+// The grouped sums of one grouping at `device_grouping` into grad (rows [key_first, key_first +
+// key_rows)): the item kernel, then, when pieces are possible at this N, the combining kernel. Both
+// grids depend on N and C alone.
+inline void grouped_sums(floatX* grad, float* partials, const int* device_grouping, const floatX* dout,
+                         const EncoderGroupingCounts& counts, int N, int C, cudaStream_t stream, int key_first, int key_rows) {
+    const unsigned threads_per_row = ceil_div(C, kEncoderChannelsPerThread);
+    const unsigned block = std::min(256u, ceil_div(threads_per_row, 32) * 32);
+    const unsigned column_blocks = ceil_div(threads_per_row, block);
+    const auto g = grouping_parts(device_grouping, N);
+    // Every dout row added once into its item's sum; whole groups' gradient rows read, added, written;
+    // pieces' slots written (floats); the grouping's ints read once.
+    const double X = sizeof(floatX), F = sizeof(float), btc = double(N) * C;
+    const double whole = double(counts.items - counts.slots), slots = counts.slots;  // a slot per piece
+    const KernelCost item_cost{btc + whole * C, btc * X + 2.0 * whole * C * X + slots * C * F +
+                                                    (double(N) + 3.0 * counts.items + 1) * sizeof(int)};
+    launch<encoder_backward_wte_kernel>(item_cost, dim3(std::min<unsigned>(N, kEncoderGroupBlocks), column_blocks), dim3(block),
+                                        0, stream, grad, partials, g.positions, g.item_start, g.item_key, g.item_slot,
+                                        g.items, dout, C, key_first, key_rows);
+    const int max_splits = encoder_max_split_groups(N);
+    if (max_splits == 0) return;
+    // The slots read and added; S gradient rows read and written.
+    const KernelCost combine_cost{slots * C + double(counts.splits) * C,
+                                  slots * C * F + 2.0 * counts.splits * C * X + (2.0 * counts.splits + 2) * sizeof(int)};
+    launch<encoder_backward_combine_kernel>(combine_cost, dim3(std::min<unsigned>(max_splits, kEncoderGroupBlocks), column_blocks),
+                                            dim3(block), 0, stream, grad, partials, g.split_slot_start, g.split_key, g.splits, C,
+                                            key_first, key_rows);
+}
+
+}  // namespace encoder_detail
+
 // dwte (and dwpe) from a grouping made by encoder_backward_grouping and copied to the device at
-// `device_grouping`. The kernels read G (and G') there, and the launches depend only on B, T and C,
-// so a CUDA graph that captured this call replays for every batch. `grouping` (host) gives G, G'
-// for the cost estimate and whether wpe goes by token position.
+// `device_grouping`; `partials`: encoder_backward_partial_floats(B, T, C) floats of scratch. The
+// kernels read the counts there, and the launches depend only on B, T and C, so a CUDA graph that
+// captured this call replays for every batch. `grouping` (host) gives the counts for the cost
+// estimates and whether wpe goes by token position.
 // vocab_first, vocab_rows: the rows of the vocabulary dwte holds (vocabulary-parallel; default: all).
-inline void encoder_backward(floatX* dwte, floatX* dwpe, const int* device_grouping, const floatX* dout,
+inline void encoder_backward(floatX* dwte, floatX* dwpe, const int* device_grouping, float* partials, const floatX* dout,
                              const EncoderGrouping& grouping, int B, int T, int C, cudaStream_t stream, int vocab_first = 0,
                              int vocab_rows = std::numeric_limits<int>::max()) {
     require_supported("encoder_backward", encoder_requirements(C));
     require_supported("encoder_backward", encoder_batch_problem(B, T));
     const int N = B * T;
     if (N == 0) return;
-    const int G = grouping.groups, G_positions = grouping.position_groups;
-    const bool by_position = G_positions >= 0;
-
-    const unsigned threads_per_row = ceil_div(C, kEncoderChannelsPerThread);
-    const unsigned block = std::min(256u, ceil_div(threads_per_row, 32) * 32);
-    const dim3 by_token_grid(std::min<unsigned>(N, kEncoderGroupBlocks), ceil_div(threads_per_row, block));
-    // wte: every dout row added once into its token's sum, then G rows of dwte read, added, written;
-    // the grouping's ints read once.
-    const double X = sizeof(floatX), btc = double(N) * C;
-    const auto wte = encoder_detail::grouping_parts(device_grouping, N, N);
-    const KernelCost wte_cost{btc + double(G) * C, btc * X + 2.0 * G * C * X + (double(N) + 2.0 * G + 2) * sizeof(int)};
-    launch<encoder_backward_wte_kernel>(wte_cost, by_token_grid, dim3(block), 0, stream, dwte, wte.positions,
-                                        wte.group_start, wte.group_key, wte.groups, dout, C, vocab_first, vocab_rows);
-    if (by_position) {
-        // wpe by token position: the same grouped sums, G' rows of dwpe (positions checked on the host).
-        const auto wpe = encoder_detail::grouping_parts(device_grouping + encoder_detail::grouping_ints(N, N), N, N);
-        const KernelCost cost{btc + double(G_positions) * C,
-                              btc * X + 2.0 * G_positions * C * X + (double(N) + 2.0 * G_positions + 2) * sizeof(int)};
-        const dim3 by_position_grid(std::min<unsigned>(N, kEncoderGroupBlocks), ceil_div(threads_per_row, block));
-        launch<encoder_backward_wte_kernel>(cost, by_position_grid, dim3(block), 0, stream, dwpe, wpe.positions,
-                                            wpe.group_start, wpe.group_key, wpe.groups, dout, C, 0,
-                                            std::numeric_limits<int>::max());
+    encoder_detail::grouped_sums(dwte, partials, device_grouping, dout, grouping.by_token, N, C, stream, vocab_first,
+                                 vocab_rows);
+    if (grouping.has_positions) {  // wpe by token position: the same grouped sums (positions checked on the host)
+        encoder_detail::grouped_sums(dwpe, partials, device_grouping + encoder_detail::grouping_ints(N), dout,
+                                     grouping.by_position, N, C, stream, 0, std::numeric_limits<int>::max());
         return;
     }
     // wpe: dout read once (B additions per element), dwpe read and written once.
+    const double btc = double(N) * C, X = sizeof(floatX);
     const size_t wpe_packs = size_t(T) * C / Packed128<floatX>::size;
     const KernelCost wpe_cost{btc, btc * X + 2.0 * T * C * X};
     launch<encoder_backward_wpe_kernel>(wpe_cost, dim3(ceil_div(wpe_packs, 256)), dim3(256), 0, stream, dwpe, dout, B, T,
@@ -296,9 +415,9 @@ inline void encoder_backward(floatX* dwte, floatX* dwpe, const int* device_group
 }
 
 // The grouping made here, from pageable memory (tests and callers without staging memory of their own).
-inline void encoder_backward(floatX* dwte, floatX* dwpe, int* scratch, const floatX* dout, const int* inp_host, int B,
-                             int T, int C, cudaStream_t stream, const int* token_positions_host = nullptr, int vocab_first = 0,
-                             int vocab_rows = std::numeric_limits<int>::max()) {
+inline void encoder_backward(floatX* dwte, floatX* dwpe, int* scratch, float* partials, const floatX* dout, const int* inp_host,
+                             int B, int T, int C, cudaStream_t stream, const int* token_positions_host = nullptr,
+                             int vocab_first = 0, int vocab_rows = std::numeric_limits<int>::max()) {
     require_supported("encoder_backward", encoder_batch_problem(B, T));
     if (B * T == 0) return;
     std::vector<int> grouping(encoder_backward_scratch_ints(B, T, token_positions_host != nullptr));
@@ -306,5 +425,5 @@ inline void encoder_backward(floatX* dwte, floatX* dwpe, int* scratch, const flo
     // From pageable memory the copy is staged before the call returns (CUDA Runtime API, "API
     // synchronization behavior"), so `grouping` may go when it does.
     CUDA_CHECK(cudaMemcpyAsync(scratch, g.ints, g.count * sizeof(int), cudaMemcpyHostToDevice, stream));
-    encoder_backward(dwte, dwpe, scratch, dout, g, B, T, C, stream, vocab_first, vocab_rows);
+    encoder_backward(dwte, dwpe, scratch, partials, dout, g, B, T, C, stream, vocab_first, vocab_rows);
 }

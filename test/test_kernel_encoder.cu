@@ -71,18 +71,33 @@ struct GradReference {
     }
 };
 
-// The documented order, in float, exactly as the kernels must do it: the rows summed in increasing
-// position (dwte) or increasing b (dwpe) from zero, then added to the old value and rounded once.
+// The documented order, in float, exactly as the kernels must do it: a key's rows in increasing
+// position (dwte) or increasing b (dwpe) summed from zero; with more than kEncoderRowsPerPiece rows,
+// each piece of that many rows summed from zero and the pieces' sums added in order from zero; then
+// the sum added to the old value and rounded once.
 struct OrderedSums {
     std::vector<float> sum;
-    explicit OrderedSums(size_t n) : sum(n, 0.0f) {}
-    void add_row(size_t row, const floatX* dout_row, int C) {
-        for (int c = 0; c < C; ++c) sum[row * C + c] += to_float(dout_row[c]);
-    }
-    std::vector<floatX> applied_to(const std::vector<floatX>& init) const {
-        std::vector<floatX> r(init.size());
-        for (size_t i = 0; i < r.size(); ++i) r[i] = from_float<floatX>(to_float(init[i]) + sum[i]);
-        return r;
+    std::vector<std::vector<const floatX*>> rows;  // per key, its dout rows in order
+    int C;
+    bool pieces;  // false: dwpe by t without token positions (encoder_backward_wpe_kernel: B rows, no pieces)
+    OrderedSums(size_t keys, int C, bool pieces = true) : sum(keys * size_t(C), 0.0f), rows(keys), C(C), pieces(pieces) {}
+    void add_row(size_t key, const floatX* dout_row) { rows[key].push_back(dout_row); }
+    std::vector<floatX> applied_to(const std::vector<floatX>& init) {
+        for (size_t key = 0; key < rows.size(); ++key) {
+            const std::vector<const floatX*>& r = rows[key];
+            const bool split = pieces && r.size() > size_t(kEncoderRowsPerPiece);
+            const size_t piece_rows = split ? size_t(kEncoderRowsPerPiece) : std::max<size_t>(r.size(), 1);
+            for (size_t first = 0; first < r.size(); first += piece_rows)
+                for (int c = 0; c < C; ++c) {
+                    float piece = 0.0f;
+                    for (size_t i = first; i < std::min(r.size(), first + piece_rows); ++i) piece += to_float(r[i][c]);
+                    float& total = sum[key * C + c];
+                    total = split ? total + piece : piece;  // a whole group's sum is the kernel's own
+                }
+        }
+        std::vector<floatX> out(init.size());
+        for (size_t i = 0; i < out.size(); ++i) out[i] = from_float<floatX>(to_float(init[i]) + sum[i]);
+        return out;
     }
 };
 
@@ -120,6 +135,22 @@ std::vector<Case> backward_cases() {
     // More distinct tokens (about 2,300) than the backward launches blocks (kEncoderGroupBlocks):
     // each block takes several groups.
     cases.push_back({"more groups than blocks", 3, 1000, 8, 5000, random_tokens(3000, 0, 4999)});
+    // Pieces (kEncoderRowsPerPiece = 64): token 5 at half the positions (2,048 rows: 32 pieces), token 6
+    // at 64 (one whole item) and token 7 at 65 (64 + 1), scattered; the rest spread over 40 tokens. Its
+    // second token, 5, is the documents' EOT: short documents, so position groups are split too.
+    Case pieces{"pieces of frequent tokens", 4, 1024, 24, 60, random_tokens(4096, 20, 59)};
+    std::vector<int> order;  // position 1 first (token 5), the others shuffled
+    for (int i = 0; i < 4096; ++i)
+        if (i != 1) order.push_back(i);
+    std::shuffle(order.begin(), order.end(), rng);
+    order.insert(order.begin(), 1);
+    for (int i = 0; i < 2048 + 64 + 65; ++i) pieces.tokens[size_t(order[size_t(i)])] = i < 2048 ? 5 : i < 2048 + 64 ? 6 : 7;
+    cases.push_back(pieces);
+    // More split groups (1,040 tokens of 66 rows each: 2 pieces) than the combining kernel launches
+    // blocks (kEncoderGroupBlocks; N = 69,632 allows 1,071 split groups): each block takes several.
+    Case many_splits{"more split groups than blocks", 17, 4096, 8, 1100, random_tokens(17 * 4096, 1040, 1099)};
+    for (int i = 0; i < 1040 * 66; ++i) many_splits.tokens[size_t(i)] = i / 66;
+    cases.push_back(many_splits);
     return cases;
 }
 
@@ -192,16 +223,19 @@ TEST_CASE("encoder_backward accumulates dwte per token and dwpe per position, de
         DeviceBuffer<floatX> d_dout(dout), d_dwte(dwte_init), d_dwpe(dwpe_init);
         DeviceBuffer<int> d_scratch(encoder_backward_scratch_ints(s.B, s.T, documents));  // exact size: ASan sees overruns
         d_scratch.fill_bytes(0xFF);
+        // The pieces' slots, exact size too, NaN until written: a slot read before it is written shows.
+        DeviceBuffer<float> d_partials(std::max<size_t>(encoder_backward_partial_floats(s.B, s.T, s.C), 1));
+        d_partials.fill_bytes(0xFF);
         auto run = [&] {
-            encoder_backward(d_dwte.ptr, d_dwpe.ptr, d_scratch.ptr, d_dout.ptr, s.tokens.data(), s.B, s.T, s.C, nullptr,
-                             documents ? positions.data() : nullptr);
+            encoder_backward(d_dwte.ptr, d_dwpe.ptr, d_scratch.ptr, d_partials.ptr, d_dout.ptr, s.tokens.data(), s.B, s.T, s.C,
+                             nullptr, documents ? positions.data() : nullptr);
         };
         auto references = [&](const std::vector<floatX>& dwte0, const std::vector<floatX>& dwpe0) {
             GradReference wte(dwte0), wpe(dwpe0);
-            OrderedSums wte_order(dwte0.size()), wpe_order(dwpe0.size());
+            OrderedSums wte_order(dwte0.size() / s.C, s.C), wpe_order(dwpe0.size() / s.C, s.C, documents);
             for (int p = 0; p < N; ++p) {  // increasing position: b * T + t
                 wte.add_row(s.tokens[p], &dout[size_t(p) * s.C], s.C);
-                wte_order.add_row(s.tokens[p], &dout[size_t(p) * s.C], s.C);
+                wte_order.add_row(s.tokens[p], &dout[size_t(p) * s.C]);
             }
             // dwpe: increasing b for each t; with token positions grouped by position like dwte, so
             // increasing b * T + t within a position's sum (the same order for equal positions).
@@ -209,7 +243,7 @@ TEST_CASE("encoder_backward accumulates dwte per token and dwpe per position, de
                 for (int t = 0; t < s.T; ++t) {
                     const size_t p = size_t(b) * s.T + t;
                     wpe.add_row(positions[p], &dout[p * s.C], s.C);
-                    wpe_order.add_row(positions[p], &dout[p * s.C], s.C);
+                    wpe_order.add_row(positions[p], &dout[p * s.C]);
                 }
             return std::tuple(wte, wpe, wte_order.applied_to(dwte0), wpe_order.applied_to(dwpe0));
         };
@@ -273,11 +307,13 @@ TEST_CASE("encoder: vocabulary shards sum to the whole embedding and take their 
         DeviceBuffer<int> d_inp(s.tokens);
         DeviceBuffer<floatX> d_wte(wte), d_wpe(wpe), d_out(size_t(N) * s.C), d_dout(dout), d_dwpe(size_t(maxT) * s.C);
         DeviceBuffer<int> d_scratch(encoder_backward_scratch_ints(s.B, s.T));
+        DeviceBuffer<float> d_partials(std::max<size_t>(encoder_backward_partial_floats(s.B, s.T, s.C), 1));
         encoder_forward(d_out.ptr, d_inp.ptr, d_wte.ptr, d_wpe.ptr, s.B, s.T, s.C, nullptr);
         const std::vector<floatX> whole = d_out.download();
         DeviceBuffer<floatX> d_dwte(wte.size());
         d_dwte.fill_bytes(0), d_dwpe.fill_bytes(0);
-        encoder_backward(d_dwte.ptr, d_dwpe.ptr, d_scratch.ptr, d_dout.ptr, s.tokens.data(), s.B, s.T, s.C, nullptr);
+        encoder_backward(d_dwte.ptr, d_dwpe.ptr, d_scratch.ptr, d_partials.ptr, d_dout.ptr, s.tokens.data(), s.B, s.T, s.C,
+                         nullptr);
         const std::vector<floatX> whole_dwte = d_dwte.download(), whole_dwpe = d_dwpe.download();
 
         std::vector<float> sum(size_t(N) * s.C, 0.0f);
@@ -300,8 +336,8 @@ TEST_CASE("encoder: vocabulary shards sum to the whole embedding and take their 
                 if (occurs[row]) std::fill_n(init.begin() + ptrdiff_t(row * s.C), s.C, from_float<floatX>(0.0f));
             DeviceBuffer<floatX> d_shard_dwte(init);
             d_dwpe.fill_bytes(0);
-            encoder_backward(d_shard_dwte.ptr, d_dwpe.ptr, d_scratch.ptr, d_dout.ptr, s.tokens.data(), s.B, s.T, s.C, nullptr,
-                             nullptr, int(first), rows);
+            encoder_backward(d_shard_dwte.ptr, d_dwpe.ptr, d_scratch.ptr, d_partials.ptr, d_dout.ptr, s.tokens.data(), s.B, s.T,
+                             s.C, nullptr, nullptr, int(first), rows);
             const std::vector<floatX> got = d_shard_dwte.download();
             size_t wrong = 0;
             for (size_t row = 0; row < size_t(rows); ++row) {
@@ -317,10 +353,68 @@ TEST_CASE("encoder: vocabulary shards sum to the whole embedding and take their 
     }
 }
 
+// The host's grouping, read back as the kernels read it: every position once, each key's rows in
+// increasing position order across its items (a split group's pieces in slot order), pieces of exactly
+// kEncoderRowsPerPiece rows but the last, the longest items first, slots numbered in order.
+TEST_CASE("encoder grouping: frequent tokens in pieces of 64 rows, the rest whole, the longest items first") {
+    const Case s = backward_cases()[backward_cases().size() - 2];  // "pieces of frequent tokens"
+    REQUIRE(std::string(s.name) == "pieces of frequent tokens");
+    const int N = s.B * s.T;
+    std::vector<int> ints(encoder_backward_scratch_ints(s.B, s.T));
+    const EncoderGrouping g = encoder_backward_grouping(ints.data(), s.tokens.data(), s.B, s.T);
+    const auto parts = encoder_detail::grouping_parts(ints.data(), N);
+    std::vector<int> count(size_t(s.V), 0);
+    for (int token : s.tokens) ++count[size_t(token)];
+    const int distinct = int(std::count_if(count.begin(), count.end(), [](int c) { return c > 0; }));
+    CHECK(g.by_token.groups == distinct);
+    CHECK(g.by_token.splits == 2);   // tokens 5 (2,048 rows) and 7 (65); 6 (64 rows) stays whole
+    CHECK(g.by_token.slots == 34);   // 32 + 2
+    CHECK(g.by_token.items == distinct - 2 + 34);
+    CHECK(*parts.items == g.by_token.items);
+    CHECK(*parts.splits == 2);
+    CHECK(parts.split_key[0] == 5);
+    CHECK(parts.split_key[1] == 7);
+    CHECK(parts.split_slot_start[0] == 0);
+    CHECK(parts.split_slot_start[1] == 32);
+    CHECK(parts.split_slot_start[2] == 34);
+    // Per key, its rows as the items list them; per slot, the item that writes it.
+    std::vector<std::vector<std::pair<int, int>>> rows_of(size_t(s.V));  // (slot or -1, position)
+    std::vector<int> writer(34, -1);
+    int previous_rows = N + 1;
+    for (int i = 0; i < *parts.items; ++i) {
+        const int first = parts.item_start[i], end = parts.item_start[i + 1], key = parts.item_key[i], slot = parts.item_slot[i];
+        CHECK(end - first <= previous_rows);  // the longest first
+        previous_rows = end - first;
+        CHECK(end - first <= kEncoderRowsPerPiece);
+        if (slot >= 0) {
+            REQUIRE(slot < 34);
+            CHECK(writer[size_t(slot)] == -1);
+            writer[size_t(slot)] = i;
+        }
+        for (int k = first; k < end; ++k) {
+            CHECK(s.tokens[size_t(parts.positions[k])] == key);
+            rows_of[size_t(key)].push_back({slot, parts.positions[k]});
+        }
+    }
+    CHECK(parts.item_start[*parts.items] == N);
+    for (int key = 0; key < s.V; ++key) {
+        auto rows = rows_of[size_t(key)];
+        REQUIRE(int(rows.size()) == count[size_t(key)]);
+        std::stable_sort(rows.begin(), rows.end(), [](auto a, auto b) { return a.first < b.first; });  // slot order
+        for (size_t k = 1; k < rows.size(); ++k) CHECK(rows[k - 1].second < rows[k].second);
+        if (key == 5 || key == 7)  // its pieces: full but the last
+            for (size_t k = 0; k < rows.size(); ++k) CHECK(rows[k].first == (key == 5 ? 0 : 32) + int(k) / kEncoderRowsPerPiece);
+        else
+            for (const auto& r : rows) CHECK(r.first == -1);
+    }
+}
+
 TEST_CASE("encoder_requirements accepts positive multiples of 8 and names a bad C") {
     for (int C : {8, 768, 1600, 12288}) CHECK(encoder_requirements(C).empty());
     CHECK(encoder_requirements(100) == "encoder: C = 100 is not a positive multiple of 8");
     CHECK(encoder_requirements(0).find("C = 0") != std::string::npos);
-    CHECK(encoder_backward_scratch_ints(4, 1024) == 3 * 4096 + 2);
-    CHECK(encoder_backward_scratch_ints(4, 1024, true) == 2 * (3 * 4096 + 2));
+    // 4N + 2 S_max + 4 ints a grouping, S_max = N / 65 split groups (a split group has 65+ rows).
+    CHECK(encoder_backward_scratch_ints(4, 1024) == 4 * 4096 + 2 * 63 + 4);
+    CHECK(encoder_backward_scratch_ints(4, 1024, true) == 2 * (4 * 4096 + 2 * 63 + 4));
+    CHECK(encoder_backward_partial_floats(4, 1024, 768) == size_t(2 * 4096 / 65) * 768);
 }
