@@ -10,17 +10,49 @@
 
 #include "common.cuh"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
 
-// 64 threads a row: 98 16-byte chunks per thread per pass over GPT-2's vocabulary on a GPU (2 warps a
-// block; 32 blocks, an H100 SM's limit, fill its 2048 threads), and in the CPU emulator, where each
-// thread pays a fiber switch at every barrier and reduction, half the waits of 128. A `make train`
-// classifier (512 rows of 50304, quiet 2-core VM, --profile-step) measured 1024 threads: 60% of the
-// step; 256: ~75 ms; 128: 67-72 ms; 64: 44-59 ms; 32: 40-45 ms, but one warp a block would leave half
-// of a GPU SM's threads idle at its 32-block limit.
-constexpr int kClassifierBlockSize = 64;
+// Threads a row (a block). The two builds choose differently, for different reasons; the launchers take
+// any multiple of 32 up to kClassifierMaxThreads, and the tests run both choices in the CPU build.
+//
+// The CPU emulator: 64, where each thread pays a fiber switch at every barrier and reduction. A `make
+// train` classifier (512 rows of 50304, quiet 2-core VM, --profile-step) measured 1024 threads: 60% of
+// the step; 256: ~75 ms; 128: 67-72 ms; 64: 44-59 ms; 32: 40-45 ms. A 100 KB row is in a core's L2
+// between the passes whatever the count.
+//
+// A GPU: pass 2 should find its row still in L2 (50 MB on an H100 or H200, 132 SMs). At 32 registers
+// (ptxas, sm_90; __launch_bounds__ holds them there) an SM runs 2048 of these threads, so 2048 / threads
+// rows are in flight on each, and a row's pass 1 lasts about as long as the GPU takes to stream all of
+// them once. At 64 threads that is 4,224 GPT-2 rows, 422 MB: pass 2 re-read its row from HBM. On an
+// H100 (d12, B=64, 2026-11-27) the kernel took 6.69 ms: 2.96 TB/s if it moved each row three times,
+// 1.97 if twice, where the LayerNorm kernels reached 2.4-2.8. At 1024 threads (2 blocks an SM) 264
+// rows are in flight, 26.5 MB, and the gradient is written with streaming stores that do not stay in
+// L2. A row narrower than 1024 chunks of 8 (the vocabulary-parallel shards) takes one thread a chunk,
+// in whole warps: its rows are smaller in proportion.
+constexpr int kClassifierEmulatorThreads = 64;
+constexpr int kClassifierMaxThreads = 1024;
+constexpr int kClassifierMinBlocksPerSm = 2048 / kClassifierMaxThreads;  // 32 registers a thread
+
+// The threads a row of `columns` gets in this build (see above).
+inline int classifier_block_threads(int columns) {
+    if (kernels_run_on_cpu()) return kClassifierEmulatorThreads;
+    const int chunks = int(ceil_div(std::max(columns, 1), Packed128<floatX>::size));
+    return std::clamp(int(ceil_div(chunks, 32)) * 32, kClassifierEmulatorThreads, kClassifierMaxThreads);
+}
+
+// A launcher's `threads` argument: 0 for this build's choice, else checked (a multiple of 32 in
+// [32, kClassifierMaxThreads]: block_reduce's warps).
+inline int classifier_threads(const char* launcher, int requested, int columns) {
+    if (requested == 0) return classifier_block_threads(columns);
+    require_supported(launcher, requested % 32 != 0 || requested < 32 || requested > kClassifierMaxThreads
+                                    ? "classifier: " + std::to_string(requested) + " threads a row: not a multiple of 32 in [32, " +
+                                          std::to_string(kClassifierMaxThreads) + "]"
+                                    : "");
+    return requested;
+}
 
 // Pass 1 of both classifiers: over row[0, columns) (the block's threads in 16-byte chunks), the max M
 // and the sum S of exp(x - M); (-inf, 0) when there are no columns. Block-wide (its reductions
@@ -91,11 +123,11 @@ __device__ inline void write_row_dlogits(floatX* row, int width, int columns, in
             const float indicator = column == target ? 1.0f : 0.0f;
             grad[k] = column < columns ? scale * (probability - indicator) : 0.0f;
         }
-        store128(row + j, pack_floats<floatX>(grad));
+        store128cs(row + j, pack_floats<floatX>(grad));  // not read again here: no need to keep it in L2
     }
 }
 
-static __global__ void __launch_bounds__(kClassifierBlockSize)
+static __global__ void __launch_bounds__(kClassifierMaxThreads, kClassifierMinBlocksPerSm)
     fused_classifier_kernel(floatX* logits, float* losses, const int* targets, const float* dloss, int V, int Vp,
                             bool write_dlogits) {
     constexpr int kPack = Packed128<floatX>::size;
@@ -137,8 +169,9 @@ inline std::string classifier_requirements(int V, int Vp) {
 // are in [0, V) or -1 (ignored). *dloss (device memory, read only when write_dlogits): 1 / (number of
 // valid targets in the optimizer step), which changes every step; read on the device, so that a
 // captured CUDA graph replays for any step.
+// threads: a row's threads, 0 for this build's choice (classifier_block_threads).
 inline void fused_classifier(floatX* logits, float* losses, const int* targets, const float* dloss, int N, int V, int Vp,
-                             bool write_dlogits, cudaStream_t stream) {
+                             bool write_dlogits, cudaStream_t stream, int threads = 0) {
     require_supported("fused_classifier", classifier_requirements(V, Vp));
     require_supported("fused_classifier", N < 0 ? "classifier: N = " + std::to_string(N) + " is negative" : "");
     require_supported("fused_classifier", N > 0 && (logits == nullptr || losses == nullptr || targets == nullptr)
@@ -148,16 +181,17 @@ inline void fused_classifier(floatX* logits, float* losses, const int* targets, 
     require_supported("fused_classifier", reinterpret_cast<uintptr_t>(logits) % 16 != 0
                                               ? "classifier: logits is not 16-byte aligned"
                                               : "");
+    threads = classifier_threads("fused_classifier", threads, Vp);
     if (N == 0) return;
     // FLOPs per row: pass 1 takes a max, a subtraction, an exp and an add per column (exp counted
     // as one operation), pass 2 an exp, a subtraction, two multiplies and a subtraction per padded
     // column. Bytes: the logits once, dlogits written once, the targets and losses. The kernel reads
-    // each row twice (a 100 KB GPT-2 row is mostly re-read from L2, not counted).
+    // each row twice; the second read is meant to come from L2 (see classifier_block_threads), not counted.
     const double rows = N, X = sizeof(floatX);
     const KernelCost cost{rows * (4.0 * V + (write_dlogits ? 5.0 * Vp : 0.0)),
                           rows * ((write_dlogits ? 2.0 * Vp : double(V)) * X + sizeof(int) + sizeof(float))};
-    launch<fused_classifier_kernel>(cost, dim3(N), dim3(kClassifierBlockSize), 0, stream, logits, losses, targets, dloss,
-                                    V, Vp, write_dlogits);
+    launch<fused_classifier_kernel>(cost, dim3(N), dim3(threads), 0, stream, logits, losses, targets, dloss, V, Vp,
+                                    write_dlogits);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -174,7 +208,7 @@ inline void fused_classifier(floatX* logits, float* losses, const int* targets, 
 
 constexpr int kClassifierStats = 3;  // floats per row and rank: max, sum of exponentials, target logit
 
-static __global__ void __launch_bounds__(kClassifierBlockSize)
+static __global__ void __launch_bounds__(kClassifierMaxThreads, kClassifierMinBlocksPerSm)
     classifier_shard_stats_kernel(float* stats, const floatX* logits, const int* targets, int first, int V, int Vr) {
     __shared__ float reduce_scratch[kBlockReduceScratch];
     const floatX* row = logits + size_t(blockIdx.x) * Vr;
@@ -192,7 +226,7 @@ static __global__ void __launch_bounds__(kClassifierBlockSize)
 }
 
 // gathered: (tp, N, kClassifierStats), rank r's block of N rows after rank r - 1's.
-static __global__ void __launch_bounds__(kClassifierBlockSize)
+static __global__ void __launch_bounds__(kClassifierMaxThreads, kClassifierMinBlocksPerSm)
     classifier_shard_finish_kernel(floatX* logits, float* losses, const float* gathered, const int* targets,
                                    const float* dloss, int N, int tp, int first, int V, int Vr, bool write_dlogits) {
     constexpr int kPack = Packed128<floatX>::size;
@@ -234,26 +268,28 @@ inline std::string classifier_shard_requirements(int first, int V, int Vr) {
 // Step 1 over this rank's logits (N, Vr), columns of vocabulary entries [first, first + Vr): its
 // (max, sum, target logit) triples at `stats` (N x kClassifierStats floats).
 inline void classifier_shard_stats(float* stats, const floatX* logits, const int* targets, int N, int first, int V, int Vr,
-                                   cudaStream_t stream) {
+                                   cudaStream_t stream, int threads = 0) {
     require_supported("classifier_shard_stats", classifier_shard_requirements(first, V, Vr));
+    threads = classifier_threads("classifier_shard_stats", threads, Vr);
     if (N == 0) return;
     const double rows = N, X = sizeof(floatX);
     const KernelCost cost{rows * 4.0 * Vr, rows * (double(Vr) * X + sizeof(int) + kClassifierStats * sizeof(float))};
-    launch<classifier_shard_stats_kernel>(cost, dim3(N), dim3(kClassifierBlockSize), 0, stream, stats, logits, targets, first,
-                                          V, Vr);
+    launch<classifier_shard_stats_kernel>(cost, dim3(N), dim3(threads), 0, stream, stats, logits, targets, first, V, Vr);
 }
 
 // Step 3: the losses (N) from the tp ranks' gathered triples, and with write_dlogits this rank's
 // dlogits over its logits in place, scaled by *dloss (device memory; see fused_classifier).
 inline void classifier_shard_finish(floatX* logits, float* losses, const float* gathered, const int* targets, const float* dloss,
-                                    int N, int tp, int first, int V, int Vr, bool write_dlogits, cudaStream_t stream) {
+                                    int N, int tp, int first, int V, int Vr, bool write_dlogits, cudaStream_t stream,
+                                    int threads = 0) {
     require_supported("classifier_shard_finish", classifier_shard_requirements(first, V, Vr));
+    threads = classifier_threads("classifier_shard_finish", threads, Vr);
     require_supported("classifier_shard_finish", write_dlogits && dloss == nullptr ? "classifier: dloss is NULL" : "");
     if (N == 0) return;
     const double rows = N, X = sizeof(floatX);
     const KernelCost cost{rows * (4.0 * tp + (write_dlogits ? 5.0 * Vr : 0.0)),
                           rows * ((write_dlogits ? 2.0 * Vr * X : 0.0) + sizeof(int) + sizeof(float) +
                                   double(tp) * kClassifierStats * sizeof(float))};
-    launch<classifier_shard_finish_kernel>(cost, dim3(N), dim3(kClassifierBlockSize), 0, stream, logits, losses, gathered, targets,
-                                           dloss, N, tp, first, V, Vr, write_dlogits);
+    launch<classifier_shard_finish_kernel>(cost, dim3(N), dim3(threads), 0, stream, logits, losses, gathered, targets, dloss, N,
+                                           tp, first, V, Vr, write_dlogits);
 }
