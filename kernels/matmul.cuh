@@ -363,15 +363,30 @@ static __global__ void __launch_bounds__(32 * kBiasRowThreads)
     }
 }
 
+// Chunks' partial rows a thread loads before it adds them (in chunk order, so the same sums). One at a
+// time, each add waited on its load: on an H100 (d12, B=64: 128 chunks, 96 threads for 768 columns)
+// 23 us a launch, 1.13 ms over a step's 48, for 0.4 MB of partials.
+constexpr int kBiasFinishChunksInFlight = 8;
+
 static __global__ void bias_grad_finish_kernel(floatX* dbias, const float* partials, int chunks, int OC) {
+    using FloatPack = Packed128<float>;
+    constexpr int kFloatPacks = kPack / FloatPack::size;
     const int column = (blockIdx.x * blockDim.x + threadIdx.x) * kPack;
     if (column >= OC) return;
     float sums[kPack] = {};
-    for (int chunk = 0; chunk < chunks; ++chunk)
-        for (int i = 0; i < kPack; i += Packed128<float>::size) {
-            const Packed128<float> p = load128(partials + size_t(chunk) * OC + column + i);
-            for (int j = 0; j < Packed128<float>::size; ++j) sums[i + j] += p[j];
-        }
+    for (int first = 0; first < chunks; first += kBiasFinishChunksInFlight) {
+        const int count = min(kBiasFinishChunksInFlight, chunks - first);
+        FloatPack p[kBiasFinishChunksInFlight][kFloatPacks];
+        FULL_UNROLL
+        for (int c = 0; c < kBiasFinishChunksInFlight; ++c)
+            if (c < count)
+                for (int i = 0; i < kFloatPacks; ++i) p[c][i] = load128(partials + size_t(first + c) * OC + column + i * FloatPack::size);
+        FULL_UNROLL
+        for (int c = 0; c < kBiasFinishChunksInFlight; ++c)
+            if (c < count)
+                for (int i = 0; i < kFloatPacks; ++i)
+                    for (int j = 0; j < FloatPack::size; ++j) sums[i * FloatPack::size + j] += p[c][i][j];
+    }
     float bias[kPack];
     unpack_floats(bias, load128(dbias + column));
     LANE_LOOP
