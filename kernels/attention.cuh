@@ -389,53 +389,65 @@ static __global__ void __launch_bounds__(attention_detail::block_threads<ROW_THR
 // mathematically (in another order the two roundings differed by ~1e-7).
 // Row r = (b, t, h) starts at element r * hs of dout and out, so a warp's 32 rows are one contiguous
 // span. Read row by row, a warp's every 16-byte load touched 32 lines hs elements apart: on an H100
-// (d12, B=64, 2026-11-27) 1.80 ms a step, 1.36 TB/s, against 0.95 ms on the roofline. So the warp (a
-// block) first copies its span into shared memory in consecutive 16-byte pieces (a load instruction
-// covers 512 contiguous bytes), then each thread sums its row from there, in the same order. Rows in
-// shared memory are padded by one piece: a 16-byte read by 8 threads of 8 rows then falls in 8
-// different groups of 4 banks (the stride is 4 banks modulo 32).
-constexpr int kRowdotRows = 32;  // a warp, a block
+// (d12, B=64, 2026-11-27) 1.80 ms a step, 1.36 TB/s, against 0.95 ms on the roofline. So on a GPU
+// (kStaged) the warp (a block) first copies its span into shared memory in consecutive 16-byte pieces
+// (a load instruction covers 512 contiguous bytes), then each thread sums its row from there, in the
+// same order. Rows in shared memory are padded by one piece: a 16-byte read by 8 threads of 8 rows
+// then falls in 8 different groups of 4 banks (the stride is 4 banks modulo 32). The CPU emulator reads
+// the rows directly: there the copy and the warp's wait cost 2.7 ms of a d12 B=4 T=64 step against
+// 0.63 (--profile-step). Both forms give the same bits.
+constexpr int kRowdotRows = 32;  // a warp, a block (staged)
+constexpr int kRowdotDirectRows = 128;  // a block of the direct form (the old kernel's block)
 constexpr int kRowdotPiecesInFlight = 4;  // a thread's 16-byte loads of each operand issued together
 __host__ __device__ inline int rowdot_row_stride(int hs) { return hs + Packed128<floatX>::size; }  // elements
 inline size_t rowdot_smem_bytes(int hs) { return 2 * size_t(kRowdotRows) * size_t(rowdot_row_stride(hs)) * sizeof(floatX); }
 
-static __global__ void __launch_bounds__(kRowdotRows)
+template <bool kStaged>
+static __global__ void __launch_bounds__(kStaged ? kRowdotRows : kRowdotDirectRows)
     attention_backward_rowdot_kernel(float* D, const floatX* dout, const floatX* out, int B, int T, int C, int NH) {
     using Pack = Packed128<floatX>;
-    DYNAMIC_SHARED(floatX, smem);
-    const int hs = C / NH, ld = rowdot_row_stride(hs), pieces_per_row = hs / Pack::size;
-    const size_t rows = size_t(B) * T * NH, first_row = size_t(blockIdx.x) * kRowdotRows;
-    const int block_rows = rows - first_row < size_t(kRowdotRows) ? int(rows - first_row) : kRowdotRows;
-    floatX* dout_rows = smem;
-    floatX* out_rows = smem + size_t(kRowdotRows) * ld;
-    const size_t span = first_row * hs;  // element offset of the block's first row
-    const int pieces = block_rows * pieces_per_row;
-    for (int first = int(threadIdx.x); first < pieces; first += kRowdotRows * kRowdotPiecesInFlight) {
-        Pack g[kRowdotPiecesInFlight], o[kRowdotPiecesInFlight];  // all loaded before any is stored
-        FULL_UNROLL
-        for (int i = 0; i < kRowdotPiecesInFlight; ++i) {
-            const int piece = first + i * kRowdotRows;
-            if (piece >= pieces) break;
-            g[i] = load128cs(dout + span + size_t(piece) * Pack::size);
-            o[i] = load128cs(out + span + size_t(piece) * Pack::size);
-        }
-        FULL_UNROLL
-        for (int i = 0; i < kRowdotPiecesInFlight; ++i) {
-            const int piece = first + i * kRowdotRows;
-            if (piece >= pieces) break;
-            const int at = (piece / pieces_per_row) * ld + (piece % pieces_per_row) * Pack::size;
-            store128(dout_rows + at, g[i]);
-            store128(out_rows + at, o[i]);
-        }
-    }
-    __syncwarp();
+    constexpr int kBlockRows = kStaged ? kRowdotRows : kRowdotDirectRows;
+    const int hs = C / NH, pieces_per_row = hs / Pack::size;
+    const size_t rows = size_t(B) * T * NH, first_row = size_t(blockIdx.x) * kBlockRows;
+    const int block_rows = rows - first_row < size_t(kBlockRows) ? int(rows - first_row) : kBlockRows;
     const int r = int(threadIdx.x);
+    const floatX* dout_row = dout + (first_row + size_t(r)) * hs;  // row r's own pieces
+    const floatX* out_row = out + (first_row + size_t(r)) * hs;
+    if constexpr (kStaged) {
+        DYNAMIC_SHARED(floatX, smem);
+        const int ld = rowdot_row_stride(hs);
+        floatX* dout_rows = smem;
+        floatX* out_rows = smem + size_t(kRowdotRows) * ld;
+        const size_t span = first_row * hs;  // element offset of the block's first row
+        const int pieces = block_rows * pieces_per_row;
+        for (int first = r; first < pieces; first += kRowdotRows * kRowdotPiecesInFlight) {
+            Pack g[kRowdotPiecesInFlight], o[kRowdotPiecesInFlight];  // all loaded before any is stored
+            FULL_UNROLL
+            for (int i = 0; i < kRowdotPiecesInFlight; ++i) {
+                const size_t at = span + size_t(first + i * kRowdotRows) * Pack::size;
+                const bool load = first + i * kRowdotRows < pieces;
+                g[i] = load ? load128cs(dout + at) : Pack::filled(0.0f);
+                o[i] = load ? load128cs(out + at) : Pack::filled(0.0f);
+            }
+            FULL_UNROLL
+            for (int i = 0; i < kRowdotPiecesInFlight; ++i) {
+                const int piece = first + i * kRowdotRows;
+                if (piece >= pieces) break;
+                const int at = (piece / pieces_per_row) * ld + (piece % pieces_per_row) * Pack::size;
+                store128(dout_rows + at, g[i]);
+                store128(out_rows + at, o[i]);
+            }
+        }
+        __syncwarp();
+        dout_row = dout_rows + r * ld;
+        out_row = out_rows + r * ld;
+    }
     if (r >= block_rows) return;
     float4 sums = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (int d = 0; d < hs; d += Pack::size) {
         float g[Pack::size], o[Pack::size];
-        unpack_floats(g, load128(dout_rows + r * ld + d));
-        unpack_floats(o, load128(out_rows + r * ld + d));
+        unpack_floats(g, load128(dout_row + d));
+        unpack_floats(o, load128(out_row + d));
         for (int k = 0; k < Pack::size; k += 4)
             sums = fma4(make_float4(g[k], g[k + 1], g[k + 2], g[k + 3]), make_float4(o[k], o[k + 1], o[k + 2], o[k + 3]), sums);
     }
@@ -788,13 +800,19 @@ inline void attention_forward(floatX* out, float* lse, const floatX* qkv, int B,
 }
 
 // D = rowsum(dout * out) per (b, h, t) into D (B, NH, T): the first step of both backward passes
-// (SIMT and tensor-core). One fma per element; dout and out read, D written.
+// (SIMT and tensor-core). One fma per element; dout and out read, D written. staged: -1 for this
+// build's form (through shared memory on a GPU, direct in the CPU emulator), else 1 or 0 (tests).
 inline void attention_backward_rowdot(float* D, const floatX* dout, const floatX* out, int B, int T, int C, int NH,
-                                      cudaStream_t stream) {
+                                      cudaStream_t stream, int staged = -1) {
     const double btc = double(B) * T * C, rows = double(B) * T * NH;
-    launch<attention_backward_rowdot_kernel>(KernelCost{2.0 * btc, 2.0 * btc * sizeof(floatX) + rows * sizeof(float)},
-                                             dim3(ceil_div(size_t(B) * T * NH, kRowdotRows)), dim3(kRowdotRows),
-                                             rowdot_smem_bytes(C / NH), stream, D, dout, out, B, T, C, NH);
+    const KernelCost cost{2.0 * btc, 2.0 * btc * sizeof(floatX) + rows * sizeof(float)};
+    const size_t rows_total = size_t(B) * T * NH;
+    if (staged == -1 ? !kernels_run_on_cpu() : staged != 0)
+        launch<attention_backward_rowdot_kernel<true>>(cost, dim3(ceil_div(rows_total, kRowdotRows)), dim3(kRowdotRows),
+                                                       rowdot_smem_bytes(C / NH), stream, D, dout, out, B, T, C, NH);
+    else
+        launch<attention_backward_rowdot_kernel<false>>(cost, dim3(ceil_div(rows_total, kRowdotDirectRows)),
+                                                        dim3(kRowdotDirectRows), 0, stream, D, dout, out, B, T, C, NH);
 }
 
 // The gradients of attention_forward over `span`, given the forward pass's lse and D = rowsum(dout *

@@ -379,8 +379,8 @@ static __global__ void bias_grad_finish_kernel(floatX* dbias, const float* parti
         FloatPack p[kBiasFinishChunksInFlight][kFloatPacks];
         FULL_UNROLL
         for (int c = 0; c < kBiasFinishChunksInFlight; ++c)
-            if (c < count)
-                for (int i = 0; i < kFloatPacks; ++i) p[c][i] = load128(partials + size_t(first + c) * OC + column + i * FloatPack::size);
+            for (int i = 0; i < kFloatPacks; ++i)
+                p[c][i] = c < count ? load128(partials + size_t(first + c) * OC + column + i * FloatPack::size) : FloatPack::filled(0.0f);
         FULL_UNROLL
         for (int c = 0; c < kBiasFinishChunksInFlight; ++c)
             if (c < count)

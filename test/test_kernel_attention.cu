@@ -206,6 +206,40 @@ TEST_CASE("attention is bitwise deterministic, also across more emulator threads
     }
 }
 
+// D = rowsum(dO * O), the first step of every backward pass, in both forms the launcher has: through
+// shared memory (a GPU's) and read directly (the emulator's). Both must give the bits of the documented
+// order, computed here on the host: four running sums, one per float4 component, in element order,
+// each a fused multiply-add, then added pairwise. Rows not a multiple of the 32-row block, head sizes
+// 16 to 128 (40: five 16-byte pieces a row in BF16), GPT-2 1.5B's 25 heads.
+TEST_CASE("the row-dot D: staged through shared memory and read directly, the documented order bit for bit") {
+    const Sizes cases[] = {{2, 37, 32, 2, 1.0f}, {3, 37, 96, 3, 1.0f}, {2, 33, 80, 2, 1.0f}, {2, 100, 128, 2, 1.0f},
+                           {3, 1, 128, 2, 1.0f}, {1, 45, 256, 2, 1.0f}, {1, 19, 1600, 25, 1.0f}};
+    for (const Sizes& s : cases) {
+        CAPTURE(s.B, s.T, s.C, s.NH);
+        std::mt19937 rng(77 + s.T + s.C);
+        const size_t n = size_t(s.B) * s.T * s.C;
+        const std::vector<floatX> dout = random_floatX(n, 1.0f, rng), out = random_floatX(n, 1.0f, rng);
+        const int hs = s.C / s.NH;
+        std::vector<float> want(size_t(s.B) * s.NH * s.T);
+        for (int b = 0; b < s.B; ++b)
+            for (int t = 0; t < s.T; ++t)
+                for (int h = 0; h < s.NH; ++h) {
+                    const size_t at = (size_t(b) * s.T + t) * s.C + size_t(h) * hs;
+                    float sums[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    for (int d = 0; d < hs; ++d) sums[d % 4] = std::fma(to_float(dout[at + d]), to_float(out[at + d]), sums[d % 4]);
+                    want[(size_t(b) * s.NH + h) * s.T + t] = (sums[0] + sums[1]) + (sums[2] + sums[3]);
+                }
+        DeviceBuffer<floatX> d_dout(dout), d_out(out);
+        for (const int staged : {1, 0}) {
+            INFO((staged ? "staged through shared memory" : "read directly"));
+            DeviceBuffer<float> D(want.size());
+            D.fill_bytes(0xFF);  // NaN: every value must be written
+            attention_backward_rowdot(D.ptr, d_dout.ptr, d_out.ptr, s.B, s.T, s.C, s.NH, nullptr, staged);
+            CHECK(bitwise_equal(D.download(), want));
+        }
+    }
+}
+
 TEST_CASE("the SIMT row split: a thread a row where the emulator runs the kernels (hs <= 64), else 4; others refused") {
     using attention_detail::simt_row_threads;
     CHECK(simt_row_threads(128) == 4);
