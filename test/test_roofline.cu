@@ -102,16 +102,31 @@ std::string attention_kernel(const char* name) {
     return std::string(name) + (std::is_same_v<floatX, float> ? "<32, 1, float>" : "<32, 1, __nv_bfloat16>");
 }
 
-// What record-only mode records for an executed launch: the same, but the SIMT attention kernels with a
-// GPU's 4 threads a row where the emulator ran 1 (simt_row_threads): the name's split argument, 4x the
-// block, and the score tiles' shared memory (`smem_differs`: not compared).
-LaunchRecord as_recorded_for_gpu(LaunchRecord r, bool& smem_differs) {
-    smem_differs = false;
+// What record-only mode records for an executed launch: the same, but where the emulator runs a
+// kernel in another form than a GPU (`remapped`, and its shared memory not compared: `smem_differs`):
+//  - the SIMT attention kernels with a GPU's 4 threads a row where the emulator ran 1
+//    (simt_row_threads): the name's split argument, 4x the block, and the score tiles' shared memory;
+//  - the row-dot staged through shared memory (32-row blocks) where the emulator reads rows directly
+//    (128-row blocks): the rows come from the launch's stated cost, 2 B T C FLOPs and 2 B T C
+//    elements plus a float per row.
+enum class Remap { none, simt_split, rowdot };
+LaunchRecord as_recorded_for_gpu(LaunchRecord r, Remap& remapped) {
+    remapped = Remap::none;
     const size_t split = r.name.find("<32, 1, ");
     if (r.name.rfind("attention_", 0) == 0 && split != std::string::npos) {
         r.name.replace(split, 8, "<32, 4, ");
         r.block.x *= 4;
-        smem_differs = true;
+        remapped = Remap::simt_split;
+    }
+    if (r.name == "attention_backward_rowdot_kernel<false>") {
+        r.name = "attention_backward_rowdot_kernel<true>";
+        const double rows = (r.bytes - r.flops * sizeof(floatX)) / sizeof(float);
+        REQUIRE(rows == std::floor(rows));
+        REQUIRE(r.block.x == unsigned(kRowdotDirectRows));
+        REQUIRE(r.grid.x == unsigned(std::ceil(rows / kRowdotDirectRows)));
+        r.grid.x = unsigned(std::ceil(rows / kRowdotRows));
+        r.block.x = kRowdotRows;
+        remapped = Remap::rowdot;
     }
     return r;
 }
@@ -180,25 +195,29 @@ TEST_CASE("record-only mode records exactly the launches of an executed step (SI
         const std::vector<int> recorded_streams = first_appearance(recorded, &LaunchRecord::stream);
         const std::vector<int> executed_events = first_appearance(executed, &LaunchRecord::event);
         const std::vector<int> recorded_events = first_appearance(recorded, &LaunchRecord::event);
-        size_t remapped = 0;
+        size_t simt_splits = 0, rowdots = 0;
         for (size_t i = 0; i < executed.size(); ++i) {
-            bool smem_differs = false;
-            const LaunchRecord a = as_recorded_for_gpu(executed[i], smem_differs), &b = recorded[i];
-            remapped += smem_differs;
+            Remap remapped = Remap::none;
+            const LaunchRecord a = as_recorded_for_gpu(executed[i], remapped), &b = recorded[i];
+            const bool smem_differs = remapped != Remap::none;
+            simt_splits += remapped == Remap::simt_split;
+            rowdots += remapped == Remap::rowdot;
             INFO("record " << i << ": " << a.name << " / " << b.name);
             REQUIRE(a.name == b.name);
             CHECK(a.kind == b.kind);
             CHECK((a.grid.x == b.grid.x && a.grid.y == b.grid.y && a.grid.z == b.grid.z));
             CHECK((a.block.x == b.block.x && a.block.y == b.block.y && a.block.z == b.block.z));
-            if (smem_differs) CHECK(a.dynamic_smem < b.dynamic_smem);  // the score tiles
+            if (smem_differs) CHECK(a.dynamic_smem < b.dynamic_smem);  // the score tiles; the row-dot's staged rows
             else CHECK(a.dynamic_smem == b.dynamic_smem);
             CHECK(a.flops == b.flops);  // same formulas of the same sizes: exact
             CHECK(a.bytes == b.bytes);
             CHECK(executed_streams[i] == recorded_streams[i]);
             CHECK(executed_events[i] == recorded_events[i]);
         }
-        // Every SIMT step's attention kernels were remapped: forward, dK/dV, dQ per layer and micro-step.
-        CHECK(remapped == (setup.attention == Attention::tc ? 0u : 3u * kConfig.num_layers * setup.micro_steps));
+        // Every SIMT step's attention kernels were remapped: forward, dK/dV, dQ per layer and micro-step;
+        // and every step's row-dot (one per layer and micro-step, both attention kinds).
+        CHECK(simt_splits == (setup.attention == Attention::tc ? 0u : 3u * kConfig.num_layers * setup.micro_steps));
+        CHECK(rowdots == size_t(kConfig.num_layers) * setup.micro_steps);
     }
 }
 
