@@ -9,7 +9,8 @@
 #             20 with --attention-backward fused: median tokens/s, MFU
 #   profile   --profile-step: every kernel's measured time beside its H100 roofline estimate, and the
 #             libraries' time per kernel family at the same shapes (dev/bench/library_baselines.py);
-#             the attention rows again with --attention-backward fused
+#             the attention rows again with --attention-backward fused; each kernel's time against
+#             the first H100 profile (scripts/profile_delta.py: profile_delta.json)
 #   sanitize  compute-sanitizer memcheck, racecheck and synccheck over a short training run and the
 #             kernel tests
 # Each stage writes $GPU_CHECK_OUT/<stage>.json ({"stage", "ok", "seconds", ...figures}) and its logs
@@ -317,6 +318,12 @@ json.dump({"stage": "profile", "ok": rc == 0 and len(summary) == 2 and lib_rc ==
            "fused_backward": {"exit_code": fused_rc, "rows": fused_rows}, "report": lines[-200:]},
           open(dest, "w"), indent=1)
 PY
+  # Each kernel's measured time against the first H100 profile (2026-11-27): profile_delta.json, and
+  # the table in the logs. A comparison that fails does not fail the stage: the profile is the figure.
+  if [ $rc = 0 ] && [ -f docs/gpu_check_2026-11-27_h100/profile.json ]; then
+    python3 scripts/profile_delta.py docs/gpu_check_2026-11-27_h100/profile.json "$out/profile.json" \
+      --json "$out/profile_delta.json" > "$logs/profile_delta.txt" 2>&1 || true
+  fi
   [ $rc = 0 ] && [ $lib_rc = 0 ] && [ $fused_rc = 0 ]
 }
 

@@ -140,6 +140,9 @@ set_tests_properties(data_prepare_parquet PROPERTIES SKIP_RETURN_CODE 77)
 # a cut line (skipped, 77, where matplotlib is not installed).
 add_test(plot_metrics ${CMAKE_CURRENT_LIST_DIR}/test_plot_metrics.sh)
 set_tests_properties(plot_metrics PROPERTIES SKIP_RETURN_CODE 77)
+# scripts/profile_delta.py: per-kernel change between two --profile-step tables (the GPU check's
+# profile stage against the H100 profile of 2026-11-27).
+add_test(profile_delta python3 ${CMAKE_CURRENT_LIST_DIR}/test_profile_delta.py)
 # HellaSwag conversion (data/hellaswag.py): llm.c's eval file format, against the committed fixture.
 add_test(data_hellaswag python3 ${CMAKE_CURRENT_LIST_DIR}/../data/test_hellaswag.py)
 
