@@ -150,6 +150,16 @@ inline size_t encoder_backward_partial_floats(int B, int T, int C) {
     return size_t(encoder_max_slots(B * T)) * size_t(std::max(C, 0));
 }
 
+// A thread's 8 channels of a gradient row += its float sums, rounded once.
+__device__ inline void add_into_row(floatX* row, const float (&sum)[kEncoderChannelsPerThread]) {
+    using Pack = Packed128<floatX>;
+    for (int p = 0; p < kEncoderChannelsPerThread / Pack::size; ++p) {
+        Pack g = load128(row + p * Pack::size);
+        for (int k = 0; k < Pack::size; ++k) g[k] = from_float<floatX>(to_float(g[k]) + sum[p * Pack::size + k]);
+        store128(row + p * Pack::size, g);
+    }
+}
+
 // The rows of work item `item` summed in increasing position order: added into grad[item_key[item],:]
 // (dwte by token, or dwpe by restarted position) when it is a whole group, else written to its slot of
 // `partials` (rows of C floats). grid.y * blockDim.x threads of 8 channels each cover C. Vocabulary-
@@ -194,12 +204,7 @@ static __global__ void encoder_backward_wte_kernel(floatX* grad, float* partials
             }
             continue;
         }
-        floatX* row = grad + size_t(key_row) * C + c0;
-        for (int p = 0; p < kPacks; ++p) {
-            Pack g = load128(row + p * Pack::size);
-            for (int k = 0; k < Pack::size; ++k) g[k] = from_float<floatX>(to_float(g[k]) + sum[p * Pack::size + k]);
-            store128(row + p * Pack::size, g);
-        }
+        add_into_row(grad + size_t(key_row) * C + c0, sum);
     }
 }
 
@@ -208,9 +213,7 @@ static __global__ void encoder_backward_wte_kernel(floatX* grad, float* partials
 static __global__ void encoder_backward_combine_kernel(floatX* grad, const float* partials, const int* split_slot_start,
                                                        const int* split_key, const int* splits, int C, int key_first,
                                                        int key_rows) {
-    using Pack = Packed128<floatX>;
     using FloatPack = Packed128<float>;
-    constexpr int kPacks = kEncoderChannelsPerThread / Pack::size;
     const int c0 = int(blockIdx.y * blockDim.x + threadIdx.x) * kEncoderChannelsPerThread;
     if (c0 >= C) return;
     const int split_count = *splits;
@@ -225,12 +228,7 @@ static __global__ void encoder_backward_combine_kernel(floatX* grad, const float
                 for (int k = 0; k < FloatPack::size; ++k) sum[p * FloatPack::size + k] += v[k];
             }
         }
-        floatX* row = grad + size_t(key_row) * C + c0;
-        for (int p = 0; p < kPacks; ++p) {
-            Pack g = load128(row + p * Pack::size);
-            for (int k = 0; k < Pack::size; ++k) g[k] = from_float<floatX>(to_float(g[k]) + sum[p * Pack::size + k]);
-            store128(row + p * Pack::size, g);
-        }
+        add_into_row(grad + size_t(key_row) * C + c0, sum);
     }
 }
 
