@@ -256,22 +256,51 @@ struct EncoderGroupingCounts {
 
 namespace encoder_detail {
 
-// Writes at `out` the positions 0..N-1 grouped by key (keys[i] = key << 32 | position, sorted) in the
+// The positions 0..N-1 ordered by (key, position), keys non-negative: a least-significant-digit radix
+// sort (Knuth, TAOCP vol. 3, 5.2.5) of 16-bit digits, each pass a stable counting sort, so a key's
+// positions stay increasing. One pass when every key is below 2^16 (GPT-2's vocabulary, positions),
+// two otherwise. O(N + 2^16) a pass: a d12 B=64 batch (65,536 tokens) took 3.2 ms with std::sort of
+// (key, position) pairs, time in which the GPU waited for the host.
+inline void order_by_key(std::vector<int>& order, const int* keys, int N) {
+    constexpr int kDigitBits = 16, kBuckets = 1 << kDigitBits;
+    std::vector<int> from(static_cast<size_t>(N)), bucket_start(kBuckets + 1);
+    order.resize(size_t(N));
+    unsigned all_bits = 0;
+    for (int i = 0; i < N; ++i) {
+        order[size_t(i)] = i;
+        all_bits |= unsigned(keys[i]);
+    }
+    for (int shift = 0; shift < 32 && (shift == 0 || (all_bits >> shift) != 0); shift += kDigitBits) {
+        order.swap(from);
+        std::fill(bucket_start.begin(), bucket_start.end(), 0);
+        for (int i = 0; i < N; ++i) ++bucket_start[((unsigned(keys[from[size_t(i)]]) >> shift) & (kBuckets - 1)) + 1];
+        for (int d = 0; d < kBuckets; ++d) bucket_start[d + 1] += bucket_start[d];
+        for (int i = 0; i < N; ++i) {
+            const int position = from[size_t(i)];
+            order[size_t(bucket_start[(unsigned(keys[position]) >> shift) & (kBuckets - 1)]++)] = position;
+        }
+    }
+}
+
+// Writes at `out` the positions 0..N-1 grouped by keys[position] (`order`: order_by_key's) in the
 // layout above. The longest items go first: blocks start roughly in blockIdx order, so this balances
-// the GPU. Ties keep key order, and a group's pieces their order (deterministic).
-inline EncoderGroupingCounts write_grouping(int* out, const std::vector<uint64_t>& keys) {
-    const int N = int(keys.size());
+// the GPU. Items of equal length keep key order, and a group's pieces their order (deterministic): a
+// stable counting sort by length, which is at most kEncoderRowsPerPiece.
+inline EncoderGroupingCounts write_grouping(int* out, const std::vector<int>& order, const int* keys) {
+    const int N = int(order.size());
     const GroupingParts<int> g = grouping_parts(out, N);
     EncoderGroupingCounts counts;
-    // The items in key order: (first index into keys, rows, key, slot).
+    // The items in key order: (first index into order, rows, key, slot).
     struct Item {
         int first, rows, key, slot;
     };
     std::vector<Item> items;
+    items.reserve(size_t(N));
     for (int first = 0; first < N;) {
+        const int key = keys[order[size_t(first)]];
         int end = first + 1;
-        while (end < N && keys[end] >> 32 == keys[first] >> 32) ++end;
-        const int key = int(keys[first] >> 32), rows = end - first;
+        while (end < N && keys[order[size_t(end)]] == key) ++end;
+        const int rows = end - first;
         ++counts.groups;
         if (rows <= kEncoderRowsPerPiece) {
             items.push_back({first, rows, key, -1});
@@ -289,15 +318,24 @@ inline EncoderGroupingCounts write_grouping(int* out, const std::vector<uint64_t
                             std::to_string(counts.slots) + " slots exceed the bounds for " + std::to_string(N) + " positions");
     g.split_slot_start[counts.splits] = counts.slots;
     *g.splits = counts.splits;
-    std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.rows > b.rows; });
     counts.items = int(items.size());
+    // Item i's place: after every longer item and the items of its length before it.
+    std::vector<int> place_of_length(kEncoderRowsPerPiece + 2, 0);  // [rows]: the first place of that length
+    for (const Item& item : items) ++place_of_length[size_t(item.rows)];
+    for (int rows = kEncoderRowsPerPiece, place = 0; rows >= 1; --rows) {
+        const int n = place_of_length[size_t(rows)];
+        place_of_length[size_t(rows)] = place;
+        place += n;
+    }
+    std::vector<int> item_at(size_t(counts.items));
+    for (int i = 0; i < counts.items; ++i) item_at[size_t(place_of_length[size_t(items[size_t(i)].rows)]++)] = i;
     int filled = 0;  // positions in item order, so that item i's are item_start[i] .. item_start[i+1]
     for (int i = 0; i < counts.items; ++i) {
-        const Item& item = items[size_t(i)];
+        const Item& item = items[size_t(item_at[size_t(i)])];
         g.item_start[i] = filled;
         g.item_key[i] = item.key;
         g.item_slot[i] = item.slot;
-        for (int k = item.first; k < item.first + item.rows; ++k) g.positions[filled++] = int(uint32_t(keys[size_t(k)]));
+        for (int k = item.first; k < item.first + item.rows; ++k) g.positions[filled++] = order[size_t(k)];
     }
     g.item_start[counts.items] = filled;
     *g.items = counts.items;
@@ -323,18 +361,15 @@ inline EncoderGrouping encoder_backward_grouping(int* grouping, const int* inp_h
                                                  int wpe_rows = std::numeric_limits<int>::max()) {
     require_supported("encoder_backward", encoder_batch_problem(B, T));
     const int N = B * T;
-    // Sort (token, position) pairs: positions of one token become contiguous and increasing.
-    std::vector<uint64_t> keys(N);
-    for (int i = 0; i < N; ++i) {
+    for (int i = 0; i < N; ++i)
         if (inp_host[i] < 0)
             require_supported("encoder_backward",
                               "inp_host[" + std::to_string(i) + "] = " + std::to_string(inp_host[i]) + " is not a token id");
-        keys[i] = uint64_t(uint32_t(inp_host[i])) << 32 | uint32_t(i);
-    }
-    std::sort(keys.begin(), keys.end());
+    std::vector<int> order;  // positions by (token, position): each token's contiguous and increasing
+    encoder_detail::order_by_key(order, inp_host, N);
     EncoderGrouping g;
     g.ints = grouping;
-    g.by_token = encoder_detail::write_grouping(grouping, keys);
+    g.by_token = encoder_detail::write_grouping(grouping, order, inp_host);
     g.count = encoder_backward_scratch_ints(B, T, token_positions_host != nullptr);
     if (token_positions_host != nullptr) {
         for (int i = 0; i < N; ++i) {
@@ -343,10 +378,9 @@ inline EncoderGrouping encoder_backward_grouping(int* grouping, const int* inp_h
                 require_supported("encoder_backward", "token_positions_host[" + std::to_string(i) + "] = " +
                                                           std::to_string(position) + " is not a position in [0, " +
                                                           std::to_string(wpe_rows) + ")");
-            keys[i] = uint64_t(uint32_t(position)) << 32 | uint32_t(i);
         }
-        std::sort(keys.begin(), keys.end());
-        g.by_position = encoder_detail::write_grouping(grouping + encoder_detail::grouping_ints(N), keys);
+        encoder_detail::order_by_key(order, token_positions_host, N);
+        g.by_position = encoder_detail::write_grouping(grouping + encoder_detail::grouping_ints(N), order, token_positions_host);
         g.has_positions = true;
     }
     return g;

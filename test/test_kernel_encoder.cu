@@ -409,6 +409,108 @@ TEST_CASE("encoder grouping: frequent tokens in pieces of 64 rows, the rest whol
     }
 }
 
+// The grouping as its layout comment defines it, built the plain way: (key, position) pairs sorted,
+// runs of one key cut into pieces of kEncoderRowsPerPiece, the items stably sorted longest first.
+std::vector<int> reference_grouping(const std::vector<int>& keys) {
+    const int N = int(keys.size());
+    std::vector<int> out(encoder_detail::grouping_ints(N), 0);
+    const auto g = encoder_detail::grouping_parts(out.data(), N);
+    std::vector<std::pair<int, int>> pairs(static_cast<size_t>(N));
+    for (int i = 0; i < N; ++i) pairs[size_t(i)] = {keys[size_t(i)], i};
+    std::sort(pairs.begin(), pairs.end());
+    struct Item {
+        int first, rows, key, slot;
+    };
+    std::vector<Item> items;
+    int splits = 0, slots = 0;
+    for (int first = 0; first < N;) {
+        int end = first;
+        while (end < N && pairs[size_t(end)].first == pairs[size_t(first)].first) ++end;
+        const int key = pairs[size_t(first)].first;
+        if (end - first <= kEncoderRowsPerPiece) {
+            items.push_back({first, end - first, key, -1});
+        } else {
+            g.split_slot_start[splits] = slots;
+            g.split_key[splits++] = key;
+            for (int p = first; p < end; p += kEncoderRowsPerPiece)
+                items.push_back({p, std::min(kEncoderRowsPerPiece, end - p), key, slots++});
+        }
+        first = end;
+    }
+    g.split_slot_start[splits] = slots;
+    *g.splits = splits;
+    std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.rows > b.rows; });
+    int filled = 0;
+    for (size_t i = 0; i < items.size(); ++i) {
+        g.item_start[i] = filled;
+        g.item_key[i] = items[i].key;
+        g.item_slot[i] = items[i].slot;
+        for (int k = items[i].first; k < items[i].first + items[i].rows; ++k) g.positions[filled++] = pairs[size_t(k)].second;
+    }
+    g.item_start[items.size()] = filled;
+    *g.items = int(items.size());
+    return out;
+}
+
+// The host's radix-sorted grouping (one 16-bit pass, or two when a key reaches 2^16) equals the plain
+// sorted one int for int, by token and by position: GPT-2-like skew, keys across the whole int range
+// (the second pass), keys just below and at 2^16, a single key, a single position.
+TEST_CASE("encoder grouping: the radix-sorted layout equals the sorted one, one digit pass or two") {
+    std::mt19937 rng(42);
+    struct Input {
+        const char* name;
+        int B, T;
+        std::vector<int> tokens, positions;
+    };
+    std::vector<Input> inputs;
+    const auto add = [&](const char* name, int B, int T, auto token_of, auto position_of) {
+        Input in{name, B, T, {}, {}};
+        for (int i = 0; i < B * T; ++i) in.tokens.push_back(token_of(i)), in.positions.push_back(position_of(i));
+        inputs.push_back(in);
+    };
+    // One token at an eighth of the positions (the newline's share), the rest spread over 50,257.
+    add("skewed vocabulary", 8, 1024, [&](int) { return rng() % 8 == 0 ? 198 : int(rng() % 50257); }, [](int i) { return i % 1024; });
+    add("keys across the int range", 4, 512,
+        [&](int) { return rng() % 4 == 0 ? int(rng() % 3) : int(rng() & 0x7fffffff); },
+        [&](int) { return int(rng() % 700); });
+    add("keys about 2^16", 3, 777, [&](int) { return 65534 + int(rng() % 4); }, [&](int) { return 65535 + int(rng() % 2); });
+    add("one key", 2, 300, [](int) { return 7; }, [](int i) { return i % 300; });
+    add("one position", 1, 1, [](int) { return 50256; }, [](int) { return 0; });
+    for (const Input& in : inputs) {
+        INFO(in.name);
+        const int N = in.B * in.T;
+        std::vector<int> ints(encoder_backward_scratch_ints(in.B, in.T, true), -7);
+        const EncoderGrouping g = encoder_backward_grouping(ints.data(), in.tokens.data(), in.B, in.T, in.positions.data());
+        const std::vector<int> by_token = reference_grouping(in.tokens), by_position = reference_grouping(in.positions);
+        const size_t one = encoder_detail::grouping_ints(N);
+        REQUIRE(ints.size() == 2 * one);
+        // The unused tails of item_start, item_key, ... are not part of the layout: compare what is used.
+        const auto used_equal = [&](const int* got, const std::vector<int>& want, const EncoderGroupingCounts& counts) {
+            const auto a = encoder_detail::grouping_parts(got, N);
+            const auto b = encoder_detail::grouping_parts(want.data(), N);
+            CHECK(*a.items == *b.items);
+            CHECK(*a.splits == *b.splits);
+            CHECK(counts.items == *b.items);
+            CHECK(counts.splits == *b.splits);
+            REQUIRE(*a.items == *b.items);
+            REQUIRE(*a.splits == *b.splits);
+            const int I = *b.items, S = *b.splits;
+            CHECK(std::equal(a.positions, a.positions + N, b.positions));
+            CHECK(std::equal(a.item_start, a.item_start + I + 1, b.item_start));
+            CHECK(std::equal(a.item_key, a.item_key + I, b.item_key));
+            CHECK(std::equal(a.item_slot, a.item_slot + I, b.item_slot));
+            CHECK(std::equal(a.split_slot_start, a.split_slot_start + S + 1, b.split_slot_start));
+            CHECK(std::equal(a.split_key, a.split_key + S, b.split_key));
+        };
+        used_equal(ints.data(), by_token, g.by_token);
+        used_equal(ints.data() + one, by_position, g.by_position);
+        CHECK(g.has_positions);
+    }
+    // The skewed batch splits its frequent token, so the pieces' part of the layout was compared too.
+    std::vector<int> ints(encoder_backward_scratch_ints(inputs[0].B, inputs[0].T));
+    CHECK(encoder_backward_grouping(ints.data(), inputs[0].tokens.data(), inputs[0].B, inputs[0].T).by_token.splits >= 1);
+}
+
 TEST_CASE("encoder_requirements accepts positive multiples of 8 and names a bad C") {
     for (int C : {8, 768, 1600, 12288}) CHECK(encoder_requirements(C).empty());
     CHECK(encoder_requirements(100) == "encoder: C = 100 is not a positive multiple of 8");
