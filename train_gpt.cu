@@ -1324,9 +1324,19 @@ struct Trainer {
     size_t micro_step_graph_nodes[2] = {0, 0};  // operations in each, as captured
     int graph_B = 0, graph_T = 0;
     int64_t steps_run = 0;  // train_step calls so far
+    // Host time in the micro-batches' uploads (checks, page-locked copies, the encoder grouping): with one
+    // micro-step a step the device waits for all of it (--profile-step reports the step's).
+    double upload_seconds = 0;
     PipelineSchedule schedule = PipelineSchedule::one_f_one_b;  // with pipeline stages (pipeline_micro_steps)
     std::set<int> pipeline_plans_checked;  // micro-batch counts whose exchange plan was played out (check_pipeline_plan)
 };
+
+// gpt2_upload of a training micro-batch, its host time added to tr.upload_seconds.
+inline void upload_micro_batch(Trainer& tr, const int* inputs, const int* targets, int B, int T, float grad_scale) {
+    const auto start = std::chrono::steady_clock::now();
+    gpt2_upload(tr.model, inputs, targets, B, T, grad_scale);
+    tr.upload_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
 
 inline void drop_micro_step_graphs(Trainer& tr) {
     for (cudaGraphExec_t& g : tr.micro_step_graphs) {
@@ -1603,7 +1613,7 @@ inline void pipeline_micro_steps(Trainer& tr, const std::vector<const int*>& inp
             select_micro_batch(m, k);
             m.chunk = a.op.chunk;
             progress(tr, "a training step", tr.optimizer.step + 1);
-            gpt2_upload(m, inputs[size_t(j)], targets[size_t(j)], B, T, grad_scale);
+            upload_micro_batch(tr, inputs[size_t(j)], targets[size_t(j)], B, T, grad_scale);
         }
         // The group: outputs not sent yet, and the inputs of this operation (into its slot) and, in a
         // forward-backward pair, of the backward after it (into the next gradient buffer).
@@ -1673,7 +1683,7 @@ inline StepResult train_step(Trainer& tr, const std::vector<const int*>& inputs,
     if (m.pipeline.size > 1) pipeline_micro_steps(tr, inputs, targets, B, T, grad_scale, losses);
     for (size_t s = 0; s < micro_steps && m.pipeline.size == 1; ++s) {
         progress(tr, "a training step", tr.optimizer.step + 1);
-        gpt2_upload(m, inputs[s], targets[s], B, T, grad_scale);
+        upload_micro_batch(tr, inputs[s], targets[s], B, T, grad_scale);
         // Stages 0-1 accumulate full gradients over the micro-steps and reduce after the last one;
         // stage 2 keeps no full gradients, so it reduces after every micro-step.
         run_micro_step(tr, sh.zero_stage == 2 || s + 1 == micro_steps);
@@ -2003,11 +2013,16 @@ inline StepBatches context_rows(const StepBatches& whole, int B, int T, const Co
 // --profile-step: a warm-up step, then one step with every launch recorded and timed (dev/roofline.h).
 inline void profile_step(Trainer& tr, const RunPlan& p, StepBatches& batches, int64_t batch_tokens, float lr, int B, int T,
                          const char* device, double peak) {
-    const auto [seconds, records] =
-        record_one_step([&] { train_step(tr, batches.input_ptrs, batches.target_ptrs, B, p.local_T, lr); });
+    double upload_s = 0;  // the recorded step's (the last call's)
+    const auto [seconds, records] = record_one_step([&] {
+        const double before = tr.upload_seconds;
+        train_step(tr, batches.input_ptrs, batches.target_ptrs, B, p.local_T, lr);
+        upload_s = tr.upload_seconds - before;
+    });
     if (tr.dist.rank == 0 && tr.model.tensor.rank == 0)
         std::printf("%s", profile_report(records, seconds, double(batch_tokens), tr.dist.world_size, int64_t(p.num_parameters),
-                                         p.config.num_layers, p.config.channels, T, device, peak).c_str());
+                                         p.config.num_layers, p.config.channels, T, device, peak,
+                                         HostUploads{upload_s, int(batches.input_ptrs.size())}).c_str());
 }
 
 // The parameters (initialized, from an llm.c checkpoint, or with -y the whole training state from the

@@ -350,9 +350,15 @@ inline std::pair<double, std::vector<LaunchRecord>> record_one_step(const std::f
     return {seconds, launch_record::stop()};
 }
 
+// The host's time in the recorded step's batch uploads (train_gpt.cu's upload_micro_batch); seconds < 0: not known.
+struct HostUploads {
+    double seconds = -1;
+    int micro_steps = 0;
+};
+
 inline std::string profile_report(const std::vector<LaunchRecord>& records, double wall_s, double tokens_per_step,
                                   int world, int64_t num_parameters, int num_layers, int channels, int seq_len,
-                                  const std::string& device_name, double device_peak_flops) {
+                                  const std::string& device_name, double device_peak_flops, HostUploads uploads = {}) {
 #ifdef __CUDACC__
     const char* clock = "GPU", *how = "each launch timed with CUDA events on its stream";
 #else
@@ -375,5 +381,14 @@ inline std::string profile_report(const std::vector<LaunchRecord>& records, doub
     out += throughput_line("H100 SXM roofline estimate of the same launches",
                            step_throughput(estimate.estimate_s(), tokens_per_step, world, num_parameters, num_layers,
                                            channels, seq_len));
+    // Before a micro-step's launches the host checks its batch, copies it and groups its tokens: with
+    // one micro-step the device has nothing else to run meanwhile, so this is idle device time.
+    if (uploads.seconds >= 0) {
+        std::snprintf(line, sizeof line,
+                      "host: %.3f ms of the step in %d batch upload%s (checks, page-locked copies, encoder grouping)%s\n",
+                      1e3 * uploads.seconds, uploads.micro_steps, uploads.micro_steps == 1 ? "" : "s",
+                      uploads.micro_steps == 1 ? ", before the micro-step's launches" : "");
+        out += line;
+    }
     return out;
 }

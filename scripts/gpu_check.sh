@@ -310,11 +310,12 @@ log, dest, rc, seconds, b, t, library, lib_rc, fused_log, fused_rc = sys.argv[1:
 rc, lib_rc, fused_rc = int(rc), int(lib_rc), int(fused_rc)
 lines = [l.rstrip("\n") for l in open(log, errors="replace")]
 summary = [l for l in lines if l.startswith(("measured", "H100 SXM roofline estimate"))]
+host = [l for l in lines if l.startswith("host: ")]  # the batch uploads' host time, before the device starts
 fused = [l.rstrip("\n") for l in open(fused_log, errors="replace")] if os.path.exists(fused_log) else []
 fused_rows = [l for l in fused if l.startswith(("attention", "measured", "H100 SXM roofline estimate"))]
 lib = json.load(open(library)) if lib_rc == 0 and os.path.exists(library) else {"exit_code": lib_rc}
 json.dump({"stage": "profile", "ok": rc == 0 and len(summary) == 2 and lib_rc == 0 and fused_rc == 0, "exit_code": rc,
-           "seconds": int(seconds), "B": int(b), "T": int(t), "summary": summary, "library": lib,
+           "seconds": int(seconds), "B": int(b), "T": int(t), "summary": summary, "host": host, "library": lib,
            "fused_backward": {"exit_code": fused_rc, "rows": fused_rows}, "report": lines[-200:]},
           open(dest, "w"), indent=1)
 PY

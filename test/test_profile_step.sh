@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # train_gpt --profile-step on a tiny GPT-2: one warm-up step, one recorded and timed step, the
-# per-kernel table (with the model's kernel names and measured times), then exit.
+# per-kernel table (with the model's kernel names and measured times), the host's upload time, then exit.
 # Usage: test_profile_step.sh TRAIN_BINARY
 set -euo pipefail
 bin=$1
@@ -39,6 +39,9 @@ for pattern, names in found.items():
     assert len(rows[names[0]].split()) >= 12, f"no measured time for {names[0]}: {rows[names[0]]}"
 assert re.search(r"^measured \(wall clock[^)]*\): [0-9.]+ s/step", log, re.M), "no measured step line"
 assert re.search(r"^H100 SXM roofline estimate of the same launches: [0-9.]+ s/step", log, re.M), "no estimate line"
+m = re.search(r"^host: ([0-9.]+) ms of the step in 1 batch upload \(checks, page-locked copies, encoder grouping\), "
+              r"before the micro-step's launches$", log, re.M)
+assert m and 0 < float(m.group(1)) < 1e4, "no host upload line (or not a positive time)"
 assert "step 1/" not in log, "--profile-step must exit instead of training"
 print(f"profile-step: {len(rows)} kernels in the table")
 PY
