@@ -151,6 +151,7 @@ write_json "$out/env.json" stage=env \
   nvcc="$(nvcc --version | tail -1)" cuda_home="$cuda_home" mpi="$([ $mpi = 1 ] && echo true || echo false)" \
   deps_prefix="$deps_prefix" nccl_home="$nccl_home" make_vars="$(printf '%s ' "${make_vars[@]}")" \
   cores="$(nproc)" compute_sanitizer="$(command -v compute-sanitizer || true)" ncu="$(command -v ncu || true)" \
+  cpu="$(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2- | sed "s/^ *//")" \
   prebuilt_commit="$([ -n "$prebuilt" ] && cat "$gpu_dir/COMMIT" 2>/dev/null)" \
   commit="$(git rev-parse HEAD 2>/dev/null || echo unknown)" dirty="$(git status --porcelain 2>/dev/null | grep -qv '^??' && echo true || echo false)"
 echo "gpu_check.sh: make ${make_vars[*]}"
