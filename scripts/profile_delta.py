@@ -6,8 +6,10 @@ lines) or a saved log of `train_gpt --profile-step`, before and after.
     scripts/profile_delta.py BEFORE AFTER --json out/gpu_check/profile_delta.json
 
 Prints one row per kernel: its measured ms before and after and the change, the largest changes
-first, then the measured step lines of both. A kernel is matched by its name; one that was renamed
-by a template argument only ("attention_backward_rowdot_kernel" -> "..._kernel<true>") is matched by
+first; then the step's wall clock, its time outside the kernels (the wall clock minus the kernels'
+sum: host work the device waited for, launch gaps, memsets) and the host's batch uploads within it
+(the `host:` line; "-" where a profile predates that line); then the measured step lines of both.
+A kernel is matched by its name; one that was renamed by a template argument only ("attention_backward_rowdot_kernel" -> "..._kernel<true>") is matched by
 the name before its "<" when that pairs exactly one row of each table. A kernel in one table only
 is listed with "-" for the other. Exits 1 when either table has no kernel rows.
 """
@@ -19,6 +21,8 @@ import sys
 
 UNITS = ("simt", "tensor", "cublasLt", "nccl", "memset", "copy", "pcie")
 # name (may hold spaces: template arguments), unit, launches, GFLOP, GB, FLOP/B, est ms, bound, measured ms, ...
+STEP = re.compile(r"^measured \(wall clock[^)]*\): ([0-9.]+) s/step")
+HOST = re.compile(r"^host: ([0-9.]+) ms of the step")
 ROW = re.compile(r"^(\S.*?)\s+(" + "|".join(UNITS) + r")\s+(\d+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s+(\S+)\s+([0-9.]+)\s")
 
 
@@ -36,17 +40,22 @@ def report_lines(path):
 
 
 def parse(path):
-    """{kernel: (launches, estimate ms, measured ms)} and the measured step lines."""
-    rows, steps = {}, []
+    """{kernel: (launches, estimate ms, measured ms)}, the measured step lines, and the step's and the
+    host uploads' ms (None when the table has no such line)."""
+    rows, steps, step_ms, host_ms = {}, [], None, None
     for line in report_lines(path):
         if line.startswith("measured (wall clock"):
             steps.append(line)
+        if m := STEP.match(line):
+            step_ms = 1e3 * float(m.group(1))
+        if m := HOST.match(line):
+            host_ms = float(m.group(1))
         m = ROW.match(line)
         if m and not m.group(1).startswith("total"):
             rows[m.group(1)] = (int(m.group(3)), float(m.group(7)), float(m.group(9)))
     if not rows:
         sys.exit(f"profile_delta: {path}: no kernel rows (a --profile-step table was expected)")
-    return rows, steps
+    return rows, steps, step_ms, host_ms
 
 
 def base(name):
@@ -75,8 +84,8 @@ def main():
     parser.add_argument("after")
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args()
-    before, before_steps = parse(args.before)
-    after, after_steps = parse(args.after)
+    before, before_steps, before_step_ms, before_host_ms = parse(args.before)
+    after, after_steps, after_step_ms, after_host_ms = parse(args.after)
     rows = []
     for b, a in pair(before, after):
         ms_before = before[b][2] if b else None
@@ -93,12 +102,21 @@ def main():
     total_before = sum(v[2] for v in before.values())
     total_after = sum(v[2] for v in after.values())
     print(f"{'all kernels':<{width}}  {total_before:10.3f}  {total_after:10.3f}  {total_after - total_before:+9.3f}")
+    outside_before = before_step_ms - total_before if before_step_ms is not None else None
+    outside_after = after_step_ms - total_after if after_step_ms is not None else None
+    for label, b, a in (("step (wall clock)", before_step_ms, after_step_ms),
+                        ("outside the kernels", outside_before, outside_after),
+                        ("  of it host uploads", before_host_ms, after_host_ms)):
+        change = f"{a - b:+9.3f}" if a is not None and b is not None else f"{'-':>9}"
+        print(f"{label:<{width}}  {fmt(b)}  {fmt(a)}  {change}")
     for label, steps in (("before", before_steps), ("after", after_steps)):
         for line in steps:
             print(f"{label}: {line}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"before": args.before, "after": args.after, "rows": rows, "all_kernels_ms": [total_before, total_after],
+                       "step_ms": [before_step_ms, after_step_ms], "outside_kernels_ms": [outside_before, outside_after],
+                       "host_upload_ms": [before_host_ms, after_host_ms],
                        "steps_before": before_steps, "steps_after": after_steps}, f, indent=1)
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """scripts/profile_delta.py on the H100 profile of 2026-11-27 (docs/gpu_check_2026-11-27_h100): against
 itself every kernel's change is zero; against an edited copy (one kernel faster, one renamed by a
-template argument, one gone, one new) each shows as it should, in the printed table and in --json;
+template argument, one gone, one new, a faster step with a host line) each shows as it should, with
+the step's time outside the kernels, in the printed table and in --json;
 a file without a --profile-step table is refused with exit code 1."""
 import json
 import os
@@ -29,6 +30,12 @@ with tempfile.TemporaryDirectory() as tmp:
     assert by_name["fused_classifier_kernel"]["ms_before"] == 6.691, by_name["fused_classifier_kernel"]
     assert "all kernels" in same.stdout and "127.415" in same.stdout, same.stdout
     assert same.stdout.count("measured (wall clock") == 2, same.stdout
+    # The step outside its kernels: 135 ms of wall clock (0.135 s/step) less 127.415 ms of kernels; that
+    # profile predates the host line.
+    totals = json.load(open(rows_json))
+    assert totals["step_ms"] == [135.0, 135.0], totals["step_ms"]
+    assert all(abs(x - 7.585) < 1e-9 for x in totals["outside_kernels_ms"]), totals["outside_kernels_ms"]
+    assert totals["host_upload_ms"] == [None, None], totals["host_upload_ms"]
 
     # The edited copy: the classifier 6.691 -> 4.900 ms, the row-dot renamed with <true>, the wpe
     # gradient gone, a combining kernel new.
@@ -41,7 +48,11 @@ with tempfile.TemporaryDirectory() as tmp:
             line = line.replace("attention_backward_rowdot_kernel      ", "attention_backward_rowdot_kernel<true>")
         if line.startswith("encoder_backward_wpe_kernel "):
             line = line.replace("encoder_backward_wpe_kernel ", "encoder_backward_combine_kernel ")
+        if line.startswith("measured (wall clock"):
+            line = line.replace("0.135 s/step", "0.130 s/step")
         report.append(line)
+    report.append("host: 0.400 ms of the step in 1 batch upload (checks, page-locked copies, encoder grouping), "
+                  "before the micro-step's launches")
     assert report != data["report"]
     edited = os.path.join(tmp, "edited.json")
     json.dump({"report": report}, open(edited, "w"))
@@ -58,6 +69,12 @@ with tempfile.TemporaryDirectory() as tmp:
     assert by_name["encoder_backward_combine_kernel"]["ms_before"] is None, by_name["encoder_backward_combine_kernel"]
     assert "(was attention_backward_rowdot_kernel)" in delta.stdout, delta.stdout
     assert "-1.791" in delta.stdout, delta.stdout
+    # 130 ms of wall clock less 125.624 ms of kernels; 0.4 ms of it host uploads.
+    totals = json.load(open(rows_json))
+    assert totals["step_ms"] == [135.0, 130.0], totals["step_ms"]
+    assert abs(totals["outside_kernels_ms"][1] - (130.0 - (127.415 - 1.791))) < 1e-6, totals["outside_kernels_ms"]
+    assert totals["host_upload_ms"] == [None, 0.4], totals["host_upload_ms"]
+    assert "  of it host uploads" in delta.stdout and "0.400" in delta.stdout, delta.stdout
 
     # No table: refused, naming the file.
     empty = os.path.join(tmp, "empty.log")
