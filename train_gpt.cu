@@ -311,7 +311,7 @@ struct GPT2 {
 // or cudaMemset runs on the legacy default stream, which neither waits for a non-blocking stream
 // nor is waited for by one, so only the model's own stream orders host copies against its kernels.
 inline void copy_and_wait(GPT2& model, void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, model.stream));
+    CUDA_CHECK(recorded_copy(dst, src, bytes, kind, model.stream));
     CUDA_CHECK(cudaStreamSynchronize(model.stream));
 }
 
@@ -540,7 +540,7 @@ inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int 
 
     model.params_memory = m.get<floatX>("params");
     // On the model's stream (see copy_and_wait): its kernels must see the zeros.
-    CUDA_CHECK(cudaMemsetAsync(model.params_memory, 0, model.plan.bytes_of("params"), model.stream));  // padding stays zero
+    CUDA_CHECK(recorded_memset(model.params_memory, 0, model.plan.bytes_of("params"), model.stream));  // padding stays zero
     point_parameters(&model.params, model.params_memory, model.param_sizes);
     model.max_batch = B;
     model.max_tokens = T;
@@ -593,7 +593,7 @@ inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int 
     }
 
     model.grads_memory = m.get<floatX>("grads");
-    CUDA_CHECK(cudaMemsetAsync(model.grads_memory, 0, model.plan.bytes_of("grads"), model.stream));
+    CUDA_CHECK(recorded_memset(model.grads_memory, 0, model.plan.bytes_of("grads"), model.stream));
     if (zero_stage == 2) {
         model.layer_grad_buffers[0] = m.get<floatX>("grad_layer_buffer_0");
         model.layer_grad_buffers[1] = m.get<floatX>("grad_layer_buffer_1");
@@ -858,7 +858,7 @@ template <typename Attend> inline void gpt2_blocks_forward(GPT2& model, Attend&&
             fused_residual_layernorm_forward(x.residual3, a.lnf, a.lnf_mean, a.lnf_rstd, x.residual2, mlp_out, p.lnfw,
                                              p.lnfb, rows, C, model.stream);
         } else {
-            CUDA_CHECK(cudaMemcpyAsync(x.residual3, x.residual2, size_t(rows) * C * sizeof(floatX), cudaMemcpyDeviceToDevice,
+            CUDA_CHECK(recorded_copy(x.residual3, x.residual2, size_t(rows) * C * sizeof(floatX), cudaMemcpyDeviceToDevice,
                                        model.stream));
             accumulate(x.residual3, mlp_out, size_t(rows) * C, model.stream);
         }
@@ -939,13 +939,13 @@ inline void gpt2_upload(GPT2& model, const int* inputs_host, const int* targets_
             up.inputs[b * padded_T + t] = real ? inputs_host[b * T + t] : pad;
             if (targets_host) up.targets[b * padded_T + t] = real ? targets_host[b * T + t] : -1;
         }
-    CUDA_CHECK(cudaMemcpyAsync(model.inputs, up.inputs, padded_BT * sizeof(int), cudaMemcpyHostToDevice, stream));
+    CUDA_CHECK(recorded_copy(model.inputs, up.inputs, padded_BT * sizeof(int), cudaMemcpyHostToDevice, stream));
     if (targets_host)
-        CUDA_CHECK(cudaMemcpyAsync(model.targets, up.targets, padded_BT * sizeof(int), cudaMemcpyHostToDevice, stream));
+        CUDA_CHECK(recorded_copy(model.targets, up.targets, padded_BT * sizeof(int), cudaMemcpyHostToDevice, stream));
     const ZigzagLayout zigzag{padded_T * model.context.size, model.context.size};  // --cp's rows (parallel/context.h)
     if (model.options.uses_documents() && model.context.size == 1) {  // each token's document start (host/documents.h)
         document_starts(up.doc_start, up.inputs, B, padded_T, model.options.eot_token);
-        CUDA_CHECK(cudaMemcpyAsync(model.doc_start, up.doc_start, padded_BT * sizeof(int), cudaMemcpyHostToDevice, stream));
+        CUDA_CHECK(recorded_copy(model.doc_start, up.doc_start, padded_BT * sizeof(int), cudaMemcpyHostToDevice, stream));
     } else if (model.options.uses_documents()) {
         // Documents cross the ranks' chunks: their starts are found on the whole rows, gathered from the
         // context group, as positions in the sequence; the ring's kernels take each step's first keys.
@@ -957,7 +957,7 @@ inline void gpt2_upload(GPT2& model, const int* inputs_host, const int* targets_
         zigzag_rows(up.doc_start, starts.data(), B, zigzag, rank);
         if (model.options.doc_mask) {
             context_first_keys(up.first_keys, up.doc_start, B, zigzag, rank);
-            CUDA_CHECK(cudaMemcpyAsync(model.doc_start, up.first_keys, size_t(n) * padded_BT * sizeof(int),
+            CUDA_CHECK(recorded_copy(model.doc_start, up.first_keys, size_t(n) * padded_BT * sizeof(int),
                                        cudaMemcpyHostToDevice, stream));
         }
     }
@@ -966,7 +966,7 @@ inline void gpt2_upload(GPT2& model, const int* inputs_host, const int* targets_
             const int t = i % padded_T, position = zigzag.position(model.context.rank, t);
             up.token_positions[i] = model.options.doc_positions ? position - up.doc_start[i] : position;
         }
-        CUDA_CHECK(cudaMemcpyAsync(model.token_positions, up.token_positions, padded_BT * sizeof(int), cudaMemcpyHostToDevice,
+        CUDA_CHECK(recorded_copy(model.token_positions, up.token_positions, padded_BT * sizeof(int), cudaMemcpyHostToDevice,
                                    stream));
     }
     // A backward pass follows (dlogits are written): its grouping now, while the device runs ahead
@@ -974,11 +974,11 @@ inline void gpt2_upload(GPT2& model, const int* inputs_host, const int* targets_
     if (grad_scale > 0.0f && targets_host) {
         if (model.options.first_stage()) {
             up.encoder = encoder_grouping_of(model, up);
-            CUDA_CHECK(cudaMemcpyAsync(model.bwd.encoder_scratch, up.encoder.ints, up.encoder.count * sizeof(int),
+            CUDA_CHECK(recorded_copy(model.bwd.encoder_scratch, up.encoder.ints, up.encoder.count * sizeof(int),
                                        cudaMemcpyHostToDevice, stream));
         }
         *up.grad_scale = grad_scale;
-        CUDA_CHECK(cudaMemcpyAsync(model.bwd.grad_scale, up.grad_scale, sizeof(float), cudaMemcpyHostToDevice, stream));
+        CUDA_CHECK(recorded_copy(model.bwd.grad_scale, up.grad_scale, sizeof(float), cudaMemcpyHostToDevice, stream));
     }
     model.slots[size_t(model.slot)].encoder = up.encoder;
     CUDA_CHECK(cudaEventRecord(up.copied, stream));
@@ -1118,7 +1118,7 @@ inline double gpt2_forward(GPT2& model, const int* inputs_host, const int* targe
     const size_t BT = size_t(model.B) * model.T;  // padded rows (sequence parallelism) add losses of 0
     std::vector<float> losses(BT);
     if (model.options.last_stage())
-        CUDA_CHECK(cudaMemcpyAsync(losses.data(), model.acts.losses, BT * sizeof(float), cudaMemcpyDeviceToHost, model.stream));
+        CUDA_CHECK(recorded_copy(losses.data(), model.acts.losses, BT * sizeof(float), cudaMemcpyDeviceToHost, model.stream));
     CUDA_CHECK(cudaStreamSynchronize(model.stream));
     double sum = sum_of_losses(losses.data(), BT);
     from_last_stage(model, &sum, 1);
@@ -1147,7 +1147,7 @@ inline std::vector<float> gpt2_forward_cached(GPT2& model, const int* tokens, in
     cudaStream_t stream = model.stream;
     const ParameterTensors& p = model.params;
     ActivationTensors& a = model.acts;
-    CUDA_CHECK(cudaMemcpyAsync(model.inputs, tokens, n * sizeof(int), cudaMemcpyHostToDevice, stream));
+    CUDA_CHECK(recorded_copy(model.inputs, tokens, n * sizeof(int), cudaMemcpyHostToDevice, stream));
     // Positions pos, pos + 1, ...: the embedding table from row pos on.
     encoder_forward(a.encoded, model.inputs, p.wte, p.wpe + size_t(pos) * C, 1, n, C, stream);
     const LayerActivations first = layer_activations(model, 0);
@@ -1171,7 +1171,7 @@ inline std::vector<float> gpt2_forward_cached(GPT2& model, const int* tokens, in
 
 // Clears the step's accumulated gradients (all of them, or this rank's shard under ZeRO-2).
 inline void gpt2_zero_grad(GPT2& model) {
-    CUDA_CHECK(cudaMemsetAsync(model.grads_memory, 0, model.plan.bytes_of("grads"), model.stream));
+    CUDA_CHECK(recorded_memset(model.grads_memory, 0, model.plan.bytes_of("grads"), model.stream));
 }
 
 // Where the backward pass writes layer l's parameter gradients: the full gradient buffer (stages 0-1),
@@ -1222,7 +1222,7 @@ inline void gpt2_backward(GPT2& model, const std::function<void(int)>& layer_don
     // The global tensors' gradients are per micro-step under ZeRO-2 (a pipeline stage accumulates them over
     // the step instead, pipeline_micro_steps: the tied embedding's two halves are summed before reducing).
     if (model.shard.zero_stage == 2 && model.pipeline.size == 1)
-        CUDA_CHECK(cudaMemsetAsync(g.wte, 0, model.plan.bytes_of("grad_global_buffer"), stream));
+        CUDA_CHECK(recorded_memset(g.wte, 0, model.plan.bytes_of("grad_global_buffer"), stream));
     const int Vr = vocab_rows_per_rank(cfg, model.tensor.size);
     // A pipeline stage before the last starts from the gradient of its output, received into dresidual.
     if (classifies(model)) {
@@ -1232,7 +1232,7 @@ inline void gpt2_backward(GPT2& model, const std::function<void(int)>& layer_don
                         stream);
         const floatX* dlnf = model.tensor.size > 1 ? sum_over_tensor_ranks(model, b.dbuf_c) : b.dbuf_c;
         // Final LayerNorm: dresidual starts as the gradient of the last layer's output.
-        CUDA_CHECK(cudaMemsetAsync(b.dresidual, 0, region * sizeof(floatX), stream));
+        CUDA_CHECK(recorded_memset(b.dresidual, 0, region * sizeof(floatX), stream));
         layernorm_backward(b.dresidual, g.lnfw, g.lnfb, b.scratch, dlnf, a.residual3 + (range.count - 1) * region, p.lnfw,
                            a.lnf_mean, a.lnf_rstd, rows, C, stream);
     }
@@ -1241,7 +1241,7 @@ inline void gpt2_backward(GPT2& model, const std::function<void(int)>& layer_don
         if (before_layer) before_layer(l);
         const LayerTensors w = layer_view(p, cfg, l, model.tensor.size), dw = layer_grads(model, l);
         if (model.shard.zero_stage == 2)
-            CUDA_CHECK(cudaMemsetAsync(model.layer_grad_buffers[l % 2], 0, model.layer_grad_size * sizeof(floatX), stream));
+            CUDA_CHECK(recorded_memset(model.layer_grad_buffers[l % 2], 0, model.layer_grad_size * sizeof(floatX), stream));
         const LayerActivations x = layer_activations(model, l);
         // Recompute what the forward pass did not keep, with the forward's kernels on the kept inputs.
         // The LayerNorm statistics come out equal to the kept ones; selective mode need not store them.
@@ -1470,7 +1470,7 @@ inline float all_ranks_norm(Trainer& tr, const floatX* local) {
                             m.stream);
     std::vector<float> squares(counted.size());
     if (!counted.empty())
-        CUDA_CHECK(cudaMemcpyAsync(squares.data(), out, squares.size() * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
+        CUDA_CHECK(recorded_copy(squares.data(), out, squares.size() * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
     CUDA_CHECK(cudaStreamSynchronize(m.stream));
     double sum = 0;
     for (float x : squares) sum += x;
@@ -1594,7 +1594,7 @@ inline void pipeline_micro_steps(Trainer& tr, const std::vector<const int*>& inp
     // ZeRO-2: each backward pass reduces its layers' gradients as it goes (into this rank's shard); the
     // global tensors' accumulate over the step and are reduced after it, as with ZeRO-0 and 1.
     const bool per_pass = m.shard.zero_stage == 2;
-    if (per_pass) CUDA_CHECK(cudaMemsetAsync(m.grads.wte, 0, m.plan.bytes_of("grad_global_buffer"), m.stream));
+    if (per_pass) CUDA_CHECK(recorded_memset(m.grads.wte, 0, m.plan.bytes_of("grad_global_buffer"), m.stream));
     const auto layer_done = [&](int l) {
         if (l >= 0) reduce_layer_gradients(tr, l);
     };
@@ -1630,7 +1630,7 @@ inline void pipeline_micro_steps(Trainer& tr, const std::vector<const int*>& inp
         if (a.op.forward) {
             gpt2_forward_kernels(m, /*with_targets=*/true, /*write_dlogits=*/true);
             if (classifies(m))
-                CUDA_CHECK(cudaMemcpyAsync(losses + size_t(j) * BT, m.acts.losses, BT * sizeof(float), cudaMemcpyDeviceToHost,
+                CUDA_CHECK(recorded_copy(losses + size_t(j) * BT, m.acts.losses, BT * sizeof(float), cudaMemcpyDeviceToHost,
                                            m.stream));
         } else {
             const int k = slot_of(j, a.op.chunk);
@@ -1687,7 +1687,7 @@ inline StepResult train_step(Trainer& tr, const std::vector<const int*>& inputs,
         // Stages 0-1 accumulate full gradients over the micro-steps and reduce after the last one;
         // stage 2 keeps no full gradients, so it reduces after every micro-step.
         run_micro_step(tr, sh.zero_stage == 2 || s + 1 == micro_steps);
-        CUDA_CHECK(cudaMemcpyAsync(losses + s * BT, m.acts.losses, BT * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
+        CUDA_CHECK(recorded_copy(losses + s * BT, m.acts.losses, BT * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
     }
     ++tr.steps_run;
     CUDA_CHECK(cudaStreamSynchronize(m.stream));  // the step's one wait before its norm: the losses are here
@@ -1731,7 +1731,7 @@ inline void forward_token_losses(GPT2& m, const int* inputs, const int* targets,
     // Each row's first T of the pass's m.T positions (more when sequence parallelism padded the rows).
     if (m.options.last_stage())
         for (int b = 0; b < B; ++b)
-            CUDA_CHECK(cudaMemcpyAsync(losses + size_t(b) * T, m.acts.losses + size_t(b) * m.T, size_t(T) * sizeof(float),
+            CUDA_CHECK(recorded_copy(losses + size_t(b) * T, m.acts.losses + size_t(b) * m.T, size_t(T) * sizeof(float),
                                        cudaMemcpyDeviceToHost, m.stream));
     CUDA_CHECK(cudaStreamSynchronize(m.stream));
     from_last_stage(m, losses, size_t(B) * T);

@@ -136,4 +136,22 @@ void launch(const KernelCost& cost, dim3 grid, dim3 block, size_t dynamic_smem, 
     launch<Kernel>(grid, block, dynamic_smem, stream, std::forward<Args>(args)...);
 }
 
+// cudaMemsetAsync and cudaMemcpyAsync, recorded like launches while recording is on (--profile-step):
+// the CPU emulator reports its memsets and copies itself, and under nvcc these time them with events,
+// so that a GPU profile's kernel sum holds the step's memsets (zeroing 249 MB of d12's gradients) too.
+inline cudaError_t recorded_memset(void* dst, int value, size_t bytes, cudaStream_t stream) {
+#ifdef __CUDACC__
+    launch_record::Scope recorded("cudaMemsetAsync", WorkKind::memset, 0, double(bytes), stream);
+#endif
+    return cudaMemsetAsync(dst, value, bytes, stream);
+}
+inline cudaError_t recorded_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
+#ifdef __CUDACC__
+    const bool on_device = kind == cudaMemcpyDeviceToDevice;  // read and written there; else bytes over PCIe
+    launch_record::Scope recorded("cudaMemcpyAsync", on_device ? WorkKind::copy_device : WorkKind::copy_host, 0,
+                                  double(bytes) * (on_device ? 2 : 1), stream);
+#endif
+    return cudaMemcpyAsync(dst, src, bytes, kind, stream);
+}
+
 inline unsigned ceil_div(size_t a, size_t b) { return unsigned((a + b - 1) / b); }

@@ -116,7 +116,7 @@ inline float all_ranks_norm(const ShardLayout& sh, const Distributed& d, const f
     global_norm_squared(out, local, sh.optimizer_size(), scratch, stream);
     if (sh.zero_stage > 0) NCCL_CHECK(ncclAllReduce(out, out, 1, ncclFloat32, ncclSum, d.nccl, stream));
     float norm_squared = 0;
-    CUDA_CHECK(cudaMemcpyAsync(&norm_squared, out, sizeof(float), cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(recorded_copy(&norm_squared, out, sizeof(float), cudaMemcpyDeviceToHost, stream));
     CUDA_CHECK(cudaStreamSynchronize(stream));
     return std::sqrt(norm_squared);
 }
