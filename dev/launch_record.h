@@ -1,6 +1,8 @@
 // Launch recording: while it is on, every kernel launched through launch<>(KernelCost, ...), every
-// cuBLASLt matmul (kernels/matmul.cuh) and, in the CPU build, the emulator's memsets, copies and
-// NCCL collectives append one record each (name, grid, block, FLOPs, bytes, stream). With timing,
+// cuBLASLt matmul (kernels/matmul.cuh), every memset and copy made through recorded_memset and
+// recorded_copy (kernels/cuda_common.h; under nvcc: in the CPU build the emulator reports all its
+// memsets and copies) and, in the CPU build, the emulator's NCCL collectives append one record each
+// (name, grid, block, FLOPs, bytes, stream). With timing,
 // each record also gets its device time: CUDA events around it on its stream under nvcc; under g++
 // the emulator runs work synchronously, so the same events measure the CPU's wall time.
 // Readers: the roofline tool (dev/roofline.cu), `train_gpt --profile-step`, dev/roofline.h.
