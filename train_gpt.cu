@@ -859,7 +859,7 @@ template <typename Attend> inline void gpt2_blocks_forward(GPT2& model, Attend&&
                                              p.lnfb, rows, C, model.stream);
         } else {
             CUDA_CHECK(recorded_copy(x.residual3, x.residual2, size_t(rows) * C * sizeof(floatX), cudaMemcpyDeviceToDevice,
-                                       model.stream));
+                                     model.stream));
             accumulate(x.residual3, mlp_out, size_t(rows) * C, model.stream);
         }
     }
@@ -958,7 +958,7 @@ inline void gpt2_upload(GPT2& model, const int* inputs_host, const int* targets_
         if (model.options.doc_mask) {
             context_first_keys(up.first_keys, up.doc_start, B, zigzag, rank);
             CUDA_CHECK(recorded_copy(model.doc_start, up.first_keys, size_t(n) * padded_BT * sizeof(int),
-                                       cudaMemcpyHostToDevice, stream));
+                                     cudaMemcpyHostToDevice, stream));
         }
     }
     if (model.options.uses_token_positions()) {  // restarted per document, the zigzag chunks' (--cp), or both
@@ -967,7 +967,7 @@ inline void gpt2_upload(GPT2& model, const int* inputs_host, const int* targets_
             up.token_positions[i] = model.options.doc_positions ? position - up.doc_start[i] : position;
         }
         CUDA_CHECK(recorded_copy(model.token_positions, up.token_positions, padded_BT * sizeof(int), cudaMemcpyHostToDevice,
-                                   stream));
+                                 stream));
     }
     // A backward pass follows (dlogits are written): its grouping now, while the device runs ahead
     // (the embeddings' backward: the first pipeline stage's).
@@ -975,7 +975,7 @@ inline void gpt2_upload(GPT2& model, const int* inputs_host, const int* targets_
         if (model.options.first_stage()) {
             up.encoder = encoder_grouping_of(model, up);
             CUDA_CHECK(recorded_copy(model.bwd.encoder_scratch, up.encoder.ints, up.encoder.count * sizeof(int),
-                                       cudaMemcpyHostToDevice, stream));
+                                     cudaMemcpyHostToDevice, stream));
         }
         *up.grad_scale = grad_scale;
         CUDA_CHECK(recorded_copy(model.bwd.grad_scale, up.grad_scale, sizeof(float), cudaMemcpyHostToDevice, stream));
@@ -1631,7 +1631,7 @@ inline void pipeline_micro_steps(Trainer& tr, const std::vector<const int*>& inp
             gpt2_forward_kernels(m, /*with_targets=*/true, /*write_dlogits=*/true);
             if (classifies(m))
                 CUDA_CHECK(recorded_copy(losses + size_t(j) * BT, m.acts.losses, BT * sizeof(float), cudaMemcpyDeviceToHost,
-                                           m.stream));
+                                         m.stream));
         } else {
             const int k = slot_of(j, a.op.chunk);
             select_micro_batch(m, k);
@@ -1732,7 +1732,7 @@ inline void forward_token_losses(GPT2& m, const int* inputs, const int* targets,
     if (m.options.last_stage())
         for (int b = 0; b < B; ++b)
             CUDA_CHECK(recorded_copy(losses + size_t(b) * T, m.acts.losses + size_t(b) * m.T, size_t(T) * sizeof(float),
-                                       cudaMemcpyDeviceToHost, m.stream));
+                                     cudaMemcpyDeviceToHost, m.stream));
     CUDA_CHECK(cudaStreamSynchronize(m.stream));
     from_last_stage(m, losses, size_t(B) * T);
 }

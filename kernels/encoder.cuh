@@ -320,7 +320,7 @@ inline EncoderGroupingCounts write_grouping(int* out, const std::vector<int>& or
     *g.splits = counts.splits;
     counts.items = int(items.size());
     // Item i's place: after every longer item and the items of its length before it.
-    std::vector<int> place_of_length(kEncoderRowsPerPiece + 2, 0);  // [rows]: the first place of that length
+    std::vector<int> place_of_length(kEncoderRowsPerPiece + 1, 0);  // [rows], 1..64: the first place of that length
     for (const Item& item : items) ++place_of_length[size_t(item.rows)];
     for (int rows = kEncoderRowsPerPiece, place = 0; rows >= 1; --rows) {
         const int n = place_of_length[size_t(rows)];
