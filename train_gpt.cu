@@ -392,7 +392,7 @@ inline MemoryPlan gpt2_memory_plan(const GPT2Config& whole, int B, int T, const 
     plan.add("dbuf_c", "workspace", BT * C * X);
     plan.add("dbuf_4c", "workspace", BT * 4 * Ct * X);
     const int n = int(BT), ci = int(C), ct = int(Ct), vp = int(Vr);
-    const size_t scratch = std::max({layernorm_backward_scratch_floats(n, ci), matmul_backward_scratch_floats(n, 3 * ct),
+    const size_t scratch = std::max({layernorm_backward_scratch_floats(n, ci, layernorm_sums_residual_bias(ci)), matmul_backward_scratch_floats(n, 3 * ct),
                                      matmul_backward_scratch_floats(n, 4 * ct), matmul_backward_scratch_floats(n, ci),
                                      matmul_backward_scratch_floats(n, vp),
                                      options.attention == Attention::tc
@@ -1255,18 +1255,23 @@ inline void gpt2_backward(GPT2& model, const std::function<void(int)>& layer_don
         // MLP branch. dresidual holds the gradient of residual3; the DGELU epilogue turns the gradient of
         // fch_gelu into the gradient of fch directly. Under tensor parallelism each rank's hidden units
         // give a part of ln2's gradient: summed over the group (Megatron's f; with sequence parallelism
-        // each rank gets its rows' sums).
-        matmul_backward(mm, b.dbuf_4c, dw.fcprojw, dw.fcprojb, b.scratch, gather_sequence(model, b.dresidual), x.fch_gelu,
-                        w.fcprojw, BT, 4 * Ct, C, stream, x.fch);
+        // each rank gets its rows' sums). The two projections' bias gradients, column sums of dresidual
+        // before and after ln2's gradient joins it, are summed by ln2's backward, which reads and writes
+        // dresidual anyway (kernels/layernorm.cuh, ResidualBiasGrads; rows up to C = 2048, every GPT-2
+        // size: wider ones leave them to the matmuls).
+        const ResidualBiasGrads ln2_sums = layernorm_sums_residual_bias(C) ? ResidualBiasGrads{dw.fcprojb, dw.attprojb}
+                                                                           : ResidualBiasGrads{};
+        matmul_backward(mm, b.dbuf_4c, dw.fcprojw, ln2_sums.any() ? nullptr : dw.fcprojb, b.scratch,
+                        gather_sequence(model, b.dresidual), x.fch_gelu, w.fcprojw, BT, 4 * Ct, C, stream, x.fch);
         matmul_backward(mm, b.dbuf_c, dw.fcw, dw.fcb, b.scratch, b.dbuf_4c, gather_sequence(model, x.ln2), w.fcw, BT, C,
                         4 * Ct, stream);
         const floatX* dln2 = sum_over_tensor_ranks(model, b.dbuf_c);
         // ln2's gradient joins the residual path: dresidual becomes the gradient of residual2.
         layernorm_backward(b.dresidual, dw.ln2w, dw.ln2b, b.scratch, dln2, x.residual2, w.ln2w, x.ln2_mean, x.ln2_rstd,
-                           rows, C, stream);
+                           rows, C, stream, ln2_sums);
         // Attention branch. Recomputation rebuilds ln1 in the buffer ln2 took over (ln2 is no longer read).
-        matmul_backward(mm, b.dbuf_c, dw.attprojw, dw.attprojb, b.scratch, gather_sequence(model, b.dresidual), x.atty,
-                        w.attprojw, BT, Ct, C, stream);
+        matmul_backward(mm, b.dbuf_c, dw.attprojw, ln2_sums.any() ? nullptr : dw.attprojb, b.scratch,
+                        gather_sequence(model, b.dresidual), x.atty, w.attprojw, BT, Ct, C, stream);
         const int* doc_mask = model.options.doc_mask ? model.doc_start : nullptr;
         if (model.options.context_parallel > 1)
             ring_attention_backward(model.context, b.dbuf_4c, b.scratch, b.dbuf_c, x.qkv, x.atty, x.att_lse, B,
@@ -1403,9 +1408,10 @@ inline void trainer_free(Trainer& tr) {
     CUDA_CHECK(cudaStreamDestroy(tr.model.stream));
 }
 
-// Sequence parallelism: a tensor rank's LayerNorm parameter gradients cover its rows only; summed over
-// the tensor group (on the compute stream, with the group's other collectives) where the gradients are
-// reduced, so that every rank holds the whole, alike. Layer l's (l = -1: the final LayerNorm's).
+// Sequence parallelism: a tensor rank's LayerNorm parameter gradients cover its rows only, and so do the
+// projections' bias gradients that ln2's backward sums; summed over the tensor group (on the compute
+// stream, with the group's other collectives) where the gradients are reduced, so that every rank holds
+// the whole, alike. Layer l's (l = -1: the final LayerNorm's).
 inline void sum_layernorm_gradients(GPT2& m, int l) {
     if (!m.options.sequence_parallel || (l < 0 && !m.options.last_stage())) return;  // lnf: the last stage's
     const size_t C = size_t(m.config.channels);
@@ -1413,6 +1419,9 @@ inline void sum_layernorm_gradients(GPT2& m, int l) {
     if (l >= 0) {
         const LayerTensors dw = layer_grads(m, l);
         for (floatX* t : {dw.ln1w, dw.ln1b, dw.ln2w, dw.ln2b}) tensor_all_reduce(m.tensor, t, C, m.stream);
+        // Where ln2's backward summed them; else the matmuls' sums of the gathered rows are whole already.
+        if (layernorm_sums_residual_bias(int(C)))
+            for (floatX* t : {dw.attprojb, dw.fcprojb}) tensor_all_reduce(m.tensor, t, C, m.stream);
     } else {
         tensor_all_reduce(m.tensor, m.grads.lnfw, 2 * C, m.stream);  // lnfw, lnfb: adjacent
     }

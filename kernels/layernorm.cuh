@@ -310,6 +310,15 @@ inline void fused_residual_layernorm_forward(floatX* residual, floatX* out, floa
 // blockIdx.x, blockIdx.x + gridDim.x, ...; a thread owns 8 channels for all of its block's rows,
 // so its parameter-gradient sums stay in registers, and the block writes one partial row of 2C
 // floats. layernorm_param_grads_kernel then sums the partials in block order.
+//
+// The residual stream's LayerNorm (dinp is the residual's gradient, added to) can also sum dinp's
+// columns for the two linears around it (ResidualBiasGrads): dinp holds, on entry, the gradient of
+// the output of the linear before it in the backward pass, and on return that of the linear after
+// it, and a linear's bias gradient is the column sum of its output's gradient. In GPT-2's ln2 those
+// are the MLP projection (fcprojb) and the attention projection (attprojb). The kernel reads and
+// writes every dinp row anyway, so the sums cost registers, where the matmul's column-sum kernels
+// read the gradient again (at d12 B=64 on an H100: 24 launches of 100 MB and their finishing
+// launches a step). Their partial rows follow the LayerNorm's: 4C floats a block.
 
 constexpr int kLayernormBackwardMaxBlocks = 1024;
 constexpr int kLayernormBackwardMinRowsPerBlock = 8;  // amortizes the 2C-float partial per block
@@ -318,8 +327,22 @@ inline int layernorm_backward_blocks(int N) {
     return std::clamp(int(ceil_div(std::max(N, 1), kLayernormBackwardMinRowsPerBlock)), 1, kLayernormBackwardMaxBlocks);
 }
 
-inline size_t layernorm_backward_scratch_floats(int N, int C) {
-    return size_t(layernorm_backward_blocks(N)) * 2 * size_t(std::max(C, 0));
+// The bias gradients of the linears whose output gradients a residual LayerNorm's dinp holds: on entry
+// (`incoming`) and as written (`outgoing`, the rounded values the next matmul reads). Both or neither.
+struct ResidualBiasGrads {
+    floatX* incoming = nullptr;
+    floatX* outgoing = nullptr;
+    bool any() const { return incoming != nullptr || outgoing != nullptr; }
+};
+
+// C-float sets in a block's partial row: dweight, dbias, and with the residual's bias gradients their two.
+template <bool kResidualBias> constexpr int kLayernormPartialSets = kResidualBias ? 4 : 2;
+inline int layernorm_partial_sets(bool residual_bias) {
+    return residual_bias ? kLayernormPartialSets<true> : kLayernormPartialSets<false>;
+}
+
+inline size_t layernorm_backward_scratch_floats(int N, int C, bool residual_bias = false) {
+    return size_t(layernorm_backward_blocks(N)) * layernorm_partial_sets(residual_bias) * size_t(std::max(C, 0));
 }
 
 // kRows: rows taken together. Their statistics and this thread's dout and inp packs are loaded
@@ -332,10 +355,28 @@ inline size_t layernorm_backward_scratch_floats(int N, int C) {
 constexpr int kLayernormRowsPerRound = 4;
 constexpr int kLayernormBatchedThreads = 256;
 
-template <int kRows>
+// The block size of the backward's form for rows of C: up to kLayernormBatchedThreads threads the
+// batched form, past it the one-row form.
+inline unsigned layernorm_backward_threads(int C) { return ceil_div(ceil_div(C, kLayernormChannelsPerThread), 32) * 32; }
+
+// Whether the backward can sum the residual's bias gradients for rows of C: in the batched form only
+// (C <= 2048; every GPT-2 size), whose 256-thread blocks leave registers for the two sums. The one-row
+// form's blocks of up to 1024 threads have 64 registers a thread, and with the sums it spilled (sm_90:
+// 90 bytes); wider models leave those gradients to the matmuls' column sums.
+inline bool layernorm_sums_residual_bias(int C) { return layernorm_backward_threads(C) <= unsigned(kLayernormBatchedThreads); }
+// Rows a round with those sums: 2. At 4 their 16 more registers a thread took the kernel to 166 (sm_90), so
+// a 224-thread block of d48 (C = 1600) would have a whole SM's registers (one block, 7 warps, where the
+// plain form runs two); at 2 rows it uses 125, and GPT-2's rows (768 to 1600 wide) keep the plain
+// form's occupancy or better. Asking ptxas for two blocks at 4 rows spilled 20 bytes. The rows a round do not
+// change a sum's order, so the bits are the same (test_kernel_layernorm).
+constexpr int kLayernormResidualBiasRowsPerRound = 2;
+
+
+template <int kRows, bool kResidualBias = false>
 static __global__ void __launch_bounds__(kRows > 1 ? kLayernormBatchedThreads : 1024)
     layernorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout, const floatX* inp, const floatX* weight,
                               const float* mean, const float* rstd, int N, int C) {
+    static_assert(!kResidualBias || kRows > 1, "the residual's bias sums ride in the batched form only (layernorm_sums_residual_bias)");
     using Pack = Packed128<floatX>;
     constexpr int kChannels = kLayernormChannelsPerThread;
     constexpr int kPacks = kChannels / Pack::size;
@@ -349,6 +390,8 @@ static __global__ void __launch_bounds__(kRows > 1 ? kLayernormBatchedThreads : 
     const bool owns_channels = c0 < C;  // the last warp may be partial: its idle lanes add zeros
 
     float dweight_sum[kChannels] = {}, dbias_sum[kChannels] = {};
+    // kResidualBias: the column sums of dinp as read and as written (ResidualBiasGrads).
+    float incoming_sum[kChannels] = {}, outgoing_sum[kChannels] = {};
     // The block's rows are blockIdx.x, blockIdx.x + gridDim.x, ...; a round takes kRows of them.
     const int stride = int(gridDim.x);
     int parity = 0;
@@ -431,24 +474,41 @@ static __global__ void __launch_bounds__(kRows > 1 ? kLayernormBatchedThreads : 
                 values(r, p, dy, xhat, dxhat);
                 floatX* grad = dinp + size_t(row) * C + c0 + p * Pack::size;
                 unpack_floats(g, load128(grad));
+                if constexpr (kResidualBias) {
+                    LANE_LOOP
+                    for (int k = 0; k < Pack::size; ++k) incoming_sum[p * Pack::size + k] += g[k];
+                }
                 LANE_LOOP
                 for (int k = 0; k < Pack::size; ++k)
                     g[k] = fmaf(row_rstd[r], fmaf(-xhat[k], mean_dxhat_xhat, dxhat[k] - mean_dxhat), g[k]);
-                store128(grad, pack_floats<floatX>(g));
+                const Pack written = pack_floats<floatX>(g);
+                store128(grad, written);
+                if constexpr (kResidualBias) {
+                    unpack_floats(g, written);  // the rounded values: what the next matmul reads
+                    LANE_LOOP
+                    for (int k = 0; k < Pack::size; ++k) outgoing_sum[p * Pack::size + k] += g[k];
+                }
             }
         }
     }
     if (!owns_channels) return;
-    // partials row blockIdx.x: [dweight sums (C) | dbias sums (C)]
-    float* partial = partials + size_t(blockIdx.x) * 2 * C + c0;
+    // partials row blockIdx.x: [dweight sums (C) | dbias sums (C)], then with kResidualBias
+    // [incoming sums (C) | outgoing sums (C)]
+    float* partial = partials + size_t(blockIdx.x) * kLayernormPartialSets<kResidualBias> * C + c0;
     for (int p = 0; p < kChannels / 4; ++p) {
-        Packed128<float> w, b;
+        Packed128<float> w, b, in, out;
         for (int k = 0; k < 4; ++k) {
             w[k] = dweight_sum[p * 4 + k];
             b[k] = dbias_sum[p * 4 + k];
+            in[k] = incoming_sum[p * 4 + k];
+            out[k] = outgoing_sum[p * 4 + k];
         }
         store128(partial + p * 4, w);
         store128(partial + C + p * 4, b);
+        if constexpr (kResidualBias) {
+            store128(partial + 2 * C + p * 4, in);
+            store128(partial + 3 * C + p * 4, out);
+        }
     }
 }
 
@@ -462,41 +522,63 @@ inline int layernorm_reduce_slices(int partial_rows) {
     return std::clamp(partial_rows / kLayernormRowsPerSlice, 1, kLayernormReduceSlices);
 }
 
-static __global__ void layernorm_param_grads_kernel(floatX* dweight, floatX* dbias, const float* partials, int blocks, int C) {
+// The gradients a partial row's C-float sets are added into, in the row's order.
+struct LayernormGradTargets {
+    floatX* sets[4];
+};
+
+static __global__ void layernorm_param_grads_kernel(LayernormGradTargets targets, const float* partials, int blocks, int C,
+                                                    int sets) {
     __shared__ float slice_sums[kLayernormReduceSlices][32];
-    const int column = int(blockIdx.x * 32 + threadIdx.x);
-    const bool in_range = column < 2 * C;
+    const int column = int(blockIdx.x * 32 + threadIdx.x), row_floats = sets * C;
+    const bool in_range = column < row_floats;
     float sum = 0.0f;
     if (in_range)
-        for (int b = int(threadIdx.y); b < blocks; b += int(blockDim.y)) sum += partials[size_t(b) * 2 * C + column];
+        for (int b = int(threadIdx.y); b < blocks; b += int(blockDim.y)) sum += partials[size_t(b) * row_floats + column];
     slice_sums[threadIdx.y][threadIdx.x] = sum;
     __syncthreads();
     if (threadIdx.y != 0 || !in_range) return;
     float total = 0.0f;
     for (int s = 0; s < int(blockDim.y); ++s) total += slice_sums[s][threadIdx.x];
-    floatX* grad = column < C ? dweight + column : dbias + (column - C);
+    floatX* grad = targets.sets[column / C] + column % C;
     *grad = from_float<floatX>(to_float(*grad) + total);
 }
 
+// scratch: layernorm_backward_scratch_floats(N, C, residual_bias.any()) floats.
 inline void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias, float* scratch, const floatX* dout,
                                const floatX* inp, const floatX* weight, const float* mean, const float* rstd, int N,
-                               int C, cudaStream_t stream) {
+                               int C, cudaStream_t stream, ResidualBiasGrads residual_bias = {}) {
     require_supported("layernorm_backward", layernorm_requirements(C));
     require_supported("layernorm_backward", layernorm_rows_problem(N));
+    const bool with_bias = residual_bias.any();
+    require_supported("layernorm_backward", with_bias && (!residual_bias.incoming || !residual_bias.outgoing)
+                                                ? "layernorm: residual bias gradients need both incoming and outgoing"
+                                                : "");
+    require_supported("layernorm_backward", with_bias && !layernorm_sums_residual_bias(C)
+                                                ? "layernorm: residual bias gradients need C <= " +
+                                                      std::to_string(kLayernormBatchedThreads * kLayernormChannelsPerThread) +
+                                                      " (C = " + std::to_string(C) + "; layernorm_sums_residual_bias)"
+                                                : "");
     if (N == 0) return;
-    const int blocks = layernorm_backward_blocks(N);
-    const unsigned threads = ceil_div(ceil_div(C, kLayernormChannelsPerThread), 32) * 32;
-    // dout, inp read; dinp read and written (+=); weight, mean, rstd read; the partials written.
-    const double nc = double(N) * C, X = sizeof(floatX), partial_floats = double(blocks) * 2 * C;
-    const KernelCost cost{14.0 * nc, 4.0 * nc * X + double(C) * X + 2.0 * N * sizeof(float) + partial_floats * sizeof(float)};
-    if (threads <= unsigned(kLayernormBatchedThreads))
-        launch<layernorm_backward_kernel<kLayernormRowsPerRound>>(cost, dim3(blocks), dim3(threads), 0, stream, dinp, scratch,
-                                                                  dout, inp, weight, mean, rstd, N, C);
-    else
-        launch<layernorm_backward_kernel<1>>(cost, dim3(blocks), dim3(threads), 0, stream, dinp, scratch, dout, inp, weight,
-                                             mean, rstd, N, C);
-    // The partials summed (one add each) and added into dweight and dbias (read and written).
-    const KernelCost reduce_cost{partial_floats + 2.0 * C, partial_floats * sizeof(float) + 4.0 * C * X};
-    launch<layernorm_param_grads_kernel>(reduce_cost, dim3(ceil_div(2 * size_t(C), 32)), dim3(32, layernorm_reduce_slices(blocks)),
-                                         0, stream, dweight, dbias, scratch, blocks, C);
+    const int blocks = layernorm_backward_blocks(N), sets = layernorm_partial_sets(with_bias);
+    const unsigned threads = layernorm_backward_threads(C);
+    // dout, inp read; dinp read and written (+=); weight, mean, rstd read; the partials written. The
+    // residual's column sums: two adds an element, no bytes beyond their partials.
+    const double nc = double(N) * C, X = sizeof(floatX), partial_floats = double(blocks) * sets * C;
+    const KernelCost cost{(with_bias ? 16.0 : 14.0) * nc,
+                          4.0 * nc * X + double(C) * X + 2.0 * N * sizeof(float) + partial_floats * sizeof(float)};
+    auto run = [&](auto rows, auto bias) {
+        launch<layernorm_backward_kernel<decltype(rows)::value, decltype(bias)::value>>(cost, dim3(blocks), dim3(threads), 0, stream,
+                                                                                       dinp, scratch, dout, inp, weight, mean,
+                                                                                       rstd, N, C);
+    };
+    using std::integral_constant;
+    if (threads > unsigned(kLayernormBatchedThreads)) run(integral_constant<int, 1>{}, std::false_type{});
+    else if (with_bias) run(integral_constant<int, kLayernormResidualBiasRowsPerRound>{}, std::true_type{});
+    else run(integral_constant<int, kLayernormRowsPerRound>{}, std::false_type{});
+    // The partials summed (one add each) and added into the gradients (read and written).
+    const KernelCost reduce_cost{partial_floats + sets * double(C), partial_floats * sizeof(float) + 2.0 * sets * C * X};
+    const LayernormGradTargets targets{{dweight, dbias, residual_bias.incoming, residual_bias.outgoing}};
+    launch<layernorm_param_grads_kernel>(reduce_cost, dim3(ceil_div(size_t(sets) * C, 32)), dim3(32, layernorm_reduce_slices(blocks)),
+                                         0, stream, targets, scratch, blocks, C, sets);
 }

@@ -16,8 +16,8 @@
 // are its columns (kernels/classifier.cuh, the vocabulary-parallel classifier).
 // Everything else (the position embedding, LayerNorms, the biases added after a sum) is replicated:
 // every rank of the group computes it identically from identical inputs, so its gradients agree
-// bitwise across the group and need no reduction there (with sequence parallelism the LayerNorms'
-// are summed over the group, train_gpt.cu).
+// bitwise across the group and need no reduction there (with sequence parallelism the LayerNorms' and
+// the projection biases' that ln2's backward sums over its rows are summed over the group, train_gpt.cu).
 //
 // The flat parameter buffer of a rank holds its slices in llm.c's tensor order (tensor_parallel_sizes);
 // parallel/pipeline.h's model_shard / model_unshard convert between it and the whole model's buffer
@@ -148,8 +148,8 @@ inline void for_each_tensor_piece(const GPT2Config& c, int tp, int rank, int ten
 // backward (the residual gradient twice, ln2, ln1), selective recompute ln2 once more, full recompute
 // the block's forward up to the MLP (2 all-gathers, 1 reduce-scatter); per micro-step lnf twice
 // (forward, backward) and the residual gradient for the embeddings. Either way one small all-gather of
-// the classifier's row statistics (3 floats a token). (The LayerNorm parameter gradients' all-reduces
-// with sequence parallelism, 4C per layer, are left out.) Timed at H100 NVLink 4's 450 GB/s per
+// the classifier's row statistics (3 floats a token). (The small all-reduces with sequence parallelism,
+// the LayerNorm parameter gradients and the projections' biases, 6C per layer, are left out.) Timed at H100 NVLink 4's 450 GB/s per
 // direction (an assumption: NCCL reaches less on small messages).
 constexpr double kAssumedNvlinkBytesPerSecond = 450e9;
 inline TensorTraffic tensor_traffic(const GPT2Config& c, int B, int T, int tp, bool sequence_parallel, Recompute recompute,

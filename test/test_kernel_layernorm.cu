@@ -260,6 +260,89 @@ TEST_CASE("layernorm_backward accumulates dinp, dweight, dbias, deterministicall
     }
 }
 
+// The residual stream's LayerNorm summing the bias gradients of the linears around it
+// (ResidualBiasGrads): `incoming` += the column sums of dinp as it was on entry, `outgoing` += those of
+// dinp as written (the rounded values a matmul reads next), against double sums of the same values;
+// dinp, dweight and dbias keep the plain backward's bits (the same arithmetic in the same order).
+TEST_CASE("layernorm_backward sums the residual's bias gradients from dinp as read and as written") {
+    std::mt19937 rng(17);
+    std::vector<Shape> shapes(std::begin(kShapes), std::end(kShapes));
+    shapes.push_back({9001, 16, 1.0f});  // a capped grid: blocks of 8 or 9 rows
+    shapes.push_back({21, 2048, 1.0f});  // the widest row the batched form takes
+    int fused_shapes = 0;
+    for (const Shape& s : shapes) {
+        INFO("N = " << s.N << ", C = " << s.C);
+        if (!layernorm_sums_residual_bias(s.C)) continue;  // wider rows: refused, below
+        ++fused_shapes;
+        const size_t size = size_t(s.N) * s.C;
+        const auto inp = random_floatX(size, s.offset - 1.5f, s.offset + 1.5f, rng);
+        const auto dout = random_floatX(size, -1.0f, 1.0f, rng), weight = random_floatX(s.C, -1.5f, 1.5f, rng);
+        const ForwardReference forward = layernorm_reference(as_double(inp), weight, weight, s.N, s.C);
+        std::vector<float> mean(forward.mean.begin(), forward.mean.end()), rstd(forward.rstd.begin(), forward.rstd.end());
+        const auto dinp_init = random_floatX(size, -0.5f, 0.5f, rng);
+        const auto dweight_init = random_floatX(s.C, -2.0f, 2.0f, rng), dbias_init = random_floatX(s.C, -2.0f, 2.0f, rng);
+        const auto incoming_init = random_floatX(s.C, -2.0f, 2.0f, rng), outgoing_init = random_floatX(s.C, -2.0f, 2.0f, rng);
+
+        DeviceBuffer<floatX> d_inp(inp), d_dout(dout), d_weight(weight);
+        DeviceBuffer<float> d_mean(mean), d_rstd(rstd);
+        struct Result {
+            std::vector<floatX> dinp, dweight, dbias, incoming, outgoing;
+        };
+        auto run = [&](bool residual_bias, unsigned char poison) {
+            DeviceBuffer<float> scratch(layernorm_backward_scratch_floats(s.N, s.C, residual_bias));  // exact: ASan sees overruns
+            scratch.fill_bytes(poison);  // 0xFF: NaN, so scratch the kernels did not write cannot pass
+            DeviceBuffer<floatX> dinp(dinp_init), dweight(dweight_init), dbias(dbias_init), incoming(incoming_init),
+                outgoing(outgoing_init);
+            const ResidualBiasGrads bias = residual_bias ? ResidualBiasGrads{incoming.ptr, outgoing.ptr} : ResidualBiasGrads{};
+            layernorm_backward(dinp.ptr, dweight.ptr, dbias.ptr, scratch.ptr, d_dout.ptr, d_inp.ptr, d_weight.ptr, d_mean.ptr,
+                               d_rstd.ptr, s.N, s.C, nullptr, bias);
+            return Result{dinp.download(), dweight.download(), dbias.download(), incoming.download(), outgoing.download()};
+        };
+        const Result plain = run(false, 0xFF), fused = run(true, 0xFF);
+        CHECK(bitwise_equal(fused.dinp, plain.dinp));
+        CHECK(bitwise_equal(fused.dweight, plain.dweight));
+        CHECK(bitwise_equal(fused.dbias, plain.dbias));
+        CHECK(bitwise_equal(plain.incoming, incoming_init));  // without them nothing is written there
+        CHECK(bitwise_equal(plain.outgoing, outgoing_init));
+
+        // Column sums in double of what dinp held before and after: FP32 sums of N terms, rounded once.
+        std::vector<double> incoming_want(s.C), incoming_scale(s.C), outgoing_want(s.C), outgoing_scale(s.C);
+        for (int c = 0; c < s.C; ++c) {
+            incoming_want[c] = value(incoming_init[c]), incoming_scale[c] = std::abs(incoming_want[c]);
+            outgoing_want[c] = value(outgoing_init[c]), outgoing_scale[c] = std::abs(outgoing_want[c]);
+        }
+        for (int n = 0; n < s.N; ++n)
+            for (int c = 0; c < s.C; ++c) {
+                const double before = value(dinp_init[size_t(n) * s.C + c]), after = value(fused.dinp[size_t(n) * s.C + c]);
+                incoming_want[c] += before, incoming_scale[c] += std::abs(before);
+                outgoing_want[c] += after, outgoing_scale[c] += std::abs(after);
+            }
+        check_close("incoming", fused.incoming, incoming_want, incoming_scale);
+        check_close("outgoing", fused.outgoing, outgoing_want, outgoing_scale);
+        CHECK(!bitwise_equal(fused.incoming, incoming_init));  // the sums did add something
+        CHECK(!bitwise_equal(fused.outgoing, outgoing_init));
+
+        // Deterministic, whatever the scratch held.
+        const Result again = run(true, 0x3C);
+        CHECK(bitwise_equal(again.incoming, fused.incoming));
+        CHECK(bitwise_equal(again.outgoing, fused.outgoing));
+        CHECK(bitwise_equal(again.dinp, fused.dinp));
+    }
+    CHECK(fused_shapes == 8);  // every shape up to C = 2048
+    CHECK(layernorm_sums_residual_bias(2048));
+    CHECK(!layernorm_sums_residual_bias(2056));
+    // One of the two alone is refused, and so are rows wider than the batched form takes, naming the
+    // launcher and what is wrong.
+    DeviceBuffer<floatX> x(size_t(8) * 4096), w(4096), b(4096), t(4096), u(4096);
+    DeviceBuffer<float> stats(8), scratch(layernorm_backward_scratch_floats(8, 4096, true));
+    CHECK_THROWS_WITH(layernorm_backward(x.ptr, w.ptr, b.ptr, scratch.ptr, x.ptr, x.ptr, w.ptr, stats.ptr, stats.ptr, 8, 8,
+                                         nullptr, ResidualBiasGrads{t.ptr, nullptr}),
+                      Catch::Contains("layernorm_backward") && Catch::Contains("both incoming and outgoing"));
+    CHECK_THROWS_WITH(layernorm_backward(x.ptr, w.ptr, b.ptr, scratch.ptr, x.ptr, x.ptr, w.ptr, stats.ptr, stats.ptr, 8, 4096,
+                                         nullptr, ResidualBiasGrads{t.ptr, u.ptr}),
+                      Catch::Contains("layernorm_backward") && Catch::Contains("C <= 2048 (C = 4096"));
+}
+
 TEST_CASE("layernorm_requirements accepts multiples of 8 up to 8192 and names a bad C") {
     for (int C : {8, 768, 1600, 8192}) CHECK(layernorm_requirements(C).empty());
     CHECK(layernorm_requirements(100) == "layernorm: C = 100 is not a positive multiple of 8");
@@ -269,6 +352,7 @@ TEST_CASE("layernorm_requirements accepts multiples of 8 up to 8192 and names a 
     // Scratch stays bounded however many rows there are.
     CHECK(layernorm_backward_scratch_floats(65536, 1600) == size_t(kLayernormBackwardMaxBlocks) * 2 * 1600);
     CHECK(layernorm_backward_scratch_floats(111, 200) == size_t(14) * 2 * 200);
+    CHECK(layernorm_backward_scratch_floats(111, 200, /*residual_bias=*/true) == size_t(14) * 4 * 200);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -411,7 +495,7 @@ TEST_CASE("layernorm backward: the batched form gives the one-row form's bits") 
         DeviceBuffer<floatX> d_inp(inp), d_dout(dout), d_weight(weight);
         DeviceBuffer<float> d_mean(mean), d_rstd(rstd);
         const int blocks = layernorm_backward_blocks(s.N);
-        const unsigned threads = ceil_div(ceil_div(s.C, kLayernormChannelsPerThread), 32) * 32;
+        const unsigned threads = layernorm_backward_threads(s.C);
         REQUIRE(threads <= unsigned(kLayernormBatchedThreads));
         auto run = [&](auto rows) {
             DeviceBuffer<floatX> dinp(dinp_init);
@@ -426,5 +510,23 @@ TEST_CASE("layernorm backward: the batched form gives the one-row form's bits") 
         CHECK(bitwise_equal(dinp_batched, dinp_plain));
         CHECK(partials_batched == partials_plain);
         CHECK(!bitwise_equal(dinp_plain, dinp_init));  // the kernels did add something
+        // With the residual's bias sums (kLayernormResidualBiasRowsPerRound rows a round): the same dinp
+        // and LayerNorm partials, and the bias partials the same at 4 rows a round.
+        auto run_with_bias = [&](auto rows) {
+            DeviceBuffer<floatX> dinp(dinp_init);
+            DeviceBuffer<float> partials(layernorm_backward_scratch_floats(s.N, s.C, true));
+            launch<layernorm_backward_kernel<decltype(rows)::value, true>>(dim3(blocks), dim3(threads), 0, nullptr, dinp.ptr,
+                                                                           partials.ptr, d_dout.ptr, d_inp.ptr, d_weight.ptr,
+                                                                           d_mean.ptr, d_rstd.ptr, s.N, s.C);
+            return std::pair(dinp.download(), partials.download());
+        };
+        static_assert(kLayernormResidualBiasRowsPerRound != kLayernormRowsPerRound, "two round sizes compared");
+        const auto [dinp_bias, partials_bias] = run_with_bias(std::integral_constant<int, kLayernormResidualBiasRowsPerRound>{});
+        const auto [dinp_bias4, partials_bias4] = run_with_bias(std::integral_constant<int, kLayernormRowsPerRound>{});
+        CHECK(bitwise_equal(dinp_bias, dinp_plain));
+        CHECK(partials_bias == partials_bias4);
+        for (int b = 0; b < blocks; ++b)  // a block's row: the LayerNorm's 2C sums, then the two bias sets
+            CHECK(std::vector<float>(partials_bias.begin() + size_t(b) * 4 * s.C, partials_bias.begin() + size_t(b) * 4 * s.C + 2 * s.C) ==
+                  std::vector<float>(partials_plain.begin() + size_t(b) * 2 * s.C, partials_plain.begin() + size_t(b + 1) * 2 * s.C));
     }
 }

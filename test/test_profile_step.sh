@@ -27,7 +27,8 @@ for line in log.splitlines():
 # The default attention kernels: tensor cores in the BF16 build, SIMT in the FP32 one.
 expected = [r"encoder_forward_kernel", r"layernorm_forward_kernel<\d+, \d+>", r"fused_residual_layernorm_forward_kernel<\d+, \d+>",
             r"attention(_tc)?_forward_kernel<\d+.*", r"attention(_tc)?_backward_dkdv_kernel<\d+.*",
-            r"attention(_tc)?_backward_dq_kernel<\d+.*", r"fused_classifier_kernel", r"layernorm_backward_kernel<[14]>",
+            r"attention(_tc)?_backward_dq_kernel<\d+.*", r"fused_classifier_kernel", r"layernorm_backward_kernel<[14], false>",
+            r"layernorm_backward_kernel<2, true>",  # ln2: with the projections' bias gradients
             r"encoder_backward_wte_kernel", r"adamw_kernel", r"global_norm_partials_kernel",
             r"matmul_forward\(C=64, OC=256, bias, gelu\)", r"matmul_backward_dweight\(C=64, OC=50304\)"]
 found = {pattern: [name for name in rows if re.fullmatch(pattern, name)] for pattern in expected}

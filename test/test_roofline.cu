@@ -146,7 +146,8 @@ TEST_CASE("recording an executed step: every launch of the model, timed") {
         for (const std::string& name : std::vector<std::string>{"encoder_forward_kernel", layernorm_kernel("layernorm_forward_kernel"),
                                  layernorm_kernel("fused_residual_layernorm_forward_kernel"), attention_kernel("attention_forward_kernel"),
                                  attention_kernel("attention_backward_dkdv_kernel"), attention_kernel("attention_backward_dq_kernel"),
-                                 "fused_classifier_kernel", "layernorm_backward_kernel<4>",
+                                 "fused_classifier_kernel", "layernorm_backward_kernel<4, false>",
+                                 "layernorm_backward_kernel<2, true>",
                                  "encoder_backward_wte_kernel", "adamw_kernel", "global_norm_partials_kernel",
                                  "matmul_forward(C=64, OC=192, bias)", "matmul_forward(C=64, OC=256, bias, gelu)",
                                  "matmul_backward_dinp(C=256, OC=64, dgelu)", "matmul_backward_dweight(C=64, OC=512)"})
