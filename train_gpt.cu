@@ -560,6 +560,8 @@ inline void gpt2_build(GPT2& model, const GPT2Config& config, int B, int T, int 
         CUDA_CHECK(cudaEventCreateWithFlags(&up.copied, cudaEventDisableTiming));
     }
     model.matmul.autotune = options.matmul_autotune;
+    model.matmul.fuse_bias_grad = options.fuse_bias_grad;
+    model.matmul.bias_grad_in_output_type = options.bias_grad_in_output_type;
     // Micro-batch slot k's buffers: the k-th of each set of copies the backward pass reads, the one
     // buffer of the others (kept_for_backward).
     const int L = model.layers.most();  // per-layer activations: one chunk's layers
@@ -1908,6 +1910,7 @@ inline RunPlan plan_run(const RunConfig& rc, const Distributed& dist) {
     p.options = {.recompute = recompute_of(rc.recompute),
                  .attention = attention_of(rc.attention, kEmulatedDevice),
                  .doc_mask = rc.doc_mask, .doc_positions = rc.doc_positions, .matmul_autotune = rc.matmul_autotune,
+                 .fuse_bias_grad = rc.bias_grad != "kernels", .bias_grad_in_output_type = rc.bias_grad == "epilogue",
                  .fused_attention_backward = rc.attention_backward == "fused",
                  .cuda_graphs = rc.cuda_graphs == "on" && rc.pp == 1, .tensor_parallel = rc.tp,
                  .sequence_parallel = rc.tp > 1 && rc.sequence_parallel != "off", .pipeline_parallel = rc.pp,

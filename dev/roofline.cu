@@ -29,6 +29,7 @@ struct Options {
     std::string model = "d12", recompute = "none", launches_json;
     std::string attention = RunConfig{}.attention;  // train_gpt's default (host/config.h)
     std::string attention_backward = RunConfig{}.attention_backward;
+    std::string bias_grad = RunConfig{}.bias_grad;
     int B = 4, T = 1024, zero_stage = 1, world_size = 8;
     int tp = 1, pp = 1, pp_virtual = 1;  // tensor and pipeline parallelism (world = data x pp x tp)
     int cp = 1;                          // context parallelism (world = data x pp x cp x tp)
@@ -40,6 +41,7 @@ struct Options {
 const char* kUsage =
     "usage: roofline [-e d12|d24|d36|d48|tiny|mini] [-b B] [-t T] [-z ZERO_STAGE] [-w WORLD_SIZE]\n"
     "                [-r none|selective|full] [--attention auto|tc|simt] [--attention-backward split|fused]\n"
+    "                [--bias-grad auto|epilogue|kernels]\n"
     "                [-d TOTAL_BATCH_TOKENS]\n"
     "                [--layers L] [--heads NH] [--channels C] [--launches-json FILE]\n"
     "                [--tp N] [--pp N] [--pp-schedule afab|1f1b|interleaved] [--pp-virtual V] [--cp N]\n"
@@ -79,6 +81,7 @@ Options parse(int argc, char** argv) {
         else if (flag == "-r" || flag == "--recompute") o.recompute = value;
         else if (flag == "--attention") o.attention = value;
         else if (flag == "--attention-backward") o.attention_backward = value;
+        else if (flag == "--bias-grad") o.bias_grad = value;
         else if (flag == "--layers") o.layers = int(parse_int(flag, value));
         else if (flag == "--heads") o.heads = int(parse_int(flag, value));
         else if (flag == "--channels") o.channels = int(parse_int(flag, value));
@@ -173,6 +176,10 @@ int main(int argc, char** argv) {
         if (o.attention_backward != "split" && o.attention_backward != "fused")
             usage_error("--attention-backward must be one of split|fused, got '" + o.attention_backward + "'");
         options.fused_attention_backward = o.attention_backward == "fused";
+        if (o.bias_grad != "auto" && o.bias_grad != "epilogue" && o.bias_grad != "kernels")
+            usage_error("--bias-grad must be one of auto|epilogue|kernels, got '" + o.bias_grad + "'");
+        options.fuse_bias_grad = o.bias_grad != "kernels";
+        options.bias_grad_in_output_type = o.bias_grad == "epilogue";
         o.attention = attention_kernels_name(options);  // "auto" resolved, as printed and in the JSON
     } catch (const std::exception& e) {
         usage_error(e.what());

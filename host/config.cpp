@@ -126,6 +126,11 @@ inline const std::vector<Option>& options() {
         {"Parallelism and memory", 0, "matmul-autotune", &R::matmul_autotune,
          "at each GEMM shape's first use, time cuBLASLt's best candidates (up to 8) and keep the fastest; off: the "
          "heuristic's first. Picks by timing can differ between runs and ranks, and so can the results' last bits"},
+        {"Parallelism and memory", 0, "bias-grad", &R::bias_grad,
+         "the bias gradients the matmuls sum: auto (in the weight gradient's GEMM, cuBLASLt's BGRADB epilogue, "
+         "where it takes FP32 sums: the FP32 build; else our column-sum kernels), epilogue (also BGRADB's sums in "
+         "BF16 where FP32 ones are refused, one rounding more; not yet timed on a GPU), kernels (always ours). "
+         "ln2's backward sums the projections' biases either way", nullptr, {"auto", "epilogue", "kernels"}},
         {"Parallelism and memory", 0, "cuda-graphs", &R::cuda_graphs,
          "after the first step, capture each micro-step's forward, backward and gradient reduction into a CUDA "
          "graph once and replay it (one launch instead of one per kernel); off: launch every kernel",

@@ -202,6 +202,8 @@ struct ModelOptions {
     // buffers, and a key/value cache for one sequence of up to the build's B x T positions.
     bool inference = false;
     bool matmul_autotune = false;  // Matmul::autotune (kernels/matmul.cuh)
+    bool fuse_bias_grad = true;    // Matmul::fuse_bias_grad: --bias-grad auto or epilogue
+    bool bias_grad_in_output_type = false;  // Matmul::bias_grad_in_output_type: --bias-grad epilogue
     bool fused_attention_backward = false;  // --attention-backward fused (with Attention::tc)
     bool cuda_graphs = false;      // replay each micro-step from a CUDA graph (train_gpt.cu, run_micro_step)
     int tensor_parallel = 1;       // ranks each block's weights and heads are split over (parallel/tensor.h)

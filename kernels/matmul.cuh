@@ -63,6 +63,12 @@ struct Matmul {
     // The bias gradient in the weight gradient's GEMM (EPILOGUE_BGRADB) where cuBLASLt has an algorithm
     // for it; else, or when false, our column-sum kernels (bias_grad_*_kernel below).
     bool fuse_bias_grad = true;
+    // With fuse_bias_grad, where cuBLASLt refuses FP32 sums beside a BF16 D (an H100's cuBLAS 13): BGRADB
+    // in D's type, the documented default ("bias gradient vector elements are the same type as the output
+    // elements", cublasLt.h), before the kernels. Off by default (--bias-grad epilogue turns it on): the
+    // sums are then rounded to BF16 once more before they are added, and what the epilogue costs the GEMMs
+    // on a GPU is not measured (the weight gradients' GEMMs split k there, which BGRADB may forbid).
+    bool bias_grad_in_output_type = false;
     std::shared_ptr<matmul_detail::PlanCache> plans;  // made by matmul_create
 };
 
@@ -368,24 +374,27 @@ static __global__ void __launch_bounds__(32 * kBiasRowThreads)
 // 23 us a launch, 1.13 ms over a step's 48, for 0.4 MB of partials.
 constexpr int kBiasFinishChunksInFlight = 8;
 
-static __global__ void bias_grad_finish_kernel(floatX* dbias, const float* partials, int chunks, int OC) {
-    using FloatPack = Packed128<float>;
-    constexpr int kFloatPacks = kPack / FloatPack::size;
+// Partial: float (our partials, BGRADB's FP32 sums) or floatX (BGRADB's sums in D's type).
+template <typename Partial>
+static __global__ void bias_grad_finish_kernel(floatX* dbias, const Partial* partials, int chunks, int OC) {
+    using PartialPack = Packed128<Partial>;
+    constexpr int kPartialPacks = kPack / PartialPack::size;
     const int column = (blockIdx.x * blockDim.x + threadIdx.x) * kPack;
     if (column >= OC) return;
     float sums[kPack] = {};
     for (int first = 0; first < chunks; first += kBiasFinishChunksInFlight) {
         const int count = min(kBiasFinishChunksInFlight, chunks - first);
-        FloatPack p[kBiasFinishChunksInFlight][kFloatPacks];
+        PartialPack p[kBiasFinishChunksInFlight][kPartialPacks];
         FULL_UNROLL
         for (int c = 0; c < kBiasFinishChunksInFlight; ++c)
-            for (int i = 0; i < kFloatPacks; ++i)
-                p[c][i] = c < count ? load128(partials + size_t(first + c) * OC + column + i * FloatPack::size) : FloatPack::filled(0.0f);
+            for (int i = 0; i < kPartialPacks; ++i)
+                p[c][i] = c < count ? load128(partials + size_t(first + c) * OC + column + i * PartialPack::size)
+                                    : PartialPack::filled(0.0f);
         FULL_UNROLL
         for (int c = 0; c < kBiasFinishChunksInFlight; ++c)
             if (c < count)
-                for (int i = 0; i < kFloatPacks; ++i)
-                    for (int j = 0; j < FloatPack::size; ++j) sums[i * FloatPack::size + j] += p[c][i][j];
+                for (int i = 0; i < kPartialPacks; ++i)
+                    for (int j = 0; j < PartialPack::size; ++j) sums[i * PartialPack::size + j] += to_float(p[c][i][j]);
     }
     float bias[kPack];
     unpack_floats(bias, load128(dbias + column));
@@ -484,21 +493,27 @@ inline void matmul_backward(const Matmul& mm, floatX* dinp, floatX* dweight, flo
         run(mm, weight_grad, stream, weight_grad_name);
         return;
     }
-    // Fused: BGRADB sums op(B) = dout (N x OC) over k = N into one FP32 value per column of D, i.e.
-    // per output feature ("bias size = columns of D; the reduction happens over the GEMM's k
-    // dimension"), while the GEMM reads dout anyway. It overwrites its output, so it goes to
-    // scratch and the finishing kernel adds it into dbias (+=, one rounding), as after the partials.
+    // Fused: BGRADB sums op(B) = dout (N x OC) over k = N into one value per column of D, i.e. per
+    // output feature ("bias size = columns of D; the reduction happens over the GEMM's k dimension"),
+    // while the GEMM reads dout anyway: FP32 sums, or (bias_grad_in_output_type) sums in D's type
+    // where those are refused. It overwrites its output, so it goes to scratch and the finishing
+    // kernel adds it into dbias (+=, one rounding), as after the partials.
     const int threads = 128;
     const double X = sizeof(floatX);
     if (mm.fuse_bias_grad) {
         Gemm fused = weight_grad;
         fused.epilogue = CUBLASLT_EPILOGUE_BGRADB;
-        if (try_run(mm, fused, scratch, CUDA_R_32F, stream, record_name("matmul_backward_dweight", C, OC, {"dbias"}))) {
-            const KernelCost finish_cost{double(OC), double(OC) * sizeof(float) + 2.0 * OC * X};
-            launch<bias_grad_finish_kernel>(finish_cost, dim3(ceil_div(OC / kPack, threads)), dim3(threads), 0, stream, dbias,
-                                            (const float*)scratch, 1, OC);
-            return;
-        }
+        const auto finish = [&](auto partial) {
+            using Partial = decltype(partial);
+            const KernelCost finish_cost{double(OC), double(OC) * sizeof(Partial) + 2.0 * OC * X};
+            launch<bias_grad_finish_kernel<Partial>>(finish_cost, dim3(ceil_div(OC / kPack, threads)), dim3(threads), 0, stream,
+                                                     dbias, (const Partial*)scratch, 1, OC);
+        };
+        if (try_run(mm, fused, scratch, CUDA_R_32F, stream, record_name("matmul_backward_dweight", C, OC, {"dbias"})))
+            return finish(float{});
+        if (kFloatXType != CUDA_R_32F && mm.bias_grad_in_output_type &&
+            try_run(mm, fused, scratch, kFloatXType, stream, record_name("matmul_backward_dweight", C, OC, {"dbias bf16"})))
+            return finish(floatX{});
     }
     run(mm, weight_grad, stream, weight_grad_name);
     {
@@ -511,7 +526,7 @@ inline void matmul_backward(const Matmul& mm, floatX* dinp, floatX* dweight, flo
         launch<bias_grad_partial_kernel>(partial_cost, dim3(ceil_div(OC, kBiasColumnsPerBlock), used_chunks),
                                          dim3(32, kBiasRowThreads), 0, stream, scratch, dout, N, OC, rows_per_chunk);
         const KernelCost finish_cost{partial_floats + OC, partial_floats * sizeof(float) + 2.0 * OC * X};
-        launch<bias_grad_finish_kernel>(finish_cost, dim3(ceil_div(OC / kPack, threads)), dim3(threads), 0, stream, dbias,
-                                        (const float*)scratch, used_chunks, OC);
+        launch<bias_grad_finish_kernel<float>>(finish_cost, dim3(ceil_div(OC / kPack, threads)), dim3(threads), 0, stream, dbias,
+                                               (const float*)scratch, used_chunks, OC);
     }
 }

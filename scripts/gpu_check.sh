@@ -6,10 +6,11 @@
 #   test      the suite on the GPU (make test-gpu's CTest file): passed, failed, skipped, by name
 #   train     GPT-2 124M (d12) for 20 steps replayed from CUDA graphs, 20 launched kernel by kernel
 #             (--cuda-graphs off; the two models must match byte for byte), 20 with --matmul-autotune,
-#             20 with --attention-backward fused: median tokens/s, MFU
+#             20 with --attention-backward fused, 20 with --bias-grad epilogue: median tokens/s, MFU
 #   profile   --profile-step: every kernel's measured time beside its H100 roofline estimate, and the
 #             libraries' time per kernel family at the same shapes (dev/bench/library_baselines.py);
-#             the attention rows again with --attention-backward fused; each kernel's time against
+#             the attention rows again with --attention-backward fused, the weight gradients' GEMMs and
+#             bias-gradient kernels again with --bias-grad epilogue; each kernel's time against
 #             the first H100 profile (scripts/profile_delta.py: profile_delta.json)
 #   sanitize  compute-sanitizer memcheck, racecheck and synccheck over a short training run and the
 #             kernel tests
@@ -264,7 +265,7 @@ PY
 }
 
 stage_train() {
-  local start=$SECONDS rc=0 rc2=0 rc3=0 rc4=0 same=false train
+  local start=$SECONDS rc=0 rc2=0 rc3=0 rc4=0 rc5=0 same=false train
   ensure_train_gpt || { write_json "$out/train.json" stage=train ok=false error="train_gpt did not build"; return 1; }
   train=$(training_data)
   local common=(-e d12 -b "$B" -t "$T" -x 20 -l 6e-4 -u 5 -v 0 -s 0 -n 0 -i "$train" --overwrite)
@@ -281,43 +282,55 @@ stage_train() {
   # once this measures it faster.
   run_logged "$logs/train_fused_backward.log" "$gpu_dir/train_gpt" "${common[@]}" -o build/gpu_check_runs/fused_backward \
     --attention-backward fused || rc4=$?
+  # The qkv and fc bias gradients summed by BGRADB in BF16 (--bias-grad epilogue) instead of our column-sum
+  # kernels: the default once this measures it faster and its final loss matches the default run's.
+  run_logged "$logs/train_bias_grad_epilogue.log" "$gpu_dir/train_gpt" "${common[@]}" -o build/gpu_check_runs/bias_grad_epilogue \
+    --bias-grad epilogue || rc5=$?
   # shellcheck disable=SC2046
   write_json "$out/train.json" stage=train \
-    ok="$([ $rc = 0 ] && [ $rc2 = 0 ] && [ $rc3 = 0 ] && [ $rc4 = 0 ] && $same && echo true || echo false)" \
-    exit_code=$rc autotune_exit_code=$rc2 eager_exit_code=$rc3 fused_backward_exit_code=$rc4 graphs_model_equals_eager=$same \
+    ok="$([ $rc = 0 ] && [ $rc2 = 0 ] && [ $rc3 = 0 ] && [ $rc4 = 0 ] && [ $rc5 = 0 ] && $same && echo true || echo false)" \
+    exit_code=$rc autotune_exit_code=$rc2 eager_exit_code=$rc3 fused_backward_exit_code=$rc4 \
+    bias_grad_epilogue_exit_code=$rc5 graphs_model_equals_eager=$same \
     seconds=$((SECONDS - start)) B="$B" T="$T" data="$train" \
     $(median_figures build/gpu_check_runs/plain/metrics.jsonl "" 2>/dev/null) \
     $(median_figures build/gpu_check_runs/eager/metrics.jsonl eager_ 2>/dev/null) \
     $(median_figures build/gpu_check_runs/autotune/metrics.jsonl autotune_ 2>/dev/null) \
-    $(median_figures build/gpu_check_runs/fused_backward/metrics.jsonl fused_backward_ 2>/dev/null)
-  [ $rc = 0 ] && [ $rc2 = 0 ] && [ $rc3 = 0 ] && [ $rc4 = 0 ] && $same
+    $(median_figures build/gpu_check_runs/fused_backward/metrics.jsonl fused_backward_ 2>/dev/null) \
+    $(median_figures build/gpu_check_runs/bias_grad_epilogue/metrics.jsonl bias_grad_epilogue_ 2>/dev/null)
+  [ $rc = 0 ] && [ $rc2 = 0 ] && [ $rc3 = 0 ] && [ $rc4 = 0 ] && [ $rc5 = 0 ] && $same
 }
 
 stage_profile() {
-  local start=$SECONDS rc=0 fused_rc=0 lib_rc=0 train
+  local start=$SECONDS rc=0 fused_rc=0 epilogue_rc=0 lib_rc=0 train
   ensure_train_gpt || { write_json "$out/profile.json" stage=profile ok=false error="train_gpt did not build"; return 1; }
   train=$(training_data)
   run_logged "$logs/profile.log" "$gpu_dir/train_gpt" -e d12 -b "$B" -t "$T" -v 0 -s 0 -i "$train" --profile-step || rc=$?
   run_logged "$logs/profile_fused_backward.log" "$gpu_dir/train_gpt" -e d12 -b "$B" -t "$T" -v 0 -s 0 -i "$train" \
     --profile-step --attention-backward fused || fused_rc=$?
+  run_logged "$logs/profile_bias_grad_epilogue.log" "$gpu_dir/train_gpt" -e d12 -b "$B" -t "$T" -v 0 -s 0 -i "$train" \
+    --profile-step --bias-grad epilogue || epilogue_rc=$?
   # The libraries' time per kernel family at the same shapes (PyTorch: cuBLAS, FlashAttention/cuDNN, ...).
   rm -f "$logs/library.json"
   run_logged "$logs/library.log" python3 dev/bench/library_baselines.py -e d12 -b "$B" -t "$T" --json "$logs/library.json" ||
     lib_rc=$?
   python3 - "$logs/profile.log" "$out/profile.json" "$rc" "$((SECONDS - start))" "$B" "$T" "$logs/library.json" "$lib_rc" \
-    "$logs/profile_fused_backward.log" "$fused_rc" <<'PY'
+    "$logs/profile_fused_backward.log" "$fused_rc" "$logs/profile_bias_grad_epilogue.log" "$epilogue_rc" <<'PY'
 import json, os, sys
-log, dest, rc, seconds, b, t, library, lib_rc, fused_log, fused_rc = sys.argv[1:11]
-rc, lib_rc, fused_rc = int(rc), int(lib_rc), int(fused_rc)
+log, dest, rc, seconds, b, t, library, lib_rc, fused_log, fused_rc, epilogue_log, epilogue_rc = sys.argv[1:13]
+rc, lib_rc, fused_rc, epilogue_rc = int(rc), int(lib_rc), int(fused_rc), int(epilogue_rc)
 lines = [l.rstrip("\n") for l in open(log, errors="replace")]
 summary = [l for l in lines if l.startswith(("measured", "H100 SXM roofline estimate"))]
 host = [l for l in lines if l.startswith("host: ")]  # the batch uploads' host time, before the device starts
 fused = [l.rstrip("\n") for l in open(fused_log, errors="replace")] if os.path.exists(fused_log) else []
 fused_rows = [l for l in fused if l.startswith(("attention", "measured", "H100 SXM roofline estimate"))]
+epilogue = [l.rstrip("\n") for l in open(epilogue_log, errors="replace")] if os.path.exists(epilogue_log) else []
+epilogue_rows = [l for l in epilogue if l.startswith(("matmul_backward_dweight", "matmul_detail::bias_grad", "measured",
+                                                       "H100 SXM roofline estimate"))]
 lib = json.load(open(library)) if lib_rc == 0 and os.path.exists(library) else {"exit_code": lib_rc}
-json.dump({"stage": "profile", "ok": rc == 0 and len(summary) == 2 and lib_rc == 0 and fused_rc == 0, "exit_code": rc,
-           "seconds": int(seconds), "B": int(b), "T": int(t), "summary": summary, "host": host, "library": lib,
-           "fused_backward": {"exit_code": fused_rc, "rows": fused_rows}, "report": lines[-200:]},
+json.dump({"stage": "profile", "ok": rc == 0 and len(summary) == 2 and lib_rc == 0 and fused_rc == 0 and epilogue_rc == 0,
+           "exit_code": rc, "seconds": int(seconds), "B": int(b), "T": int(t), "summary": summary, "host": host, "library": lib,
+           "fused_backward": {"exit_code": fused_rc, "rows": fused_rows},
+           "bias_grad_epilogue": {"exit_code": epilogue_rc, "rows": epilogue_rows}, "report": lines[-200:]},
           open(dest, "w"), indent=1)
 PY
   # Each kernel's measured time against the first H100 profile (2026-11-27): profile_delta.json, and
@@ -326,7 +339,7 @@ PY
     python3 scripts/profile_delta.py docs/gpu_check_2026-11-27_h100/profile.json "$out/profile.json" \
       --json "$out/profile_delta.json" > "$logs/profile_delta.txt" 2>&1 || true
   fi
-  [ $rc = 0 ] && [ $lib_rc = 0 ] && [ $fused_rc = 0 ]
+  [ $rc = 0 ] && [ $lib_rc = 0 ] && [ $fused_rc = 0 ] && [ $epilogue_rc = 0 ]
 }
 
 stage_sanitize() {
