@@ -392,7 +392,8 @@ inline MemoryPlan gpt2_memory_plan(const GPT2Config& whole, int B, int T, const 
     plan.add("dbuf_c", "workspace", BT * C * X);
     plan.add("dbuf_4c", "workspace", BT * 4 * Ct * X);
     const int n = int(BT), ci = int(C), ct = int(Ct), vp = int(Vr);
-    const size_t scratch = std::max({layernorm_backward_scratch_floats(n, ci, layernorm_sums_residual_bias(ci)), matmul_backward_scratch_floats(n, 3 * ct),
+    const size_t scratch = std::max({layernorm_backward_scratch_floats(n, ci, layernorm_sums_residual_bias(ci)),
+                                     matmul_backward_scratch_floats(n, 3 * ct),
                                      matmul_backward_scratch_floats(n, 4 * ct), matmul_backward_scratch_floats(n, ci),
                                      matmul_backward_scratch_floats(n, vp),
                                      options.attention == Attention::tc

@@ -364,19 +364,19 @@ inline unsigned layernorm_backward_threads(int C) { return ceil_div(ceil_div(C, 
 // form's blocks of up to 1024 threads have 64 registers a thread, and with the sums it spilled (sm_90:
 // 90 bytes); wider models leave those gradients to the matmuls' column sums.
 inline bool layernorm_sums_residual_bias(int C) { return layernorm_backward_threads(C) <= unsigned(kLayernormBatchedThreads); }
-// Rows a round with those sums: 2. At 4 their 16 more registers a thread took the kernel to 166 (sm_90), so
-// a 224-thread block of d48 (C = 1600) would have a whole SM's registers (one block, 7 warps, where the
-// plain form runs two); at 2 rows it uses 125, and GPT-2's rows (768 to 1600 wide) keep the plain
-// form's occupancy or better. Asking ptxas for two blocks at 4 rows spilled 20 bytes. The rows a round do not
-// change a sum's order, so the bits are the same (test_kernel_layernorm).
+// Rows a round with those sums: 2. At 4 their 16 more registers a thread took the kernel to 166
+// (sm_90), so a 224-thread block of d48 (C = 1600) would take a whole SM's registers (one block, 7
+// warps, where the plain form runs two); at 2 rows it uses 125, and GPT-2's rows (768 to 1600 wide)
+// keep the plain form's occupancy or better. Asking ptxas for two blocks at 4 rows spilled 20 bytes.
+// The rows a round do not change a sum's order, so the bits are the same (test_kernel_layernorm).
 constexpr int kLayernormResidualBiasRowsPerRound = 2;
-
 
 template <int kRows, bool kResidualBias = false>
 static __global__ void __launch_bounds__(kRows > 1 ? kLayernormBatchedThreads : 1024)
     layernorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout, const floatX* inp, const floatX* weight,
                               const float* mean, const float* rstd, int N, int C) {
-    static_assert(!kResidualBias || kRows > 1, "the residual's bias sums ride in the batched form only (layernorm_sums_residual_bias)");
+    static_assert(!kResidualBias || kRows > 1,
+                  "the residual's bias sums ride in the batched form only (layernorm_sums_residual_bias)");
     using Pack = Packed128<floatX>;
     constexpr int kChannels = kLayernormChannelsPerThread;
     constexpr int kPacks = kChannels / Pack::size;
