@@ -10,7 +10,8 @@
 #   profile   --profile-step: every kernel's measured time beside its H100 roofline estimate, and the
 #             libraries' time per kernel family at the same shapes (dev/bench/library_baselines.py);
 #             the attention rows again with --attention-backward fused, the weight gradients' GEMMs and
-#             bias-gradient kernels again with --bias-grad epilogue; each kernel's time against
+#             bias-gradient kernels again with --bias-grad epilogue, and a GPT-2 1.5B (d48) step at
+#             B=8 (D48_B; none where 0): the 55% target's kernels; each kernel's time against
 #             the first H100 profile (scripts/profile_delta.py: profile_delta.json)
 #   sanitize  compute-sanitizer memcheck, racecheck and synccheck over a short training run and the
 #             kernel tests
@@ -52,6 +53,8 @@
 #   STAGE_TIMEOUT   seconds a stage may run (default 470: under 8 minutes)
 #   B, T            micro-batch and sequence length of train/profile (default 16, 1024; d12 at B=64 needs
 #                   about 30 GB)
+#   D48_B           micro-batch of the profile stage's d48 step (default 8: 1.5B parameters, ran on one
+#                   80 GB H100; 0 skips it)
 #   CTEST_ARGS      extra ctest arguments of the test stage (e.g. "-R test_kernel -j 8")
 #   SANITIZE_RUNS   the sanitize stage's runs to make, as tool:target words (default all 9: memcheck,
 #                   racecheck, synccheck x train, test_kernel_layernorm, test_kernel_attention)
@@ -301,7 +304,7 @@ stage_train() {
 }
 
 stage_profile() {
-  local start=$SECONDS rc=0 fused_rc=0 epilogue_rc=0 lib_rc=0 train
+  local start=$SECONDS rc=0 fused_rc=0 epilogue_rc=0 d48_rc=0 lib_rc=0 train d48_b=${D48_B:-8}
   ensure_train_gpt || { write_json "$out/profile.json" stage=profile ok=false error="train_gpt did not build"; return 1; }
   train=$(training_data)
   run_logged "$logs/profile.log" "$gpu_dir/train_gpt" -e d12 -b "$B" -t "$T" -v 0 -s 0 -i "$train" --profile-step || rc=$?
@@ -309,15 +312,23 @@ stage_profile() {
     --profile-step --attention-backward fused || fused_rc=$?
   run_logged "$logs/profile_bias_grad_epilogue.log" "$gpu_dir/train_gpt" -e d12 -b "$B" -t "$T" -v 0 -s 0 -i "$train" \
     --profile-step --bias-grad epilogue || epilogue_rc=$?
+  # GPT-2 1.5B: no profile of it exists yet (the first GPU run timed its steps only, 189-197 ms at B=8).
+  rm -f "$logs/profile_d48.log"
+  if [ "$d48_b" != 0 ]; then
+    run_logged "$logs/profile_d48.log" "$gpu_dir/train_gpt" -e d48 -b "$d48_b" -t "$T" -v 0 -s 0 -i "$train" --profile-step ||
+      d48_rc=$?
+  fi
   # The libraries' time per kernel family at the same shapes (PyTorch: cuBLAS, FlashAttention/cuDNN, ...).
   rm -f "$logs/library.json"
   run_logged "$logs/library.log" python3 dev/bench/library_baselines.py -e d12 -b "$B" -t "$T" --json "$logs/library.json" ||
     lib_rc=$?
   python3 - "$logs/profile.log" "$out/profile.json" "$rc" "$((SECONDS - start))" "$B" "$T" "$logs/library.json" "$lib_rc" \
-    "$logs/profile_fused_backward.log" "$fused_rc" "$logs/profile_bias_grad_epilogue.log" "$epilogue_rc" <<'PY'
+    "$logs/profile_fused_backward.log" "$fused_rc" "$logs/profile_bias_grad_epilogue.log" "$epilogue_rc" \
+    "$logs/profile_d48.log" "$d48_rc" "$d48_b" <<'PY'
 import json, os, sys
-log, dest, rc, seconds, b, t, library, lib_rc, fused_log, fused_rc, epilogue_log, epilogue_rc = sys.argv[1:13]
-rc, lib_rc, fused_rc, epilogue_rc = int(rc), int(lib_rc), int(fused_rc), int(epilogue_rc)
+(log, dest, rc, seconds, b, t, library, lib_rc, fused_log, fused_rc, epilogue_log, epilogue_rc, d48_log, d48_rc,
+ d48_b) = sys.argv[1:16]
+rc, lib_rc, fused_rc, epilogue_rc, d48_rc, d48_b = int(rc), int(lib_rc), int(fused_rc), int(epilogue_rc), int(d48_rc), int(d48_b)
 lines = [l.rstrip("\n") for l in open(log, errors="replace")]
 summary = [l for l in lines if l.startswith(("measured", "H100 SXM roofline estimate"))]
 host = [l for l in lines if l.startswith("host: ")]  # the batch uploads' host time, before the device starts
@@ -326,11 +337,16 @@ fused_rows = [l for l in fused if l.startswith(("attention", "measured", "H100 S
 epilogue = [l.rstrip("\n") for l in open(epilogue_log, errors="replace")] if os.path.exists(epilogue_log) else []
 epilogue_rows = [l for l in epilogue if l.startswith(("matmul_backward_dweight", "matmul_detail::bias_grad", "measured",
                                                        "H100 SXM roofline estimate"))]
+d48 = [l.rstrip("\n") for l in open(d48_log, errors="replace")] if os.path.exists(d48_log) else []
+d48_summary = [l for l in d48 if l.startswith(("measured", "H100 SXM roofline estimate"))]
 lib = json.load(open(library)) if lib_rc == 0 and os.path.exists(library) else {"exit_code": lib_rc}
-json.dump({"stage": "profile", "ok": rc == 0 and len(summary) == 2 and lib_rc == 0 and fused_rc == 0 and epilogue_rc == 0,
+json.dump({"stage": "profile",
+           "ok": rc == 0 and len(summary) == 2 and lib_rc == 0 and fused_rc == 0 and epilogue_rc == 0 and d48_rc == 0,
            "exit_code": rc, "seconds": int(seconds), "B": int(b), "T": int(t), "summary": summary, "host": host, "library": lib,
            "fused_backward": {"exit_code": fused_rc, "rows": fused_rows},
-           "bias_grad_epilogue": {"exit_code": epilogue_rc, "rows": epilogue_rows}, "report": lines[-200:]},
+           "bias_grad_epilogue": {"exit_code": epilogue_rc, "rows": epilogue_rows},
+           "d48": {"exit_code": d48_rc, "B": d48_b, "summary": d48_summary, "report": d48[-200:]} if d48_b else None,
+           "report": lines[-200:]},
           open(dest, "w"), indent=1)
 PY
   # Each kernel's measured time against the first H100 profile (2026-11-27): profile_delta.json, and
@@ -339,7 +355,7 @@ PY
     python3 scripts/profile_delta.py docs/gpu_check_2026-11-27_h100/profile.json "$out/profile.json" \
       --json "$out/profile_delta.json" > "$logs/profile_delta.txt" 2>&1 || true
   fi
-  [ $rc = 0 ] && [ $lib_rc = 0 ] && [ $fused_rc = 0 ] && [ $epilogue_rc = 0 ]
+  [ $rc = 0 ] && [ $lib_rc = 0 ] && [ $fused_rc = 0 ] && [ $epilogue_rc = 0 ] && [ $d48_rc = 0 ]
 }
 
 stage_sanitize() {
