@@ -152,6 +152,28 @@ struct Shape {
 const Shape kShapes[] = {{111, 8, 0.0f},  {111, 200, 0.0f}, {111, 264, 6.0f}, {45, 768, 3.0f},
                          {19, 1024, 0.0f}, {37, 1600, 0.0f}, {3, 8192, -2.0f}};
 
+// A backward pass's random inputs for one shape: inp, dout and weight; mean and rstd as the forward pass
+// would save them (floats; the reference uses the same floats); non-zero gradients already in place, so
+// the kernels must add to them.
+struct BackwardInputs {
+    std::vector<floatX> inp, dout, weight, dinp_init, dweight_init, dbias_init;
+    std::vector<float> mean, rstd;
+};
+BackwardInputs random_backward_inputs(const Shape& s, std::mt19937& rng) {
+    BackwardInputs in;
+    const size_t size = size_t(s.N) * s.C;
+    in.inp = random_floatX(size, s.offset - 1.5f, s.offset + 1.5f, rng);
+    in.dout = random_floatX(size, -1.0f, 1.0f, rng);
+    in.weight = random_floatX(s.C, -1.5f, 1.5f, rng);
+    const ForwardReference forward = layernorm_reference(as_double(in.inp), in.weight, in.weight, s.N, s.C);
+    in.mean.assign(forward.mean.begin(), forward.mean.end());
+    in.rstd.assign(forward.rstd.begin(), forward.rstd.end());
+    in.dinp_init = random_floatX(size, -0.5f, 0.5f, rng);
+    in.dweight_init = random_floatX(s.C, -2.0f, 2.0f, rng);
+    in.dbias_init = random_floatX(s.C, -2.0f, 2.0f, rng);
+    return in;
+}
+
 }  // namespace
 
 TEST_CASE("layernorm_forward matches the double reference; mean and rstd are optional") {
@@ -217,15 +239,7 @@ TEST_CASE("layernorm_backward accumulates dinp, dweight, dbias, deterministicall
     shapes.push_back({9001, 16, 1.0f});
     for (const Shape& s : shapes) {
         INFO("N = " << s.N << ", C = " << s.C);
-        const size_t size = size_t(s.N) * s.C;
-        const auto inp = random_floatX(size, s.offset - 1.5f, s.offset + 1.5f, rng);
-        const auto dout = random_floatX(size, -1.0f, 1.0f, rng), weight = random_floatX(s.C, -1.5f, 1.5f, rng);
-        // mean/rstd as the forward pass would save them (floats); the reference uses the same floats.
-        const ForwardReference forward = layernorm_reference(as_double(inp), weight, weight, s.N, s.C);
-        std::vector<float> mean(forward.mean.begin(), forward.mean.end()), rstd(forward.rstd.begin(), forward.rstd.end());
-        // Non-zero gradients already in place: the kernels must add to them.
-        const auto dinp_init = random_floatX(size, -0.5f, 0.5f, rng);
-        const auto dweight_init = random_floatX(s.C, -2.0f, 2.0f, rng), dbias_init = random_floatX(s.C, -2.0f, 2.0f, rng);
+        const auto [inp, dout, weight, dinp_init, dweight_init, dbias_init, mean, rstd] = random_backward_inputs(s, rng);
 
         DeviceBuffer<floatX> d_inp(inp), d_dout(dout), d_weight(weight);
         DeviceBuffer<float> d_mean(mean), d_rstd(rstd), d_scratch(layernorm_backward_scratch_floats(s.N, s.C));
@@ -274,13 +288,7 @@ TEST_CASE("layernorm_backward sums the residual's bias gradients from dinp as re
         INFO("N = " << s.N << ", C = " << s.C);
         if (!layernorm_sums_residual_bias(s.C)) continue;  // wider rows: refused, below
         ++fused_shapes;
-        const size_t size = size_t(s.N) * s.C;
-        const auto inp = random_floatX(size, s.offset - 1.5f, s.offset + 1.5f, rng);
-        const auto dout = random_floatX(size, -1.0f, 1.0f, rng), weight = random_floatX(s.C, -1.5f, 1.5f, rng);
-        const ForwardReference forward = layernorm_reference(as_double(inp), weight, weight, s.N, s.C);
-        std::vector<float> mean(forward.mean.begin(), forward.mean.end()), rstd(forward.rstd.begin(), forward.rstd.end());
-        const auto dinp_init = random_floatX(size, -0.5f, 0.5f, rng);
-        const auto dweight_init = random_floatX(s.C, -2.0f, 2.0f, rng), dbias_init = random_floatX(s.C, -2.0f, 2.0f, rng);
+        const auto [inp, dout, weight, dinp_init, dweight_init, dbias_init, mean, rstd] = random_backward_inputs(s, rng);
         const auto incoming_init = random_floatX(s.C, -2.0f, 2.0f, rng), outgoing_init = random_floatX(s.C, -2.0f, 2.0f, rng);
 
         DeviceBuffer<floatX> d_inp(inp), d_dout(dout), d_weight(weight);
