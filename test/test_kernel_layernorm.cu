@@ -505,33 +505,30 @@ TEST_CASE("layernorm backward: the batched form gives the one-row form's bits") 
         const int blocks = layernorm_backward_blocks(s.N);
         const unsigned threads = layernorm_backward_threads(s.C);
         REQUIRE(threads <= unsigned(kLayernormBatchedThreads));
-        auto run = [&](auto rows) {
+        // rows a round; with or without the residual's bias sums (their partials after the LayerNorm's).
+        auto run = [&](auto rows, auto residual_bias) {
+            constexpr bool kResidualBias = decltype(residual_bias)::value;
             DeviceBuffer<floatX> dinp(dinp_init);
-            DeviceBuffer<float> partials(layernorm_backward_scratch_floats(s.N, s.C));
-            launch<layernorm_backward_kernel<decltype(rows)::value>>(dim3(blocks), dim3(threads), 0, nullptr, dinp.ptr,
-                                                                     partials.ptr, d_dout.ptr, d_inp.ptr, d_weight.ptr,
-                                                                     d_mean.ptr, d_rstd.ptr, s.N, s.C);
+            DeviceBuffer<float> partials(layernorm_backward_scratch_floats(s.N, s.C, kResidualBias));
+            launch<layernorm_backward_kernel<decltype(rows)::value, kResidualBias>>(dim3(blocks), dim3(threads), 0, nullptr,
+                                                                                    dinp.ptr, partials.ptr, d_dout.ptr,
+                                                                                    d_inp.ptr, d_weight.ptr, d_mean.ptr,
+                                                                                    d_rstd.ptr, s.N, s.C);
             return std::pair(dinp.download(), partials.download());
         };
-        const auto [dinp_batched, partials_batched] = run(std::integral_constant<int, kLayernormRowsPerRound>{});
-        const auto [dinp_plain, partials_plain] = run(std::integral_constant<int, 1>{});
+        using std::integral_constant;
+        const auto [dinp_batched, partials_batched] = run(integral_constant<int, kLayernormRowsPerRound>{}, std::false_type{});
+        const auto [dinp_plain, partials_plain] = run(integral_constant<int, 1>{}, std::false_type{});
         CHECK(bitwise_equal(dinp_batched, dinp_plain));
         CHECK(partials_batched == partials_plain);
         CHECK(!bitwise_equal(dinp_plain, dinp_init));  // the kernels did add something
         // With the residual's bias sums (kLayernormResidualBiasRowsPerRound rows a round): the same dinp
         // and LayerNorm partials, and the bias partials the same at 4 rows a round.
-        auto run_with_bias = [&](auto rows) {
-            DeviceBuffer<floatX> dinp(dinp_init);
-            DeviceBuffer<float> partials(layernorm_backward_scratch_floats(s.N, s.C, true));
-            launch<layernorm_backward_kernel<decltype(rows)::value, true>>(dim3(blocks), dim3(threads), 0, nullptr, dinp.ptr,
-                                                                           partials.ptr, d_dout.ptr, d_inp.ptr, d_weight.ptr,
-                                                                           d_mean.ptr, d_rstd.ptr, s.N, s.C);
-            return std::pair(dinp.download(), partials.download());
-        };
         static_assert(kLayernormResidualBiasRowsPerRound != kLayernormRowsPerRound, "two round sizes compared");
-        const auto [dinp_bias, partials_bias] = run_with_bias(std::integral_constant<int, kLayernormResidualBiasRowsPerRound>{});
-        const auto [dinp_bias4, partials_bias4] = run_with_bias(std::integral_constant<int, kLayernormRowsPerRound>{});
+        const auto [dinp_bias, partials_bias] = run(integral_constant<int, kLayernormResidualBiasRowsPerRound>{}, std::true_type{});
+        const auto [dinp_bias4, partials_bias4] = run(integral_constant<int, kLayernormRowsPerRound>{}, std::true_type{});
         CHECK(bitwise_equal(dinp_bias, dinp_plain));
+        CHECK(bitwise_equal(dinp_bias4, dinp_plain));
         CHECK(partials_bias == partials_bias4);
         for (int b = 0; b < blocks; ++b)  // a block's row: the LayerNorm's 2C sums, then the two bias sets
             CHECK(std::vector<float>(partials_bias.begin() + size_t(b) * 4 * s.C, partials_bias.begin() + size_t(b) * 4 * s.C + 2 * s.C) ==
