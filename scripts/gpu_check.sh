@@ -329,16 +329,17 @@ import json, os, sys
 (log, dest, rc, seconds, b, t, library, lib_rc, fused_log, fused_rc, epilogue_log, epilogue_rc, d48_log, d48_rc,
  d48_b) = sys.argv[1:16]
 rc, lib_rc, fused_rc, epilogue_rc, d48_rc, d48_b = int(rc), int(lib_rc), int(fused_rc), int(epilogue_rc), int(d48_rc), int(d48_b)
-lines = [l.rstrip("\n") for l in open(log, errors="replace")]
-summary = [l for l in lines if l.startswith(("measured", "H100 SXM roofline estimate"))]
+def read_lines(path):  # a log's lines; none where the run left no log
+    return [l.rstrip("\n") for l in open(path, errors="replace")] if os.path.exists(path) else []
+STEP_LINES = ("measured", "H100 SXM roofline estimate")
+lines = read_lines(log)
+summary = [l for l in lines if l.startswith(STEP_LINES)]
 host = [l for l in lines if l.startswith("host: ")]  # the batch uploads' host time, before the device starts
-fused = [l.rstrip("\n") for l in open(fused_log, errors="replace")] if os.path.exists(fused_log) else []
-fused_rows = [l for l in fused if l.startswith(("attention", "measured", "H100 SXM roofline estimate"))]
-epilogue = [l.rstrip("\n") for l in open(epilogue_log, errors="replace")] if os.path.exists(epilogue_log) else []
-epilogue_rows = [l for l in epilogue if l.startswith(("matmul_backward_dweight", "matmul_detail::bias_grad", "measured",
-                                                       "H100 SXM roofline estimate"))]
-d48 = [l.rstrip("\n") for l in open(d48_log, errors="replace")] if os.path.exists(d48_log) else []
-d48_summary = [l for l in d48 if l.startswith(("measured", "H100 SXM roofline estimate"))]
+fused_rows = [l for l in read_lines(fused_log) if l.startswith(("attention",) + STEP_LINES)]
+epilogue_rows = [l for l in read_lines(epilogue_log)
+                 if l.startswith(("matmul_backward_dweight", "matmul_detail::bias_grad") + STEP_LINES)]
+d48 = read_lines(d48_log)
+d48_summary = [l for l in d48 if l.startswith(STEP_LINES)]
 lib = json.load(open(library)) if lib_rc == 0 and os.path.exists(library) else {"exit_code": lib_rc}
 json.dump({"stage": "profile",
            "ok": rc == 0 and len(summary) == 2 and lib_rc == 0 and fused_rc == 0 and epilogue_rc == 0 and d48_rc == 0,
