@@ -845,6 +845,9 @@ cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle) {
 
 const char* cublasLtGetStatusName(cublasStatus_t status) { return status_name(status); }
 
+// The emulator is no cuBLASLt release: version 0 (a file of autotuned picks names it, host/matmul_algos.h).
+size_t cublasLtGetVersion() { return 0; }
+
 const char* cublasLtGetStatusString(cublasStatus_t status) {
     switch (status) {
         case CUBLAS_STATUS_SUCCESS: return "success";

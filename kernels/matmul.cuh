@@ -17,13 +17,16 @@
 #pragma once
 
 #include "common.cuh"
+#include "host/matmul_algos.h"
 
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <initializer_list>
 #include <map>
 #include <memory>
@@ -58,7 +61,8 @@ struct Matmul {
     void* workspace = nullptr;  // kMatmulWorkspaceBytes of device memory, the owner's
     // At a shape's first use, time the heuristic's candidates and keep the fastest (--matmul-autotune);
     // off: the heuristic's first. Timing picks can differ between runs and ranks, and so can the
-    // last bits of the results: off keeps runs bitwise repeatable.
+    // last bits of the results: off keeps runs bitwise repeatable, and so does autotune with an earlier
+    // run's picks taken (matmul_take_algos below).
     bool autotune = false;
     // The bias gradient in the weight gradient's GEMM (EPILOGUE_BGRADB) where cuBLASLt has an algorithm
     // for it; else, or when false, our column-sum kernels (bias_grad_*_kernel below).
@@ -144,6 +148,11 @@ struct Plan {
 struct PlanCache {
     std::map<PlanKey, Plan> plans;
     int misses = 0;  // plans made (tests count them)
+    // Under autotune: the algorithms an earlier run picked (host/matmul_algos.h), taken for their shapes
+    // without timing where the heuristic still offers them; how many shapes were timed, and how many took
+    // a recorded pick.
+    std::map<PlanKey, cublasLtMatmulAlgo_t> recorded;
+    int timed = 0, from_record = 0;
     PlanCache() = default;
     PlanCache(const PlanCache&) = delete;
     PlanCache& operator=(const PlanCache&) = delete;
@@ -217,6 +226,25 @@ inline int fastest_candidate(const Matmul& mm, const Plan& plan, const cublasLtM
     return best;
 }
 
+// Under autotune: the candidate an earlier run picked for this shape (PlanCache::recorded), if the
+// heuristic still offers it; else the fastest, timed now. A recorded pick the heuristic no longer
+// offers is timed again, with a note: that run's results and this one's may then differ in their last bits.
+inline int recorded_or_fastest(const Matmul& mm, const PlanKey& key, const Plan& plan,
+                               const cublasLtMatmulHeuristicResult_t* candidates, const Gemm& g, cudaStream_t stream) {
+    PlanCache& cache = *mm.plans;
+    if (const auto found = cache.recorded.find(key); found != cache.recorded.end()) {
+        for (int i = 0; i < plan.candidates; ++i)
+            if (std::memcmp(&candidates[i].algo, &found->second, sizeof found->second) == 0) {
+                ++cache.from_record;
+                return i;
+            }
+        std::fprintf(stderr, "note: matmul autotune: the recorded algorithm for m %d, n %d, k %d (epilogue %u) is not among "
+                     "cuBLASLt's %d candidates now: timed again\n", g.m, g.n, g.k, uint32_t(g.epilogue), plan.candidates);
+    }
+    ++cache.timed;
+    return fastest_candidate(mm, plan, candidates, plan.candidates, g, stream);
+}
+
 // The plan for this GEMM: cached, or made now (descriptor, layouts, the heuristic's algorithm, or
 // the fastest of its candidates under autotune).
 inline const Plan& plan_for(const Matmul& mm, const Gemm& g, const void* bias, int bias_type, cudaStream_t stream) {
@@ -283,7 +311,7 @@ inline const Plan& plan_for(const Matmul& mm, const Gemm& g, const void* bias, i
     plan.heuristic_status = status;
     plan.supported = plan.candidates > 0;
     if (plan.supported) {
-        plan.chosen = plan.candidates > 1 ? fastest_candidate(mm, plan, candidates, plan.candidates, g, stream) : 0;
+        plan.chosen = plan.candidates > 1 ? recorded_or_fastest(mm, key, plan, candidates, g, stream) : 0;
         plan.algo = candidates[plan.chosen].algo;
     }
     return mm.plans->plans.emplace(key, plan).first->second;
@@ -448,6 +476,68 @@ inline void matmul_destroy(Matmul& mm) {
     mm.plans.reset();  // its descriptors and layouts before the handle
     if (mm.handle != nullptr) CUBLASLT_CHECK(cublasLtDestroy(mm.handle));
     mm = Matmul{};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Autotune's picks kept across runs (host/matmul_algos.h): a later run that takes them runs the same
+// algorithms, with the same bits, without timing.
+
+namespace matmul_detail {
+// A structured binding of all PlanKey's fields: a field added to PlanKey stops this compiling until the
+// file's field list (kMatmulPlanKeyFields) has it too.
+inline std::array<int64_t, kMatmulPlanKeyFieldCount> plan_key_fields(const PlanKey& key) {
+    const auto [transa, transb, m, n, k, lda, ldb, ldd, accumulate, epilogue, bias_type, align_a, align_b, align_d,
+                align_bias, align_aux] = key;
+    return {transa, transb, m, n, k, lda, ldb, ldd, accumulate, epilogue, bias_type, align_a, align_b, align_d, align_bias,
+            align_aux};
+}
+inline PlanKey plan_key_of(const std::array<int64_t, kMatmulPlanKeyFieldCount>& f) {
+    const auto i = [&](size_t at) { return int(f[at]); };
+    const auto u = [&](size_t at) { return uint32_t(f[at]); };
+    return PlanKey{i(0), i(1), i(2), i(3), i(4), i(5), i(6), i(7), f[8] != 0, u(9), i(10), u(11), u(12), u(13), u(14), u(15)};
+}
+}  // namespace matmul_detail
+
+// What picks hold for: this cuBLASLt's version, the current device, the precision.
+inline MatmulAlgoOrigin matmul_algo_origin() {
+    int device = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    return {"cuBLASLt " + std::to_string(cublasLtGetVersion()), prop.name, kPrecisionName};
+}
+
+// The algorithms of every shape autotune chose for (timed, or taken from a record), and the recorded
+// ones this run has not met (yet): what a later run should take.
+inline MatmulAlgos matmul_algos(const Matmul& mm) {
+    using namespace matmul_detail;
+    std::map<PlanKey, cublasLtMatmulAlgo_t> picks = mm.plans->recorded;
+    for (const auto& [key, plan] : mm.plans->plans)
+        if (plan.supported && plan.candidates > 1) picks[key] = plan.algo;
+    MatmulAlgos algos{matmul_algo_origin(), {}};
+    for (const auto& [key, algo] : picks) {
+        MatmulAlgoPick pick{plan_key_fields(key), {}};
+        static_assert(sizeof pick.algo == sizeof algo.data, "cublasLtMatmulAlgo_t is 8 words");
+        std::memcpy(pick.algo.data(), algo.data, sizeof algo.data);
+        algos.picks.push_back(pick);
+    }
+    return algos;
+}
+
+// Takes an earlier run's picks for the shapes not planned yet; "" then, or, where they were written
+// for another library, device or precision, why not (and nothing is taken).
+inline std::string matmul_take_algos(Matmul& mm, const MatmulAlgos& algos) {
+    using namespace matmul_detail;
+    const MatmulAlgoOrigin here = matmul_algo_origin();
+    if (!(algos.origin == here))
+        return "written for " + algos.origin.library + " on " + algos.origin.device + " (" + algos.origin.precision +
+               "), this is " + here.library + " on " + here.device + " (" + here.precision + ")";
+    for (const MatmulAlgoPick& pick : algos.picks) {
+        cublasLtMatmulAlgo_t algo;
+        std::memcpy(algo.data, pick.algo.data(), sizeof algo.data);
+        mm.plans->recorded[plan_key_of(pick.key)] = algo;
+    }
+    return "";
 }
 
 // out (N, OC) = inp (N, C) @ weight (OC, C)^T + bias; with pre_gelu: pre_gelu = that, out = GELU(it).

@@ -7,8 +7,13 @@
 
 #include "kernels/matmul.cuh"
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -349,6 +354,152 @@ TEST_CASE("matmul autotune: candidates timed on live operands leave the results 
     }
     // A GPU's candidates may sum in other orders: there each result met the reference (above) instead.
     if (kEmulatedDevice) CHECK(bitwise_equal(dweights[0], dweights[1]));
+}
+
+// Autotune's picks kept across runs (host/matmul_algos.h). One forward with bias and GELU and one
+// backward with DGELU and the bias gradient, at each of kSizes: the results, in order.
+std::vector<std::vector<floatX>> forward_and_backward(Matmul& mm, cudaStream_t stream) {
+    std::vector<std::vector<floatX>> results;
+    for (const Size& s : kSizes) {
+        std::mt19937 rng(s.N * 31 + s.OC);
+        DeviceBuffer<floatX> inp(random_values(size_t(s.N) * s.C, 1.0f, rng)), weight(random_values(size_t(s.OC) * s.C, 1.0f, rng)),
+            bias(random_values(s.OC, 1.0f, rng)), dout(random_values(size_t(s.N) * s.OC, 1.0f, rng)),
+            pre_gelu(random_values(size_t(s.N) * s.C, 3.0f, rng)), out(size_t(s.N) * s.OC), pre_out(size_t(s.N) * s.OC),
+            dinp(size_t(s.N) * s.C), dweight(random_values(size_t(s.OC) * s.C, 1.0f, rng)), dbias(random_values(s.OC, 1.0f, rng));
+        DeviceBuffer<float> scratch(matmul_backward_scratch_floats(s.N, s.OC));
+        matmul_forward(mm, out.ptr, inp.ptr, weight.ptr, bias.ptr, s.N, s.C, s.OC, stream, pre_out.ptr);
+        matmul_backward(mm, dinp.ptr, dweight.ptr, dbias.ptr, scratch.ptr, dout.ptr, inp.ptr, weight.ptr, s.N, s.C, s.OC,
+                        stream, pre_gelu.ptr);
+        for (const auto* b : {&out, &pre_out, &dinp, &dweight, &dbias}) results.push_back(b->download());
+    }
+    return results;
+}
+
+// The candidate the emulated heuristic numbers i (emu/cublaslt.cpp: the first word of algo.data).
+std::array<uint64_t, 8> emulated_candidate(uint64_t i) { return {i, 0, 0, 0, 0, 0, 0, 0}; }
+
+TEST_CASE("matmul autotune picks: taken by another Matmul without timing, with the same results") {
+    MatmulLibrary first;
+    first.mm.autotune = true;
+    const auto first_results = forward_and_backward(first.mm, first.stream);
+    MatmulAlgos algos = matmul_algos(first.mm);
+    const int timed = first.mm.plans->timed;
+    CHECK(timed > 0);
+    CHECK(first.mm.plans->from_record == 0);
+    CHECK(int(algos.picks.size()) == timed);  // one pick per shape timed (no plan here has one candidate)
+    CHECK(algos.origin == matmul_algo_origin());
+    // In the emulator the two candidates compute alike and timing picks either: ask for the second
+    // everywhere, so that a Matmul that ignored the picks (and timed) would choose differently somewhere.
+    if (kEmulatedDevice)
+        for (MatmulAlgoPick& pick : algos.picks) pick.algo = emulated_candidate(1);
+
+    MatmulLibrary second;
+    second.mm.autotune = true;
+    CHECK(matmul_take_algos(second.mm, algos).empty());
+    const auto second_results = forward_and_backward(second.mm, second.stream);
+    CHECK(second.mm.plans->timed == 0);
+    CHECK(second.mm.plans->from_record == timed);
+    for (const auto& [key, plan] : second.mm.plans->plans) {
+        if (plan.candidates < 2) continue;
+        if (kEmulatedDevice) CHECK(plan.chosen == 1);
+        const auto field = matmul_detail::plan_key_fields(key);
+        const auto recorded = std::find_if(algos.picks.begin(), algos.picks.end(), [&](const MatmulAlgoPick& p) { return p.key == field; });
+        REQUIRE(recorded != algos.picks.end());
+        CHECK(std::memcmp(plan.algo.data, recorded->algo.data(), sizeof plan.algo.data) == 0);
+    }
+    // The same algorithms, the same bits (on a GPU too: there the first run's picks were taken as they were).
+    REQUIRE(first_results.size() == second_results.size());
+    for (size_t i = 0; i < first_results.size(); ++i) CHECK(bitwise_equal(first_results[i], second_results[i]));
+    // What the second writes: the same picks, keys through plan_key_of and back.
+    const MatmulAlgos again = matmul_algos(second.mm);
+    REQUIRE(again.picks.size() == algos.picks.size());
+    for (size_t i = 0; i < again.picks.size(); ++i) {
+        CHECK(again.picks[i].key == algos.picks[i].key);
+        CHECK(again.picks[i].algo == algos.picks[i].algo);
+    }
+}
+
+TEST_CASE("matmul autotune picks: a pick the heuristic does not offer is timed again; another origin's are not taken") {
+    MatmulLibrary first;
+    first.mm.autotune = true;
+    forward_and_backward(first.mm, first.stream);
+    MatmulAlgos algos = matmul_algos(first.mm);
+    REQUIRE(!algos.picks.empty());
+    const int timed = first.mm.plans->timed;
+    {
+        MatmulAlgos stale = algos;
+        stale.picks[0].algo = emulated_candidate(7);  // no heuristic offers this (emulated: 2 candidates; a GPU's are not 7, 0...)
+        stale.picks[0].algo[7] = 0x5eed5eed5eed5eedull;
+        MatmulLibrary second;
+        second.mm.autotune = true;
+        CHECK(matmul_take_algos(second.mm, stale).empty());
+        forward_and_backward(second.mm, second.stream);
+        CHECK(second.mm.plans->timed == 1);
+        CHECK(second.mm.plans->from_record == timed - 1);
+    }
+    {
+        MatmulAlgos elsewhere = algos;
+        elsewhere.origin.device = "another GPU";
+        MatmulLibrary second;
+        second.mm.autotune = true;
+        const std::string why = matmul_take_algos(second.mm, elsewhere);
+        CHECK(why.find("written for " + algos.origin.library + " on another GPU") != std::string::npos);
+        CHECK(why.find("this is " + algos.origin.library + " on " + algos.origin.device) != std::string::npos);
+        CHECK(second.mm.plans->recorded.empty());
+        forward_and_backward(second.mm, second.stream);
+        CHECK(second.mm.plans->timed == timed);
+        CHECK(second.mm.plans->from_record == 0);
+    }
+}
+
+TEST_CASE("matmul algorithms file: written and read back; a file that is not one named with its field") {
+    TempDir dir;
+    MatmulAlgos algos{{"cuBLASLt 130100", "NVIDIA H100 80GB HBM3", "BF16"}, {}};
+    MatmulAlgoPick pick;
+    for (size_t f = 0; f < kMatmulPlanKeyFieldCount; ++f) pick.key[f] = int64_t(f) * 37 - 1;
+    pick.key[9] = int64_t(UINT32_MAX);  // a uint32 field at its largest
+    pick.algo = {0x0123456789abcdefull, 0, ~0ull, 7, 0, 0, 0, 1ull << 63};
+    algos.picks = {pick, pick};
+    algos.picks[1].key[2] = 50304;
+    const std::string path = dir.file("algos.json");
+    write_matmul_algos(path, algos);
+    CHECK(!std::filesystem::exists(path + ".partial"));
+    const MatmulAlgos read = read_matmul_algos(path);
+    CHECK(read.origin == algos.origin);
+    REQUIRE(read.picks.size() == 2);
+    for (size_t i = 0; i < 2; ++i) {
+        CHECK(read.picks[i].key == algos.picks[i].key);
+        CHECK(read.picks[i].algo == algos.picks[i].algo);
+    }
+    const std::string text = [&] {
+        std::ifstream in(path);
+        return std::string(std::istreambuf_iterator<char>(in), {});
+    }();
+    const auto broken = [&](const std::string& from, const std::string& to) {
+        std::string t = text;
+        const size_t at = t.find(from);
+        REQUIRE(at != std::string::npos);
+        t.replace(at, from.size(), to);
+        const std::string p = dir.write("broken.json", t);
+        return error_of([&] { read_matmul_algos(p); });
+    };
+    CHECK(error_of([&] { read_matmul_algos(dir.file("none.json")); }) == "matmul algorithms '" + dir.file("none.json") + "': cannot open the file");
+    CHECK(broken("{", "[").find("broken.json': not valid JSON") != std::string::npos);
+    CHECK(broken("algorithms 1", "algorithms 2").find("broken.json': format: 'train_gpt matmul algorithms 2', expected") != std::string::npos);
+    CHECK(broken("\"device\"", "\"dev\"").find("broken.json': device: missing or not a string") != std::string::npos);
+    CHECK(broken("\"m\": 73", "\"m\": \"73\"").find("broken.json': picks[0].m: missing or not a 32-bit integer") != std::string::npos);
+    CHECK(broken("\"m\": 73", "\"m\": 4294967296").find("picks[0].m: missing or not a 32-bit integer") != std::string::npos);
+    CHECK(broken("0123456789abcdef", "0123456789abcdeg").find("picks[0].algo: expects 128 lower-case hex digits") != std::string::npos);
+    CHECK(broken("\"picks\"", "\"pick\"").find("picks: missing or not an array") != std::string::npos);
+    // A folder that cannot be written in: the error names the file.
+    CHECK(error_of([&] { write_matmul_algos(dir.file("no/such/dir/a.json"), algos); }).find("cannot write") != std::string::npos);
+}
+
+TEST_CASE("matmul algorithms file: one per rank past one rank") {
+    CHECK(matmul_algos_path_of_rank("out/matmul_algos.json", 0, 1) == "out/matmul_algos.json");
+    CHECK(matmul_algos_path_of_rank("out/matmul_algos.json", 3, 8) == "out/matmul_algos.rank3.json");
+    CHECK(matmul_algos_path_of_rank("run.v2/algos", 1, 2) == "run.v2/algos.rank1");
+    CHECK(matmul_algos_path_of_rank(".algos", 1, 2) == ".algos.rank1");
 }
 
 TEST_CASE("matmul plans: made once per shape and reused") {
