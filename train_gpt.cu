@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <set>
@@ -31,6 +32,7 @@
 #include "host/dataloader.h"
 #include "host/divergence.h"
 #include "host/evaluation.h"
+#include "host/matmul_algos.h"
 #include "host/generation.h"
 #include "host/device_memory.h"
 #include "host/memory_plan.h"
@@ -2052,6 +2054,60 @@ inline int64_t start_training(Trainer& tr, const RunConfig& rc, const RunPlan& p
     return step;
 }
 
+// --matmul-autotune's picks kept in a file (host/matmul_algos.h), so that a later run or a resume takes
+// the same algorithms instead of timing them again (and getting other last bits).
+struct KeptMatmulAlgos {
+    std::string path;     // this rank's file; "" = none kept
+    int timed_kept = 0;   // PlanCache::timed when it was last written
+    bool reported = false;
+};
+
+// Takes the picks of this rank's file (--matmul-algos, else -o's matmul_algos.json) where it exists. A file
+// that does not read stops the run (one line naming it and the field); one written with another cuBLASLt,
+// device or precision is timed over and rewritten, with a note.
+inline KeptMatmulAlgos take_kept_matmul_algos(Matmul& mm, const RunConfig& rc, const Distributed& dist) {
+    KeptMatmulAlgos kept;
+    if (!rc.matmul_autotune) return kept;
+    const std::string path = !rc.matmul_algos.empty() ? rc.matmul_algos
+                             : rc.output_dir.empty()   ? ""
+                                                       : rc.output_dir + "/matmul_algos.json";
+    if (path.empty()) return kept;
+    kept.path = matmul_algos_path_of_rank(path, dist.rank, dist.world_size);
+    if (!std::filesystem::exists(kept.path)) {  // -o is made before the first step's end; another folder must exist
+        const std::filesystem::path dir = std::filesystem::path(kept.path).parent_path();
+        if (!rc.matmul_algos.empty() && !dir.empty() && !std::filesystem::is_directory(dir))
+            throw std::runtime_error("--matmul-algos '" + kept.path + "': no directory '" + dir.string() + "' to write it in");
+        return kept;
+    }
+    const std::string why_not = matmul_take_algos(mm, read_matmul_algos(kept.path));
+    if (!why_not.empty())
+        std::fprintf(stderr, "note: matmul autotune: '%s' was %s: its shapes are timed again and the file rewritten\n",
+                     kept.path.c_str(), why_not.c_str());
+    return kept;
+}
+
+// After a step: writes the picks where shapes were timed since the last write; the first time, says on the
+// main rank how many shapes were timed and how many took a recorded pick. A file that cannot be written is a
+// warning (the run goes on; a later run times those shapes again).
+inline void keep_matmul_algos(const Matmul& mm, KeptMatmulAlgos& kept, bool main_rank) {
+    if (!mm.autotune) return;
+    const matmul_detail::PlanCache& cache = *mm.plans;
+    if (main_rank && !kept.reported && kept.path.empty())
+        std::printf("matmul autotune: %d GEMM shapes timed (picks are kept in a file only with -o or --matmul-algos)\n",
+                    cache.timed);
+    else if (main_rank && !kept.reported)
+        std::printf("matmul autotune: %d GEMM shapes timed, %d took the picks recorded in '%s'\n", cache.timed,
+                    cache.from_record, kept.path.c_str());
+    kept.reported = true;
+    if (kept.path.empty() || cache.timed == kept.timed_kept) return;
+    kept.timed_kept = cache.timed;
+    try {
+        write_matmul_algos(kept.path, matmul_algos(mm));
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "warning: %s: a later run will time these shapes again\n", e.what());
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // --generate: text from a model file, a run's newest complete checkpoint, or a preset (its seeded
 // initialization), one sequence on one rank; no training data, gradients or optimizer state.
@@ -2090,6 +2146,7 @@ inline int generate(const RunConfig& rc, const Distributed& dist) {
     const ModelOptions options{.recompute = Recompute::full, .attention = attention_of(rc.attention, kEmulatedDevice),
                                .inference = true, .matmul_autotune = rc.matmul_autotune};
     gpt2_build(model, config, 1, int(prompt.size()) + count, 0, 1, 0, options);
+    KeptMatmulAlgos kept_algos = take_kept_matmul_algos(model.matmul, rc, dist);
     if (checkpoint.empty()) gpt2_init_weights(model, uint64_t(rc.seed));
     else load_model_parameters(model, checkpoint);
 
@@ -2115,6 +2172,7 @@ inline int generate(const RunConfig& rc, const Distributed& dist) {
                  generated.back() == eot ? " (the last an end-of-text)" : "", seconds, first,
                  generated.size() > 1 ? double(generated.size() - 1) / (seconds - first) : 0.0, rc.kv_cache.c_str(),
                  kPrecisionName, attention_name(options.attention));
+    keep_matmul_algos(model.matmul, kept_algos, true);
     gpt2_free(model);
     CUDA_CHECK(cudaStreamDestroy(model.stream));
     return 0;
@@ -2161,6 +2219,7 @@ inline int run(const RunConfig& rc, Distributed& dist) {
     tr.world = dist;
     tr.model_mpi = groups.model_mpi;
     tr.schedule = pipeline_schedule_of(rc.pp_schedule);
+    KeptMatmulAlgos kept_algos = take_kept_matmul_algos(tr.model.matmul, rc, dist);
     RunInfo run{new_run_id(), cap};
     int64_t step = start_training(tr, rc, p, train_loader, eval.sample_rng, &run);
     DivergenceGuard divergence({rc.skip_loss_z, rc.skip_norm_z, rc.max_skipped_steps});
@@ -2229,6 +2288,7 @@ inline int run(const RunConfig& rc, Distributed& dist) {
                 continue;
             }
         evaluate_when_due(rc, eval, evaluated_model(tr), log, data, done, done == total_steps);
+        keep_matmul_algos(tr.model.matmul, kept_algos, main_rank);  // the step's shapes, and evaluation's
         const auto save = [&] { return save_checkpoint(checkpointed(tr), rc, run, done, train_loader.position(), eval.sample_rng.state); };
         const bool due = checkpoint_due(rc, done, total_steps), saved = due && save();
         if (done < total_steps && stop_requested(dist, done, !rc.output_dir.empty(), due, saved, save)) {

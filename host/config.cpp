@@ -125,7 +125,14 @@ inline const std::vector<Option>& options() {
          "deterministic; dK and dV agree exactly, dQ to rounding", nullptr, {"split", "fused"}},
         {"Parallelism and memory", 0, "matmul-autotune", &R::matmul_autotune,
          "at each GEMM shape's first use, time cuBLASLt's best candidates (up to 8) and keep the fastest; off: the "
-         "heuristic's first. Picks by timing can differ between runs and ranks, and so can the results' last bits"},
+         "heuristic's first. Picks by timing can differ between runs and ranks, and so can the results' last bits; "
+         "--matmul-algos keeps them"},
+        {"Parallelism and memory", 0, "matmul-algos", &R::matmul_algos,
+         "with --matmul-autotune: a JSON file of the algorithm picked per GEMM shape, read at the start (its shapes "
+         "are not timed again: the same algorithms, the same bits) and written when new shapes were timed; per "
+         "rank '<name>.rank<r>.json' with several ranks; a file written with another cuBLASLt, device or precision "
+         "is timed over. Empty: matmul_algos.json in -o (so -y resumes with the same algorithms), none without -o",
+         "FILE"},
         {"Parallelism and memory", 0, "bias-grad", &R::bias_grad,
          "the bias gradients the matmuls sum: auto (in the weight gradient's GEMM, cuBLASLt's BGRADB epilogue, "
          "where it takes FP32 sums: the FP32 build; else our column-sum kernels), epilogue (also BGRADB's sums in "
@@ -391,6 +398,8 @@ inline void validate(const RunConfig& c) {
         }
         require(known, flag("resume-override") + ": '" + key + "' is not a run-identity setting (" + list + ")");
     }
+    require(c.matmul_algos.empty() || c.matmul_autotune,
+            flag("matmul-algos") + " needs " + flag("matmul-autotune") + " (the file holds autotune's picks)");
     require(c.checkpoint_every == 0 || !c.output_dir.empty(),
             flag("checkpoint-every") + " needs " + flag("output-dir") + " (where checkpoints go)");
     require(c.keep_last == 0 || c.checkpoint_every > 0, flag("keep-last") + " needs " + flag("checkpoint-every") + " > 0");

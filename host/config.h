@@ -69,6 +69,7 @@ struct RunConfig {
     std::string attention = "auto";  // resolved by attention_of (host/model_config.h)
     std::string attention_backward = "split";  // split | fused: the tensor-core backward's kernels (kernels/attention_tc.cuh)
     bool matmul_autotune = false;    // time cuBLASLt's candidates per GEMM shape (kernels/matmul.cuh)
+    std::string matmul_algos;        // autotune's picks (host/matmul_algos.h); "" = -o's matmul_algos.json, if -o
     std::string bias_grad = "auto";  // auto | epilogue | kernels: where the linears' bias gradients are summed (kernels/matmul.cuh)
     std::string cuda_graphs = "on";  // on | off: replay each micro-step from a CUDA graph (train_gpt.cu, run_micro_step)
     // checkpoints

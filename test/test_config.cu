@@ -150,6 +150,7 @@ const std::vector<FlagCase> flag_cases = {
     {"attention", 0, "tc", "tc"},
     {"attention-backward", 0, "fused", "fused"},
     {"matmul-autotune", 0, nullptr, true},
+    {"matmul-algos", 0, "algos.json", "algos.json", {"--matmul-autotune"}},
     {"bias-grad", 0, "epilogue", "epilogue"},
     {"cuda-graphs", 0, "off", "off"},
     {"checkpoint-every", 'n', "1000", 1000, {"-o", "out"}},
@@ -399,6 +400,7 @@ TEST_CASE("contradictory flags are errors naming every flag involved", "[config]
     CHECK(contains(error_of({"-o", "out", "-y", "--overwrite"}), "--overwrite starts a fresh run: it cannot go with -y/--resume"));
     CHECK(contains(error_of({"--overwrite"}), "--overwrite needs -o/--output-dir"));
     CHECK(contains(error_of({"-o", "out", "--resume-override", "seed"}), "--resume-override needs -y/--resume"));
+    CHECK(contains(error_of({"--matmul-algos", "a.json"}), "--matmul-algos needs --matmul-autotune"));
     CHECK(contains(error_of({"--pp", "2", "--generate"}), "--generate runs one sequence on one rank: it cannot go with --pp 2"));
     CHECK(contains(error_of({"--pp-virtual", "2"}), "--pp-virtual 2 needs --pp-schedule interleaved"));
     CHECK(contains(error_of({"--sequence-parallel", "on"}),

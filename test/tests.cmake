@@ -351,6 +351,13 @@ if(NOT ASAN)  # six short runs of the program
   add_test(run_identity ${CMAKE_CURRENT_LIST_DIR}/test_run_identity.sh ${train_binary})
   set_tests_properties(run_identity PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
 endif()
+# --matmul-autotune's picks kept in a file (host/matmul_algos.h): written, taken without timing, resumed
+# byte for byte, another device's timed over, a broken file refused, a file per rank.
+if(NOT ASAN)  # ten short runs of the program; ~8 s
+  add_test(matmul_algos ${CMAKE_CURRENT_LIST_DIR}/test_matmul_algos.sh ${train_binary} "${mpirun_line}")
+  set_tests_properties(matmul_algos PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
+  list(APPEND launched_tests matmul_algos)
+endif()
 # Preemption (host/preemption.h): SIGTERM, or SIGUSR1 through mpirun and scripts/run_gpt2.sh, stops
 # after the step with a checkpoint and exit status 75; -y resumes there.
 if(NOT MPI)
