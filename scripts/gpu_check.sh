@@ -5,7 +5,8 @@
 #   build     train_gpt and the GPU test binaries (nvcc, every core); fails on a register spill
 #   test      the suite on the GPU (make test-gpu's CTest file): passed, failed, skipped, by name
 #   train     GPT-2 124M (d12) for 20 steps replayed from CUDA graphs, 20 launched kernel by kernel
-#             (--cuda-graphs off; the two models must match byte for byte), 20 with --matmul-autotune,
+#             (--cuda-graphs off; the two models must match byte for byte), 20 with --matmul-autotune and
+#             20 more taking its picks file (nothing timed; the same model, byte for byte),
 #             20 with --attention-backward fused, 20 with --bias-grad epilogue: median tokens/s, MFU
 #   profile   --profile-step: every kernel's measured time beside its H100 roofline estimate, and the
 #             libraries' time per kernel family at the same shapes (dev/bench/library_baselines.py);
@@ -268,19 +269,27 @@ PY
 }
 
 stage_train() {
-  local start=$SECONDS rc=0 rc2=0 rc3=0 rc4=0 rc5=0 same=false train
+  local start=$SECONDS rc=0 rc2=0 rc3=0 rc4=0 rc5=0 rc6=0 same=false picks_same=false again_timed train
   ensure_train_gpt || { write_json "$out/train.json" stage=train ok=false error="train_gpt did not build"; return 1; }
   train=$(training_data)
   local common=(-e d12 -b "$B" -t "$T" -x 20 -l 6e-4 -u 5 -v 0 -s 0 -n 0 -i "$train" --overwrite)
   rm -rf build/gpu_check_runs
   # CUDA graphs (the default) against kernel-by-kernel launches: the speed of each, and the same bits
-  # (both write the step-20 model; --matmul-autotune may pick differently per run, so it writes none).
+  # (both write the step-20 model).
   run_logged "$logs/train.log" "$gpu_dir/train_gpt" "${common[@]}" -n 20 -o build/gpu_check_runs/plain || rc=$?
   run_logged "$logs/train_eager.log" "$gpu_dir/train_gpt" "${common[@]}" -n 20 -o build/gpu_check_runs/eager \
     --cuda-graphs off || rc3=$?
   cmp -s build/gpu_check_runs/plain/model_00000020.bin build/gpu_check_runs/eager/model_00000020.bin && same=true
-  run_logged "$logs/train_autotune.log" "$gpu_dir/train_gpt" "${common[@]}" -o build/gpu_check_runs/autotune \
+  # --matmul-autotune times each shape's candidates and keeps its picks in -o's matmul_algos.json; a second
+  # run that takes that file must time nothing and write the same step-20 model (host/matmul_algos.h: the
+  # algorithms restored from their 64 bytes on real cuBLASLt).
+  run_logged "$logs/train_autotune.log" "$gpu_dir/train_gpt" "${common[@]}" -n 20 -o build/gpu_check_runs/autotune \
     --matmul-autotune || rc2=$?
+  run_logged "$logs/train_autotune_again.log" "$gpu_dir/train_gpt" "${common[@]}" -n 20 -o build/gpu_check_runs/autotune_again \
+    --matmul-autotune --matmul-algos build/gpu_check_runs/autotune/matmul_algos.json || rc6=$?
+  cmp -s build/gpu_check_runs/autotune/model_00000020.bin build/gpu_check_runs/autotune_again/model_00000020.bin &&
+    picks_same=true
+  again_timed=$(sed -n 's/^matmul autotune: \([0-9]*\) GEMM shapes timed.*/\1/p' "$logs/train_autotune_again.log" | head -1)
   # The fused attention backward (5 products per tile pair against the split kernels' 7): the default
   # once this measures it faster.
   run_logged "$logs/train_fused_backward.log" "$gpu_dir/train_gpt" "${common[@]}" -o build/gpu_check_runs/fused_backward \
@@ -291,16 +300,20 @@ stage_train() {
     --bias-grad epilogue || rc5=$?
   # shellcheck disable=SC2046
   write_json "$out/train.json" stage=train \
-    ok="$([ $rc = 0 ] && [ $rc2 = 0 ] && [ $rc3 = 0 ] && [ $rc4 = 0 ] && [ $rc5 = 0 ] && $same && echo true || echo false)" \
+    ok="$([ $rc = 0 ] && [ $rc2 = 0 ] && [ $rc3 = 0 ] && [ $rc4 = 0 ] && [ $rc5 = 0 ] && [ $rc6 = 0 ] && $same && $picks_same &&
+          [ "$again_timed" = 0 ] && echo true || echo false)" \
     exit_code=$rc autotune_exit_code=$rc2 eager_exit_code=$rc3 fused_backward_exit_code=$rc4 \
-    bias_grad_epilogue_exit_code=$rc5 graphs_model_equals_eager=$same \
+    bias_grad_epilogue_exit_code=$rc5 autotune_again_exit_code=$rc6 graphs_model_equals_eager=$same \
+    autotune_picks_model_equal=$picks_same autotune_again_shapes_timed="${again_timed:-null}" \
     seconds=$((SECONDS - start)) B="$B" T="$T" data="$train" \
     $(median_figures build/gpu_check_runs/plain/metrics.jsonl "" 2>/dev/null) \
     $(median_figures build/gpu_check_runs/eager/metrics.jsonl eager_ 2>/dev/null) \
     $(median_figures build/gpu_check_runs/autotune/metrics.jsonl autotune_ 2>/dev/null) \
+    $(median_figures build/gpu_check_runs/autotune_again/metrics.jsonl autotune_again_ 2>/dev/null) \
     $(median_figures build/gpu_check_runs/fused_backward/metrics.jsonl fused_backward_ 2>/dev/null) \
     $(median_figures build/gpu_check_runs/bias_grad_epilogue/metrics.jsonl bias_grad_epilogue_ 2>/dev/null)
-  [ $rc = 0 ] && [ $rc2 = 0 ] && [ $rc3 = 0 ] && [ $rc4 = 0 ] && [ $rc5 = 0 ] && $same
+  [ $rc = 0 ] && [ $rc2 = 0 ] && [ $rc3 = 0 ] && [ $rc4 = 0 ] && [ $rc5 = 0 ] && [ $rc6 = 0 ] && $same && $picks_same &&
+    [ "$again_timed" = 0 ]
 }
 
 stage_profile() {
