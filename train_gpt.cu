@@ -222,6 +222,22 @@ inline size_t sequence_rows(size_t rows, const ModelOptions& o) { return o.seque
 inline AttentionTcBackward attention_tc_backward_of(const ModelOptions& o) {
     return o.fused_attention_backward ? AttentionTcBackward::fused : AttentionTcBackward::split;
 }
+// Where the qkv bias sums' second-level rows start in the backward's scratch: after the attention's, 16-byte aligned.
+inline size_t qkv_bias_scratch_offset(int B, int T, int Ct, int NHt) {
+    return (attention_tc_backward_scratch_floats(B, T, Ct, NHt, AttentionTcBackward::split, true) + 3) / 4 * 4;
+}
+// Whether the attention backward sums qkv's bias gradient while it writes dqkv (the split tensor-core
+// kernels, kernels/attention_tc.cuh), so the qkv matmul need not read dqkv again for it; the SIMT
+// kernels, the fused backward and the context ring leave it to the matmul.
+inline bool attention_sums_qkv_bias(const ModelOptions& o) {
+    return o.attention == Attention::tc && attention_tc_backward_of(o) == AttentionTcBackward::split && o.context_parallel == 1;
+}
+// The attention backward's scratch; with those sums, then the rows bias_grad_add_partials reduces them to.
+inline size_t attention_scratch_floats(const ModelOptions& o, int B, int T, int Ct, int NHt) {
+    if (o.attention != Attention::tc) return attention_backward_scratch_floats(B, T, NHt);
+    if (!attention_sums_qkv_bias(o)) return attention_tc_backward_scratch_floats(B, T, Ct, NHt, attention_tc_backward_of(o));
+    return qkv_bias_scratch_offset(B, T, Ct, NHt) + bias_grad_add_partials_scratch_floats(attention_tc_qkv_bias_chunks(B, T), 3 * Ct);
+}
 // The device ints of a micro-batch's documents: each token's document start, or with --cp and
 // --doc-mask each ring step's first visible key of each token (parallel/context.h, context_first_keys).
 inline size_t document_ints(int B, int T, const ModelOptions& o) {
@@ -398,9 +414,7 @@ inline MemoryPlan gpt2_memory_plan(const GPT2Config& whole, int B, int T, const 
                                      matmul_backward_scratch_floats(n, 3 * ct),
                                      matmul_backward_scratch_floats(n, 4 * ct), matmul_backward_scratch_floats(n, ci),
                                      matmul_backward_scratch_floats(n, vp),
-                                     options.attention == Attention::tc
-                                         ? attention_tc_backward_scratch_floats(B, T, int(Ct), int(NHt), attention_tc_backward_of(options))
-                                         : attention_backward_scratch_floats(B, T, int(NHt)),
+                                     attention_scratch_floats(options, B, T, int(Ct), int(NHt)),
                                      global_norm_scratch_floats(shard.optimizer_size()),
                                      options.first_stage() ? encoder_backward_partial_floats(B, T, ci) : size_t(0), size_t(1)});
     plan.add("scratch", "workspace", scratch * F);
@@ -1277,19 +1291,27 @@ inline void gpt2_backward(GPT2& model, const std::function<void(int)>& layer_don
         // Attention branch. Recomputation rebuilds ln1 in the buffer ln2 took over (ln2 is no longer read).
         matmul_backward(mm, b.dbuf_c, dw.attprojw, ln2_sums.any() ? nullptr : dw.attprojb, b.scratch,
                         gather_sequence(model, b.dresidual), x.atty, w.attprojw, BT, Ct, C, stream);
+        // The split tensor-core kernels also sum qkv's bias gradient from the dqkv rows they stage
+        // (attention_sums_qkv_bias); its partial rows are added into dw.qkvb before the matmul, whose
+        // own scratch use would overwrite them.
         const int* doc_mask = model.options.doc_mask ? model.doc_start : nullptr;
+        const bool attention_qkv_bias = attention_sums_qkv_bias(model.options);
         if (model.options.context_parallel > 1)
             ring_attention_backward(model.context, b.dbuf_4c, b.scratch, b.dbuf_c, x.qkv, x.atty, x.att_lse, B,
                                     T * model.context.size, Ct, NHt, stream, doc_mask);
-        else if (model.options.attention == Attention::tc)
-            attention_tc_backward(b.dbuf_4c, b.scratch, b.dbuf_c, x.qkv, x.atty, x.att_lse, B, T, Ct, NHt, stream, doc_mask,
-                                  attention_tc_backward_of(model.options));
-        else
+        else if (model.options.attention == Attention::tc) {
+            const float* qkv_bias_partials = attention_tc_backward(b.dbuf_4c, b.scratch, b.dbuf_c, x.qkv, x.atty, x.att_lse, B, T,
+                                                                   Ct, NHt, stream, doc_mask, attention_tc_backward_of(model.options),
+                                                                   attention_qkv_bias);
+            if (attention_qkv_bias)
+                bias_grad_add_partials(dw.qkvb, qkv_bias_partials, attention_tc_qkv_bias_chunks(B, T), 3 * Ct,
+                                       b.scratch + qkv_bias_scratch_offset(B, T, Ct, NHt), stream);
+        } else
             attention_backward(b.dbuf_4c, b.scratch, b.dbuf_c, x.qkv, x.atty, x.att_lse, B, T, Ct, NHt, stream, doc_mask);
         if (model.options.recompute != Recompute::none)
             layernorm_forward(x.ln1, nullptr, nullptr, x.input, w.ln1w, w.ln1b, rows, C, stream);
-        matmul_backward(mm, b.dbuf_c, dw.qkvw, dw.qkvb, b.scratch, b.dbuf_4c, gather_sequence(model, x.ln1), w.qkvw, BT, C,
-                        3 * Ct, stream);
+        matmul_backward(mm, b.dbuf_c, dw.qkvw, attention_qkv_bias ? nullptr : dw.qkvb, b.scratch, b.dbuf_4c,
+                        gather_sequence(model, x.ln1), w.qkvw, BT, C, 3 * Ct, stream);
         const floatX* dln1 = sum_over_tensor_ranks(model, b.dbuf_c);  // f: ln1's gradient from every rank's heads
         // ln1's gradient joins too: dresidual becomes the gradient of this layer's input.
         layernorm_backward(b.dresidual, dw.ln1w, dw.ln1b, b.scratch, dln1, x.input, w.ln1w, x.ln1_mean, x.ln1_rstd, rows, C,

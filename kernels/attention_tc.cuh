@@ -171,6 +171,37 @@ __device__ inline void store_warp_rows(Dst* dst, size_t dst_stride, bf16* rows, 
     }
 }
 
+// The qkv bias gradient's share of a block's rows: column sums of `kTiles` tiles of kBlockRows staged bf16
+// rows (the values store_warp_rows wrote, still in shared memory: tile i at staged + i * kBlockRows * ld,
+// row r at + r * ld), rows at or beyond T (from row0) left out, to sums[i * section + c] for c < HS. Every
+// thread of the block calls it (it has barriers), after the stores; `area` is kThreads * 8 floats of shared
+// memory no one reads any more. Each thread adds one 16-byte column group over its group of rows, then a
+// thread per column adds the row groups in order: the same sums at every schedule, no atomics.
+template <int HS, int kTiles>
+__device__ inline void sum_staged_columns(float* sums, size_t section, const bf16* staged, float* area, int row0, int T) {
+    constexpr int ld = kLd<HS>, kChunks = HS / 8, kTileThreads = kThreads / kTiles;
+    constexpr int kGroups = kTileThreads / kChunks, kGroupRows = kBlockRows / kGroups;
+    static_assert(kThreads % kTiles == 0 && kTileThreads % kChunks == 0 && kBlockRows % kGroups == 0, "whole groups");
+    const int tile = int(threadIdx.x) / kTileThreads, local = int(threadIdx.x) % kTileThreads;
+    const int chunk = local % kChunks, group = local / kChunks, rows = min(kBlockRows, T - row0);
+    __syncthreads();  // every warp's staged rows
+    float acc[8] = {};
+    for (int r = group * kGroupRows; r < min(rows, (group + 1) * kGroupRows); ++r) {
+        float values[8];
+        unpack_floats(values, load128(staged + size_t(tile) * kBlockRows * ld + r * ld + chunk * 8));
+        LANE_LOOP
+        for (int i = 0; i < 8; ++i) acc[i] += values[i];
+    }
+    float* mine = area + (tile * kGroups + group) * HS + chunk * 8;
+    for (int i = 0; i < 8; ++i) mine[i] = acc[i];
+    __syncthreads();
+    for (int c = int(threadIdx.x); c < kTiles * HS; c += kThreads) {
+        float sum = 0.0f;
+        for (int g = 0; g < kGroups; ++g) sum += area[((c / HS) * kGroups + g) * HS + c % HS];
+        sums[size_t(c / HS) * section + c % HS] = sum;
+    }
+}
+
 // A key-row warp's tile pair (dK/dV and fused kernels): from S^T (in p) and dP^T (in ds), both 16 keys
 // x kQueries in the accumulator layout, P = exp(S / sqrt(hs) - lse) and dS = P (dP - D), lse in base 2
 // and D of the tile's queries at lse_rows and d_rows. With `test_each` (a warp-uniform flag: the masks
@@ -411,7 +442,7 @@ template <int HS, typename Grad>
 static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
     attention_tc_backward_dkdv_kernel(Grad* dkv, int dkv_stride, const __nv_bfloat16* dout, const __nv_bfloat16* q,
                                       const __nv_bfloat16* kv, const float* lse, const float* D, const int* doc_start,
-                                      AttentionSpan span, int C, int NH, bool accumulate) {
+                                      AttentionSpan span, int C, int NH, bool accumulate, float* qkv_bias_partials) {
     using namespace attention_tc_detail;
     constexpr int ld = kLd<HS>, kQueries = kDkdvQueries<HS>;
     const int Tq = span.Tq, Tk = span.Tk, lead = span.key_lead;
@@ -500,6 +531,11 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
                         accumulate);
     store_warp_rows<HS>(head_dst + C, size_t(dkv_stride), v_tile + warp * kWarpRows * ld, dv, dv_scale, warp_key0, Tk,
                         accumulate);
+    // The k and v bias gradients' column sums of the block's rows: its chunk's partial row (3C: q, k, v).
+    static_assert(2 * kQueries * ld * sizeof(bf16) >= kThreads * 8 * sizeof(float), "the query tiles hold the sums' area");
+    if (qkv_bias_partials != nullptr)
+        sum_staged_columns<HS, 2>(qkv_bias_partials + (size_t(b) * gridDim.x + blockIdx.x) * 3 * C + C + h * HS, size_t(C),
+                                  k_tile, reinterpret_cast<float*>(q_tiles), k0, Tk);
 }
 
 // dQ: grid (query blocks, NH, B). Each warp owns 16 queries and streams the key tiles the causal
@@ -508,7 +544,7 @@ template <int HS, typename Grad>
 static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
     attention_tc_backward_dq_kernel(Grad* dq, int dq_stride, const __nv_bfloat16* dout, const __nv_bfloat16* q,
                                     const __nv_bfloat16* kv, const float* lse, const float* D, const int* doc_start,
-                                    AttentionSpan span, int C, int NH, bool accumulate) {
+                                    AttentionSpan span, int C, int NH, bool accumulate, float* qkv_bias_partials) {
     using namespace attention_tc_detail;
     constexpr int ld = kLd<HS>, kKeys = kDqKeys<HS>;
     const int Tq = span.Tq, Tk = span.Tk, lead = span.key_lead;
@@ -601,6 +637,11 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
     const float dq_scale[2] = {scale, scale};
     store_warp_rows<HS>(dq + size_t(b) * span.q_seq * dq_stride + h * HS, size_t(dq_stride), q_tile + warp * kWarpRows * ld,
                         dq_acc, dq_scale, warp_row0, Tq, accumulate);
+    // The q bias gradient's column sums of the block's rows, into its chunk's partial row (3C: q, k, v).
+    static_assert(2 * kKeys * ld * sizeof(bf16) >= kThreads * 8 * sizeof(float), "the key tiles hold the sums' area");
+    if (qkv_bias_partials != nullptr)
+        sum_staged_columns<HS, 1>(qkv_bias_partials + (size_t(b) * gridDim.x + q0 / kBlockRows) * 3 * C + h * HS, size_t(C),
+                                  q_tile, reinterpret_cast<float*>(k_tiles), q0, Tq);
 }
 
 // Fused backward (attention_tc_backward with AttentionTcBackward::fused), causal self-attention with or
@@ -785,12 +826,16 @@ inline std::string attention_tc_requirements(int B, int T, int C, int NH) {
 enum class AttentionTcBackward { split, fused };
 
 // The causal backward's scratch: D (B, NH, T), and for the fused kernel dQ's float partial sums
-// (B, NH, T, hs) after it, 16-byte aligned.
+// (B, NH, T, hs) after it, 16-byte aligned; or, for the split kernels with the qkv bias sums, their
+// partial rows after D (attention_tc_qkv_bias_chunks(B, T) rows of 3C floats, one per block of rows).
 inline size_t attention_tc_dq_sums_offset(int B, int T, int NH) { return (size_t(B) * T * NH + 3) / 4 * 4; }
+inline int attention_tc_qkv_bias_chunks(int B, int T) { return B * int(ceil_div(T, attention_tc_detail::kBlockRows)); }
 inline size_t attention_tc_backward_scratch_floats(int B, int T, int C, int NH,
-                                                   AttentionTcBackward how = AttentionTcBackward::split) {
-    return how == AttentionTcBackward::fused ? attention_tc_dq_sums_offset(B, T, NH) + size_t(B) * T * C
-                                             : size_t(B) * T * NH;
+                                                   AttentionTcBackward how = AttentionTcBackward::split,
+                                                   bool qkv_bias_sums = false) {
+    if (how == AttentionTcBackward::fused) return attention_tc_dq_sums_offset(B, T, NH) + size_t(B) * T * C;
+    return qkv_bias_sums ? attention_tc_dq_sums_offset(B, T, NH) + size_t(attention_tc_qkv_bias_chunks(B, T)) * 3 * C
+                         : size_t(B) * T * NH;
 }
 
 namespace attention_tc_detail {
@@ -873,7 +918,19 @@ void forward(Out* out, float* lse, const X* q, const X* kv, AttentionSpan span, 
 template <typename X, typename Grad>
 void backward(Grad* dq, int dq_stride, Grad* dkv, int dkv_stride, const X* dout, const X* q, const X* kv, const float* lse,
               const float* D, AttentionSpan span, int B, int C, int NH, cudaStream_t stream, const int* doc_start,
-              bool accumulate, cudaEvent_t key_gradients_done) {
+              bool accumulate, cudaEvent_t key_gradients_done, float* qkv_bias_partials) {
+    // The bias sums read the bf16 rows the kernels stage in shared memory before writing them (float
+    // gradients are stored from the registers), and an accumulated gradient is not the rows' alone; their
+    // partial rows are laid out for dqkv's (B, T, 3C): one query and key block per 64 rows.
+    if (qkv_bias_partials != nullptr) {
+        require_supported("attention_tc_backward", !std::is_same_v<Grad, bf16> || accumulate
+                                                       ? "attention: the qkv bias sums need bf16 gradients written, not accumulated"
+                                                       : "");
+        require_supported("attention_tc_backward",
+                          span.Tq != span.Tk || dq_stride != 3 * C || dkv_stride != 3 * C || dkv != dq + C
+                              ? "attention: the qkv bias sums need dqkv's rows (B, T, 3C): as many queries as keys"
+                              : "");
+    }
     if constexpr (std::is_same_v<X, bf16>) {
         const int hs = C / NH;
         const double BNH = double(B) * NH, bf = sizeof(bf16), G = sizeof(Grad) * (accumulate ? 2.0 : 1.0);
@@ -890,17 +947,19 @@ void backward(Grad* dq, int dq_stride, Grad* dkv, int dkv_stride, const X* dout,
             // products), dQ computes S, dP and dQ (3), 2 * 64 * tile * hs FLOPs each per tile pair;
             // each writes its gradients (and reads them once more when accumulating).
             // With document masking these are upper bounds (the tiles skipped depend on the data).
+            // With the qkv bias sums, each block writes its rows' column sums (a float per column).
             const double reads = (2 * q_elems + 2 * k_elems) * bf + 2 * row_floats;
+            const double sums = qkv_bias_partials ? sizeof(float) : 0.0;
             const KernelCost dkdv_cost{BNH * key_block_query_tiles(span, kDkdvQueries<HS>) * 8.0 * kBlockRows *
                                            kDkdvQueries<HS> * HS,
-                                       reads + 2 * k_elems * G, WorkKind::tensor_cores};
+                                       reads + 2 * k_elems * G + 2 * k_elems / kBlockRows * sums, WorkKind::tensor_cores};
             const KernelCost dq_cost{BNH * query_block_key_tiles(span, kDqKeys<HS>) * 6.0 * kBlockRows * kDqKeys<HS> * HS,
-                                     reads + q_elems * G, WorkKind::tensor_cores};
+                                     reads + q_elems * G + q_elems / kBlockRows * sums, WorkKind::tensor_cores};
             launch<dkdv_kernel>(dkdv_cost, dim3(ceil_div(span.Tk, kBlockRows), NH, B), dim3(kThreads), dkdv_smem, stream,
-                                dkv, dkv_stride, dout, q, kv, lse, D, doc_start, span, C, NH, accumulate);
+                                dkv, dkv_stride, dout, q, kv, lse, D, doc_start, span, C, NH, accumulate, qkv_bias_partials);
             if (key_gradients_done) CUDA_CHECK(cudaEventRecord(key_gradients_done, stream));
             launch<dq_kernel>(dq_cost, dim3(ceil_div(span.Tq, kBlockRows), NH, B), dim3(kThreads), dq_smem, stream, dq,
-                              dq_stride, dout, q, kv, lse, D, doc_start, span, C, NH, accumulate);
+                              dq_stride, dout, q, kv, lse, D, doc_start, span, C, NH, accumulate, qkv_bias_partials);
         });
     }
 }
@@ -964,25 +1023,35 @@ template <typename Grad>
 inline void attention_tc_backward(Grad* dq, int dq_stride, Grad* dkv, int dkv_stride, const floatX* dout, const floatX* q,
                                   const floatX* kv, const float* lse, const float* D, AttentionSpan span, int B, int C,
                                   int NH, cudaStream_t stream, const int* doc_start = nullptr, bool accumulate = false,
-                                  cudaEvent_t key_gradients_done = nullptr) {
+                                  cudaEvent_t key_gradients_done = nullptr, float* qkv_bias_partials = nullptr) {
     attention_tc_detail::check_span("attention_tc_backward", span, B, C, NH);
     span.key_lead = std::min(span.key_lead, span.Tk);
     attention_tc_detail::backward(dq, dq_stride, dkv, dkv_stride, dout, q, kv, lse, D, span, B, C, NH, stream, doc_start,
-                                  accumulate, key_gradients_done);
+                                  accumulate, key_gradients_done, qkv_bias_partials);
 }
 
 // Causal self-attention's backward: dqkv (B, T, 3C) from dout, with scratch of
-// attention_tc_backward_scratch_floats(B, T, C, NH, how) floats (D, and the fused kernel's dQ sums).
-inline void attention_tc_backward(floatX* dqkv, float* scratch, const floatX* dout, const floatX* qkv,
-                                  const floatX* out, const float* lse, int B, int T, int C, int NH,
-                                  cudaStream_t stream, const int* doc_start = nullptr,
-                                  AttentionTcBackward how = AttentionTcBackward::split) {
+// attention_tc_backward_scratch_floats(B, T, C, NH, how, qkv_bias_sums) floats (D, and the fused kernel's
+// dQ sums). With qkv_bias_sums (split kernels only), the kernels also sum the columns of the dqkv rows they
+// write, a partial row of 3C floats per block of kBlockRows rows; returns where in the scratch those
+// attention_tc_qkv_bias_chunks(B, T) rows are (for bias_grad_add_partials, kernels/matmul.cuh), else null.
+// They save the qkv matmul's bias gradient its pass over dqkv (3C x B*T bf16 read: at d12, B=64, 302 MB a
+// layer, 0.12 ms at 2.6 TB/s).
+inline const float* attention_tc_backward(floatX* dqkv, float* scratch, const floatX* dout, const floatX* qkv,
+                                          const floatX* out, const float* lse, int B, int T, int C, int NH,
+                                          cudaStream_t stream, const int* doc_start = nullptr,
+                                          AttentionTcBackward how = AttentionTcBackward::split, bool qkv_bias_sums = false) {
     require_supported("attention_tc_backward", attention_tc_requirements(B, T, C, NH));
+    require_supported("attention_tc_backward", qkv_bias_sums && how == AttentionTcBackward::fused
+                                                   ? "attention: the fused backward does not sum the qkv bias gradient"
+                                                   : "");
     float* D = scratch;  // (B, NH, T)
+    float* bias_partials = qkv_bias_sums ? scratch + attention_tc_dq_sums_offset(B, T, NH) : nullptr;
     attention_backward_rowdot(D, dout, out, B, T, C, NH, stream);
     if (how == AttentionTcBackward::fused)
         attention_tc_detail::backward_fused(dqkv, scratch, dout, qkv, lse, B, T, C, NH, stream, doc_start);
     else
         attention_tc_backward<floatX>(dqkv, 3 * C, dqkv + C, 3 * C, dout, qkv, qkv + C, lse, D, causal_span(T, C), B, C,
-                                      NH, stream, doc_start);
+                                      NH, stream, doc_start, false, nullptr, bias_partials);
+    return bias_partials;
 }

@@ -358,14 +358,18 @@ constexpr int kBiasRowThreads = 4;  // blockDim.y
 // (d12 B=4 T=64 step: 46 -> 20-22 ms against 64 rows a chunk).
 constexpr int kBiasMinRowsPerChunk = 256, kBiasMaxChunks = 128;
 constexpr int kPack = Packed128<floatX>::size;
-constexpr int kBiasColumnsPerBlock = 32 * kPack;
+// A block's columns: 32 16-byte groups of the rows it reads (floatX: dout; float: another kernel's
+// partial rows, bias_grad_add_partials).
+template <typename In> constexpr int kBiasColumnsPerBlock = 32 * Packed128<In>::size;
 
 inline int bias_grad_chunks(int N) { return std::min(int(ceil_div(N, kBiasMinRowsPerChunk)), kBiasMaxChunks); }
 
+template <typename In>
 static __global__ void __launch_bounds__(32 * kBiasRowThreads)
-    bias_grad_partial_kernel(float* partials, const floatX* dout, int N, int OC, int rows_per_chunk) {
-    __shared__ float column_sums[kBiasRowThreads][kBiasColumnsPerBlock];
-    const int block_column = blockIdx.x * kBiasColumnsPerBlock;
+    bias_grad_partial_kernel(float* partials, const In* dout, int N, int OC, int rows_per_chunk) {
+    constexpr int kPack = Packed128<In>::size, kColumns = kBiasColumnsPerBlock<In>;
+    __shared__ float column_sums[kBiasRowThreads][kColumns];
+    const int block_column = blockIdx.x * kColumns;
     const int column = block_column + threadIdx.x * kPack;
     const int row_end = min(N, int(blockIdx.y + 1) * rows_per_chunk);
     // Two running sums, the thread's even and odd rows, added at the end: one was a chain of
@@ -389,7 +393,7 @@ static __global__ void __launch_bounds__(32 * kBiasRowThreads)
     __syncthreads();
     // The threads finish the block's columns (kPack / kBiasRowThreads each): the row threads' sums in
     // a fixed order.
-    for (int local = threadIdx.y * 32 + threadIdx.x; local < kBiasColumnsPerBlock && block_column + local < OC;
+    for (int local = threadIdx.y * 32 + threadIdx.x; local < kColumns && block_column + local < OC;
          local += 32 * kBiasRowThreads) {
         float sum = 0.0f;
         for (int y = 0; y < kBiasRowThreads; ++y) sum += column_sums[y][local];
@@ -429,6 +433,32 @@ static __global__ void bias_grad_finish_kernel(floatX* dbias, const Partial* par
     LANE_LOOP
     for (int i = 0; i < kPack; ++i) bias[i] += sums[i];  // +=: accumulate
     store128(dbias + column, pack_floats<floatX>(bias));
+}
+
+// dbias += the sums of `chunks` partial rows of OC values, in row order: one read of the partials, dbias
+// read and written.
+template <typename Partial>
+inline void finish_bias_grad(floatX* dbias, const Partial* partials, int chunks, int OC, cudaStream_t stream) {
+    constexpr int threads = 128;
+    const double partial_values = double(chunks) * OC;
+    const KernelCost cost{partial_values + OC, partial_values * sizeof(Partial) + 2.0 * OC * sizeof(floatX)};
+    launch<bias_grad_finish_kernel<Partial>>(cost, dim3(ceil_div(OC / kPack, threads)), dim3(threads), 0, stream, dbias,
+                                             partials, chunks, OC);
+}
+
+// dbias += the column sums of N rows of OC values at `rows` (In: floatX, an output's gradient; float,
+// another kernel's partial rows): the partial kernel's rows into `scratch` (bias_grad_chunks(N) rows of
+// OC floats), then the finishing kernel.
+template <typename In>
+inline void sum_bias_grad(floatX* dbias, float* scratch, const In* rows, int N, int OC, cudaStream_t stream) {
+    const int chunks = bias_grad_chunks(N), rows_per_chunk = int(ceil_div(N, chunks));
+    const int used_chunks = int(ceil_div(N, rows_per_chunk));
+    // Column sums: one add per value, read once; one partial row per chunk written.
+    const double partial_floats = double(used_chunks) * OC;
+    const KernelCost cost{double(N) * OC, double(N) * OC * sizeof(In) + partial_floats * sizeof(float)};
+    launch<bias_grad_partial_kernel<In>>(cost, dim3(ceil_div(OC, kBiasColumnsPerBlock<In>), used_chunks),
+                                         dim3(32, kBiasRowThreads), 0, stream, scratch, rows, N, OC, rows_per_chunk);
+    finish_bias_grad(dbias, (const float*)scratch, used_chunks, OC, stream);
 }
 
 // "matmul_forward(C=768, OC=2304, bias, gelu)": one row per layer shape in the roofline tables.
@@ -588,35 +618,32 @@ inline void matmul_backward(const Matmul& mm, floatX* dinp, floatX* dweight, flo
     // while the GEMM reads dout anyway: FP32 sums, or (bias_grad_in_output_type) sums in D's type
     // where those are refused. It overwrites its output, so it goes to scratch and the finishing
     // kernel adds it into dbias (+=, one rounding), as after the partials.
-    const int threads = 128;
-    const double X = sizeof(floatX);
     if (mm.fuse_bias_grad) {
         Gemm fused = weight_grad;
         fused.epilogue = CUBLASLT_EPILOGUE_BGRADB;
-        const auto finish = [&](auto partial) {
-            using Partial = decltype(partial);
-            const KernelCost finish_cost{double(OC), double(OC) * sizeof(Partial) + 2.0 * OC * X};
-            launch<bias_grad_finish_kernel<Partial>>(finish_cost, dim3(ceil_div(OC / kPack, threads)), dim3(threads), 0, stream,
-                                                     dbias, (const Partial*)scratch, 1, OC);
-        };
         if (try_run(mm, fused, scratch, CUDA_R_32F, stream, record_name("matmul_backward_dweight", C, OC, {"dbias"})))
-            return finish(float{});
+            return finish_bias_grad(dbias, (const float*)scratch, 1, OC, stream);
         if (kFloatXType != CUDA_R_32F && mm.bias_grad_in_output_type &&
             try_run(mm, fused, scratch, kFloatXType, stream, record_name("matmul_backward_dweight", C, OC, {"dbias bf16"})))
-            return finish(floatX{});
+            return finish_bias_grad(dbias, (const floatX*)scratch, 1, OC, stream);
     }
     run(mm, weight_grad, stream, weight_grad_name);
-    {
-        const int chunks = bias_grad_chunks(N), rows_per_chunk = int(ceil_div(N, chunks));
-        const int used_chunks = int(ceil_div(N, rows_per_chunk));
-        // Column sums: one add per dout element, read once; one partial row per chunk written. Then
-        // the partials read once and added into dbias (read and written).
-        const double partial_floats = double(used_chunks) * OC;
-        const KernelCost partial_cost{double(N) * OC, double(N) * OC * X + partial_floats * sizeof(float)};
-        launch<bias_grad_partial_kernel>(partial_cost, dim3(ceil_div(OC, kBiasColumnsPerBlock), used_chunks),
-                                         dim3(32, kBiasRowThreads), 0, stream, scratch, dout, N, OC, rows_per_chunk);
-        const KernelCost finish_cost{partial_floats + OC, partial_floats * sizeof(float) + 2.0 * OC * X};
-        launch<bias_grad_finish_kernel<float>>(finish_cost, dim3(ceil_div(OC / kPack, threads)), dim3(threads), 0, stream, dbias,
-                                               (const float*)scratch, used_chunks, OC);
-    }
+    sum_bias_grad(dbias, scratch, dout, N, OC, stream);
+}
+
+// Scratch of bias_grad_add_partials(..., chunks, OC, ...): the partial rows' own partial rows.
+inline size_t bias_grad_add_partials_scratch_floats(int chunks, int OC) { return matmul_backward_scratch_floats(chunks, OC); }
+
+// dbias += the column sums of `chunks` rows of OC floats that another kernel summed while it wrote the
+// rows it sums (the tensor-core attention backward's qkv sums, kernels/attention_tc.cuh: a row per block
+// of 64 rows, 1,024 of them at d12, B=64), through the column-sum and finishing kernels (a finishing
+// kernel alone would read them with ceil(OC / 1024) blocks: 3 for 2304 columns). Deterministic: rows in
+// order, as for matmul_backward's partials.
+inline void bias_grad_add_partials(floatX* dbias, const float* partials, int chunks, int OC, float* scratch,
+                                   cudaStream_t stream) {
+    require_supported("bias_grad_add_partials", dbias == nullptr || partials == nullptr || scratch == nullptr
+                                                    ? "matmul: dbias, partials or scratch is NULL"
+                                                : chunks <= 0 ? "matmul: chunks = " + std::to_string(chunks) + " is not positive"
+                                                              : matmul_requirements(8, OC));
+    matmul_detail::sum_bias_grad(dbias, scratch, partials, chunks, OC, stream);
 }
