@@ -2194,7 +2194,7 @@ inline int generate(const RunConfig& rc, const Distributed& dist) {
                  generated.back() == eot ? " (the last an end-of-text)" : "", seconds, first,
                  generated.size() > 1 ? double(generated.size() - 1) / (seconds - first) : 0.0, rc.kv_cache.c_str(),
                  kPrecisionName, attention_name(options.attention));
-    keep_matmul_algos(model.matmul, kept_algos, true);
+    keep_matmul_algos(model.matmul, kept_algos, false);  // written; stdout keeps the text alone
     gpt2_free(model);
     CUDA_CHECK(cudaStreamDestroy(model.stream));
     return 0;
