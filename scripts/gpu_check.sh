@@ -11,7 +11,8 @@
 #   profile   --profile-step: every kernel's measured time beside its H100 roofline estimate, and the
 #             libraries' time per kernel family at the same shapes (dev/bench/library_baselines.py);
 #             the attention rows again with --attention-backward fused, the weight gradients' GEMMs and
-#             bias-gradient kernels again with --bias-grad epilogue, and a GPT-2 1.5B (d48) step at
+#             bias-gradient kernels again with --bias-grad epilogue, the GEMMs again with --matmul-autotune
+#             (the train stage's picks where it ran), and a GPT-2 1.5B (d48) step at
 #             B=8 (D48_B; none where 0): the 55% target's kernels; each kernel's time against
 #             the first H100 profile (scripts/profile_delta.py: profile_delta.json)
 #   sanitize  compute-sanitizer memcheck, racecheck and synccheck over a short training run and the
@@ -57,8 +58,9 @@
 #   D48_B           micro-batch of the profile stage's d48 step (default 8: 1.5B parameters, ran on one
 #                   80 GB H100; 0 skips it)
 #   CTEST_ARGS      extra ctest arguments of the test stage (e.g. "-R test_kernel -j 8")
-#   SANITIZE_RUNS   the sanitize stage's runs to make, as tool:target words (default all 9: memcheck,
-#                   racecheck, synccheck x train, test_kernel_layernorm, test_kernel_attention)
+#   SANITIZE_RUNS   the sanitize stage's runs to make, as tool:target words (default all 12: memcheck,
+#                   racecheck, synccheck x train, test_kernel_layernorm, test_kernel_attention,
+#                   test_kernel_attention_tc)
 #   TRAIN_DATA      token-shard glob (default data/shakespeare/train_*.bin, prepared by data/prepare.py
 #                   when it can be; else a synthetic shard of random tokens: the timing does not depend
 #                   on the tokens)
@@ -317,7 +319,7 @@ stage_train() {
 }
 
 stage_profile() {
-  local start=$SECONDS rc=0 fused_rc=0 epilogue_rc=0 d48_rc=0 lib_rc=0 train d48_b=${D48_B:-8}
+  local start=$SECONDS rc=0 fused_rc=0 epilogue_rc=0 autotune_rc=0 d48_rc=0 lib_rc=0 train d48_b=${D48_B:-8}
   ensure_train_gpt || { write_json "$out/profile.json" stage=profile ok=false error="train_gpt did not build"; return 1; }
   train=$(training_data)
   run_logged "$logs/profile.log" "$gpu_dir/train_gpt" -e d12 -b "$B" -t "$T" -v 0 -s 0 -i "$train" --profile-step || rc=$?
@@ -325,6 +327,12 @@ stage_profile() {
     --profile-step --attention-backward fused || fused_rc=$?
   run_logged "$logs/profile_bias_grad_epilogue.log" "$gpu_dir/train_gpt" -e d12 -b "$B" -t "$T" -v 0 -s 0 -i "$train" \
     --profile-step --bias-grad epilogue || epilogue_rc=$?
+  # The GEMMs with autotune's picks (the train stage's file when it ran at this B and T; else timed here):
+  # which shapes gain what autotune measured over the whole step.
+  local picks=()
+  [ -f build/gpu_check_runs/autotune/matmul_algos.json ] && picks=(--matmul-algos build/gpu_check_runs/autotune/matmul_algos.json)
+  run_logged "$logs/profile_autotune.log" "$gpu_dir/train_gpt" -e d12 -b "$B" -t "$T" -v 0 -s 0 -i "$train" \
+    --profile-step --matmul-autotune ${picks[@]+"${picks[@]}"} || autotune_rc=$?
   # GPT-2 1.5B: no profile of it exists yet (the first GPU run timed its steps only, 189-197 ms at B=8).
   rm -f "$logs/profile_d48.log"
   if [ "$d48_b" != 0 ]; then
@@ -337,11 +345,12 @@ stage_profile() {
     lib_rc=$?
   python3 - "$logs/profile.log" "$out/profile.json" "$rc" "$((SECONDS - start))" "$B" "$T" "$logs/library.json" "$lib_rc" \
     "$logs/profile_fused_backward.log" "$fused_rc" "$logs/profile_bias_grad_epilogue.log" "$epilogue_rc" \
-    "$logs/profile_d48.log" "$d48_rc" "$d48_b" <<'PY'
+    "$logs/profile_d48.log" "$d48_rc" "$d48_b" "$logs/profile_autotune.log" "$autotune_rc" <<'PY'
 import json, os, sys
 (log, dest, rc, seconds, b, t, library, lib_rc, fused_log, fused_rc, epilogue_log, epilogue_rc, d48_log, d48_rc,
- d48_b) = sys.argv[1:16]
+ d48_b, autotune_log, autotune_rc) = sys.argv[1:18]
 rc, lib_rc, fused_rc, epilogue_rc, d48_rc, d48_b = int(rc), int(lib_rc), int(fused_rc), int(epilogue_rc), int(d48_rc), int(d48_b)
+autotune_rc = int(autotune_rc)
 def read_lines(path):  # a log's lines; none where the run left no log
     return [l.rstrip("\n") for l in open(path, errors="replace")] if os.path.exists(path) else []
 STEP_LINES = ("measured", "H100 SXM roofline estimate")
@@ -351,14 +360,17 @@ host = [l for l in lines if l.startswith("host: ")]  # the batch uploads' host t
 fused_rows = [l for l in read_lines(fused_log) if l.startswith(("attention",) + STEP_LINES)]
 epilogue_rows = [l for l in read_lines(epilogue_log)
                  if l.startswith(("matmul_backward_dweight", "matmul_detail::bias_grad") + STEP_LINES)]
+autotune_rows = [l for l in read_lines(autotune_log) if l.startswith(("matmul_", "matmul autotune:") + STEP_LINES)]
 d48 = read_lines(d48_log)
 d48_summary = [l for l in d48 if l.startswith(STEP_LINES)]
 lib = json.load(open(library)) if lib_rc == 0 and os.path.exists(library) else {"exit_code": lib_rc}
 json.dump({"stage": "profile",
-           "ok": rc == 0 and len(summary) == 2 and lib_rc == 0 and fused_rc == 0 and epilogue_rc == 0 and d48_rc == 0,
+           "ok": rc == 0 and len(summary) == 2 and lib_rc == 0 and fused_rc == 0 and epilogue_rc == 0 and d48_rc == 0
+                 and autotune_rc == 0,
            "exit_code": rc, "seconds": int(seconds), "B": int(b), "T": int(t), "summary": summary, "host": host, "library": lib,
            "fused_backward": {"exit_code": fused_rc, "rows": fused_rows},
            "bias_grad_epilogue": {"exit_code": epilogue_rc, "rows": epilogue_rows},
+           "autotune": {"exit_code": autotune_rc, "rows": autotune_rows},
            "d48": {"exit_code": d48_rc, "B": d48_b, "summary": d48_summary, "report": d48[-200:]} if d48_b else None,
            "report": lines[-200:]},
           open(dest, "w"), indent=1)
@@ -369,7 +381,7 @@ PY
     python3 scripts/profile_delta.py docs/gpu_check_2026-11-27_h100/profile.json "$out/profile.json" \
       --json "$out/profile_delta.json" > "$logs/profile_delta.txt" 2>&1 || true
   fi
-  [ $rc = 0 ] && [ $lib_rc = 0 ] && [ $fused_rc = 0 ] && [ $epilogue_rc = 0 ] && [ $d48_rc = 0 ]
+  [ $rc = 0 ] && [ $lib_rc = 0 ] && [ $fused_rc = 0 ] && [ $epilogue_rc = 0 ] && [ $d48_rc = 0 ] && [ $autotune_rc = 0 ]
 }
 
 stage_sanitize() {
@@ -380,7 +392,7 @@ stage_sanitize() {
   # A short run of the small preset (sanitizers slow kernels 10-100x), then kernel tests.
   local run=("$gpu_dir/train_gpt" -e tiny -b 2 -t 64 -x 2 -v 0 -s 0 -n 0 -i "$train")
   local targets=("train:${run[*]}")
-  for t in "$gpu_dir"/test_kernel_layernorm "$gpu_dir"/test_kernel_attention; do
+  for t in "$gpu_dir"/test_kernel_layernorm "$gpu_dir"/test_kernel_attention "$gpu_dir"/test_kernel_attention_tc; do
     [ -x "$t" ] && targets+=("$(basename "$t"):$t")
   done
   # Each run its share of the stage's time; SANITIZE_RUNS="tool:target ..." (e.g. "racecheck:train")
