@@ -443,7 +443,7 @@ train: deps-if-missing $(if $(HAVE_GPU),train_gpt,train_gpt_cpu) $(DATA_DIR)/tok
 	$(TRAIN_BIN) $(TRAIN_FLAGS)
 
 # Fuzzing (scripts/fuzz.sh): libFuzzer targets for every reader of untrusted files (test/fuzz/fuzz_*.cpp:
-# model file, state file, token shard, tokenizer, HellaSwag file, --config JSON) built with clang under
+# model file, state file, token shard, tokenizer, HellaSwag file, --config JSON, matmul picks) built with clang under
 # ASan + UBSan, each run for FUZZ_SECONDS from its committed seed corpus. Not run by CI; its last numbers
 # are in the README. Needs clang (scripts/deps.sh --fuzz installs it).
 .PHONY: fuzz

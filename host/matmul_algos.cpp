@@ -66,10 +66,13 @@ MatmulAlgos read_matmul_algos(const std::string& path) {
         MatmulAlgoPick pick;
         for (size_t f = 0; f < kMatmulPlanKeyFieldCount; ++f) {
             const char* name = kMatmulPlanKeyFields[f];
-            // Every key field is an int or a uint32 in matmul.cuh's PlanKey.
-            if (!entry.contains(name) || !entry[name].is_number_integer() || entry[name].get<int64_t>() < std::numeric_limits<int32_t>::min() ||
-                entry[name].get<int64_t>() > int64_t(std::numeric_limits<uint32_t>::max()))
-                throw fail(where + name + ": missing or not a 32-bit integer");
+            // Every key field is an int or a uint32 in matmul.cuh's PlanKey. (nlohmann reads a non-negative
+            // integer as unsigned: 2^64 - 1 taken as int64 would be -1.)
+            const bool fits = entry.contains(name) && entry[name].is_number_integer() &&
+                              (entry[name].is_number_unsigned()
+                                   ? entry[name].get<uint64_t>() <= std::numeric_limits<uint32_t>::max()
+                                   : entry[name].get<int64_t>() >= std::numeric_limits<int32_t>::min());
+            if (!fits) throw fail(where + name + ": missing or not a 32-bit integer");
             pick.key[f] = entry[name].get<int64_t>();
         }
         if (!parse_algo_hex(text_field(entry, "algo", where), &pick.algo))

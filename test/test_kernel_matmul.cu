@@ -489,6 +489,9 @@ TEST_CASE("matmul algorithms file: written and read back; a file that is not one
     CHECK(broken("\"device\"", "\"dev\"").find("broken.json': device: missing or not a string") != std::string::npos);
     CHECK(broken("\"m\": 73", "\"m\": \"73\"").find("broken.json': picks[0].m: missing or not a 32-bit integer") != std::string::npos);
     CHECK(broken("\"m\": 73", "\"m\": 4294967296").find("picks[0].m: missing or not a 32-bit integer") != std::string::npos);
+    CHECK(broken("\"m\": 73", "\"m\": 18446744073709551615").find("picks[0].m: missing or not a 32-bit integer") !=
+          std::string::npos);  // 2^64 - 1: not -1
+    CHECK(broken("\"m\": 73", "\"m\": -2147483649").find("picks[0].m: missing or not a 32-bit integer") != std::string::npos);
     CHECK(broken("0123456789abcdef", "0123456789abcdeg").find("picks[0].algo: expects 128 lower-case hex digits") != std::string::npos);
     CHECK(broken("\"picks\"", "\"pick\"").find("picks: missing or not an array") != std::string::npos);
     // A folder that cannot be written in: the error names the file.

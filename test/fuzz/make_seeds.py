@@ -69,4 +69,13 @@ write("config", "run.json", json.dumps({"model": "tiny", "batch-size": 2, "seq-l
                                         "lr-schedule": "wsd", "output-dir": "out", "checkpoint-every": 5,
                                         "keep-last": 2, "skip-loss-z": 3.5, "json": False, "attention": "auto",
                                         "on-divergence": "rollback"}, indent=1).encode())
+# The autotune picks file (host/matmul_algos.h): two picks, one of them with a uint32 field at its largest.
+fields = ["transa", "transb", "m", "n", "k", "lda", "ldb", "ldd", "accumulate", "epilogue", "bias_type", "align_a",
+          "align_b", "align_d", "align_bias", "align_aux"]
+picks = [dict(zip(fields, [0, 1, 768, 2304, 65536, 768, 2304, 768, 1, 8, -1, 256, 256, 256, 0, 0]), algo="0" * 127 + "1"),
+         dict(zip(fields, [1, 0, 2304, 65536, 768, 768, 768, 2304, 0, 4294967295, 14, 16, 256, 256, 16, 256]),
+              algo="0123456789abcdef" * 8)]
+write("matmul_algos", "two_picks.json", json.dumps({"format": "train_gpt matmul algorithms 1", "library": "cuBLASLt 130100",
+                                                    "device": "NVIDIA H100 80GB HBM3", "precision": "BF16", "picks": picks},
+                                                   indent=1).encode())
 print("fuzz seeds written to", os.path.join(here, "corpus"))
