@@ -319,6 +319,9 @@ inline void verify_state_range(const std::string& fn, const File& f, const std::
 
 }  // namespace checkpoint_internal
 
+// The atomic whole-file write, for other small files too (autotune's picks, host/matmul_algos.cpp).
+using checkpoint_internal::write_file_atomically;
+
 // ------------------------------------------------------------------------------------------------
 // llm.c model file
 

@@ -2,12 +2,13 @@
 #include "host/matmul_algos.h"
 
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
+
+#include "host/checkpoint.h"  // write_file_atomically
 
 namespace {
 
@@ -95,18 +96,6 @@ void write_matmul_algos(const std::string& path, const MatmulAlgos& algos) {
                                  {"device", algos.origin.device},
                                  {"precision", algos.origin.precision},
                                  {"picks", picks}};
-    const std::string partial = path + ".partial";
-    {
-        std::ofstream out(partial);
-        out << root.dump(1) << "\n";
-        out.close();
-        if (!out) {
-            std::error_code ignored;
-            std::filesystem::remove(partial, ignored);
-            throw std::runtime_error("matmul algorithms '" + path + "': cannot write '" + partial + "'");
-        }
-    }
-    std::error_code error;
-    std::filesystem::rename(partial, path, error);
-    if (error) throw std::runtime_error("matmul algorithms '" + path + "': cannot rename '" + partial + "' over it: " + error.message());
+    const std::string text = root.dump(1) + "\n";
+    write_file_atomically("matmul algorithms '" + path + "'", path, text.data(), text.size());
 }

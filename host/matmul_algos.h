@@ -48,7 +48,8 @@ struct MatmulAlgos {
 // Throws std::runtime_error, one line naming the file and the field, for a file that does not read
 // or is not such a file.
 MatmulAlgos read_matmul_algos(const std::string& path);
-// Writes beside the path and renames over it, so a reader never sees half a file; throws on failure.
+// Atomically (host/checkpoint.h's write_file_atomically: a temp file, fsync, rename), so a reader never
+// sees half a file; throws on failure, naming the file.
 void write_matmul_algos(const std::string& path, const MatmulAlgos& algos);
 
 // The file of this rank: `path` in a world of one, else "<stem>.rank<r><ext>" (matmul_algos.rank3.json),

@@ -463,7 +463,7 @@ TEST_CASE("matmul algorithms file: written and read back; a file that is not one
     algos.picks[1].key[2] = 50304;
     const std::string path = dir.file("algos.json");
     write_matmul_algos(path, algos);
-    CHECK(!std::filesystem::exists(path + ".partial"));
+    CHECK(!std::filesystem::exists(path + ".tmp"));
     const MatmulAlgos read = read_matmul_algos(path);
     CHECK(read.origin == algos.origin);
     REQUIRE(read.picks.size() == 2);
@@ -494,8 +494,10 @@ TEST_CASE("matmul algorithms file: written and read back; a file that is not one
     CHECK(broken("\"m\": 73", "\"m\": -2147483649").find("picks[0].m: missing or not a 32-bit integer") != std::string::npos);
     CHECK(broken("0123456789abcdef", "0123456789abcdeg").find("picks[0].algo: expects 128 lower-case hex digits") != std::string::npos);
     CHECK(broken("\"picks\"", "\"pick\"").find("picks: missing or not an array") != std::string::npos);
-    // A folder that cannot be written in: the error names the file.
-    CHECK(error_of([&] { write_matmul_algos(dir.file("no/such/dir/a.json"), algos); }).find("cannot write") != std::string::npos);
+    // A folder that cannot be written in: the error names the file, and no temp file is left.
+    const std::string nowhere = dir.file("no/such/dir/a.json");
+    CHECK(error_of([&] { write_matmul_algos(nowhere, algos); }).find("matmul algorithms '" + nowhere + "': cannot open '" +
+                                                                     nowhere + ".tmp'") != std::string::npos);
 }
 
 TEST_CASE("matmul algorithms file: one per rank past one rank") {
