@@ -9,7 +9,10 @@
 #define TRAIN_GPT_NO_MAIN
 #include "../train_gpt.cu"
 
+#include <fstream>
 #include <map>
+
+#include <nlohmann/json.hpp>
 
 #include "mpi_test_util.h"
 #include "test_util.h"
@@ -333,17 +336,19 @@ TEST_CASE("record-only mode: memory is only reserved and nothing executes") {
 
 TEST_CASE("roofline: per-launch estimates, the stream replay and MFU") {
     const double ms = 1e-3;
-    // An 8192^3 GEMM runs at the 798 TFLOP/s measured on an H100 SXM; a kernel of 132 blocks or more
-    // streams at 80% of 3.35 TB/s.
-    LaunchRecord gemm{"gemm", WorkKind::matmul, dim3(0, 0, 0), dim3(0, 0, 0), 0, 798e12 * ms, 1e6};
+    // An 8192^3 GEMM runs at the 798 TFLOP/s measured on an H100 SXM (its A, B and D in BF16 are
+    // the bytes the anchor was taken with); a kernel of 132 blocks or more streams at 80% of 3.35 TB/s.
+    const double n = 8192;
+    LaunchRecord gemm{"gemm", WorkKind::matmul, dim3(0, 0, 0), dim3(0, 0, 0), 0, 2 * n * n * n, 3 * n * n * 2};
     gemm.gemm_m = gemm.gemm_n = gemm.gemm_k = 8192;
+    const double gemm_s = 2 * n * n * n / 798e12;
     LaunchRecord stream_kernel{"copy_kernel", WorkKind::cuda_cores, dim3(132), dim3(256), 0, 1e6, 0.8 * 3.35e12 * ms};
-    // One millisecond of each roof, plus the 3 us launch overhead (dev/roofline.h's figures).
-    CHECK(roofline_time(gemm).seconds == Approx(ms + 3e-6).epsilon(1e-9));
+    // The roofs' times, plus the 3 us launch overhead (dev/roofline.h's figures).
+    CHECK(roofline_time(gemm).seconds == Approx(gemm_s + 3e-6).epsilon(1e-9));
     CHECK(roofline_time(stream_kernel).seconds == Approx(ms + 3e-6).epsilon(1e-9));
     const std::vector<KernelRow> rows = kernel_rows({gemm, stream_kernel, stream_kernel});
     REQUIRE(rows.size() == 2);
-    CHECK(rows[0].name == "copy_kernel");  // longest estimate first
+    CHECK(rows[0].name == "copy_kernel");  // longest estimate first: 2 ms against the GEMM's 1.38
     CHECK(rows[0].launches == 2);
     CHECK(std::string(bound_of(rows[0])) == "memory");
     CHECK(std::string(bound_of(rows[1])) == "compute");
@@ -351,6 +356,7 @@ TEST_CASE("roofline: per-launch estimates, the stream replay and MFU") {
     // Two streams: the communication waits for the compute stream's first kernel (an event), then
     // runs 1 ms while the second kernel runs: only its 10 us latency and the 7 us extra past the
     // compute stream's end are exposed.
+    LaunchRecord kernel{"ms_kernel", WorkKind::cuda_cores, dim3(132), dim3(256), 0, 0, 0.8 * 3.35e12 * ms};
     int stream_a = 0, stream_b = 0, event = 0;
     auto on = [](LaunchRecord r, void* stream) {
         r.stream = static_cast<cudaStream_t>(stream);
@@ -359,14 +365,16 @@ TEST_CASE("roofline: per-launch estimates, the stream replay and MFU") {
     LaunchRecord comm{"ncclAllReduce", WorkKind::communication, dim3(0, 0, 0), dim3(0, 0, 0), 0, 0, 0.8 * 450e9 * ms};
     LaunchRecord record{"cudaEventRecord", WorkKind::event_record}, wait{"cudaStreamWaitEvent", WorkKind::stream_wait};
     record.event = wait.event = &event;
-    const StepTimeline t = replay_streams({on(gemm, &stream_a), on(record, &stream_a), on(wait, &stream_b),
-                                           on(comm, &stream_b), on(gemm, &stream_a)});
+    const StepTimeline t = replay_streams({on(kernel, &stream_a), on(record, &stream_a), on(wait, &stream_b),
+                                           on(comm, &stream_b), on(kernel, &stream_a)});
     CHECK(t.has_dependencies);
     CHECK(t.busiest_stream_s == Approx(2 * (ms + 3e-6)));
     CHECK(t.step_s == Approx((ms + 3e-6) + (ms + 10e-6)));
     CHECK(t.exposed_s == Approx(7e-6).margin(1e-12));
+    CHECK(t.estimate_s() == Approx(t.step_s * (1 + H100Model::kUnmodeledShareOurs)));
+    CHECK(t.estimate_s(H100Model::kUnmodeledShareLlmc) == Approx(t.step_s * (1 + H100Model::kUnmodeledShareLlmc)));
     // Without the dependency the communication starts at once and hides entirely.
-    const StepTimeline independent = replay_streams({on(gemm, &stream_a), on(comm, &stream_b), on(gemm, &stream_a)});
+    const StepTimeline independent = replay_streams({on(kernel, &stream_a), on(comm, &stream_b), on(kernel, &stream_a)});
     CHECK(independent.step_s == Approx(2 * (ms + 3e-6)));
 
     // MFU: 1e6 tokens/s on one GPU of a model with 6N + 6LCT = 6e9 + 6 * 12 * 768 * 1024 FLOPs/token.
@@ -378,36 +386,177 @@ TEST_CASE("roofline: per-launch estimates, the stream replay and MFU") {
     CHECK(table.find("total (all streams)") != std::string::npos);
 }
 
-TEST_CASE("roofline calibration: the measured GEMM, wave quantization, small grids") {
-    // The anchor: an 8192^3 product at the 798 TFLOP/s measured on this workplace's H100 SXM.
-    CHECK(H100Model::gemm_efficiency(8192, 8192) * H100Model::kTensorFlops == Approx(798e12).epsilon(1e-12));
-    // One output tile past a full wave (132 tiles of 128 x 256) costs a whole second wave.
-    const double one_wave = H100Model::gemm_efficiency(128 * 132, 256), two_waves = H100Model::gemm_efficiency(128 * 133, 256);
-    CHECK(one_wave == Approx(H100Model::gemm_peak_fraction()));
+TEST_CASE("roofline calibration: the measured GEMM, wave quantization, split k, small grids") {
+    using M = H100Model;
+    // The anchor: an 8192^3 product at the 798 TFLOP/s measured on this workplace's H100 SXM, of
+    // which its main loop and the bytes it does not hide.
+    const double n = 8192, flops = 2 * n * n * n;
+    CHECK(flops / (M::gemm_efficiency(8192, 8192, 8192) * M::kTensorFlops) + M::gemm_unhidden_seconds(3 * n * n * 2) ==
+          Approx(flops / 798e12).epsilon(1e-12));
+    // One output tile past a full wave (132 tiles of 128 x 256) costs a whole second wave where k is too
+    // short to split.
+    const double one_wave = M::gemm_efficiency(128 * 132, 256, 1024), two_waves = M::gemm_efficiency(128 * 133, 256, 1024);
+    CHECK(one_wave == Approx(M::gemm_peak_fraction()));
     CHECK(two_waves == Approx(one_wave * 133.0 / 264.0));
-    CHECK(H100Model::gemm_efficiency(256, 128 * 133) == Approx(two_waves));  // either orientation
+    CHECK(M::gemm_efficiency(256, 128 * 133, 1024) == Approx(two_waves));  // either orientation
+    // A long k is split where that fills the waves: the 18 tiles of a 768 x 768 weight gradient over
+    // 65,536 tokens, 22 ways, fill 3 waves exactly; at most 64 ways and at least 1024 of k each.
+    CHECK(M::gemm_efficiency(768, 768, 65536) == Approx(M::gemm_peak_fraction()));
+    CHECK(M::gemm_efficiency(768, 768, 3 * 1024) == Approx(M::gemm_peak_fraction() * 54.0 / 132.0));
+    CHECK(M::gemm_efficiency(128, 256, 1 << 20) == Approx(M::gemm_peak_fraction() * 64.0 / 132.0));
     // A grid of 33 blocks keeps a quarter of the SMs, and their share of the bandwidth, busy.
     LaunchRecord small{"small_kernel", WorkKind::cuda_cores, dim3(33), dim3(256), 0, 0, 0.8 * 3.35e12 * 1e-3};
     CHECK(roofline_time(small).memory_s == Approx(4e-3));
 }
 
-// llm.c's only published end-to-end H100 figure: GPT-2 1.5B (d48), 8x H100 SXM, B=16, T=1024,
-// 1,048,576 tokens per step (8 micro-steps), ZeRO-1, 2.75 s per step. dev/roofline.h fits the share
-// a roofline misses on it; this holds the estimate of that configuration within 5% as kernels and
-// cost formulas change. BF16 builds only (the tensor-core attention it models llm.c's cuDNN one
-// with); an FP32 build of this file has no such test case rather than one that passes empty.
+namespace {
+
+// The first H100 profile (scripts/gpu_check.sh's profile stage, 2026-11-27): d12, B=64, T=1024, one
+// step of 65,536 tokens, its kernels timed one by one (docs/gpu_check_2026-11-27_h100/).
+const char* kFirstH100Run = "/docs/gpu_check_2026-11-27_h100/";
+
+struct ProfileRow {
+    std::string name, unit;
+    long long launches = 0;
+    double flops = 0, bytes = 0, estimate_s = 0, measured_s = 0;  // per row, all its launches
+};
+
+// The rows of profile.json's kernel table, as --profile-step printed them.
+std::vector<ProfileRow> first_h100_profile_rows(int& B, int& T) {
+    std::ifstream in(repo_root() + kFirstH100Run + "profile.json");
+    REQUIRE(in);
+    const nlohmann::json profile = nlohmann::json::parse(in);
+    B = profile.at("B").get<int>(), T = profile.at("T").get<int>();
+    std::vector<ProfileRow> rows;
+    bool in_table = false;
+    for (const std::string line : profile.at("report")) {
+        if (line.rfind("kernel ", 0) == 0) {
+            in_table = true;
+            continue;
+        }
+        if (!in_table) continue;
+        if (line.rfind("total", 0) == 0) break;
+        // The name is the first 46 columns (names hold spaces), then the numbers.
+        ProfileRow r;
+        r.name = line.substr(0, 46);
+        r.name.erase(r.name.find_last_not_of(' ') + 1);
+        char unit[16], bound[16];
+        double gflop, gb, intensity, estimate_ms, measured_ms;
+        REQUIRE(std::sscanf(line.c_str() + 46, "%15s %lld %lf %lf %lf %lf %15s %lf", unit, &r.launches, &gflop, &gb,
+                            &intensity, &estimate_ms, bound, &measured_ms) == 8);
+        r.unit = unit;
+        r.flops = gflop * 1e9, r.bytes = gb * 1e9, r.estimate_s = estimate_ms / 1e3, r.measured_s = measured_ms / 1e3;
+        rows.push_back(r);
+    }
+    REQUIRE(rows.size() > 30);
+    return rows;
+}
+
+// A profiled GEMM row as one launch of this model: m, n, k from the launcher's name and B x T
+// (kernels/matmul.cuh: forward (BT, OC) = (BT, C) x W^T; dinp (BT, C) over k = OC; dweight (OC, C) over BT).
+LaunchRecord gemm_launch_of(const ProfileRow& row, int B, int T) {
+    int C = 0, OC = 0;
+    const size_t open = row.name.find('(');
+    REQUIRE(open != std::string::npos);
+    REQUIRE(std::sscanf(row.name.c_str() + open, "(C=%d, OC=%d", &C, &OC) == 2);
+    const std::string kind = row.name.substr(0, open);
+    LaunchRecord r{row.name, WorkKind::matmul, dim3(0, 0, 0), dim3(0, 0, 0), 0, row.flops / row.launches,
+                   row.bytes / row.launches};
+    const int BT = B * T;
+    if (kind == "matmul_forward") r.gemm_m = BT, r.gemm_n = OC, r.gemm_k = C;
+    else if (kind == "matmul_backward_dinp") r.gemm_m = BT, r.gemm_n = C, r.gemm_k = OC;
+    else if (kind == "matmul_backward_dweight") r.gemm_m = OC, r.gemm_n = C, r.gemm_k = BT;
+    else FAIL("unknown GEMM row '" << row.name << "'");
+    return r;
+}
+
+}  // namespace
+
+TEST_CASE("roofline calibration: every GEMM shape of the first H100 profile within 25% of its measured time") {
+    int B = 0, T = 0;
+    const std::vector<ProfileRow> rows = first_h100_profile_rows(B, T);
+    double measured = 0, estimated = 0;
+    int gemms = 0;
+    for (const ProfileRow& row : rows) {
+        if (row.unit != "cublasLt") continue;
+        ++gemms;
+        const double estimate = row.launches * roofline_time(gemm_launch_of(row, B, T)).seconds;
+        INFO(row.name << ": estimated " << estimate * 1e3 << " ms, measured " << row.measured_s * 1e3 << " ms");
+        // The fit leaves -19%..+16% (the GELU epilogues below, the classifier's weight gradient above);
+        // the wave model alone was 0.59x..5.6x of these times.
+        CHECK(estimate / row.measured_s > 0.75);
+        CHECK(estimate / row.measured_s < 1.25);
+        measured += row.measured_s, estimated += estimate;
+    }
+    CHECK(gemms == 15);
+    CHECK(estimated / measured == Approx(1.0).margin(0.05));  // 1.6% over, where the wave model said 11%
+}
+
+TEST_CASE("roofline calibration: our share of what a roofline misses, from our step measured on an H100") {
+    int B = 0, T = 0;
+    const std::vector<ProfileRow> rows = first_h100_profile_rows(B, T);
+    // The replay of the profiled step (one stream): the GEMM rows at this model, the rest at the
+    // profile's own estimates (dev/roofline.h's other roofs have not changed since).
+    double replay_s = 0;
+    for (const ProfileRow& row : rows)
+        replay_s += row.unit == "cublasLt" ? row.launches * roofline_time(gemm_launch_of(row, B, T)).seconds : row.estimate_s;
+    std::ifstream in(repo_root() + kFirstH100Run + "train.json");
+    REQUIRE(in);
+    const nlohmann::json train = nlohmann::json::parse(in);
+    const double measured_s = train.at("ms_per_step").get<double>() / 1e3;  // CUDA graphs: the default
+    CHECK(measured_s == H100Model::kMeasuredD12StepSeconds);
+    INFO("replay " << replay_s * 1e3 << " ms, measured " << measured_s * 1e3 << " ms");
+    CHECK(H100Model::kUnmodeledShareOurs == Approx(measured_s / replay_s - 1).margin(0.001));
+}
+
+// Two d48 steps recorded in record-only mode (the emulator's alone: "[record-only]"), of BF16 builds
+// only (the tensor-core attention they run); an FP32 build of this file has no such test cases
+// rather than ones that pass empty.
 #ifndef PRECISION_FP32
-TEST_CASE("roofline calibration: llm.c's GPT-2 1.5B step within 5% of its published 2.75 s") {
+// Our share of what a roofline misses is fitted on d12 (above); this holds it against the other
+// model size we have measured. The kernels have changed since that run (they should be faster), so
+// the estimate may drift from the measurement: 10% is where to refit or say why.
+TEST_CASE("roofline calibration: our d48 step at B=8 within 10% of its measured time on one H100", "[record-only]") {
+    // docs/gpu_check_2026-11-27_h100/d48_b8.log: GPT-2 1.5B, B=8, T=1024, one H100, 8 steps; the
+    // median of steps 3-8 (1 is the warm-up, 2 the graph's capture).
+    std::ifstream log(repo_root() + kFirstH100Run + "d48_b8.log");
+    REQUIRE(log);
+    std::vector<double> step_ms;
+    for (std::string line; std::getline(log, line);) {
+        int step = 0, steps = 0;
+        double ms = 0;
+        const size_t at = line.find(" ms |");
+        if (std::sscanf(line.c_str(), "step %d/%d", &step, &steps) != 2 || step < 3 || at == std::string::npos) continue;
+        REQUIRE(std::sscanf(line.c_str() + line.rfind('|', at) + 1, "%lf", &ms) == 1);
+        step_ms.push_back(ms);
+    }
+    REQUIRE(step_ms.size() == 6);
+    std::sort(step_ms.begin(), step_ms.end());
+    const double measured_s = (step_ms[2] + step_ms[3]) / 2 / 1e3;
+
+    std::string no_checkpoint;
+    StepSetup d48{.zero_stage = 0, .micro_steps = 1, .world_size = 1, .record_only = true, .attention = Attention::tc};
+    d48.config = model_config_of("d48", 1024, &no_checkpoint);
+    d48.B = 8, d48.T = 1024;
+    const double estimate_s = replay_streams(record_one_step(d48)).estimate_s();
+    INFO("estimated " << estimate_s * 1e3 << " ms, measured " << measured_s * 1e3 << " ms");
+    CHECK(estimate_s == Approx(measured_s).epsilon(0.10));
+}
+
+// llm.c's only published end-to-end H100 figure: GPT-2 1.5B (d48), 8x H100 SXM, B=16, T=1024,
+// 1,048,576 tokens per step (8 micro-steps), ZeRO-1, 2.75 s per step. dev/roofline.h fits llm.c's
+// share of what a roofline misses on it; this holds the estimate of that configuration within 5% as
+// kernels and cost formulas change.
+TEST_CASE("roofline calibration: llm.c's GPT-2 1.5B step within 5% of its published 2.75 s", "[record-only]") {
     std::string no_checkpoint;
     StepSetup llmc{.zero_stage = 1, .micro_steps = 8, .world_size = 8, .record_only = true, .attention = Attention::tc};
     llmc.config = model_config_of("d48", 1024, &no_checkpoint);
     llmc.B = 16, llmc.T = 1024;
     const std::vector<LaunchRecord> records = record_one_step(llmc);
-    const double as_llmc = replay_streams(records, H100Model::kCudnnAttention).estimate_s();
-    const double ours = replay_streams(records).estimate_s();
-    CHECK(as_llmc == Approx(2.75).epsilon(0.05));
-    // Ours runs FlashAttention-2-class attention, slower than cuDNN's, and nothing else differs.
-    CHECK(ours > as_llmc);
-    CHECK(ours < as_llmc * 1.2);
+    const StepTimeline as_llmc = replay_streams(records, H100Model::kCudnnAttention), ours = replay_streams(records);
+    CHECK(as_llmc.estimate_s(H100Model::kUnmodeledShareLlmc) == Approx(H100Model::kLlmcStepSeconds).epsilon(0.05));
+    // On the roofs, ours runs FlashAttention-2-class attention, slower than cuDNN's, and nothing else differs.
+    CHECK(ours.step_s > as_llmc.step_s);
+    CHECK(ours.step_s < as_llmc.step_s * 1.2);
 }
 #endif
