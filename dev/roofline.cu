@@ -20,6 +20,7 @@
 #include "../train_gpt.cu"
 
 #include "dev/roofline.h"
+#include "dev/roofline_fit.h"
 
 #include <nlohmann/json.hpp>
 
@@ -27,6 +28,7 @@ namespace {
 
 struct Options {
     std::string model = "d12", recompute = "none", launches_json;
+    std::string fit_dir;  // --fit: hold the model against a gpu_check run's files instead
     std::string attention = RunConfig{}.attention;  // train_gpt's default (host/config.h)
     std::string attention_backward = RunConfig{}.attention_backward;
     std::string bias_grad = RunConfig{}.bias_grad;
@@ -45,6 +47,8 @@ const char* kUsage =
     "                [-d TOTAL_BATCH_TOKENS]\n"
     "                [--layers L] [--heads NH] [--channels C] [--launches-json FILE]\n"
     "                [--tp N] [--pp N] [--pp-schedule afab|1f1b|interleaved] [--pp-virtual V] [--cp N]\n"
+    "       roofline --fit DIR   (a scripts/gpu_check.sh output directory: its profile.json and train.json\n"
+    "                against this model, GEMM shape by GEMM shape, and the constants they fit)\n"
     "defaults: -e d12 -b 4 -t 1024 -z 1 -w 8 -r none --attention auto (tc; simt in the FP32 build) -d 1048576\n"
     "with --pp the last stage's step is recorded (the classifier's: the busiest), and the step time is its\n"
     "busy time over 1 - the schedule's bubble; with --cp rank 0's (every context rank does the same work),\n"
@@ -86,6 +90,7 @@ Options parse(int argc, char** argv) {
         else if (flag == "--heads") o.heads = int(parse_int(flag, value));
         else if (flag == "--channels") o.channels = int(parse_int(flag, value));
         else if (flag == "--launches-json") o.launches_json = value;
+        else if (flag == "--fit") o.fit_dir = value;
         else if (flag == "--tp") o.tp = int(parse_int(flag, value));
         else if (flag == "--pp") o.pp = int(parse_int(flag, value));
         else if (flag == "--pp-virtual") o.pp_virtual = int(parse_int(flag, value));
@@ -167,6 +172,15 @@ void write_launches_json(const std::string& path, const std::vector<LaunchRecord
 
 int main(int argc, char** argv) {
     Options o = parse(argc, argv);
+    if (!o.fit_dir.empty()) {
+        try {
+            std::printf("%s", fit_report(o.fit_dir).c_str());
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "roofline: --fit %s: %s\n", o.fit_dir.c_str(), e.what());
+            return EXIT_FAILURE;
+        }
+        return EXIT_SUCCESS;
+    }
     std::string checkpoint;
     GPT2Config config;
     ModelOptions options;

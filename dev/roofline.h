@@ -113,29 +113,34 @@ struct H100Model {
         }
         return best;
     }
-    // The time a GEMM's HBM traffic adds to its main loop's.
-    static double gemm_unhidden_seconds(double bytes) { return kGemmUnhiddenBytes * bytes / kHbmBytes; }
+    // The time a GEMM's HBM traffic adds to its main loop's, `share` of it unhidden (the fitted
+    // kGemmUnhiddenBytes but where dev/roofline_fit.h fits it).
+    static double gemm_unhidden_seconds(double bytes, double share = kGemmUnhiddenBytes) { return share * bytes / kHbmBytes; }
     // The fraction of the BF16 peak a large GEMM's main loop reaches: the measured product's, its own
     // wave quantization and unhidden traffic (A, B and D in BF16) taken out.
-    static double gemm_peak_fraction() {
+    static double gemm_peak_fraction(double unhidden_share = kGemmUnhiddenBytes) {
         const double n = kMeasuredGemmSize, flops = 2 * n * n * n, bytes = 3 * n * n * 2;
-        const double main_loop_s = flops / kMeasuredGemmFlops - gemm_unhidden_seconds(bytes);
+        const double main_loop_s = flops / kMeasuredGemmFlops - gemm_unhidden_seconds(bytes, unhidden_share);
         return flops / main_loop_s / kTensorFlops /
                gemm_wave_utilization(kMeasuredGemmSize, kMeasuredGemmSize, kMeasuredGemmSize);
     }
     // The fraction of the BF16 peak the main loop of a GEMM with this shape runs at.
-    static double gemm_efficiency(int m, int n, int k) { return gemm_peak_fraction() * gemm_wave_utilization(m, n, k); }
+    static double gemm_efficiency(int m, int n, int k, double unhidden_share = kGemmUnhiddenBytes) {
+        return gemm_peak_fraction(unhidden_share) * gemm_wave_utilization(m, n, k);
+    }
     // The share of the SMs a grid of `blocks` occupies (memory parallelism follows the busy SMs).
     static double sm_share(const dim3& grid) {
         const double blocks = double(grid.x) * grid.y * grid.z;
         return blocks > 0 ? std::min(1.0, blocks / kSms) : 1.0;
     }
 
-    static Roof roof(const LaunchRecord& r, const AttentionRates& attention = kFlashAttention2) {
+    static Roof roof(const LaunchRecord& r, const AttentionRates& attention = kFlashAttention2,
+                     double gemm_unhidden_share = kGemmUnhiddenBytes) {
         switch (r.kind) {
             case WorkKind::matmul: {
-                const double e = r.gemm_m > 0 ? gemm_efficiency(r.gemm_m, r.gemm_n, r.gemm_k) : gemm_peak_fraction();
-                return {kTensorFlops, e, kHbmBytes, kHbmEfficiency, 3e-6, gemm_unhidden_seconds(r.bytes)};
+                const double s = gemm_unhidden_share;
+                const double e = r.gemm_m > 0 ? gemm_efficiency(r.gemm_m, r.gemm_n, r.gemm_k, s) : gemm_peak_fraction(s);
+                return {kTensorFlops, e, kHbmBytes, kHbmEfficiency, 3e-6, gemm_unhidden_seconds(r.bytes, s)};
             }
             case WorkKind::tensor_cores: {
                 const bool forward = r.name.find("forward") != std::string::npos;
@@ -179,8 +184,9 @@ struct RooflineTime {
     double seconds = 0, compute_s = 0, memory_s = 0;
 };
 
-inline RooflineTime roofline_time(const LaunchRecord& r, const AttentionRates& attention = H100Model::kFlashAttention2) {
-    const Roof roof = H100Model::roof(r, attention);
+inline RooflineTime roofline_time(const LaunchRecord& r, const AttentionRates& attention = H100Model::kFlashAttention2,
+                                  double gemm_unhidden_share = H100Model::kGemmUnhiddenBytes) {
+    const Roof roof = H100Model::roof(r, attention, gemm_unhidden_share);
     RooflineTime t;
     if (r.kind == WorkKind::event_record || r.kind == WorkKind::stream_wait) return t;
     t.compute_s = (roof.peak_flops > 0 ? r.flops / (roof.peak_flops * roof.flops_efficiency) : 0.0) + roof.unhidden_bytes_s;

@@ -14,6 +14,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "dev/roofline_fit.h"
+
 #include "mpi_test_util.h"
 #include "test_util.h"
 
@@ -411,76 +413,23 @@ TEST_CASE("roofline calibration: the measured GEMM, wave quantization, split k, 
 
 namespace {
 
-// The first H100 profile (scripts/gpu_check.sh's profile stage, 2026-11-27): d12, B=64, T=1024, one
-// step of 65,536 tokens, its kernels timed one by one (docs/gpu_check_2026-11-27_h100/).
-const char* kFirstH100Run = "/docs/gpu_check_2026-11-27_h100/";
-
-struct ProfileRow {
-    std::string name, unit;
-    long long launches = 0;
-    double flops = 0, bytes = 0, estimate_s = 0, measured_s = 0;  // per row, all its launches
-};
-
-// The rows of profile.json's kernel table, as --profile-step printed them.
-std::vector<ProfileRow> first_h100_profile_rows(int& B, int& T) {
-    std::ifstream in(repo_root() + kFirstH100Run + "profile.json");
-    REQUIRE(in);
-    const nlohmann::json profile = nlohmann::json::parse(in);
-    B = profile.at("B").get<int>(), T = profile.at("T").get<int>();
-    std::vector<ProfileRow> rows;
-    bool in_table = false;
-    for (const std::string line : profile.at("report")) {
-        if (line.rfind("kernel ", 0) == 0) {
-            in_table = true;
-            continue;
-        }
-        if (!in_table) continue;
-        if (line.rfind("total", 0) == 0) break;
-        // The name is the first 46 columns (names hold spaces), then the numbers.
-        ProfileRow r;
-        r.name = line.substr(0, 46);
-        r.name.erase(r.name.find_last_not_of(' ') + 1);
-        char unit[16], bound[16];
-        double gflop, gb, intensity, estimate_ms, measured_ms;
-        REQUIRE(std::sscanf(line.c_str() + 46, "%15s %lld %lf %lf %lf %lf %15s %lf", unit, &r.launches, &gflop, &gb,
-                            &intensity, &estimate_ms, bound, &measured_ms) == 8);
-        r.unit = unit;
-        r.flops = gflop * 1e9, r.bytes = gb * 1e9, r.estimate_s = estimate_ms / 1e3, r.measured_s = measured_ms / 1e3;
-        rows.push_back(r);
-    }
-    REQUIRE(rows.size() > 30);
-    return rows;
-}
-
-// A profiled GEMM row as one launch of this model: m, n, k from the launcher's name and B x T
-// (kernels/matmul.cuh: forward (BT, OC) = (BT, C) x W^T; dinp (BT, C) over k = OC; dweight (OC, C) over BT).
-LaunchRecord gemm_launch_of(const ProfileRow& row, int B, int T) {
-    int C = 0, OC = 0;
-    const size_t open = row.name.find('(');
-    REQUIRE(open != std::string::npos);
-    REQUIRE(std::sscanf(row.name.c_str() + open, "(C=%d, OC=%d", &C, &OC) == 2);
-    const std::string kind = row.name.substr(0, open);
-    LaunchRecord r{row.name, WorkKind::matmul, dim3(0, 0, 0), dim3(0, 0, 0), 0, row.flops / row.launches,
-                   row.bytes / row.launches};
-    const int BT = B * T;
-    if (kind == "matmul_forward") r.gemm_m = BT, r.gemm_n = OC, r.gemm_k = C;
-    else if (kind == "matmul_backward_dinp") r.gemm_m = BT, r.gemm_n = C, r.gemm_k = OC;
-    else if (kind == "matmul_backward_dweight") r.gemm_m = OC, r.gemm_n = C, r.gemm_k = BT;
-    else FAIL("unknown GEMM row '" << row.name << "'");
-    return r;
-}
+// The first H100 run (scripts/gpu_check.sh, 2026-11-27): d12, B=64, T=1024, one step of 65,536
+// tokens profiled kernel by kernel, and 20 steps timed (docs/gpu_check_2026-11-27_h100/).
+std::string first_h100_run() { return repo_root() + "/docs/gpu_check_2026-11-27_h100"; }
 
 }  // namespace
 
 TEST_CASE("roofline calibration: every GEMM shape of the first H100 profile within 25% of its measured time") {
-    int B = 0, T = 0;
-    const std::vector<ProfileRow> rows = first_h100_profile_rows(B, T);
+    const ProfiledStep step = read_profiled_step(first_h100_run() + "/profile.json");
+    CHECK(step.B == 64);
+    CHECK(step.T == 1024);
+    REQUIRE(step.rows.size() > 30);
     double measured = 0, estimated = 0;
     int gemms = 0;
-    for (const ProfileRow& row : rows) {
-        if (row.unit != "cublasLt") continue;
+    for (const ProfileRow& row : step.rows) {
+        if (!is_gemm_row(row)) continue;
         ++gemms;
-        const double estimate = row.launches * roofline_time(gemm_launch_of(row, B, T)).seconds;
+        const double estimate = gemm_row_estimate(step, row);
         INFO(row.name << ": estimated " << estimate * 1e3 << " ms, measured " << row.measured_s * 1e3 << " ms");
         // The fit leaves -19%..+16% (the GELU epilogues below, the classifier's weight gradient above);
         // the wave model alone was 0.59x..5.6x of these times.
@@ -490,23 +439,55 @@ TEST_CASE("roofline calibration: every GEMM shape of the first H100 profile with
     }
     CHECK(gemms == 15);
     CHECK(estimated / measured == Approx(1.0).margin(0.05));  // 1.6% over, where the wave model said 11%
+    // dev/roofline.h's share of GEMM bytes unhidden is the one these shapes fit (refit when the model changes).
+    const GemmFit fit = fit_gemm_unhidden_share(step);
+    CHECK(fit.shapes == 15);
+    CHECK(fit.unhidden_share == Approx(H100Model::kGemmUnhiddenBytes).margin(0.01));
+    CHECK(fit.rms_log_error < 0.10);
+    CHECK(gemm_fit_errors(step, 0).rms_log_error > 2 * fit.rms_log_error);  // the bytes term earns its place
 }
 
 TEST_CASE("roofline calibration: our share of what a roofline misses, from our step measured on an H100") {
-    int B = 0, T = 0;
-    const std::vector<ProfileRow> rows = first_h100_profile_rows(B, T);
-    // The replay of the profiled step (one stream): the GEMM rows at this model, the rest at the
-    // profile's own estimates (dev/roofline.h's other roofs have not changed since).
-    double replay_s = 0;
-    for (const ProfileRow& row : rows)
-        replay_s += row.unit == "cublasLt" ? row.launches * roofline_time(gemm_launch_of(row, B, T)).seconds : row.estimate_s;
-    std::ifstream in(repo_root() + kFirstH100Run + "train.json");
-    REQUIRE(in);
-    const nlohmann::json train = nlohmann::json::parse(in);
-    const double measured_s = train.at("ms_per_step").get<double>() / 1e3;  // CUDA graphs: the default
+    const ProfiledStep step = read_profiled_step(first_h100_run() + "/profile.json");
+    const double measured_s = measured_step_s(first_h100_run() + "/train.json");  // CUDA graphs: the default
     CHECK(measured_s == H100Model::kMeasuredD12StepSeconds);
+    const double replay_s = profiled_step_replay_s(step);
     INFO("replay " << replay_s * 1e3 << " ms, measured " << measured_s * 1e3 << " ms");
     CHECK(H100Model::kUnmodeledShareOurs == Approx(measured_s / replay_s - 1).margin(0.001));
+    // `roofline --fit` prints the same: each shape, the fitted constants beside dev/roofline.h's.
+    const std::string report = fit_report(first_h100_run());
+    CHECK(report.find("matmul_backward_dweight(C=768, OC=768)") != std::string::npos);
+    char expected[96];
+    std::snprintf(expected, sizeof expected, "= x %.3f; dev/roofline.h has x %.3f", measured_s / replay_s,
+                  1 + H100Model::kUnmodeledShareOurs);
+    CHECK(report.find(expected) != std::string::npos);
+}
+
+TEST_CASE("roofline --fit: a profile it cannot read is refused naming the file and the field") {
+    TempDir dir;
+    auto write = [&](const std::string& text) { return dir.write("profile.json", text); };
+    auto refusal = [](const std::string& path) -> std::string {
+        try {
+            read_profiled_step(path);
+        } catch (const std::runtime_error& e) {
+            return e.what();
+        }
+        return "";
+    };
+    CHECK_THAT(refusal(dir.file("absent.json")), Catch::Contains("cannot open") && Catch::Contains("absent.json"));
+    CHECK_THAT(refusal(write("{")), Catch::Contains("profile.json"));
+    CHECK_THAT(refusal(write(R"({"T": 1024, "report": []})")), Catch::Contains("'B'"));
+    CHECK_THAT(refusal(write(R"({"B": 4, "T": 1024, "report": []})")), Catch::Contains("'report'"));
+    CHECK_THAT(refusal(write(R"({"B": 4, "T": 1024, "report": ["train_gpt: d12", "kernel  unit  GPU ms", "adamw_kernel  simt"]})")),
+               Catch::Contains("'report'") && Catch::Contains("without a measured time"));
+    // --profile-step in the CPU build times the emulator: nothing to hold an H100 model against.
+    CHECK_THAT(refusal(write(R"({"B": 4, "T": 1024, "report": ["train_gpt: d12", "kernel  unit  emu ms"]})")),
+               Catch::Contains("not timed on a GPU"));
+    // A profile of the emulator (no GPU times in the table) has no rows to fit.
+    CHECK_THAT(refusal(write(R"({"B": 4, "T": 1024, "report": ["train_gpt: d12", "no table"]})")),
+               Catch::Contains("no timed kernel table"));
+    ProfileRow odd{"matmul_forward", "cublasLt", 1, 1, 1, 0, 1};
+    CHECK_THROWS_WITH(gemm_launch_of(odd, 4, 64), Catch::Contains("(C=..., OC=...)"));
 }
 
 // Two d48 steps recorded in record-only mode (the emulator's alone: "[record-only]"), of BF16 builds
@@ -519,7 +500,7 @@ TEST_CASE("roofline calibration: our share of what a roofline misses, from our s
 TEST_CASE("roofline calibration: our d48 step at B=8 within 10% of its measured time on one H100", "[record-only]") {
     // docs/gpu_check_2026-11-27_h100/d48_b8.log: GPT-2 1.5B, B=8, T=1024, one H100, 8 steps; the
     // median of steps 3-8 (1 is the warm-up, 2 the graph's capture).
-    std::ifstream log(repo_root() + kFirstH100Run + "d48_b8.log");
+    std::ifstream log(first_h100_run() + "/d48_b8.log");
     REQUIRE(log);
     std::vector<double> step_ms;
     for (std::string line; std::getline(log, line);) {

@@ -1,0 +1,198 @@
+// The roofline (dev/roofline.h) held against a GPU run's measurements: scripts/gpu_check.sh's
+// profile.json (--profile-step's kernel table, every launch timed) and train.json (the step time).
+// `build/cpu/roofline --fit DIR` prints, for a gpu_check output directory, each GEMM shape's
+// measured time beside this model's, the GEMM traffic share that fits them best, and our share of
+// what a roofline misses; test_roofline checks dev/roofline.h's constants against the first H100
+// run's files (docs/gpu_check_2026-11-27_h100/) with the same functions.
+#pragma once
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "dev/roofline.h"
+
+// One row of --profile-step's kernel table: all launches of one kernel name.
+struct ProfileRow {
+    std::string name, unit;
+    long long launches = 0;
+    double flops = 0, bytes = 0, estimate_s = 0, measured_s = 0;
+};
+
+struct ProfiledStep {
+    std::string path, first_line;  // the report's first line: model, device, B, T
+    int B = 0, T = 0;
+    std::vector<ProfileRow> rows;
+};
+
+// profile.json's kernel table, as --profile-step printed it: the name in the first 46 columns (names
+// hold spaces), then unit, launches, GFLOP, GB, FLOP/B, estimated ms, bound, measured ms, ...
+inline ProfiledStep read_profiled_step(const std::string& path) {
+    std::ifstream in(path);
+    if (!in) throw std::runtime_error("cannot open '" + path + "'");
+    ProfiledStep step;
+    step.path = path;
+    try {
+        const nlohmann::json profile = nlohmann::json::parse(in);
+        step.B = profile.at("B").get<int>(), step.T = profile.at("T").get<int>();
+        const nlohmann::json& report = profile.at("report");
+        if (!report.is_array() || report.empty()) throw std::runtime_error("field 'report' is not a list of lines");
+        step.first_line = report.front().get<std::string>();
+        bool in_table = false;
+        for (const nlohmann::json& entry : report) {
+            const std::string line = entry.get<std::string>();
+            if (line.rfind("kernel ", 0) == 0) {
+                if (line.find(" GPU ms") == std::string::npos)  // the emulator's profile times its own clock
+                    throw std::runtime_error("field 'report': the kernel table was not timed on a GPU (no 'GPU ms' column)");
+                in_table = true;
+                continue;
+            }
+            if (!in_table) continue;
+            if (line.rfind("total", 0) == 0) break;
+            ProfileRow r;
+            r.name = line.substr(0, 46);
+            r.name.erase(r.name.find_last_not_of(' ') + 1);
+            char unit[16], bound[16];
+            double gflop, gb, intensity, estimate_ms, measured_ms;
+            if (line.size() <= 46 || std::sscanf(line.c_str() + 46, "%15s %lld %lf %lf %lf %lf %15s %lf", unit, &r.launches,
+                                                 &gflop, &gb, &intensity, &estimate_ms, bound, &measured_ms) != 8 ||
+                r.launches <= 0)
+                throw std::runtime_error("field 'report': a kernel row without a measured time: '" + line + "'");
+            r.unit = unit;
+            r.flops = gflop * 1e9, r.bytes = gb * 1e9, r.estimate_s = estimate_ms / 1e3, r.measured_s = measured_ms / 1e3;
+            step.rows.push_back(r);
+        }
+    } catch (const nlohmann::json::exception& e) {
+        throw std::runtime_error("'" + path + "': " + e.what());
+    } catch (const std::runtime_error& e) {
+        throw std::runtime_error("'" + path + "': " + e.what());
+    }
+    if (step.rows.empty()) throw std::runtime_error("'" + path + "': field 'report' holds no timed kernel table");
+    return step;
+}
+
+// A profiled GEMM row as one launch of this model: m, n, k from the launcher's name and B x T
+// (kernels/matmul.cuh: forward (BT, OC) = (BT, C) x W^T; dinp (BT, C) over k = OC; dweight (OC, C) over BT).
+inline LaunchRecord gemm_launch_of(const ProfileRow& row, int B, int T) {
+    int C = 0, OC = 0;
+    const size_t open = row.name.find('(');
+    if (open == std::string::npos || std::sscanf(row.name.c_str() + open, "(C=%d, OC=%d", &C, &OC) != 2)
+        throw std::runtime_error("GEMM row '" + row.name + "' does not name its shape as (C=..., OC=...)");
+    const std::string kind = row.name.substr(0, open);
+    LaunchRecord r{row.name, WorkKind::matmul, dim3(0, 0, 0), dim3(0, 0, 0), 0, row.flops / row.launches,
+                   row.bytes / row.launches};
+    const int BT = B * T;
+    if (kind == "matmul_forward") r.gemm_m = BT, r.gemm_n = OC, r.gemm_k = C;
+    else if (kind == "matmul_backward_dinp") r.gemm_m = BT, r.gemm_n = C, r.gemm_k = OC;
+    else if (kind == "matmul_backward_dweight") r.gemm_m = OC, r.gemm_n = C, r.gemm_k = BT;
+    else throw std::runtime_error("GEMM row '" + row.name + "' is not a forward, dinp or dweight launch");
+    return r;
+}
+
+inline bool is_gemm_row(const ProfileRow& row) { return row.unit == "cublasLt"; }
+
+// This model's time for a profiled GEMM row (all its launches), with `unhidden_share` of its bytes unhidden.
+inline double gemm_row_estimate(const ProfiledStep& step, const ProfileRow& row,
+                                double unhidden_share = H100Model::kGemmUnhiddenBytes) {
+    return row.launches * roofline_time(gemm_launch_of(row, step.B, step.T), H100Model::kFlashAttention2, unhidden_share).seconds;
+}
+
+struct GemmFit {
+    double unhidden_share = 0, rms_log_error = 0, max_log_error = 0;
+    int shapes = 0;
+};
+
+// The errors of this model over the profiled GEMM shapes, log(estimate / measured).
+inline GemmFit gemm_fit_errors(const ProfiledStep& step, double unhidden_share) {
+    GemmFit f;
+    f.unhidden_share = unhidden_share;
+    double sum = 0;
+    for (const ProfileRow& row : step.rows) {
+        if (!is_gemm_row(row)) continue;
+        const double e = std::log(gemm_row_estimate(step, row, unhidden_share) / row.measured_s);
+        sum += e * e, f.max_log_error = std::max(f.max_log_error, std::abs(e)), ++f.shapes;
+    }
+    f.rms_log_error = f.shapes ? std::sqrt(sum / f.shapes) : 0;
+    return f;
+}
+
+// The unhidden share (0 to 1.5, in steps of 0.001) with the least squared log error in time over the
+// profiled GEMM shapes; the BF16 peak fraction follows from the 8192^3 anchor for each candidate.
+inline GemmFit fit_gemm_unhidden_share(const ProfiledStep& step) {
+    GemmFit best = gemm_fit_errors(step, 0);
+    for (int i = 1; i <= 1500; ++i) {
+        const GemmFit f = gemm_fit_errors(step, i / 1000.0);
+        if (f.rms_log_error < best.rms_log_error) best = f;
+    }
+    if (best.shapes == 0) throw std::runtime_error("'" + step.path + "' holds no cuBLASLt rows to fit");
+    return best;
+}
+
+// The profiled step replayed (one stream, as one GPU runs it): GEMM rows at this model, the rest at
+// the profile's own estimates (the roofs it was printed with; dev/roofline.h's non-GEMM roofs have
+// not changed since the first H100 run).
+inline double profiled_step_replay_s(const ProfiledStep& step) {
+    double s = 0;
+    for (const ProfileRow& row : step.rows) s += is_gemm_row(row) ? gemm_row_estimate(step, row) : row.estimate_s;
+    return s;
+}
+
+// train.json's median step time (the default run: CUDA graphs), in seconds.
+inline double measured_step_s(const std::string& train_json) {
+    std::ifstream in(train_json);
+    if (!in) throw std::runtime_error("cannot open '" + train_json + "'");
+    try {
+        const double ms = nlohmann::json::parse(in).at("ms_per_step").get<double>();
+        if (!(ms > 0)) throw std::runtime_error("field 'ms_per_step' is not a positive time");
+        return ms / 1e3;
+    } catch (const nlohmann::json::exception& e) {
+        throw std::runtime_error("'" + train_json + "': " + e.what());
+    } catch (const std::runtime_error& e) {
+        throw std::runtime_error("'" + train_json + "': " + e.what());
+    }
+}
+
+// `roofline --fit DIR`: what a gpu_check run's profile.json and train.json say of this model.
+inline std::string fit_report(const std::string& dir) {
+    const ProfiledStep step = read_profiled_step(dir + "/profile.json");
+    std::string out = "roofline fit: " + step.path + "\n  " + step.first_line + "\n\n";
+    char line[512];
+    std::snprintf(line, sizeof line, "%-46s %8s %11s %11s %9s\n", "GEMM shape", "launches", "measured ms", "model ms",
+                  "model/meas");
+    out += line;
+    double measured = 0, estimated = 0;
+    for (const ProfileRow& row : step.rows) {
+        if (!is_gemm_row(row)) continue;
+        const double e = gemm_row_estimate(step, row);
+        std::snprintf(line, sizeof line, "%-46s %8lld %11.3f %11.3f %9.2f\n", row.name.c_str(), row.launches,
+                      row.measured_s * 1e3, e * 1e3, e / row.measured_s);
+        out += line;
+        measured += row.measured_s, estimated += e;
+    }
+    const GemmFit now = gemm_fit_errors(step, H100Model::kGemmUnhiddenBytes), fit = fit_gemm_unhidden_share(step);
+    std::snprintf(line, sizeof line,
+                  "%-46s %8s %11.3f %11.3f %9.2f\n\n"
+                  "GEMM bytes not hidden: dev/roofline.h has %.3f (rms log error %.3f, worst %.3f); these shapes fit %.3f "
+                  "(rms %.3f, worst %.3f; peak fraction %.3f)\n",
+                  "all GEMMs", "", measured * 1e3, estimated * 1e3, estimated / measured, H100Model::kGemmUnhiddenBytes,
+                  now.rms_log_error, now.max_log_error, fit.unhidden_share, fit.rms_log_error, fit.max_log_error,
+                  H100Model::gemm_peak_fraction(fit.unhidden_share));
+    out += line;
+    const std::string train = dir + "/train.json";
+    if (std::ifstream(train)) {
+        const double step_s = measured_step_s(train), replay_s = profiled_step_replay_s(step);
+        std::snprintf(line, sizeof line,
+                      "what a roofline misses: the measured step %.2f ms (train.json) over the profiled launches' replay "
+                      "%.2f ms = x %.3f; dev/roofline.h has x %.3f\n",
+                      step_s * 1e3, replay_s * 1e3, step_s / replay_s, 1 + H100Model::kUnmodeledShareOurs);
+        out += line;
+    } else {
+        out += "what a roofline misses: no " + train + " (gpu_check's train stage), not fitted\n";
+    }
+    return out;
+}
