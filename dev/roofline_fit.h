@@ -133,12 +133,37 @@ inline GemmFit fit_gemm_unhidden_share(const ProfiledStep& step) {
     return best;
 }
 
-// The profiled step replayed (one stream, as one GPU runs it): GEMM rows at this model, the rest at
-// the profile's own estimates (the roofs it was printed with; dev/roofline.h's non-GEMM roofs have
-// not changed since the first H100 run).
+inline bool is_attention_row(const ProfileRow& row) { return row.unit == "tensor"; }
+inline bool is_attention_forward(const ProfileRow& row) { return row.name.find("forward") != std::string::npos; }
+
+// This model's time for a profiled tensor-core attention row: compute-bound at the attention rates
+// (its grid is not in the table; these kernels' grids fill the GPU at the profiled shapes).
+inline double attention_row_estimate(const ProfileRow& row, const AttentionRates& rates = H100Model::kOurAttention) {
+    const LaunchRecord r{row.name, WorkKind::tensor_cores, dim3(H100Model::kSms), dim3(128), 0, row.flops / row.launches,
+                         row.bytes / row.launches};
+    return row.launches * roofline_time(r, rates).seconds;
+}
+
+// The tensor-core attention rates a profile measured: FLOPs executed over time, forward and backward.
+inline AttentionRates measured_attention_rates(const ProfiledStep& step) {
+    double flops[2] = {0, 0}, seconds[2] = {0, 0};
+    for (const ProfileRow& row : step.rows) {
+        if (!is_attention_row(row)) continue;
+        const int backward = is_attention_forward(row) ? 0 : 1;
+        flops[backward] += row.flops, seconds[backward] += row.measured_s;
+    }
+    if (!(seconds[0] > 0 && seconds[1] > 0))
+        throw std::runtime_error("'" + step.path + "' holds no timed tensor-core attention forward and backward rows");
+    return {flops[0] / seconds[0], flops[1] / seconds[1], 1.0};
+}
+
+// The profiled step replayed (one stream, as one GPU runs it): GEMM and attention rows at this model,
+// the rest at the profile's own estimates (the roofs it was printed with; dev/roofline.h's
+// memory-bound roofs have not changed since the first H100 run).
 inline double profiled_step_replay_s(const ProfiledStep& step) {
     double s = 0;
-    for (const ProfileRow& row : step.rows) s += is_gemm_row(row) ? gemm_row_estimate(step, row) : row.estimate_s;
+    for (const ProfileRow& row : step.rows)
+        s += is_gemm_row(row) ? gemm_row_estimate(step, row) : is_attention_row(row) ? attention_row_estimate(row) : row.estimate_s;
     return s;
 }
 
@@ -182,6 +207,13 @@ inline std::string fit_report(const std::string& dir) {
                   "all GEMMs", "", measured * 1e3, estimated * 1e3, estimated / measured, H100Model::kGemmUnhiddenBytes,
                   now.rms_log_error, now.max_log_error, fit.unhidden_share, fit.rms_log_error, fit.max_log_error,
                   H100Model::gemm_peak_fraction(fit.unhidden_share));
+    out += line;
+    const AttentionRates attention = measured_attention_rates(step);
+    std::snprintf(line, sizeof line,
+                  "tensor-core attention: measured %.1f (forward) / %.1f (backward) TFLOP/s executed; dev/roofline.h has "
+                  "%.1f / %.1f\n",
+                  attention.forward_flops / 1e12, attention.backward_flops / 1e12,
+                  H100Model::kOurAttention.forward_flops / 1e12, H100Model::kOurAttention.backward_flops / 1e12);
     out += line;
     const std::string train = dir + "/train.json";
     if (std::ifstream(train)) {

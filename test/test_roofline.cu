@@ -447,6 +447,24 @@ TEST_CASE("roofline calibration: every GEMM shape of the first H100 profile with
     CHECK(gemm_fit_errors(step, 0).rms_log_error > 2 * fit.rms_log_error);  // the bytes term earns its place
 }
 
+TEST_CASE("roofline calibration: our attention kernels at the rates the first H100 profile measured") {
+    const ProfiledStep step = read_profiled_step(first_h100_run() + "/profile.json");
+    const AttentionRates measured = measured_attention_rates(step);
+    CHECK(H100Model::kOurAttention.forward_flops == Approx(measured.forward_flops).epsilon(0.001));
+    CHECK(H100Model::kOurAttention.backward_flops == Approx(measured.backward_flops).epsilon(0.001));
+    int rows = 0;
+    for (const ProfileRow& row : step.rows) {
+        if (!is_attention_row(row)) continue;
+        ++rows;
+        INFO(row.name << ": estimated " << attention_row_estimate(row) * 1e3 << " ms, measured " << row.measured_s * 1e3);
+        // dQ and dK/dV share one backward rate (202 and 205 measured): each within 2%.
+        CHECK(attention_row_estimate(row) == Approx(row.measured_s).epsilon(0.02));
+        // FlashAttention-2's published rates, which the roofline charged before, were 1-17% faster.
+        CHECK(attention_row_estimate(row, H100Model::kFlashAttention2) < row.measured_s);
+    }
+    CHECK(rows == 3);  // forward, dQ, dK/dV
+}
+
 TEST_CASE("roofline calibration: our share of what a roofline misses, from our step measured on an H100") {
     const ProfiledStep step = read_profiled_step(first_h100_run() + "/profile.json");
     const double measured_s = measured_step_s(first_h100_run() + "/train.json");  // CUDA graphs: the default
