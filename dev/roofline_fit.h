@@ -32,14 +32,18 @@ struct ProfiledStep {
 
 // profile.json's kernel table, as --profile-step printed it: the name in the first 46 columns (names
 // hold spaces), then unit, launches, GFLOP, GB, FLOP/B, estimated ms, bound, measured ms, ...
-inline ProfiledStep read_profiled_step(const std::string& path) {
+// `section` names another step's table in the file (gpu_check's "d48": its B and report; T as the file's).
+inline ProfiledStep read_profiled_step(const std::string& path, const std::string& section = "") {
     std::ifstream in(path);
     if (!in) throw std::runtime_error("cannot open '" + path + "'");
     ProfiledStep step;
-    step.path = path;
+    step.path = section.empty() ? path : path + " (" + section + ")";
     try {
-        const nlohmann::json profile = nlohmann::json::parse(in);
-        step.B = profile.at("B").get<int>(), step.T = profile.at("T").get<int>();
+        const nlohmann::json file = nlohmann::json::parse(in);
+        if (!section.empty() && !(file.contains(section) && file.at(section).is_object()))
+            throw std::runtime_error("field '" + section + "' is not a profiled step");
+        const nlohmann::json& profile = section.empty() ? file : file.at(section);
+        step.B = profile.at("B").get<int>(), step.T = profile.value("T", file.at("T").get<int>());
         const nlohmann::json& report = profile.at("report");
         if (!report.is_array() || report.empty()) throw std::runtime_error("field 'report' is not a list of lines");
         step.first_line = report.front().get<std::string>();
@@ -68,12 +72,20 @@ inline ProfiledStep read_profiled_step(const std::string& path) {
             step.rows.push_back(r);
         }
     } catch (const nlohmann::json::exception& e) {
-        throw std::runtime_error("'" + path + "': " + e.what());
+        throw std::runtime_error("'" + step.path + "': " + e.what());
     } catch (const std::runtime_error& e) {
-        throw std::runtime_error("'" + path + "': " + e.what());
+        throw std::runtime_error("'" + step.path + "': " + e.what());
     }
-    if (step.rows.empty()) throw std::runtime_error("'" + path + "': field 'report' holds no timed kernel table");
+    if (step.rows.empty()) throw std::runtime_error("'" + step.path + "': field 'report' holds no timed kernel table");
     return step;
+}
+
+// Whether a gpu_check profile.json holds a profiled step under `section` (the d48 one, where it ran).
+inline bool has_profiled_section(const std::string& path, const std::string& section) {
+    std::ifstream in(path);
+    const nlohmann::json file = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    return file.is_object() && file.contains(section) && file.at(section).is_object() &&
+           file.at(section).value("exit_code", 1) == 0;
 }
 
 // A profiled GEMM row as one launch of this model: m, n, k from the launcher's name and B x T
@@ -107,31 +119,36 @@ struct GemmFit {
     int shapes = 0;
 };
 
-// The errors of this model over the profiled GEMM shapes, log(estimate / measured).
-inline GemmFit gemm_fit_errors(const ProfiledStep& step, double unhidden_share) {
+// The errors of this model over the profiled GEMM shapes of one or more steps, log(estimate / measured).
+inline GemmFit gemm_fit_errors(const std::vector<ProfiledStep>& steps, double unhidden_share) {
     GemmFit f;
     f.unhidden_share = unhidden_share;
     double sum = 0;
-    for (const ProfileRow& row : step.rows) {
-        if (!is_gemm_row(row)) continue;
-        const double e = std::log(gemm_row_estimate(step, row, unhidden_share) / row.measured_s);
-        sum += e * e, f.max_log_error = std::max(f.max_log_error, std::abs(e)), ++f.shapes;
-    }
+    for (const ProfiledStep& step : steps)
+        for (const ProfileRow& row : step.rows) {
+            if (!is_gemm_row(row)) continue;
+            const double e = std::log(gemm_row_estimate(step, row, unhidden_share) / row.measured_s);
+            sum += e * e, f.max_log_error = std::max(f.max_log_error, std::abs(e)), ++f.shapes;
+        }
     f.rms_log_error = f.shapes ? std::sqrt(sum / f.shapes) : 0;
     return f;
+}
+inline GemmFit gemm_fit_errors(const ProfiledStep& step, double unhidden_share) {
+    return gemm_fit_errors(std::vector<ProfiledStep>{step}, unhidden_share);
 }
 
 // The unhidden share (0 to 1.5, in steps of 0.001) with the least squared log error in time over the
 // profiled GEMM shapes; the BF16 peak fraction follows from the 8192^3 anchor for each candidate.
-inline GemmFit fit_gemm_unhidden_share(const ProfiledStep& step) {
-    GemmFit best = gemm_fit_errors(step, 0);
+inline GemmFit fit_gemm_unhidden_share(const std::vector<ProfiledStep>& steps) {
+    GemmFit best = gemm_fit_errors(steps, 0);
     for (int i = 1; i <= 1500; ++i) {
-        const GemmFit f = gemm_fit_errors(step, i / 1000.0);
+        const GemmFit f = gemm_fit_errors(steps, i / 1000.0);
         if (f.rms_log_error < best.rms_log_error) best = f;
     }
-    if (best.shapes == 0) throw std::runtime_error("'" + step.path + "' holds no cuBLASLt rows to fit");
+    if (best.shapes == 0) throw std::runtime_error("no cuBLASLt rows to fit in " + steps.front().path);
     return best;
 }
+inline GemmFit fit_gemm_unhidden_share(const ProfiledStep& step) { return fit_gemm_unhidden_share(std::vector<ProfiledStep>{step}); }
 
 inline bool is_attention_row(const ProfileRow& row) { return row.unit == "tensor"; }
 inline bool is_attention_forward(const ProfileRow& row) { return row.name.find("forward") != std::string::npos; }
@@ -167,14 +184,19 @@ inline double profiled_step_replay_s(const ProfiledStep& step) {
     return s;
 }
 
-// train.json's median step time (the default run: CUDA graphs), in seconds.
-inline double measured_step_s(const std::string& train_json) {
+// train.json's median step time (the default run: CUDA graphs), in seconds, and the B and T it ran.
+struct MeasuredStep {
+    double seconds = 0;
+    int B = 0, T = 0;
+};
+inline MeasuredStep read_measured_step(const std::string& train_json) {
     std::ifstream in(train_json);
     if (!in) throw std::runtime_error("cannot open '" + train_json + "'");
     try {
-        const double ms = nlohmann::json::parse(in).at("ms_per_step").get<double>();
-        if (!(ms > 0)) throw std::runtime_error("field 'ms_per_step' is not a positive time");
-        return ms / 1e3;
+        const nlohmann::json train = nlohmann::json::parse(in);
+        MeasuredStep m{train.at("ms_per_step").get<double>() / 1e3, train.at("B").get<int>(), train.at("T").get<int>()};
+        if (!(m.seconds > 0)) throw std::runtime_error("field 'ms_per_step' is not a positive time");
+        return m;
     } catch (const nlohmann::json::exception& e) {
         throw std::runtime_error("'" + train_json + "': " + e.what());
     } catch (const std::runtime_error& e) {
@@ -182,13 +204,12 @@ inline double measured_step_s(const std::string& train_json) {
     }
 }
 
-// `roofline --fit DIR`: what a gpu_check run's profile.json and train.json say of this model.
-inline std::string fit_report(const std::string& dir) {
-    const ProfiledStep step = read_profiled_step(dir + "/profile.json");
-    std::string out = "roofline fit: " + step.path + "\n  " + step.first_line + "\n\n";
+// One step's GEMM shapes, measured and this model's, as `roofline --fit` prints them.
+inline std::string gemm_shape_table(const ProfiledStep& step) {
+    std::string out;
     char line[512];
-    std::snprintf(line, sizeof line, "%-46s %8s %11s %11s %9s\n", "GEMM shape", "launches", "measured ms", "model ms",
-                  "model/meas");
+    std::snprintf(line, sizeof line, "%s\n  %s\n%-46s %8s %11s %11s %9s\n", step.path.c_str(), step.first_line.c_str(),
+                  "GEMM shape", "launches", "measured ms", "model ms", "model/meas");
     out += line;
     double measured = 0, estimated = 0;
     for (const ProfileRow& row : step.rows) {
@@ -199,15 +220,28 @@ inline std::string fit_report(const std::string& dir) {
         out += line;
         measured += row.measured_s, estimated += e;
     }
-    const GemmFit now = gemm_fit_errors(step, H100Model::kGemmUnhiddenBytes), fit = fit_gemm_unhidden_share(step);
+    std::snprintf(line, sizeof line, "%-46s %8s %11.3f %11.3f %9.2f\n\n", "all GEMMs", "", measured * 1e3,
+                  estimated * 1e3, estimated / measured);
+    return out + line;
+}
+
+// `roofline --fit DIR`: what a gpu_check run's profile.json (and its d48 step, where it ran) and
+// train.json say of this model.
+inline std::string fit_report(const std::string& dir) {
+    const std::string profile = dir + "/profile.json";
+    std::vector<ProfiledStep> steps{read_profiled_step(profile)};
+    if (has_profiled_section(profile, "d48")) steps.push_back(read_profiled_step(profile, "d48"));
+    std::string out = "roofline fit:\n";
+    for (const ProfiledStep& step : steps) out += gemm_shape_table(step);
+    char line[512];
+    const GemmFit now = gemm_fit_errors(steps, H100Model::kGemmUnhiddenBytes), fit = fit_gemm_unhidden_share(steps);
     std::snprintf(line, sizeof line,
-                  "%-46s %8s %11.3f %11.3f %9.2f\n\n"
-                  "GEMM bytes not hidden: dev/roofline.h has %.3f (rms log error %.3f, worst %.3f); these shapes fit %.3f "
-                  "(rms %.3f, worst %.3f; peak fraction %.3f)\n",
-                  "all GEMMs", "", measured * 1e3, estimated * 1e3, estimated / measured, H100Model::kGemmUnhiddenBytes,
-                  now.rms_log_error, now.max_log_error, fit.unhidden_share, fit.rms_log_error, fit.max_log_error,
-                  H100Model::gemm_peak_fraction(fit.unhidden_share));
+                  "GEMM bytes not hidden (%d shapes): dev/roofline.h has %.3f (rms log error %.3f, worst %.3f); they fit "
+                  "%.3f (rms %.3f, worst %.3f; peak fraction %.3f)\n",
+                  now.shapes, H100Model::kGemmUnhiddenBytes, now.rms_log_error, now.max_log_error, fit.unhidden_share,
+                  fit.rms_log_error, fit.max_log_error, H100Model::gemm_peak_fraction(fit.unhidden_share));
     out += line;
+    const ProfiledStep& step = steps.front();
     const AttentionRates attention = measured_attention_rates(step);
     std::snprintf(line, sizeof line,
                   "tensor-core attention: measured %.1f (forward) / %.1f (backward) TFLOP/s executed; dev/roofline.h has "
@@ -217,11 +251,17 @@ inline std::string fit_report(const std::string& dir) {
     out += line;
     const std::string train = dir + "/train.json";
     if (std::ifstream(train)) {
-        const double step_s = measured_step_s(train), replay_s = profiled_step_replay_s(step);
-        std::snprintf(line, sizeof line,
-                      "what a roofline misses: the measured step %.2f ms (train.json) over the profiled launches' replay "
-                      "%.2f ms = x %.3f; dev/roofline.h has x %.3f\n",
-                      step_s * 1e3, replay_s * 1e3, step_s / replay_s, 1 + H100Model::kUnmodeledShareOurs);
+        const MeasuredStep measured = read_measured_step(train);
+        const double replay_s = profiled_step_replay_s(step);
+        if (measured.B != step.B || measured.T != step.T)
+            std::snprintf(line, sizeof line, "what a roofline misses: not fitted, train.json ran B=%d T=%d and the profile B=%d T=%d\n",
+                          measured.B, measured.T, step.B, step.T);
+        else
+            std::snprintf(line, sizeof line,
+                          "what a roofline misses: the measured step %.2f ms (train.json) over the profiled launches' "
+                          "replay %.2f ms = x %.3f; dev/roofline.h has x %.3f\n",
+                          measured.seconds * 1e3, replay_s * 1e3, measured.seconds / replay_s,
+                          1 + H100Model::kUnmodeledShareOurs);
         out += line;
     } else {
         out += "what a roofline misses: no " + train + " (gpu_check's train stage), not fitted\n";

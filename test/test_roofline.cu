@@ -467,7 +467,10 @@ TEST_CASE("roofline calibration: our attention kernels at the rates the first H1
 
 TEST_CASE("roofline calibration: our share of what a roofline misses, from our step measured on an H100") {
     const ProfiledStep step = read_profiled_step(first_h100_run() + "/profile.json");
-    const double measured_s = measured_step_s(first_h100_run() + "/train.json");  // CUDA graphs: the default
+    const MeasuredStep train = read_measured_step(first_h100_run() + "/train.json");  // CUDA graphs: the default
+    CHECK(train.B == step.B);
+    CHECK(train.T == step.T);
+    const double measured_s = train.seconds;
     CHECK(measured_s == H100Model::kMeasuredD12StepSeconds);
     const double replay_s = profiled_step_replay_s(step);
     INFO("replay " << replay_s * 1e3 << " ms, measured " << measured_s * 1e3 << " ms");
@@ -481,12 +484,36 @@ TEST_CASE("roofline calibration: our share of what a roofline misses, from our s
     CHECK(report.find(expected) != std::string::npos);
 }
 
+TEST_CASE("roofline --fit: a d48 step in the profile joins the GEMM fit; a train.json of another B is not fitted") {
+    // The first run's profile with its own table again as the d48 section (B=64): the same shapes twice
+    // fit the same share, and both tables are printed.
+    std::ifstream in(first_h100_run() + "/profile.json");
+    nlohmann::json profile = nlohmann::json::parse(in);
+    profile["d48"] = {{"exit_code", 0}, {"B", 64}, {"report", profile["report"]}};
+    TempDir dir;
+    dir.write("profile.json", profile.dump());
+    const ProfiledStep d12 = read_profiled_step(dir.file("profile.json")), d48 = read_profiled_step(dir.file("profile.json"), "d48");
+    CHECK(d48.rows.size() == d12.rows.size());
+    CHECK(d48.T == 1024);  // the file's T
+    const GemmFit both = fit_gemm_unhidden_share({d12, d48});
+    CHECK(both.shapes == 30);
+    CHECK(both.unhidden_share == fit_gemm_unhidden_share(d12).unhidden_share);
+    std::ifstream train_in(first_h100_run() + "/train.json");
+    nlohmann::json train = nlohmann::json::parse(train_in);
+    train["B"] = 16;
+    dir.write("train.json", train.dump());
+    const std::string report = fit_report(dir.path.string());
+    CHECK(report.find("profile.json (d48)") != std::string::npos);
+    CHECK(report.find("(30 shapes)") != std::string::npos);
+    CHECK(report.find("not fitted, train.json ran B=16 T=1024 and the profile B=64 T=1024") != std::string::npos);
+}
+
 TEST_CASE("roofline --fit: a profile it cannot read is refused naming the file and the field") {
     TempDir dir;
     auto write = [&](const std::string& text) { return dir.write("profile.json", text); };
-    auto refusal = [](const std::string& path) -> std::string {
+    auto refusal = [](const std::string& path, const std::string& section = "") -> std::string {
         try {
-            read_profiled_step(path);
+            read_profiled_step(path, section);
         } catch (const std::runtime_error& e) {
             return e.what();
         }
@@ -504,6 +531,7 @@ TEST_CASE("roofline --fit: a profile it cannot read is refused naming the file a
     // A profile of the emulator (no GPU times in the table) has no rows to fit.
     CHECK_THAT(refusal(write(R"({"B": 4, "T": 1024, "report": ["train_gpt: d12", "no table"]})")),
                Catch::Contains("no timed kernel table"));
+    CHECK_THAT(refusal(write(R"({"B": 4, "T": 1024, "report": [], "d48": null})"), "d48"), Catch::Contains("'d48'"));
     ProfileRow odd{"matmul_forward", "cublasLt", 1, 1, 1, 0, 1};
     CHECK_THROWS_WITH(gemm_launch_of(odd, 4, 64), Catch::Contains("(C=..., OC=...)"));
 }
