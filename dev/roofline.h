@@ -121,8 +121,8 @@ struct H100Model {
         }
         return best;
     }
-    // The time a GEMM's HBM traffic adds to its main loop's, `share` of it unhidden (the fitted
-    // kGemmUnhiddenBytes but where dev/roofline_fit.h fits it).
+    // The time a GEMM's HBM traffic adds to its main loop's, `share` of it unhidden
+    // (kGemmUnhiddenBytes, or a candidate of dev/roofline_fit.h's fit).
     static double gemm_unhidden_seconds(double bytes, double share = kGemmUnhiddenBytes) { return share * bytes / kHbmBytes; }
     // The fraction of the BF16 peak a large GEMM's main loop reaches: the measured product's, its own
     // wave quantization and unhidden traffic (A, B and D in BF16) taken out.
@@ -175,8 +175,8 @@ struct H100Model {
                       "H100 SXM roofline: cublasLt %.0f TFLOP/s x %.2f x wave use of %dx%d tiles on %d SMs, k split where "
                       "that fills them (%d^3 at the measured %.0f TFLOP/s), + %.2f of its bytes at HBM speed (fitted to the "
                       "first H100 profile's GEMMs); tensor-core attention at our kernels' measured %.0f (forward) / "
-                      "%.0f (backward) TFLOP/s executed (FlashAttention-2's published %.0f / %.0f); SIMT attention %.0f TFLOP/s FP32 x 0.25, other SIMT %.0f x 0.50; HBM %.2f "
-                      "TB/s x %.2f x min(1, blocks/%d); NVLink %.0f GB/s/direction x 0.80 (NCCL bus bytes); PCIe %.0f GB/s "
+                      "%.0f (backward) TFLOP/s executed (FlashAttention-2's published %.0f / %.0f); SIMT attention %.0f "
+                      "TFLOP/s FP32 x 0.25, other SIMT %.0f x 0.50; HBM %.2f TB/s x %.2f x min(1, blocks/%d); NVLink %.0f GB/s/direction x 0.80 (NCCL bus bytes); PCIe %.0f GB/s "
                       "x 0.40; +3 us per launch, +10 us per collective or host copy; step x %.3f for what a roofline misses "
                       "(fitted to our d12 step measured on one H100; llm.c's x %.3f to its 2.75 s; dev/roofline.h)",
                       kTensorFlops / 1e12, gemm_peak_fraction(), kGemmTileM, kGemmTileN, kSms, kMeasuredGemmSize,

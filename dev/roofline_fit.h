@@ -44,6 +44,7 @@ inline ProfiledStep read_profiled_step(const std::string& path, const std::strin
             throw std::runtime_error("field '" + section + "' is not a profiled step");
         const nlohmann::json& profile = section.empty() ? file : file.at(section);
         step.B = profile.at("B").get<int>(), step.T = profile.value("T", file.at("T").get<int>());
+        if (step.B < 1 || step.T < 1) throw std::runtime_error("fields 'B' and 'T' must be positive");
         const nlohmann::json& report = profile.at("report");
         if (!report.is_array() || report.empty()) throw std::runtime_error("field 'report' is not a list of lines");
         step.first_line = report.front().get<std::string>();
