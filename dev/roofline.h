@@ -142,6 +142,9 @@ struct H100Model {
         return blocks > 0 ? std::min(1.0, blocks / kSms) : 1.0;
     }
 
+    // Which tensor-core attention kernels the forward rate applies to (the rest are backward).
+    static bool is_attention_forward(const std::string& kernel) { return kernel.find("forward") != std::string::npos; }
+
     static Roof roof(const LaunchRecord& r, const AttentionRates& attention = kOurAttention,
                      double gemm_unhidden_share = kGemmUnhiddenBytes) {
         switch (r.kind) {
@@ -151,7 +154,7 @@ struct H100Model {
                 return {kTensorFlops, e, kHbmBytes, kHbmEfficiency, 3e-6, gemm_unhidden_seconds(r.bytes, s)};
             }
             case WorkKind::tensor_cores: {
-                const bool forward = r.name.find("forward") != std::string::npos;
+                const bool forward = is_attention_forward(r.name);
                 // time = executed FLOPs x scale / rate: the efficiency against the peak is rate / scale.
                 const double e = forward ? attention.forward_flops / kTensorFlops
                                          : attention.backward_flops / attention.backward_flops_scale / kTensorFlops;

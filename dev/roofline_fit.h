@@ -30,16 +30,36 @@ struct ProfiledStep {
     std::vector<ProfileRow> rows;
 };
 
+// A JSON file's contents; throws one line naming the file.
+inline nlohmann::json read_json_file(const std::string& path) {
+    std::ifstream in(path);
+    if (!in) throw std::runtime_error("cannot open '" + path + "'");
+    try {
+        return nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+        throw std::runtime_error("'" + path + "': " + e.what());
+    }
+}
+
+// read(), any error it throws (a field missing or of another type, a value refused) prefixed with the
+// file it reads, `where`.
+template <typename Read> auto naming_file(const std::string& where, Read&& read) -> decltype(read()) {
+    try {
+        return read();
+    } catch (const nlohmann::json::exception& e) {
+        throw std::runtime_error("'" + where + "': " + e.what());
+    } catch (const std::runtime_error& e) {
+        throw std::runtime_error("'" + where + "': " + e.what());
+    }
+}
+
 // profile.json's kernel table, as --profile-step printed it: the name in the first 46 columns (names
 // hold spaces), then unit, launches, GFLOP, GB, FLOP/B, estimated ms, bound, measured ms, ...
 // `section` names another step's table in the file (gpu_check's "d48": its B and report; T as the file's).
-inline ProfiledStep read_profiled_step(const std::string& path, const std::string& section = "") {
-    std::ifstream in(path);
-    if (!in) throw std::runtime_error("cannot open '" + path + "'");
+inline ProfiledStep profiled_step_of(const nlohmann::json& file, const std::string& path, const std::string& section = "") {
     ProfiledStep step;
     step.path = section.empty() ? path : path + " (" + section + ")";
-    try {
-        const nlohmann::json file = nlohmann::json::parse(in);
+    return naming_file(step.path, [&] {
         if (!section.empty() && !(file.contains(section) && file.at(section).is_object()))
             throw std::runtime_error("field '" + section + "' is not a profiled step");
         const nlohmann::json& profile = section.empty() ? file : file.at(section);
@@ -72,19 +92,16 @@ inline ProfiledStep read_profiled_step(const std::string& path, const std::strin
             r.flops = gflop * 1e9, r.bytes = gb * 1e9, r.estimate_s = estimate_ms / 1e3, r.measured_s = measured_ms / 1e3;
             step.rows.push_back(r);
         }
-    } catch (const nlohmann::json::exception& e) {
-        throw std::runtime_error("'" + step.path + "': " + e.what());
-    } catch (const std::runtime_error& e) {
-        throw std::runtime_error("'" + step.path + "': " + e.what());
-    }
-    if (step.rows.empty()) throw std::runtime_error("'" + step.path + "': field 'report' holds no timed kernel table");
-    return step;
+        if (step.rows.empty()) throw std::runtime_error("field 'report' holds no timed kernel table");
+        return step;
+    });
+}
+inline ProfiledStep read_profiled_step(const std::string& path, const std::string& section = "") {
+    return profiled_step_of(read_json_file(path), path, section);
 }
 
 // Whether a gpu_check profile.json holds a profiled step under `section` (the d48 one, where it ran).
-inline bool has_profiled_section(const std::string& path, const std::string& section) {
-    std::ifstream in(path);
-    const nlohmann::json file = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+inline bool has_profiled_section(const nlohmann::json& file, const std::string& section) {
     return file.is_object() && file.contains(section) && file.at(section).is_object() &&
            file.at(section).value("exit_code", 1) == 0;
 }
@@ -152,7 +169,7 @@ inline GemmFit fit_gemm_unhidden_share(const std::vector<ProfiledStep>& steps) {
 inline GemmFit fit_gemm_unhidden_share(const ProfiledStep& step) { return fit_gemm_unhidden_share(std::vector<ProfiledStep>{step}); }
 
 inline bool is_attention_row(const ProfileRow& row) { return row.unit == "tensor"; }
-inline bool is_attention_forward(const ProfileRow& row) { return row.name.find("forward") != std::string::npos; }
+inline bool is_attention_forward(const ProfileRow& row) { return H100Model::is_attention_forward(row.name); }
 
 // This model's time for a profiled tensor-core attention row: compute-bound at the attention rates
 // (its grid is not in the table; these kernels' grids fill the GPU at the profiled shapes).
@@ -191,18 +208,12 @@ struct MeasuredStep {
     int B = 0, T = 0;
 };
 inline MeasuredStep read_measured_step(const std::string& train_json) {
-    std::ifstream in(train_json);
-    if (!in) throw std::runtime_error("cannot open '" + train_json + "'");
-    try {
-        const nlohmann::json train = nlohmann::json::parse(in);
-        MeasuredStep m{train.at("ms_per_step").get<double>() / 1e3, train.at("B").get<int>(), train.at("T").get<int>()};
+    const nlohmann::json train = read_json_file(train_json);
+    return naming_file(train_json, [&] {
+        const MeasuredStep m{train.at("ms_per_step").get<double>() / 1e3, train.at("B").get<int>(), train.at("T").get<int>()};
         if (!(m.seconds > 0)) throw std::runtime_error("field 'ms_per_step' is not a positive time");
         return m;
-    } catch (const nlohmann::json::exception& e) {
-        throw std::runtime_error("'" + train_json + "': " + e.what());
-    } catch (const std::runtime_error& e) {
-        throw std::runtime_error("'" + train_json + "': " + e.what());
-    }
+    });
 }
 
 // One step's GEMM shapes, measured and this model's, as `roofline --fit` prints them.
@@ -230,8 +241,9 @@ inline std::string gemm_shape_table(const ProfiledStep& step) {
 // train.json say of this model.
 inline std::string fit_report(const std::string& dir) {
     const std::string profile = dir + "/profile.json";
-    std::vector<ProfiledStep> steps{read_profiled_step(profile)};
-    if (has_profiled_section(profile, "d48")) steps.push_back(read_profiled_step(profile, "d48"));
+    const nlohmann::json file = read_json_file(profile);
+    std::vector<ProfiledStep> steps{profiled_step_of(file, profile)};
+    if (has_profiled_section(file, "d48")) steps.push_back(profiled_step_of(file, profile, "d48"));
     std::string out = "roofline fit:\n";
     for (const ProfiledStep& step : steps) out += gemm_shape_table(step);
     char line[512];
