@@ -12,6 +12,8 @@
 // H100 SXM and what bounds it; then the step replayed on its streams (communication overlaps the
 // backward pass as the event dependencies allow), one micro-step's time, tokens/s and MFU by
 // llm.c's (6N + 6LCT) and PaLM's (6N + 12LCT) formulas, and llm.c's published 1.5B run beside it.
+// With --target-mfu P: the step P% needs, today's replay by family, and what the GEMMs (at the
+// calibrated rates, cuBLAS's own) leave of it to the kernels we write.
 // The hardware peaks and the efficiency factors assumed are in dev/roofline.h (and printed).
 //
 //   make roofline && build/cpu/roofline -e d48 -b 16 -t 1024 -z 1 -w 8
@@ -38,13 +40,14 @@ struct Options {
     std::string pp_schedule = "1f1b";
     int layers = 0, heads = 0, channels = 0;  // a preset's shape changed, as train_gpt's flags (0 = keep)
     int64_t total_batch_tokens = 1048576;  // llm.c's GPT-2 1.5B run: 8 ranks x 16 x 1024 x 8 micro-steps
+    double target_mfu = 0;  // --target-mfu: a fraction in (0, 1]; 0: no budget printed
 };
 
 const char* kUsage =
     "usage: roofline [-e d12|d24|d36|d48|tiny|mini] [-b B] [-t T] [-z ZERO_STAGE] [-w WORLD_SIZE]\n"
     "                [-r none|selective|full] [--attention auto|tc|simt] [--attention-backward split|fused]\n"
     "                [--bias-grad auto|epilogue|kernels]\n"
-    "                [-d TOTAL_BATCH_TOKENS]\n"
+    "                [-d TOTAL_BATCH_TOKENS] [--target-mfu PERCENT]\n"
     "                [--layers L] [--heads NH] [--channels C] [--launches-json FILE]\n"
     "                [--tp N] [--pp N] [--pp-schedule afab|1f1b|interleaved] [--pp-virtual V] [--cp N]\n"
     "       roofline --fit DIR   (a scripts/gpu_check.sh output directory: its profile.json and train.json\n"
@@ -52,7 +55,8 @@ const char* kUsage =
     "defaults: -e d12 -b 4 -t 1024 -z 1 -w 8 -r none --attention auto (tc; simt in the FP32 build) -d 1048576\n"
     "with --pp the last stage's step is recorded (the classifier's: the busiest), and the step time is its\n"
     "busy time over 1 - the schedule's bubble; with --cp rank 0's (every context rank does the same work),\n"
-    "the ring's transfers on their own stream\n";
+    "the ring's transfers on their own stream; --target-mfu: the step that MFU (llm.c's count) needs, and what\n"
+    "the GEMMs, at the calibrated rates, leave of it to attention and our other kernels\n";
 
 [[noreturn]] void usage_error(const std::string& message) {
     std::fprintf(stderr, "roofline: %s\n%s", message.c_str(), kUsage);
@@ -96,6 +100,13 @@ Options parse(int argc, char** argv) {
         else if (flag == "--pp-virtual") o.pp_virtual = int(parse_int(flag, value));
         else if (flag == "--pp-schedule") o.pp_schedule = value;
         else if (flag == "--cp") o.cp = int(parse_int(flag, value));
+        else if (flag == "--target-mfu") {
+            char* end = nullptr;
+            const double percent = std::strtod(value, &end);
+            if (end == value || *end != '\0' || !(percent > 0 && percent <= 100))
+                usage_error("--target-mfu expects a percentage in (0, 100], got '" + std::string(value) + "'");
+            o.target_mfu = percent / 100;
+        }
         else usage_error("unknown flag " + flag);
     }
     if (o.world_size < 1) usage_error("-w: the world size must be at least 1");
@@ -294,9 +305,10 @@ int main(int argc, char** argv) {
         std::printf("pipeline: %s over %d stages, %d micro-batches: bubble %.4f -> step %.2f ms\n", o.pp_schedule.c_str(), o.pp,
                     micro_steps, bubble, step_s * 1e3);
     const int64_t whole_parameters = int64_t(gpt2_num_parameters(config));
-    std::printf("%s", throughput_line("estimate", step_throughput(step_s, double(o.total_batch_tokens),
-                                                                  o.world_size, whole_parameters, L, C, o.T))
-                          .c_str());
+    const StepThroughput estimate = step_throughput(step_s, double(o.total_batch_tokens), o.world_size, whole_parameters, L, C, o.T);
+    std::printf("%s", throughput_line("estimate", estimate).c_str());
+    if (o.target_mfu > 0)
+        std::printf("%s", target_report(step_families(step), step_s / timeline.step_s, estimate.mfu_llmc, o.target_mfu).c_str());
     double recorded_flops = 0;
     for (const LaunchRecord& r : step) recorded_flops += r.flops;
     std::printf("recorded FLOPs per token: %.3g (6N + 6LCT = %.3g, 6N + 12LCT = %.3g)\n",

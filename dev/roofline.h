@@ -258,6 +258,106 @@ inline StepTimeline replay_streams(const std::vector<LaunchRecord>& records,
 }
 
 // ---------------------------------------------------------------------------------------------
+// What an MFU target asks of a step.
+//
+// MFU is inverse to the step time, so a target fixes the step, and the replayed work behind it is
+// that step over the estimate's multipliers (1 + u; a pipeline's 1 / (1 - bubble)). The replay is the
+// busiest stream's work, split here by family, plus what the other streams add past its end. The
+// GEMMs' part is cuBLAS's own speed (the calibrated rates are cuBLAS's measured ones, and PyTorch's
+// GEMMs at the same shapes took the same time), so what they leave of the target's work is the
+// budget of everything we write.
+
+struct StepFamilies {
+    double gemm_s = 0;       // cuBLASLt matmuls
+    double attention_s = 0;  // our attention kernels (tensor-core or SIMT, the row-dot included)
+    double kernels_s = 0;    // our other kernels
+    double rest_s = 0;       // the busiest stream's memsets, copies and collectives; the other streams' exposed time
+    double total_s() const { return gemm_s + attention_s + kernels_s + rest_s; }
+};
+
+inline bool is_attention_kernel(const LaunchRecord& r) {
+    return (r.kind == WorkKind::tensor_cores || r.kind == WorkKind::cuda_cores) && r.name.rfind("attention", 0) == 0;
+}
+
+// The replayed step (replay_streams' step_s) by family.
+inline StepFamilies step_families(const std::vector<LaunchRecord>& records,
+                                  const AttentionRates& attention = H100Model::kOurAttention) {
+    std::map<cudaStream_t, StepFamilies> per_stream;
+    for (const LaunchRecord& r : records) {
+        if (is_sync_record(r)) continue;
+        StepFamilies& f = per_stream[r.stream];
+        double& family = r.kind == WorkKind::matmul ? f.gemm_s
+                         : is_attention_kernel(r)   ? f.attention_s
+                         : r.kind == WorkKind::cuda_cores || r.kind == WorkKind::tensor_cores ? f.kernels_s
+                                                                                              : f.rest_s;
+        family += roofline_time(r, attention).seconds;
+    }
+    StepFamilies busiest;
+    for (const auto& [stream, f] : per_stream)
+        if (f.total_s() > busiest.total_s()) busiest = f;
+    busiest.rest_s += replay_streams(records, attention).exposed_s;
+    return busiest;
+}
+
+struct TargetBudget {
+    double step_s = 0;              // the step that reaches the target
+    double work_s = 0;              // the replayed work behind it
+    double gemm_only_mfu = 0;       // the MFU if everything but the GEMMs took no time (infinite without GEMMs)
+    double rest_budget_s = 0;       // what the GEMMs leave of work_s to the rest (<= 0: out of reach at their rates)
+    double attention_budget_s = 0;  // what attention may take with every other family as today
+};
+
+// A step of `families`, estimated at `scale` x their total with `mfu` (any count: the target's is the same),
+// against `target_mfu`.
+inline TargetBudget target_budget(const StepFamilies& families, double scale, double mfu, double target_mfu) {
+    TargetBudget b;
+    b.step_s = families.total_s() * scale * mfu / target_mfu;
+    b.work_s = b.step_s / scale;
+    b.gemm_only_mfu = families.gemm_s > 0 ? mfu * families.total_s() / families.gemm_s : HUGE_VAL;
+    b.rest_budget_s = b.work_s - families.gemm_s;
+    b.attention_budget_s = b.rest_budget_s - families.kernels_s - families.rest_s;
+    return b;
+}
+
+// The budget in words: the step, each family today, and what the GEMMs leave to the rest.
+inline std::string target_report(const StepFamilies& f, double scale, double mfu, double target_mfu) {
+    const TargetBudget b = target_budget(f, scale, mfu, target_mfu);
+    const double rest_s = f.total_s() - f.gemm_s;
+    std::string out;
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "MFU target %.1f%%: a step of %.2f ms, %.2f ms of replayed work at x %.3f (today %.2f ms, %.1f%% MFU):\n",
+                  100 * target_mfu, b.step_s * 1e3, b.work_s * 1e3, scale, f.total_s() * 1e3, 100 * mfu);
+    out += line;
+    std::snprintf(line, sizeof line, "  %-52s %9.2f ms (alone: %.1f%% MFU)\n", "cuBLASLt GEMMs, at the calibrated rates",
+                  f.gemm_s * 1e3, 100 * b.gemm_only_mfu);
+    out += line;
+    std::snprintf(line, sizeof line, "  %-52s %9.2f ms\n  %-52s %9.2f ms\n  %-52s %9.2f ms\n", "attention kernels",
+                  f.attention_s * 1e3, "our other kernels", f.kernels_s * 1e3,
+                  "memsets, copies, collectives (what is not overlapped)", f.rest_s * 1e3);
+    out += line;
+    if (b.rest_budget_s <= 0) {
+        std::snprintf(line, sizeof line, "  out of reach at these GEMM rates: the GEMMs alone take %.2f ms of the %.2f\n",
+                      f.gemm_s * 1e3, b.work_s * 1e3);
+    } else if (rest_s <= b.rest_budget_s) {
+        std::snprintf(line, sizeof line, "  reached: the GEMMs leave %.2f ms to the rest, which takes %.2f\n",
+                      b.rest_budget_s * 1e3, rest_s * 1e3);
+    } else if (b.attention_budget_s <= 0) {
+        std::snprintf(line, sizeof line,
+                      "  the GEMMs leave %.2f ms to the rest, which takes %.2f (%.2fx faster needed); our other kernels "
+                      "and the rest alone take %.2f: attention in no time would not be enough\n",
+                      b.rest_budget_s * 1e3, rest_s * 1e3, rest_s / b.rest_budget_s, (f.kernels_s + f.rest_s) * 1e3);
+    } else {
+        std::snprintf(line, sizeof line,
+                      "  the GEMMs leave %.2f ms to the rest, which takes %.2f (%.2fx faster needed); with our other kernels "
+                      "and the rest as today, attention would have %.2f ms (%.2fx faster than today)\n",
+                      b.rest_budget_s * 1e3, rest_s * 1e3, rest_s / b.rest_budget_s, b.attention_budget_s * 1e3,
+                      f.attention_s / b.attention_budget_s);
+    }
+    return out + line;
+}
+
+// ---------------------------------------------------------------------------------------------
 // The per-kernel table.
 
 struct KernelRow {

@@ -388,6 +388,84 @@ TEST_CASE("roofline: per-launch estimates, the stream replay and MFU") {
     CHECK(table.find("total (all streams)") != std::string::npos);
 }
 
+// An MFU target fixes the step; the budget is what the GEMMs leave of its replayed work. Hand-built
+// launches on two streams, each family's time taken from roofline_time, so the split and the
+// arithmetic are checked against sums made here.
+TEST_CASE("roofline: what an MFU target asks, family by family") {
+    const double n = 8192;
+    LaunchRecord gemm{"gemm", WorkKind::matmul, dim3(0, 0, 0), dim3(0, 0, 0), 0, 2 * n * n * n, 3 * n * n * 2};
+    gemm.gemm_m = gemm.gemm_n = gemm.gemm_k = 8192;
+    LaunchRecord tc_attention{"attention_tc_forward_kernel<64, __nv_bfloat16>", WorkKind::tensor_cores, dim3(264), dim3(128),
+                              0, 2e11, 1e9};
+    LaunchRecord rowdot{"attention_backward_rowdot_kernel<true>", WorkKind::cuda_cores, dim3(132), dim3(256), 0, 1e6, 2e9};
+    LaunchRecord layernorm{"layernorm_backward_kernel<2, true>", WorkKind::cuda_cores, dim3(132), dim3(256), 0, 1e6, 3e9};
+    LaunchRecord memset{"cudaMemsetAsync", WorkKind::memset, dim3(0, 0, 0), dim3(0, 0, 0), 0, 0, 1e8};
+    // A collective on its own stream after the GEMM (an event), 3.5 ms: past the compute stream's
+    // ~4.2 ms end by ~0.7 ms, which is exposed.
+    LaunchRecord comm{"ncclAllReduce", WorkKind::communication, dim3(0, 0, 0), dim3(0, 0, 0), 0, 0, 0.8 * 450e9 * 3.5e-3};
+    LaunchRecord record{"cudaEventRecord", WorkKind::event_record}, wait{"cudaStreamWaitEvent", WorkKind::stream_wait};
+    int compute = 0, side = 0, event = 0;
+    record.event = wait.event = &event;
+    auto on = [](LaunchRecord r, void* stream) {
+        r.stream = static_cast<cudaStream_t>(stream);
+        return r;
+    };
+    const std::vector<LaunchRecord> records{on(gemm, &compute),      on(record, &compute),    on(wait, &side),
+                                            on(comm, &side),         on(tc_attention, &compute), on(rowdot, &compute),
+                                            on(layernorm, &compute), on(memset, &compute)};
+    const auto t = [](const LaunchRecord& r) { return roofline_time(r).seconds; };
+    const StepTimeline timeline = replay_streams(records);
+    REQUIRE(timeline.exposed_s > 0.5e-3);
+    REQUIRE(timeline.busiest_stream_s > t(comm));  // the compute stream's families, as in training
+    const StepFamilies f = step_families(records);
+    CHECK(f.gemm_s == Approx(t(gemm)).epsilon(1e-12));
+    CHECK(f.attention_s == Approx(t(tc_attention) + t(rowdot)).epsilon(1e-12));  // the row-dot is attention's
+    CHECK(f.kernels_s == Approx(t(layernorm)).epsilon(1e-12));
+    CHECK(f.rest_s == Approx(t(memset) + timeline.exposed_s).epsilon(1e-12));
+    CHECK(f.total_s() == Approx(timeline.step_s).epsilon(1e-12));
+
+    // Today's MFU as the target: the step is today's, and the budgets are today's times.
+    const double scale = 1 + H100Model::kUnmodeledShareOurs, mfu = 0.4;
+    const TargetBudget same = target_budget(f, scale, mfu, mfu);
+    CHECK(same.step_s == Approx(f.total_s() * scale).epsilon(1e-12));
+    CHECK(same.work_s == Approx(f.total_s()).epsilon(1e-12));
+    CHECK(same.rest_budget_s == Approx(f.total_s() - f.gemm_s).epsilon(1e-12));
+    CHECK(same.attention_budget_s == Approx(f.attention_s).epsilon(1e-12));
+    CHECK(same.gemm_only_mfu == Approx(mfu * f.total_s() / f.gemm_s).epsilon(1e-12));
+    // Twice the MFU: half the step, and the GEMMs keep their time.
+    const TargetBudget twice = target_budget(f, scale, mfu, 2 * mfu);
+    CHECK(twice.step_s == Approx(same.step_s / 2).epsilon(1e-12));
+    CHECK(twice.work_s == Approx(f.total_s() / 2).epsilon(1e-12));
+    CHECK(twice.rest_budget_s == Approx(f.total_s() / 2 - f.gemm_s).epsilon(1e-12));
+    for (const TargetBudget& b : {same, twice})
+        CHECK((std::isfinite(b.step_s) && std::isfinite(b.rest_budget_s) && std::isfinite(b.gemm_only_mfu)));
+
+    // The report's verdicts: reached, attention alone could reach it, attention alone could not, and
+    // past what the GEMMs alone allow.
+    CHECK(target_report(f, scale, mfu, 0.99 * mfu).find("reached: the GEMMs leave") != std::string::npos);
+    const double gemm_only = same.gemm_only_mfu;
+    const double attention_only = mfu * f.total_s() / (f.total_s() - 0.5 * f.attention_s);  // half attention's time
+    const std::string half_attention = target_report(f, scale, mfu, attention_only);
+    CHECK(half_attention.find("attention would have") != std::string::npos);
+    CHECK(half_attention.find("(2.00x faster than today)") != std::string::npos);
+    const double past_attention = mfu * f.total_s() / (f.gemm_s + 0.5 * (f.kernels_s + f.rest_s));
+    REQUIRE(past_attention < gemm_only);
+    CHECK(target_report(f, scale, mfu, past_attention).find("attention in no time would not be enough") != std::string::npos);
+    CHECK(target_report(f, scale, mfu, 1.01 * gemm_only).find("out of reach at these GEMM rates") != std::string::npos);
+}
+
+// A recorded step's families are its replay, whatever the streams and kernels.
+TEST_CASE("roofline: a recorded step's families add up to its replay") {
+    StepSetup s{.zero_stage = 1, .micro_steps = 2, .world_size = 4, .record_only = true};
+    const std::vector<LaunchRecord> records = record_one_step(s);
+    const StepFamilies f = step_families(records);
+    CHECK(f.total_s() == Approx(replay_streams(records).step_s).epsilon(1e-9));
+    CHECK(f.gemm_s > 0);
+    CHECK(f.attention_s > 0);
+    CHECK(f.kernels_s > 0);
+    CHECK(f.rest_s > 0);  // the collectives, copies and memsets of a ZeRO-1 step
+}
+
 TEST_CASE("roofline calibration: the measured GEMM, wave quantization, split k, small grids") {
     using M = H100Model;
     // The anchor: an 8192^3 product at the 798 TFLOP/s measured on this workplace's H100 SXM, of
