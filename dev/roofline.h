@@ -70,6 +70,7 @@ struct Roof {
 // factor that turns the FLOPs our backward kernels execute into the count the rates are quoted on.
 struct AttentionRates {
     double forward_flops, backward_flops, backward_flops_scale;
+    double fused_backward_flops = 0;  // the fused backward kernel's (executed FLOPs); 0: backward_flops
 };
 
 struct H100Model {
@@ -93,7 +94,8 @@ struct H100Model {
     // profile.json): the forward 1314.26 GFLOP in 5.814 ms, 226 TFLOP/s; dQ and dK/dV together
     // 4599.91 GFLOP in 22.587 ms, 204, on the FLOPs they execute (7 backward products where
     // FlashAttention-2 runs 5: charged in full). The fused backward (5 products, not yet measured)
-    // is charged the split kernels' rate per executed FLOP.
+    // is charged the split kernels' rate per executed FLOP: its own field is unset until a GPU run
+    // measures it (`roofline --fit` prints the rate a run's fused_backward profile gives).
     static constexpr AttentionRates kOurAttention{226.05e12, 203.65e12, 1.0};
     // Published, H100 SXM5, head size 64, T = 1k (Shah et al. 2024, "FlashAttention-3", figure 5:
     // causal forward; figure 6: backward): FlashAttention-2's, the class our kernels are built in
@@ -144,6 +146,13 @@ struct H100Model {
 
     // Which tensor-core attention kernels the forward rate applies to (the rest are backward).
     static bool is_attention_forward(const std::string& kernel) { return kernel.find("forward") != std::string::npos; }
+    // The fused backward kernel (--attention-backward fused), which has its own rate where one is known.
+    static bool is_fused_attention_backward(const std::string& kernel) {
+        return kernel.find("backward_fused") != std::string::npos;
+    }
+    static double backward_rate(const AttentionRates& a, const std::string& kernel) {
+        return is_fused_attention_backward(kernel) && a.fused_backward_flops > 0 ? a.fused_backward_flops : a.backward_flops;
+    }
 
     static Roof roof(const LaunchRecord& r, const AttentionRates& attention = kOurAttention,
                      double gemm_unhidden_share = kGemmUnhiddenBytes) {
@@ -157,7 +166,7 @@ struct H100Model {
                 const bool forward = is_attention_forward(r.name);
                 // time = executed FLOPs x scale / rate: the efficiency against the peak is rate / scale.
                 const double e = forward ? attention.forward_flops / kTensorFlops
-                                         : attention.backward_flops / attention.backward_flops_scale / kTensorFlops;
+                                         : backward_rate(attention, r.name) / attention.backward_flops_scale / kTensorFlops;
                 return {kTensorFlops, e, kHbmBytes, kHbmEfficiency * sm_share(r.grid), 3e-6};
             }
             case WorkKind::cuda_cores:

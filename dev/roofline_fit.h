@@ -53,8 +53,24 @@ template <typename Read> auto naming_file(const std::string& where, Read&& read)
     }
 }
 
-// profile.json's kernel table, as --profile-step printed it: the name in the first 46 columns (names
-// hold spaces), then unit, launches, GFLOP, GB, FLOP/B, estimated ms, bound, measured ms, ...
+// One row of --profile-step's kernel table: the name in the first 46 columns (names hold spaces), then
+// unit, launches, GFLOP, GB, FLOP/B, estimated ms, bound, measured ms, ...
+inline ProfileRow profile_row_of(const std::string& line) {
+    ProfileRow r;
+    r.name = line.substr(0, 46);
+    r.name.erase(r.name.find_last_not_of(' ') + 1);
+    char unit[16], bound[16];
+    double gflop, gb, intensity, estimate_ms, measured_ms;
+    if (line.size() <= 46 || std::sscanf(line.c_str() + 46, "%15s %lld %lf %lf %lf %lf %15s %lf", unit, &r.launches, &gflop,
+                                         &gb, &intensity, &estimate_ms, bound, &measured_ms) != 8 ||
+        r.launches <= 0)
+        throw std::runtime_error("a kernel row without a measured time: '" + line + "'");
+    r.unit = unit;
+    r.flops = gflop * 1e9, r.bytes = gb * 1e9, r.estimate_s = estimate_ms / 1e3, r.measured_s = measured_ms / 1e3;
+    return r;
+}
+
+// profile.json's kernel table, as --profile-step printed it (profile_row_of).
 // `section` names another step's table in the file (gpu_check's "d48": its B and report; T as the file's).
 inline ProfiledStep profiled_step_of(const nlohmann::json& file, const std::string& path, const std::string& section = "") {
     ProfiledStep step;
@@ -79,18 +95,11 @@ inline ProfiledStep profiled_step_of(const nlohmann::json& file, const std::stri
             }
             if (!in_table) continue;
             if (line.rfind("total", 0) == 0) break;
-            ProfileRow r;
-            r.name = line.substr(0, 46);
-            r.name.erase(r.name.find_last_not_of(' ') + 1);
-            char unit[16], bound[16];
-            double gflop, gb, intensity, estimate_ms, measured_ms;
-            if (line.size() <= 46 || std::sscanf(line.c_str() + 46, "%15s %lld %lf %lf %lf %lf %15s %lf", unit, &r.launches,
-                                                 &gflop, &gb, &intensity, &estimate_ms, bound, &measured_ms) != 8 ||
-                r.launches <= 0)
-                throw std::runtime_error("field 'report': a kernel row without a measured time: '" + line + "'");
-            r.unit = unit;
-            r.flops = gflop * 1e9, r.bytes = gb * 1e9, r.estimate_s = estimate_ms / 1e3, r.measured_s = measured_ms / 1e3;
-            step.rows.push_back(r);
+            try {
+                step.rows.push_back(profile_row_of(line));
+            } catch (const std::runtime_error& e) {
+                throw std::runtime_error(std::string("field 'report': ") + e.what());
+            }
         }
         if (step.rows.empty()) throw std::runtime_error("field 'report' holds no timed kernel table");
         return step;
@@ -216,6 +225,137 @@ inline MeasuredStep read_measured_step(const std::string& train_json) {
     });
 }
 
+// ---------------------------------------------------------------------------------------------
+// The options a GPU run decides: gpu_check's profile stage profiles the d12 step again with each
+// option not yet on by default (profile.json's fused_backward, bias_grad_epilogue and autotune: the
+// kernel rows each changes and its step lines), and its train stage trains with each (train.json's
+// medians, prefixed fused_backward_, bias_grad_epilogue_, autotune_).
+
+struct ProfiledOption {
+    bool present = false;  // the section is in profile.json (gpu_check ran the option)
+    int exit_code = 0;
+    std::vector<ProfileRow> rows;
+    double wall_s = 0;  // its measured step line's s/step; 0: none
+};
+
+// The "measured (wall clock ...): X s/step" line among `lines`; 0 when there is none.
+inline double measured_wall_s(const nlohmann::json& lines) {
+    for (const nlohmann::json& entry : lines) {
+        const std::string line = entry.get<std::string>();
+        const size_t colon = line.find("): ");
+        double s = 0;
+        if (line.rfind("measured", 0) == 0 && colon != std::string::npos && std::sscanf(line.c_str() + colon + 3, "%lf s/step", &s) == 1)
+            return s;
+    }
+    return 0;
+}
+
+inline ProfiledOption profiled_option_of(const nlohmann::json& file, const std::string& path, const std::string& section) {
+    ProfiledOption o;
+    if (!file.contains(section) || file.at(section).is_null()) return o;
+    return naming_file(path + " (" + section + ")", [&] {
+        o.present = true;
+        const nlohmann::json& j = file.at(section);
+        o.exit_code = j.at("exit_code").get<int>();
+        const nlohmann::json& rows = j.at("rows");
+        if (!rows.is_array()) throw std::runtime_error("field 'rows' is not a list of lines");
+        o.wall_s = measured_wall_s(rows);
+        for (const nlohmann::json& entry : rows) {
+            const std::string line = entry.get<std::string>();
+            if (line.rfind("measured", 0) == 0 || line.rfind("H100 SXM roofline estimate", 0) == 0 ||
+                line.rfind("matmul autotune:", 0) == 0)
+                continue;
+            try {
+                o.rows.push_back(profile_row_of(line));
+            } catch (const std::runtime_error& e) {
+                throw std::runtime_error(std::string("field 'rows': ") + e.what());
+            }
+        }
+        return o;
+    });
+}
+
+// The measured time of the rows `pick` selects.
+template <typename Pick> double measured_s_of(const std::vector<ProfileRow>& rows, Pick&& pick) {
+    double s = 0;
+    for (const ProfileRow& row : rows)
+        if (pick(row)) s += row.measured_s;
+    return s;
+}
+
+inline bool is_attention_backward_row(const ProfileRow& row) { return is_attention_row(row) && !is_attention_forward(row); }
+inline bool is_weight_gradient_row(const ProfileRow& row) {  // what --bias-grad changes: dweight GEMMs, bias-gradient kernels
+    return row.name.rfind("matmul_backward_dweight", 0) == 0 || row.name.rfind("matmul_detail::bias_grad", 0) == 0;
+}
+
+// One option's line: its profiled rows against the default profile's, its profiled step, and its
+// trained step (train.json) against the default's.
+inline std::string option_line(const char* flag, const char* what, const ProfiledOption& option, double option_rows_s,
+                               double default_rows_s, double default_wall_s, const nlohmann::json* train, const std::string& prefix,
+                               const std::string& extra = "") {
+    std::string out = std::string("  ") + flag + ": ";
+    char line[512];
+    if (!option.present) {
+        out += "not profiled in this run";
+    } else if (option.exit_code != 0) {
+        std::snprintf(line, sizeof line, "its profile failed (exit code %d)", option.exit_code);
+        out += line;
+    } else {
+        std::snprintf(line, sizeof line, "%s %.3f ms against the default's %.3f (%+.1f%%)", what, option_rows_s * 1e3,
+                      default_rows_s * 1e3, 100 * (option_rows_s / default_rows_s - 1));
+        out += line + extra;
+        if (option.wall_s > 0 && default_wall_s > 0) {
+            std::snprintf(line, sizeof line, "; profiled step %.1f ms against %.1f", option.wall_s * 1e3, default_wall_s * 1e3);
+            out += line;
+        }
+    }
+    if (train && train->contains(prefix + "ms_per_step") && train->at(prefix + "ms_per_step").is_number() &&
+        train->contains("ms_per_step")) {
+        const double ms = train->at(prefix + "ms_per_step").get<double>(), base = train->at("ms_per_step").get<double>();
+        std::snprintf(line, sizeof line, "; trained %.2f ms/step against %.2f (%+.1f%%)", ms, base, 100 * (ms / base - 1));
+        out += line;
+        if (train->contains(prefix + "final_loss") && train->at(prefix + "final_loss").is_number() &&
+            train->contains("final_loss") && train->at("final_loss").is_number()) {
+            std::snprintf(line, sizeof line, ", last loss %.4f against %.4f", train->at(prefix + "final_loss").get<double>(),
+                          train->at("final_loss").get<double>());
+            out += line;
+        }
+    } else {
+        out += "; not trained in this run";
+    }
+    return out + "\n";
+}
+
+// What a run says of each option not yet on by default, and the fused backward's rate beside the model's.
+inline std::string options_report(const nlohmann::json& file, const std::string& path, const ProfiledStep& step,
+                                  const nlohmann::json* train) {
+    const double default_wall_s = naming_file(path, [&] { return measured_wall_s(file.value("summary", nlohmann::json::array())); });
+    std::string out = "the options not yet on by default (profile.json's sections, train.json's medians):\n";
+    const ProfiledOption fused = profiled_option_of(file, path, "fused_backward");
+    std::string rate;
+    double fused_flops = 0;
+    for (const ProfileRow& row : fused.rows)
+        if (H100Model::is_fused_attention_backward(row.name)) fused_flops += row.flops;
+    const double fused_s = measured_s_of(fused.rows, [](const ProfileRow& r) { return H100Model::is_fused_attention_backward(r.name); });
+    if (fused.present && fused.exit_code == 0) {
+        if (!(fused_s > 0)) throw std::runtime_error("'" + path + " (fused_backward)': no timed fused attention backward row");
+        char line[256];
+        std::snprintf(line, sizeof line, " (%.1f TFLOP/s executed; dev/roofline.h charges %.1f)", fused_flops / fused_s / 1e12,
+                      H100Model::backward_rate(H100Model::kOurAttention, "attention_tc_backward_fused_kernel") / 1e12);
+        rate = line;
+    }
+    out += option_line("--attention-backward fused", "the attention backward", fused, fused_s,
+                       measured_s_of(step.rows, is_attention_backward_row), default_wall_s, train, "fused_backward_", rate);
+    const ProfiledOption epilogue = profiled_option_of(file, path, "bias_grad_epilogue");
+    out += option_line("--bias-grad epilogue", "the weight-gradient GEMMs and bias-gradient kernels", epilogue,
+                       measured_s_of(epilogue.rows, is_weight_gradient_row), measured_s_of(step.rows, is_weight_gradient_row),
+                       default_wall_s, train, "bias_grad_epilogue_");
+    const ProfiledOption autotune = profiled_option_of(file, path, "autotune");
+    out += option_line("--matmul-autotune", "the GEMMs", autotune, measured_s_of(autotune.rows, is_gemm_row),
+                       measured_s_of(step.rows, is_gemm_row), default_wall_s, train, "autotune_");
+    return out;
+}
+
 // One step's GEMM shapes, measured and this model's, as `roofline --fit` prints them.
 inline std::string gemm_shape_table(const ProfiledStep& step) {
     std::string out;
@@ -263,7 +403,9 @@ inline std::string fit_report(const std::string& dir) {
                   H100Model::kOurAttention.forward_flops / 1e12, H100Model::kOurAttention.backward_flops / 1e12);
     out += line;
     const std::string train = dir + "/train.json";
+    nlohmann::json train_file;
     if (std::ifstream(train)) {
+        train_file = read_json_file(train);
         const MeasuredStep measured = read_measured_step(train);
         const double replay_s = profiled_step_replay_s(step);
         if (measured.B != step.B || measured.T != step.T)
@@ -279,5 +421,5 @@ inline std::string fit_report(const std::string& dir) {
     } else {
         out += "what a roofline misses: no " + train + " (gpu_check's train stage), not fitted\n";
     }
-    return out;
+    return out + options_report(file, profile, step, train_file.is_object() ? &train_file : nullptr);
 }

@@ -20,7 +20,8 @@
 # Each stage writes $GPU_CHECK_OUT/<stage>.json ({"stage", "ok", "seconds", ...figures}) and its logs
 # under $GPU_CHECK_LOGS; env.json (the machine, the toolchain, how the build was configured) comes with
 # every call. Back on a machine without a GPU, build/cpu/roofline --fit DIR holds the roofline
-# (dev/roofline.h) against DIR's train.json and profile.json and prints the constants they fit.
+# (dev/roofline.h) against DIR's train.json and profile.json and prints the constants they fit, and
+# each option not yet on by default (fused backward, BGRADB epilogue, autotune) against the default.
 # A stage that fails records why in its JSON and the script exits non-zero after the
 # stages asked for; a stage past its time limit (STAGE_TIMEOUT) is stopped and recorded as such
 # ("timed_out"); run it again to go on (the build continues where make stopped).

@@ -586,6 +586,85 @@ TEST_CASE("roofline --fit: a d48 step in the profile joins the GEMM fit; a train
     CHECK(report.find("not fitted, train.json ran B=16 T=1024 and the profile B=64 T=1024") != std::string::npos);
 }
 
+// A kernel-table row as --profile-step prints it (kernel_table's columns), its measured time scaled.
+std::string profile_row_line(const ProfileRow& r, double measured_scale = 1) {
+    char line[512];
+    const double measured_s = r.measured_s * measured_scale;
+    std::snprintf(line, sizeof line, "%-46s %-8s %8lld %11.3f %10.3f %8.1f %11.3f %-7s %11.3f %9.2f %9.1f %8.2f", r.name.c_str(),
+                  r.unit.c_str(), r.launches, r.flops / 1e9, r.bytes / 1e9, r.flops / r.bytes, r.estimate_s * 1e3, "compute",
+                  measured_s * 1e3, r.flops / measured_s / 1e12, r.bytes / measured_s / 1e9, r.estimate_s / measured_s);
+    return line;
+}
+
+// The first run's files with the sections a later gpu_check writes for the options not yet on by
+// default: a fused backward of 16 ms, an epilogue profile that failed, autotuned GEMMs 10% faster,
+// and a trained fused-backward step. The figures printed are computed here from those inputs.
+TEST_CASE("roofline --fit: what a run says of each option not yet on by default") {
+    std::ifstream in(first_h100_run() + "/profile.json");
+    nlohmann::json profile = nlohmann::json::parse(in);
+    const ProfiledStep d12 = read_profiled_step(first_h100_run() + "/profile.json");
+    const ProfileRow fused{"attention_tc_backward_fused_kernel<64>", "tensor", 12, 3285.65e9, 25.4e9, 16.17e-3, 16.0e-3};
+    nlohmann::json fused_rows = nlohmann::json::array({"measured (wall clock, with the per-launch events): 0.130 s/step, 65,536 "
+                                                       "tokens/step, 504,123 tokens/s, MFU 40.9% (llm.c 6N+6LCT)",
+                                                       profile_row_line(fused)});
+    nlohmann::json autotune_rows = nlohmann::json::array({"matmul autotune: 15 GEMM shapes timed"});
+    double split_backward_s = 0, gemm_s = 0;
+    for (const ProfileRow& row : d12.rows) {
+        if (is_attention_row(row) && is_attention_forward(row)) fused_rows.push_back(profile_row_line(row));
+        if (row.name.rfind("attention_tc_backward_dq_kernel", 0) == 0 || row.name.rfind("attention_tc_backward_dkdv_kernel", 0) == 0)
+            split_backward_s += row.measured_s;  // by name, not by the function under test
+        if (is_gemm_row(row)) autotune_rows.push_back(profile_row_line(row, 0.9)), gemm_s += row.measured_s;
+    }
+    CHECK(split_backward_s == Approx(22.587e-3).epsilon(1e-4));  // dQ 9.764 + dK/dV 12.823 ms
+    profile["fused_backward"] = {{"exit_code", 0}, {"rows", fused_rows}};
+    profile["bias_grad_epilogue"] = {{"exit_code", 3}, {"rows", nlohmann::json::array()}};
+    profile["autotune"] = {{"exit_code", 0}, {"rows", autotune_rows}};
+    std::ifstream train_in(first_h100_run() + "/train.json");
+    nlohmann::json train = nlohmann::json::parse(train_in);
+    train["fused_backward_ms_per_step"] = 130.0;
+    train["fused_backward_final_loss"] = 6.3334;
+    TempDir dir;
+    dir.write("profile.json", profile.dump());
+    dir.write("train.json", train.dump());
+    const std::string report = fit_report(dir.path.string());
+    INFO(report);
+    char expected[256];
+    std::snprintf(expected, sizeof expected,
+                  "--attention-backward fused: the attention backward 16.000 ms against the default's %.3f (%+.1f%%) "
+                  "(%.1f TFLOP/s executed; dev/roofline.h charges %.1f); profiled step 130.0 ms against 135.0",
+                  split_backward_s * 1e3, 100 * (0.016 / split_backward_s - 1), 3285.65e9 / 0.016 / 1e12,
+                  H100Model::kOurAttention.backward_flops / 1e12);
+    CHECK_THAT(report, Catch::Contains(expected));
+    std::snprintf(expected, sizeof expected, "trained 130.00 ms/step against 136.75 (%+.1f%%), last loss 6.3334 against 6.3334",
+                  100 * (130.0 / 136.75 - 1));
+    CHECK_THAT(report, Catch::Contains(expected));
+    CHECK_THAT(report, Catch::Contains("--bias-grad epilogue: its profile failed (exit code 3); not trained in this run"));
+    // Each row's time is printed to the microsecond, so 0.9 of their sum is off by rounding: the share alone.
+    std::snprintf(expected, sizeof expected, "ms against the default's %.3f (-10.0%%)", gemm_s * 1e3);
+    CHECK_THAT(report, Catch::Contains("--matmul-autotune: the GEMMs ") && Catch::Contains(expected));
+    CHECK_THAT(report, Catch::Contains("trained 132.29 ms/step against 136.75 (-3.3%)"));
+
+    // A fused_backward section without the fused kernel's row, or with a row that does not parse, is refused.
+    profile["fused_backward"]["rows"] = nlohmann::json::array({profile_row_line(d12.rows.front())});
+    dir.write("profile.json", profile.dump());
+    CHECK_THROWS_WITH(fit_report(dir.path.string()), Catch::Contains("(fused_backward)") && Catch::Contains("no timed fused"));
+    profile["fused_backward"]["rows"] = nlohmann::json::array({"attention_tc_backward_fused_kernel<64>  tensor"});
+    dir.write("profile.json", profile.dump());
+    CHECK_THROWS_WITH(fit_report(dir.path.string()), Catch::Contains("(fused_backward)") && Catch::Contains("field 'rows'"));
+}
+
+// The fused backward is charged the split kernels' rate until a run measures its own; then its own.
+TEST_CASE("roofline: the fused attention backward at its own rate, where one is set") {
+    const LaunchRecord fused{"attention_tc_backward_fused_kernel<64>", WorkKind::tensor_cores, dim3(264), dim3(128), 0, 1e12, 1e9};
+    const LaunchRecord split{"attention_tc_backward_dq_kernel<64, __nv_bfloat16>", WorkKind::tensor_cores, dim3(264), dim3(128), 0,
+                             1e12, 1e9};
+    CHECK(roofline_time(fused).seconds == Approx(roofline_time(split).seconds).epsilon(1e-12));
+    AttentionRates measured = H100Model::kOurAttention;
+    measured.fused_backward_flops = 250e12;
+    CHECK(roofline_time(fused, measured).seconds == Approx(1e12 / 250e12 + 3e-6).epsilon(1e-9));
+    CHECK(roofline_time(split, measured).seconds == Approx(roofline_time(split).seconds).epsilon(1e-12));
+}
+
 TEST_CASE("roofline --fit: a profile it cannot read is refused naming the file and the field") {
     TempDir dir;
     auto write = [&](const std::string& text) { return dir.write("profile.json", text); };
