@@ -821,8 +821,15 @@ inline void causal_attention_forward(GPT2& model, const LayerActivations& x) {
 // sum over the tensor group adds it once.
 inline const floatX* bias_before_sum(const GPT2& model, const floatX* bias) { return model.tensor.rank == 0 ? bias : nullptr; }
 
-// Block l's forward from ln1 (already computed: by the previous block's fused residual + LayerNorm,
-// or by recomputation) up to the MLP's hidden layer: everything its backward pass reads. `attend(x)`
+// Without tensor parallelism the projections before the residual adds (attproj, fcproj) write the
+// residual stream themselves: D = x W^T + b + residual, the add in the GEMM's epilogue (cuBLASLt's
+// beta C), so only the LayerNorm after it is left, reading one tensor where the fused residual +
+// LayerNorm read two and wrote one more. Under tensor parallelism each rank's projection is a partial
+// sum: the add waits for the group's sum (the fused kernel, as before).
+inline bool residual_added_by_projection(const GPT2& m) { return m.tensor.size == 1; }
+
+// Block l's forward from ln1 (already computed: by the LayerNorm after the previous block's residual
+// add, or by recomputation) up to the MLP's hidden layer: everything its backward pass reads. `attend(x)`
 // writes x.atty from x.qkv: the causal attention, or in generation the attention over the cache.
 // Under tensor parallelism (parallel/tensor.h) qkv and the MLP's hidden layer are this rank's columns,
 // and the attention projection's partial sums are summed over the group (Megatron's g).
@@ -837,10 +844,15 @@ template <typename Attend> inline void block_forward_to_mlp(GPT2& model, int l, 
     // Attention branch: x + attproj(attention(ln1(x)))
     matmul_forward(mm, x.qkv, gather_sequence(model, x.ln1), w.qkvw, w.qkvb, BT, C, 3 * Ct, stream);
     attend(x);
-    matmul_forward(mm, branch, x.atty, w.attprojw, bias_before_sum(model, w.attprojb), BT, Ct, C, stream);
-    const floatX* attended = sum_over_tensor_ranks(model, branch);
-    fused_residual_layernorm_forward(x.residual2, x.ln2, x.ln2_mean, x.ln2_rstd, x.input, attended, w.ln2w, w.ln2b, rows,
-                                     C, stream);
+    if (residual_added_by_projection(model)) {
+        matmul_forward(mm, x.residual2, x.atty, w.attprojw, w.attprojb, BT, Ct, C, stream, nullptr, x.input);
+        layernorm_forward(x.ln2, x.ln2_mean, x.ln2_rstd, x.residual2, w.ln2w, w.ln2b, rows, C, stream);
+    } else {
+        matmul_forward(mm, branch, x.atty, w.attprojw, bias_before_sum(model, w.attprojb), BT, Ct, C, stream);
+        const floatX* attended = sum_over_tensor_ranks(model, branch);
+        fused_residual_layernorm_forward(x.residual2, x.ln2, x.ln2_mean, x.ln2_rstd, x.input, attended, w.ln2w, w.ln2b, rows,
+                                         C, stream);
+    }
     // MLP's first half: gelu(fc(ln2(x))), GELU fused into the matmul's epilogue (fch keeps its input)
     matmul_forward(mm, x.fch_gelu, gather_sequence(model, x.ln2), w.fcw, w.fcb, BT, C, 4 * Ct, stream, x.fch);
 }
@@ -863,20 +875,31 @@ template <typename Attend> inline void gpt2_blocks_forward(GPT2& model, Attend&&
         const LayerTensors w = layer_view(p, cfg, l, model.tensor.size);
         const LayerActivations x = layer_activations(model, l);
         block_forward_to_mlp(model, l, x, [&](const LayerActivations& y) { attend(l, y); });
-        // MLP branch's second half: x + fcproj(fch_gelu)
-        matmul_forward(model.matmul, a.branch, x.fch_gelu, w.fcprojw, bias_before_sum(model, w.fcprojb), BT, 4 * Ct, C,
-                       model.stream);
-        const floatX* mlp_out = sum_over_tensor_ranks(model, a.branch);
-        // The residual add, fused with the next LayerNorm: the next layer's ln1, or the final one
+        // MLP branch's second half: x + fcproj(fch_gelu), the add in the projection or fused with the next
+        // LayerNorm: the next layer's ln1, or the final one (a stage before the last ends at residual3)
+        const bool added = residual_added_by_projection(model);
+        const floatX* mlp_out = nullptr;
+        if (added) {
+            matmul_forward(model.matmul, x.residual3, x.fch_gelu, w.fcprojw, w.fcprojb, BT, 4 * Ct, C, model.stream, nullptr,
+                           x.residual2);
+        } else {
+            matmul_forward(model.matmul, a.branch, x.fch_gelu, w.fcprojw, bias_before_sum(model, w.fcprojb), BT, 4 * Ct, C,
+                           model.stream);
+            mlp_out = sum_over_tensor_ranks(model, a.branch);
+        }
+        // The next LayerNorm of residual3, after the add or with it.
+        const auto next_layernorm = [&](floatX* out, float* mean, float* rstd, const floatX* weight, const floatX* bias) {
+            if (added) layernorm_forward(out, mean, rstd, x.residual3, weight, bias, rows, C, model.stream);
+            else fused_residual_layernorm_forward(x.residual3, out, mean, rstd, x.residual2, mlp_out, weight, bias, rows, C,
+                                                  model.stream);
+        };
         if (l + 1 < L) {
             const LayerTensors next_w = layer_view(p, cfg, l + 1, model.tensor.size);
             const LayerActivations next = layer_activations(model, l + 1);
-            fused_residual_layernorm_forward(x.residual3, next.ln1, next.ln1_mean, next.ln1_rstd, x.residual2, mlp_out,
-                                             next_w.ln1w, next_w.ln1b, rows, C, model.stream);
+            next_layernorm(next.ln1, next.ln1_mean, next.ln1_rstd, next_w.ln1w, next_w.ln1b);
         } else if (classifies(model)) {
-            fused_residual_layernorm_forward(x.residual3, a.lnf, a.lnf_mean, a.lnf_rstd, x.residual2, mlp_out, p.lnfw,
-                                             p.lnfb, rows, C, model.stream);
-        } else {
+            next_layernorm(a.lnf, a.lnf_mean, a.lnf_rstd, p.lnfw, p.lnfb);
+        } else if (!added) {
             CUDA_CHECK(recorded_copy(x.residual3, x.residual2, size_t(rows) * C * sizeof(floatX), cudaMemcpyDeviceToDevice,
                                      model.stream));
             accumulate(x.residual3, mlp_out, size_t(rows) * C, model.stream);

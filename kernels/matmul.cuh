@@ -17,6 +17,7 @@
 #pragma once
 
 #include "common.cuh"
+#include "elementwise.cuh"
 #include "host/matmul_algos.h"
 
 #include <cublasLt.h>
@@ -73,6 +74,9 @@ struct Matmul {
     // sums are then rounded to BF16 once more before they are added, and what the epilogue costs the GEMMs
     // on a GPU is not measured (the weight gradients' GEMMs split k there, which BGRADB may forbid).
     bool bias_grad_in_output_type = false;
+    // matmul_forward's residual added by the GEMM's epilogue (beta C) where cuBLASLt has an algorithm for
+    // it; else, or when false, the GEMM and then an elementwise add (accumulate, kernels/elementwise.cuh).
+    bool residual_in_epilogue = true;
     std::shared_ptr<matmul_detail::PlanCache> plans;  // made by matmul_create
 };
 
@@ -88,7 +92,7 @@ inline void check_cublaslt(cublasStatus_t status, const char* call, const char* 
 
 constexpr cudaDataType kFloatXType = std::is_same_v<floatX, float> ? CUDA_R_32F : CUDA_R_16BF;
 
-// One cublasLtMatmul, column-major: D = epilogue(op(A) op(B) + beta D).
+// One cublasLtMatmul, column-major: D = epilogue(op(A) op(B) + beta C), C = D unless `c` is set.
 struct Gemm {
     cublasOperation_t transa, transb;
     int m, n, k;
@@ -98,7 +102,8 @@ struct Gemm {
     int ldb;
     floatX* d;
     int ldd;
-    float beta = 0.0f;  // 1: accumulate onto D (C = D, same layout)
+    float beta = 0.0f;  // 1: accumulate onto D, or onto `c`
+    const floatX* c = nullptr;  // with beta != 0: C when it is not D (D's layout)
     cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
     const floatX* bias = nullptr;
     floatX* aux = nullptr;  // GELU input: written by GELU_AUX*, read by DGELU; laid out like D
@@ -178,19 +183,20 @@ inline void set_pointers(const Plan& plan, const Gemm& g, const void* bias) {
 inline cublasStatus_t launch_gemm(const Matmul& mm, const Plan& plan, const cublasLtMatmulAlgo_t& algo, const Gemm& g,
                                   cudaStream_t stream) {
     const float alpha = 1.0f;
-    return cublasLtMatmul(mm.handle, plan.desc, &alpha, g.a, plan.a, g.b, plan.b, &g.beta, g.d, plan.d, g.d, plan.d, &algo,
+    const void* c = g.c ? static_cast<const void*>(g.c) : g.d;
+    return cublasLtMatmul(mm.handle, plan.desc, &alpha, g.a, plan.a, g.b, plan.b, &g.beta, c, plan.d, g.d, plan.d, &algo,
                           mm.workspace, kMatmulWorkspaceBytes, stream);
 }
 
 // Times each candidate on the call's own operands and returns the fastest's index. The candidates
 // write D (and the aux or bias output) as the real call will; where the GEMM accumulates onto D
-// (beta = 1) they would add to it too, so D is saved first and put back after. Where no memory is
+// itself (beta = 1, no other C) they would add to it too, so D is saved first and put back after. Where no memory is
 // left for that copy, the heuristic's first is kept, with a note.
 inline int fastest_candidate(const Matmul& mm, const Plan& plan, const cublasLtMatmulHeuristicResult_t* candidates,
                              int count, const Gemm& g, cudaStream_t stream) {
     const size_t d_bytes = (size_t(g.ldd) * size_t(g.n - 1) + size_t(g.m)) * sizeof(floatX);
     void* saved = nullptr;
-    if (g.beta != 0.0f) {
+    if (g.beta != 0.0f && (g.c == nullptr || g.c == g.d)) {
         if (cudaMalloc(&saved, d_bytes) != cudaSuccess) {
             (void)cudaGetLastError();
             std::fprintf(stderr, "note: matmul autotune: no %zu bytes to save D (m %d, n %d, k %d): the heuristic's first algorithm\n",
@@ -249,7 +255,8 @@ inline int recorded_or_fastest(const Matmul& mm, const PlanKey& key, const Plan&
 // the fastest of its candidates under autotune).
 inline const Plan& plan_for(const Matmul& mm, const Gemm& g, const void* bias, int bias_type, cudaStream_t stream) {
     const PlanKey key{int(g.transa), int(g.transb), g.m, g.n, g.k, g.lda, g.ldb, g.ldd, g.beta != 0.0f, uint32_t(g.epilogue),
-                      bias ? bias_type : -1, alignment_of(g.a), alignment_of(g.b), alignment_of(g.d),
+                      bias ? bias_type : -1, alignment_of(g.a), alignment_of(g.b),
+                      std::min(alignment_of(g.d), g.c ? alignment_of(g.c) : 256u),  // C's too: MIN_ALIGNMENT_C takes it
                       bias ? alignment_of(bias) : 0u, g.aux ? alignment_of(g.aux) : 0u};
     if (const auto found = mm.plans->plans.find(key); found != mm.plans->plans.end()) return found->second;
     ++mm.plans->misses;
@@ -571,18 +578,34 @@ inline std::string matmul_take_algos(Matmul& mm, const MatmulAlgos& algos) {
 }
 
 // out (N, OC) = inp (N, C) @ weight (OC, C)^T + bias; with pre_gelu: pre_gelu = that, out = GELU(it).
+// With `residual` (N, OC), not with pre_gelu: out = that + residual, added by the GEMM's epilogue as
+// beta C (the residual stream's add, so the LayerNorm after it reads one tensor, not two; out must
+// not alias residual).
 inline void matmul_forward(const Matmul& mm, floatX* out, const floatX* inp, const floatX* weight, const floatX* bias,
-                           int N, int C, int OC, cudaStream_t stream, floatX* pre_gelu = nullptr) {
+                           int N, int C, int OC, cudaStream_t stream, floatX* pre_gelu = nullptr,
+                           const floatX* residual = nullptr) {
     using namespace matmul_detail;
     check_arguments(mm, "matmul_forward", N, C, OC,
-                    {{"out", out}, {"inp", inp}, {"weight", weight}, {"bias", bias, false}, {"pre_gelu", pre_gelu, false}});
+                    {{"out", out}, {"inp", inp}, {"weight", weight}, {"bias", bias, false}, {"pre_gelu", pre_gelu, false},
+                     {"residual", residual, false}});
+    require_supported("matmul_forward", pre_gelu && residual ? "matmul: a residual is not added after GELU" : "");
+    require_supported("matmul_forward", residual && residual == out ? "matmul: out must not alias residual" : "");
     if (N == 0) return;
     Gemm g{CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, weight, C, inp, C, out, OC};
     g.bias = bias;
     g.aux = pre_gelu;
     g.epilogue = pre_gelu ? (bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
                           : (bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
-    run(mm, g, stream, record_name("matmul_forward", C, OC, {bias ? "bias" : "", pre_gelu ? "gelu" : ""}));
+    const std::string name = record_name("matmul_forward", C, OC, {bias ? "bias" : "", pre_gelu ? "gelu" : ""});
+    if (residual) {
+        Gemm with_residual = g;
+        with_residual.beta = 1.0f, with_residual.c = residual;
+        if (mm.residual_in_epilogue &&
+            try_run(mm, with_residual, bias, kFloatXType, stream, record_name("matmul_forward", C, OC, {bias ? "bias" : "", "residual"})))
+            return;
+    }
+    run(mm, g, stream, name);
+    if (residual) accumulate(out, residual, size_t(N) * OC, stream);  // out += residual: the epilogue's add refused or off
 }
 
 inline size_t matmul_backward_scratch_floats(int N, int OC) {

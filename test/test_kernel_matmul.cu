@@ -289,6 +289,63 @@ TEST_CASE("matmul_forward matches the double reference, with and without bias an
             for (bool with_gelu : {false, true}) check_forward(s, with_bias, with_gelu);
 }
 
+// out = inp W^T + bias + residual: the residual stream's add, by the GEMM's epilogue (beta C), or with
+// Matmul::residual_in_epilogue off (as where cuBLASLt refuses it) by the GEMM and then an elementwise
+// add. Unit residuals: a residual left out is 1000 times any bound.
+TEST_CASE("matmul_forward adds a residual, in the epilogue or after the GEMM") {
+    for (const Size& s : kSizes)
+        for (bool in_epilogue : {true, false}) {
+            INFO("N " << s.N << ", C " << s.C << ", OC " << s.OC << (in_epilogue ? ", epilogue" : ", elementwise add"));
+            MatmulLibrary library;
+            library.mm.residual_in_epilogue = in_epilogue;
+            std::mt19937 rng(s.N * 31 + s.OC);
+            const auto inp = random_values(size_t(s.N) * s.C, 1.0f, rng), weight = random_values(size_t(s.OC) * s.C, 1.0f, rng),
+                       bias = random_values(s.OC, 1.0f, rng), residual = random_values(size_t(s.N) * s.OC, 1.0f, rng);
+            DeviceBuffer<floatX> d_inp(inp), d_weight(weight), d_bias(bias), d_residual(residual), d_out(size_t(s.N) * s.OC);
+            d_out.fill_bytes(0xFF);  // NaN: every element must be written
+            launch_record::start(/*timing=*/false);
+            matmul_forward(library.mm, d_out.ptr, d_inp.ptr, d_weight.ptr, d_bias.ptr, s.N, s.C, s.OC, library.stream, nullptr,
+                           d_residual.ptr);
+            const std::vector<LaunchRecord> records = launch_record::stop();
+            const auto out = d_out.download();
+            CHECK(d_residual.download() == residual);  // read, not written
+            // Which path ran: one GEMM named for its residual, or the plain GEMM and the add.
+            REQUIRE(records.size() == (in_epilogue ? 1u : 2u));
+            CHECK(records[0].name == (in_epilogue ? "matmul_forward(C=" + std::to_string(s.C) + ", OC=" + std::to_string(s.OC) +
+                                                         ", bias, residual)"
+                                                   : "matmul_forward(C=" + std::to_string(s.C) + ", OC=" + std::to_string(s.OC) +
+                                                         ", bias)"));
+            if (!in_epilogue) CHECK(records[1].name == "accumulate_kernel");
+            Comparison out_check{"out"};
+            for (int n = 0; n < s.N; ++n)
+                for (int o = 0; o < s.OC; ++o) {
+                    const size_t i = size_t(n) * s.OC + o;
+                    double x = at(bias, o), magnitude = std::fabs(x);
+                    for (int c = 0; c < s.C; ++c) {
+                        const double product = at(inp, size_t(n) * s.C + c) * at(weight, size_t(o) * s.C + c);
+                        x += product;
+                        magnitude += std::fabs(product);
+                    }
+                    const double r = at(residual, i), want = x + r, x_bound = (s.C + 3) * kFp32Unit * (magnitude + std::fabs(r));
+                    // The epilogue adds in FP32 (a GPU's BF16 epilogue as if each term were rounded first); the
+                    // elementwise add takes the GEMM's rounded output, then rounds the sum once more.
+                    const double bound = in_epilogue
+                                             ? x_bound + kHardwareTermUnits * (std::fabs(x) + std::fabs(r))
+                                             : rounded_bound(x, x_bound) + kFp32Unit * (std::fabs(x) + std::fabs(r));
+                    out_check.check(i, at(out, i), want, rounded_bound(want, bound));
+                }
+            out_check.require();
+        }
+    MatmulLibrary library;
+    DeviceBuffer<floatX> buffer(size_t(7) * 384), other(size_t(7) * 384), weight(size_t(384) * 96), inp(size_t(7) * 96);
+    CHECK_THROWS_WITH(matmul_forward(library.mm, buffer.ptr, inp.ptr, weight.ptr, nullptr, 7, 96, 384, library.stream, nullptr,
+                                     buffer.ptr),
+                      Catch::Contains("out must not alias residual"));
+    CHECK_THROWS_WITH(matmul_forward(library.mm, buffer.ptr, inp.ptr, weight.ptr, nullptr, 7, 96, 384, library.stream, other.ptr,
+                                     other.ptr),
+                      Catch::Contains("not added after GELU"));
+}
+
 TEST_CASE("matmul_forward is deterministic") {
     const Size s{111, 96, 288};
     MatmulLibrary library;

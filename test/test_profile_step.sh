@@ -25,7 +25,9 @@ for line in log.splitlines():
     if m:
         rows[m.group(1)] = line
 # The default attention kernels: tensor cores in the BF16 build, SIMT in the FP32 one.
-expected = [r"encoder_forward_kernel", r"layernorm_forward_kernel<\d+, \d+>", r"fused_residual_layernorm_forward_kernel<\d+, \d+>",
+# The projections add the residual in their epilogue (or, where cuBLASLt refuses that, a plain GEMM and an add).
+expected = [r"encoder_forward_kernel", r"layernorm_forward_kernel<\d+, \d+>",
+            r"matmul_forward\(C=64, OC=64, bias(, residual)?\)", r"matmul_forward\(C=256, OC=64, bias(, residual)?\)",
             r"attention(_tc)?_forward_kernel<\d+.*", r"attention(_tc)?_backward_dkdv_kernel<\d+.*",
             r"attention(_tc)?_backward_dq_kernel<\d+.*", r"fused_classifier_kernel", r"layernorm_backward_kernel<[14], false>",
             r"layernorm_backward_kernel<2, true>",  # ln2: with the projections' bias gradients

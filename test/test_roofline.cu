@@ -148,8 +148,12 @@ TEST_CASE("recording an executed step: every launch of the model, timed") {
         INFO("ZeRO-" << zero_stage);
         // The model's kernels, by the names the tables print (head size 16 -> the HS_MAX 32 kernels; the
         // attention kernels' second argument is the type of their outputs, floatX in the model).
+        // Without tensor parallelism the projections add the residual (train_gpt.cu,
+        // residual_added_by_projection): no fused residual + LayerNorm runs.
+        CHECK_FALSE(contains_name(records, layernorm_kernel("fused_residual_layernorm_forward_kernel")));
         for (const std::string& name : std::vector<std::string>{"encoder_forward_kernel", layernorm_kernel("layernorm_forward_kernel"),
-                                 layernorm_kernel("fused_residual_layernorm_forward_kernel"), attention_kernel("attention_forward_kernel"),
+                                 "matmul_forward(C=64, OC=64, bias, residual)", "matmul_forward(C=256, OC=64, bias, residual)",
+                                 attention_kernel("attention_forward_kernel"),
                                  attention_kernel("attention_backward_dkdv_kernel"), attention_kernel("attention_backward_dq_kernel"),
                                  "fused_classifier_kernel", "layernorm_backward_kernel<4, false>",
                                  "layernorm_backward_kernel<2, true>",
