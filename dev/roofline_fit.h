@@ -331,14 +331,20 @@ inline std::string options_report(const nlohmann::json& file, const std::string&
                                   const nlohmann::json* train) {
     const double default_wall_s = naming_file(path, [&] { return measured_wall_s(file.value("summary", nlohmann::json::array())); });
     std::string out = "the options not yet on by default (profile.json's sections, train.json's medians):\n";
+    // A section that ran must hold timed rows of what its option changes.
+    const auto require_rows = [&](const ProfiledOption& option, double rows_s, const char* section, const char* what) {
+        if (option.present && option.exit_code == 0 && !(rows_s > 0))
+            throw std::runtime_error("'" + path + " (" + section + ")': no timed " + what + " row");
+    };
+    const auto is_fused = [](const ProfileRow& r) { return H100Model::is_fused_attention_backward(r.name); };
     const ProfiledOption fused = profiled_option_of(file, path, "fused_backward");
     std::string rate;
     double fused_flops = 0;
     for (const ProfileRow& row : fused.rows)
-        if (H100Model::is_fused_attention_backward(row.name)) fused_flops += row.flops;
-    const double fused_s = measured_s_of(fused.rows, [](const ProfileRow& r) { return H100Model::is_fused_attention_backward(r.name); });
+        if (is_fused(row)) fused_flops += row.flops;
+    const double fused_s = measured_s_of(fused.rows, is_fused);
+    require_rows(fused, fused_s, "fused_backward", "fused attention backward");
     if (fused.present && fused.exit_code == 0) {
-        if (!(fused_s > 0)) throw std::runtime_error("'" + path + " (fused_backward)': no timed fused attention backward row");
         char line[256];
         std::snprintf(line, sizeof line, " (%.1f TFLOP/s executed; dev/roofline.h charges %.1f)", fused_flops / fused_s / 1e12,
                       H100Model::backward_rate(H100Model::kOurAttention, "attention_tc_backward_fused_kernel") / 1e12);
@@ -347,12 +353,15 @@ inline std::string options_report(const nlohmann::json& file, const std::string&
     out += option_line("--attention-backward fused", "the attention backward", fused, fused_s,
                        measured_s_of(step.rows, is_attention_backward_row), default_wall_s, train, "fused_backward_", rate);
     const ProfiledOption epilogue = profiled_option_of(file, path, "bias_grad_epilogue");
-    out += option_line("--bias-grad epilogue", "the weight-gradient GEMMs and bias-gradient kernels", epilogue,
-                       measured_s_of(epilogue.rows, is_weight_gradient_row), measured_s_of(step.rows, is_weight_gradient_row),
-                       default_wall_s, train, "bias_grad_epilogue_");
+    const double epilogue_s = measured_s_of(epilogue.rows, is_weight_gradient_row);
+    require_rows(epilogue, epilogue_s, "bias_grad_epilogue", "weight-gradient");
+    out += option_line("--bias-grad epilogue", "the weight-gradient GEMMs and bias-gradient kernels", epilogue, epilogue_s,
+                       measured_s_of(step.rows, is_weight_gradient_row), default_wall_s, train, "bias_grad_epilogue_");
     const ProfiledOption autotune = profiled_option_of(file, path, "autotune");
-    out += option_line("--matmul-autotune", "the GEMMs", autotune, measured_s_of(autotune.rows, is_gemm_row),
-                       measured_s_of(step.rows, is_gemm_row), default_wall_s, train, "autotune_");
+    const double autotune_s = measured_s_of(autotune.rows, is_gemm_row);
+    require_rows(autotune, autotune_s, "autotune", "GEMM");
+    out += option_line("--matmul-autotune", "the GEMMs", autotune, autotune_s, measured_s_of(step.rows, is_gemm_row),
+                       default_wall_s, train, "autotune_");
     return out;
 }
 

@@ -190,8 +190,8 @@ inline cublasStatus_t launch_gemm(const Matmul& mm, const Plan& plan, const cubl
 
 // Times each candidate on the call's own operands and returns the fastest's index. The candidates
 // write D (and the aux or bias output) as the real call will; where the GEMM accumulates onto D
-// itself (beta = 1, no other C) they would add to it too, so D is saved first and put back after. Where no memory is
-// left for that copy, the heuristic's first is kept, with a note.
+// itself (beta = 1, no other C) they would add to it too, so D is saved first and put back after.
+// Where no memory is left for that copy, the heuristic's first is kept, with a note.
 inline int fastest_candidate(const Matmul& mm, const Plan& plan, const cublasLtMatmulHeuristicResult_t* candidates,
                              int count, const Gemm& g, cudaStream_t stream) {
     const size_t d_bytes = (size_t(g.ldd) * size_t(g.n - 1) + size_t(g.m)) * sizeof(floatX);

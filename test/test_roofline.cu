@@ -655,6 +655,11 @@ TEST_CASE("roofline --fit: what a run says of each option not yet on by default"
     profile["fused_backward"]["rows"] = nlohmann::json::array({"attention_tc_backward_fused_kernel<64>  tensor"});
     dir.write("profile.json", profile.dump());
     CHECK_THROWS_WITH(fit_report(dir.path.string()), Catch::Contains("(fused_backward)") && Catch::Contains("field 'rows'"));
+    // An autotune section that ran without GEMM rows has nothing to hold against the default's.
+    profile["fused_backward"] = nullptr;
+    profile["autotune"]["rows"] = nlohmann::json::array({"matmul autotune: 15 GEMM shapes timed"});
+    dir.write("profile.json", profile.dump());
+    CHECK_THROWS_WITH(fit_report(dir.path.string()), Catch::Contains("(autotune)") && Catch::Contains("no timed GEMM row"));
 }
 
 // The fused backward is charged the split kernels' rate until a run measures its own; then its own.
