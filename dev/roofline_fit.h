@@ -216,13 +216,15 @@ struct MeasuredStep {
     double seconds = 0;
     int B = 0, T = 0;
 };
-inline MeasuredStep read_measured_step(const std::string& train_json) {
-    const nlohmann::json train = read_json_file(train_json);
+inline MeasuredStep measured_step_of(const nlohmann::json& train, const std::string& train_json) {
     return naming_file(train_json, [&] {
         const MeasuredStep m{train.at("ms_per_step").get<double>() / 1e3, train.at("B").get<int>(), train.at("T").get<int>()};
         if (!(m.seconds > 0)) throw std::runtime_error("field 'ms_per_step' is not a positive time");
         return m;
     });
+}
+inline MeasuredStep read_measured_step(const std::string& train_json) {
+    return measured_step_of(read_json_file(train_json), train_json);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -415,7 +417,7 @@ inline std::string fit_report(const std::string& dir) {
     nlohmann::json train_file;
     if (std::ifstream(train)) {
         train_file = read_json_file(train);
-        const MeasuredStep measured = read_measured_step(train);
+        const MeasuredStep measured = measured_step_of(train_file, train);
         const double replay_s = profiled_step_replay_s(step);
         if (measured.B != step.B || measured.T != step.T)
             std::snprintf(line, sizeof line, "what a roofline misses: not fitted, train.json ran B=%d T=%d and the profile B=%d T=%d\n",

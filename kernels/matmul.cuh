@@ -596,7 +596,6 @@ inline void matmul_forward(const Matmul& mm, floatX* out, const floatX* inp, con
     g.aux = pre_gelu;
     g.epilogue = pre_gelu ? (bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
                           : (bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
-    const std::string name = record_name("matmul_forward", C, OC, {bias ? "bias" : "", pre_gelu ? "gelu" : ""});
     if (residual) {
         Gemm with_residual = g;
         with_residual.beta = 1.0f, with_residual.c = residual;
@@ -604,7 +603,7 @@ inline void matmul_forward(const Matmul& mm, floatX* out, const floatX* inp, con
             try_run(mm, with_residual, bias, kFloatXType, stream, record_name("matmul_forward", C, OC, {bias ? "bias" : "", "residual"})))
             return;
     }
-    run(mm, g, stream, name);
+    run(mm, g, stream, record_name("matmul_forward", C, OC, {bias ? "bias" : "", pre_gelu ? "gelu" : ""}));
     if (residual) accumulate(out, residual, size_t(N) * OC, stream);  // out += residual: the epilogue's add refused or off
 }
 
