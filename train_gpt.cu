@@ -223,20 +223,19 @@ inline AttentionTcBackward attention_tc_backward_of(const ModelOptions& o) {
     return o.fused_attention_backward ? AttentionTcBackward::fused : AttentionTcBackward::split;
 }
 // Where the qkv bias sums' second-level rows start in the backward's scratch: after the attention's, 16-byte aligned.
-inline size_t qkv_bias_scratch_offset(int B, int T, int Ct, int NHt) {
-    return (attention_tc_backward_scratch_floats(B, T, Ct, NHt, AttentionTcBackward::split, true) + 3) / 4 * 4;
+inline size_t qkv_bias_scratch_offset(const ModelOptions& o, int B, int T, int Ct, int NHt) {
+    return (attention_tc_backward_scratch_floats(B, T, Ct, NHt, attention_tc_backward_of(o), true) + 3) / 4 * 4;
 }
-// Whether the attention backward sums qkv's bias gradient while it writes dqkv (the split tensor-core
-// kernels, kernels/attention_tc.cuh), so the qkv matmul need not read dqkv again for it; the SIMT
-// kernels, the fused backward and the context ring leave it to the matmul.
-inline bool attention_sums_qkv_bias(const ModelOptions& o) {
-    return o.attention == Attention::tc && attention_tc_backward_of(o) == AttentionTcBackward::split && o.context_parallel == 1;
-}
+// Whether the attention backward sums qkv's bias gradient while it writes dqkv (the tensor-core kernels,
+// split or fused, kernels/attention_tc.cuh), so the qkv matmul need not read dqkv again for it; the SIMT
+// kernels and the context ring leave it to the matmul.
+inline bool attention_sums_qkv_bias(const ModelOptions& o) { return o.attention == Attention::tc && o.context_parallel == 1; }
 // The attention backward's scratch; with those sums, then the rows bias_grad_add_partials reduces them to.
 inline size_t attention_scratch_floats(const ModelOptions& o, int B, int T, int Ct, int NHt) {
     if (o.attention != Attention::tc) return attention_backward_scratch_floats(B, T, NHt);
     if (!attention_sums_qkv_bias(o)) return attention_tc_backward_scratch_floats(B, T, Ct, NHt, attention_tc_backward_of(o));
-    return qkv_bias_scratch_offset(B, T, Ct, NHt) + bias_grad_add_partials_scratch_floats(attention_tc_qkv_bias_chunks(B, T), 3 * Ct);
+    return qkv_bias_scratch_offset(o, B, T, Ct, NHt) +
+           bias_grad_add_partials_scratch_floats(attention_tc_qkv_bias_chunks(B, T, attention_tc_backward_of(o)), 3 * Ct);
 }
 // The device ints of a micro-batch's documents: each token's document start, or with --cp and
 // --doc-mask each ring step's first visible key of each token (parallel/context.h, context_first_keys).
@@ -1314,7 +1313,7 @@ inline void gpt2_backward(GPT2& model, const std::function<void(int)>& layer_don
         // Attention branch. Recomputation rebuilds ln1 in the buffer ln2 took over (ln2 is no longer read).
         matmul_backward(mm, b.dbuf_c, dw.attprojw, ln2_sums.any() ? nullptr : dw.attprojb, b.scratch,
                         gather_sequence(model, b.dresidual), x.atty, w.attprojw, BT, Ct, C, stream);
-        // The split tensor-core kernels also sum qkv's bias gradient from the dqkv rows they stage
+        // The tensor-core kernels (split or fused) also sum qkv's bias gradient from the dqkv rows they stage
         // (attention_sums_qkv_bias); its partial rows are added into dw.qkvb before the matmul, whose
         // own scratch use would overwrite them.
         const int* doc_mask = model.options.doc_mask ? model.doc_start : nullptr;
@@ -1327,8 +1326,9 @@ inline void gpt2_backward(GPT2& model, const std::function<void(int)>& layer_don
                                                                    Ct, NHt, stream, doc_mask, attention_tc_backward_of(model.options),
                                                                    attention_qkv_bias);
             if (attention_qkv_bias)
-                bias_grad_add_partials(dw.qkvb, qkv_bias_partials, attention_tc_qkv_bias_chunks(B, T), 3 * Ct,
-                                       b.scratch + qkv_bias_scratch_offset(B, T, Ct, NHt), stream);
+                bias_grad_add_partials(dw.qkvb, qkv_bias_partials,
+                                       attention_tc_qkv_bias_chunks(B, T, attention_tc_backward_of(model.options)), 3 * Ct,
+                                       b.scratch + qkv_bias_scratch_offset(model.options, B, T, Ct, NHt), stream);
         } else
             attention_backward(b.dbuf_4c, b.scratch, b.dbuf_c, x.qkv, x.atty, x.att_lse, B, T, Ct, NHt, stream, doc_mask);
         if (model.options.recompute != Recompute::none)

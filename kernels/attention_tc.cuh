@@ -89,7 +89,7 @@ template <int HS> constexpr size_t dkdv_smem_bytes() {
 template <int HS> constexpr size_t fused_smem_bytes() {
     return (size_t(2 * kFusedKvBuffers<HS> * kFusedKeys + 4 * kDkdvQueries<HS>) * kLd<HS> + size_t(kFusedKeys) * kFusedLdDs<HS> +
             size_t(kFusedWarps) * kWarpRows * kLd<kFusedDqCols<HS>>) * sizeof(bf16) +
-           4 * kDkdvQueries<HS> * sizeof(float) + kFusedWarps * sizeof(int);
+           4 * kDkdvQueries<HS> * sizeof(float) + kFusedWarps * sizeof(int) + kFusedWarps * kFusedDqCols<HS> * sizeof(float);
 }
 
 // Rows [row0, row0 + kRows) of one head (HS values at src + t * src_stride for position t) into
@@ -171,31 +171,33 @@ __device__ inline void store_warp_rows(Dst* dst, size_t dst_stride, bf16* rows, 
     }
 }
 
-// The qkv bias gradient's share of a block's rows: column sums of `kTiles` tiles of kBlockRows staged bf16
-// rows (the values store_warp_rows wrote, still in shared memory: tile i at staged + i * kBlockRows * ld,
+// The qkv bias gradient's share of a block's rows: column sums of `kTiles` tiles of kRows staged bf16
+// rows (the values store_warp_rows wrote, still in shared memory: tile i at staged + i * tile_stride,
 // row r at + r * ld), rows at or beyond T (from row0) left out, to sums[i * section + c] for c < HS. Every
-// thread of the block calls it (it has barriers), after the stores; `area` is kThreads * 8 floats of shared
-// memory no one reads any more. Each thread adds one 16-byte column group over its group of rows, then a
-// thread per column adds the row groups in order: the same sums at every schedule, no atomics.
-template <int HS, int kTiles>
-__device__ inline void sum_staged_columns(float* sums, size_t section, const bf16* staged, float* area, int row0, int T) {
-    constexpr int ld = kLd<HS>, kChunks = HS / 8, kTileThreads = kThreads / kTiles;
-    constexpr int kGroups = kTileThreads / kChunks, kGroupRows = kBlockRows / kGroups;
-    static_assert(kThreads % kTiles == 0 && kTileThreads % kChunks == 0 && kBlockRows % kGroups == 0, "whole groups");
+// thread of the block (kBlockThreads) calls it (it has barriers), after the stores; `area` is
+// kBlockThreads * 8 floats of shared memory no one reads any more. Each thread adds one 16-byte column
+// group over its group of rows, then a thread per column adds the row groups in order: the same sums at
+// every schedule, no atomics.
+template <int HS, int kTiles, int kRows = kBlockRows, int kBlockThreads = kThreads>
+__device__ inline void sum_staged_columns(float* sums, size_t section, const bf16* staged, size_t tile_stride, float* area,
+                                          int row0, int T) {
+    constexpr int ld = kLd<HS>, kChunks = HS / 8, kTileThreads = kBlockThreads / kTiles;
+    constexpr int kGroups = kTileThreads / kChunks, kGroupRows = kRows / kGroups;
+    static_assert(kBlockThreads % kTiles == 0 && kTileThreads % kChunks == 0 && kRows % kGroups == 0, "whole groups");
     const int tile = int(threadIdx.x) / kTileThreads, local = int(threadIdx.x) % kTileThreads;
-    const int chunk = local % kChunks, group = local / kChunks, rows = min(kBlockRows, T - row0);
+    const int chunk = local % kChunks, group = local / kChunks, rows = min(kRows, T - row0);
     __syncthreads();  // every warp's staged rows
     float acc[8] = {};
     for (int r = group * kGroupRows; r < min(rows, (group + 1) * kGroupRows); ++r) {
         float values[8];
-        unpack_floats(values, load128(staged + size_t(tile) * kBlockRows * ld + r * ld + chunk * 8));
+        unpack_floats(values, load128(staged + size_t(tile) * tile_stride + r * ld + chunk * 8));
         LANE_LOOP
         for (int i = 0; i < 8; ++i) acc[i] += values[i];
     }
     float* mine = area + (tile * kGroups + group) * HS + chunk * 8;
     for (int i = 0; i < 8; ++i) mine[i] = acc[i];
     __syncthreads();
-    for (int c = int(threadIdx.x); c < kTiles * HS; c += kThreads) {
+    for (int c = int(threadIdx.x); c < kTiles * HS; c += kBlockThreads) {
         float sum = 0.0f;
         for (int g = 0; g < kGroups; ++g) sum += area[((c / HS) * kGroups + g) * HS + c % HS];
         sums[size_t(c / HS) * section + c % HS] = sum;
@@ -535,7 +537,7 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
     static_assert(2 * kQueries * ld * sizeof(bf16) >= kThreads * 8 * sizeof(float), "the query tiles hold the sums' area");
     if (qkv_bias_partials != nullptr)
         sum_staged_columns<HS, 2>(qkv_bias_partials + (size_t(b) * gridDim.x + blockIdx.x) * 3 * C + C + h * HS, size_t(C),
-                                  k_tile, reinterpret_cast<float*>(q_tiles), k0, Tk);
+                                  k_tile, size_t(kBlockRows) * ld, reinterpret_cast<float*>(q_tiles), k0, Tk);
 }
 
 // dQ: grid (query blocks, NH, B). Each warp owns 16 queries and streams the key tiles the causal
@@ -641,7 +643,7 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
     static_assert(2 * kKeys * ld * sizeof(bf16) >= kThreads * 8 * sizeof(float), "the key tiles hold the sums' area");
     if (qkv_bias_partials != nullptr)
         sum_staged_columns<HS, 1>(qkv_bias_partials + (size_t(b) * gridDim.x + q0 / kBlockRows) * 3 * C + h * HS, size_t(C),
-                                  q_tile, reinterpret_cast<float*>(k_tiles), q0, Tq);
+                                  q_tile, size_t(kBlockRows) * ld, reinterpret_cast<float*>(k_tiles), q0, Tq);
 }
 
 // Fused backward (attention_tc_backward with AttentionTcBackward::fused), causal self-attention with or
@@ -656,6 +658,12 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
 // the diagonal block, the last that any of the tile's queries sees, adds its share, scales and writes
 // dQ in bf16. The scratch needs no clearing. K and V are double-buffered up to hs 64, so the next key
 // block's K, V and first query tile load during the current block's last tile pair.
+// With qkv_bias_partials (not null), the block also sums the columns of the bf16 gradients it writes,
+// the qkv bias gradient's share of each 128-row chunk (a partial row of 3C floats per chunk, this head's
+// q, k and v columns): dK and dV from their staged rows at the key block's end (sum_staged_columns), dQ
+// from each warp's staged final rows, added per warp and column in shared memory over the key block's
+// query tiles (the diagonal block is the last for every query in it, so a chunk's dQ rows are all final
+// within its key block), then over the warps in order. No atomics: the same sums at every schedule.
 // Why 128 keys (8 warps) a block: with 64 (4 warps, the dK/dV kernel's block) a d12 layer at B=64
 // writes and reads back 3.0 GB of partial sums instead of 1.4 GB, 1.13 ms at the roofline's 2.68 TB/s
 // against 1.15 ms of compute (1.41 GB: 0.53 ms); 256 keys (16 warps of ~250-register threads) would
@@ -664,7 +672,7 @@ template <int HS>
 static __global__ void __launch_bounds__(attention_tc_detail::kFusedThreads, 1)
     attention_tc_backward_fused_kernel(__nv_bfloat16* dqkv, float* dq_partial, const __nv_bfloat16* dout,
                                        const __nv_bfloat16* qkv, const float* lse, const float* D, const int* doc_start,
-                                       int T, int C, int NH) {
+                                       int T, int C, int NH, float* qkv_bias_partials) {
     using namespace attention_tc_detail;
     constexpr int ld = kLd<HS>, kQueries = kDkdvQueries<HS>, kKeys = kFusedKeys, ld_ds = kFusedLdDs<HS>;
     constexpr int kDqCols = kFusedDqCols<HS>, kDqFrags = kQueries / kWarpRows, kKvBuffers = kFusedKvBuffers<HS>;
@@ -681,6 +689,8 @@ static __global__ void __launch_bounds__(attention_tc_detail::kFusedThreads, 1)
     float* lse_rows = reinterpret_cast<float*>(dq_rows + kFusedWarps * kWarpRows * kLd<kDqCols>);  // [2][kQueries]
     float* d_rows = lse_rows + 2 * kQueries;                                                       // [2][kQueries]
     int* warp_live = reinterpret_cast<int*>(d_rows + 2 * kQueries);  // [kFusedWarps]: the tile pair reaches its keys
+    float* dq_column_sums = reinterpret_cast<float*>(warp_live + kFusedWarps);  // [kFusedWarps][kDqCols]: qkv bias sums
+    static_assert(size_t(kKeys) * ld_ds * sizeof(bf16) >= kFusedThreads * 8 * sizeof(float), "dS^T holds the sums' area");
 
     const size_t stride = 3 * size_t(C);
     const bf16* q_src = qkv + size_t(b) * T * stride + h * HS;
@@ -714,6 +724,7 @@ static __global__ void __launch_bounds__(attention_tc_detail::kFusedThreads, 1)
     load_key_block(0, 0);
     load_query_tile(0, 0);
     cp_async_commit();
+    for (int i = int(threadIdx.x); i < kFusedWarps * kDqCols; i += kFusedThreads) dq_column_sums[i] = 0.0f;
     int touched_end = 0;  // queries with partial sums in the scratch: [0, touched_end), block-uniform
     int tiles_before = 0;  // query tiles of the earlier key blocks: the query buffers alternate across blocks
     for (int k0 = 0, kv_buf = 0; k0 < T; k0 += kKeys, kv_buf = (kv_buf + 1) % kKvBuffers) {
@@ -786,6 +797,13 @@ static __global__ void __launch_bounds__(attention_tc_detail::kFusedThreads, 1)
             if (last) {
                 if (!first) add_warp_rows<kDqCols>(dq, dq_sums, size_t(HS), q0 + dq_row, T);
                 store_warp_rows<kDqCols>(grad_dst + dq_col, stride, dq_stage, dq, dq_scale, q0 + dq_row, T);
+                // The bias sums of the rows just written, still staged (store_warp_rows synced the warp).
+                if (qkv_bias_partials != nullptr)
+                    for (int c = lane; c < kDqCols; c += 32) {
+                        float sum = 0.0f;
+                        for (int r = 0; r < min(kWarpRows, T - (q0 + dq_row)); ++r) sum += to_float(dq_stage[r * kLd<kDqCols> + c]);
+                        dq_column_sums[warp * kDqCols + c] += sum;
+                    }
             } else {
                 const float unscaled[2] = {1.0f, 1.0f};
                 store_warp_rows<kDqCols>(dq_sums, size_t(HS), nullptr, dq, unscaled, q0 + dq_row, T, !first);
@@ -796,6 +814,21 @@ static __global__ void __launch_bounds__(attention_tc_detail::kFusedThreads, 1)
         tiles_before += query_tiles;
         store_warp_rows<HS>(grad_dst + C, stride, k_tile + warp * kWarpRows * ld, dk, dk_scale, warp_key0, T);
         store_warp_rows<HS>(grad_dst + 2 * C, stride, v_tile + warp * kWarpRows * ld, dv, dv_scale, warp_key0, T);
+        if (qkv_bias_partials != nullptr) {  // this chunk's partial row (3C: q, k, v); dS^T is free for the area
+            float* chunk_row = qkv_bias_partials + (size_t(b) * ((T + kKeys - 1) / kKeys) + k0 / kKeys) * 3 * C;
+            sum_staged_columns<HS, 2, kKeys, kFusedThreads>(chunk_row + C + h * HS, size_t(C), k_tile, size_t(v_tile - k_tile),
+                                                            reinterpret_cast<float*>(ds_tile), k0, T);
+            // Past its barriers every warp's dQ sums of the chunk are in: the query fragments' in order.
+            for (int c = int(threadIdx.x); c < HS; c += kFusedThreads) {
+                float sum = 0.0f;
+                for (int f = 0; f < kDqFrags; ++f) {
+                    float& part = dq_column_sums[((c / kDqCols) * kDqFrags + f) * kDqCols + c % kDqCols];
+                    sum += part;
+                    part = 0.0f;  // for the next key block's queries
+                }
+                chunk_row[h * HS + c] = sum;
+            }
+        }
         __syncthreads();  // the staged dK, dV rows are read before K and V are loaded into these buffers again
     }
 }
@@ -826,16 +859,22 @@ inline std::string attention_tc_requirements(int B, int T, int C, int NH) {
 enum class AttentionTcBackward { split, fused };
 
 // The causal backward's scratch: D (B, NH, T), and for the fused kernel dQ's float partial sums
-// (B, NH, T, hs) after it, 16-byte aligned; or, for the split kernels with the qkv bias sums, their
-// partial rows after D (attention_tc_qkv_bias_chunks(B, T) rows of 3C floats, one per block of rows).
+// (B, NH, T, hs) after it, 16-byte aligned; then, with the qkv bias sums, their partial rows
+// (attention_tc_qkv_bias_chunks(B, T, how) rows of 3C floats, one per block of rows: the split kernels'
+// 64, the fused kernel's 128 keys) at attention_tc_qkv_bias_offset.
 inline size_t attention_tc_dq_sums_offset(int B, int T, int NH) { return (size_t(B) * T * NH + 3) / 4 * 4; }
-inline int attention_tc_qkv_bias_chunks(int B, int T) { return B * int(ceil_div(T, attention_tc_detail::kBlockRows)); }
+inline int attention_tc_qkv_bias_chunks(int B, int T, AttentionTcBackward how = AttentionTcBackward::split) {
+    return B * int(ceil_div(T, how == AttentionTcBackward::fused ? attention_tc_detail::kFusedKeys : attention_tc_detail::kBlockRows));
+}
+inline size_t attention_tc_qkv_bias_offset(int B, int T, int C, int NH, AttentionTcBackward how) {
+    return attention_tc_dq_sums_offset(B, T, NH) + (how == AttentionTcBackward::fused ? size_t(B) * T * C : 0);
+}
 inline size_t attention_tc_backward_scratch_floats(int B, int T, int C, int NH,
                                                    AttentionTcBackward how = AttentionTcBackward::split,
                                                    bool qkv_bias_sums = false) {
-    if (how == AttentionTcBackward::fused) return attention_tc_dq_sums_offset(B, T, NH) + size_t(B) * T * C;
-    return qkv_bias_sums ? attention_tc_dq_sums_offset(B, T, NH) + size_t(attention_tc_qkv_bias_chunks(B, T)) * 3 * C
-                         : size_t(B) * T * NH;
+    if (qkv_bias_sums)
+        return attention_tc_qkv_bias_offset(B, T, C, NH, how) + size_t(attention_tc_qkv_bias_chunks(B, T, how)) * 3 * C;
+    return how == AttentionTcBackward::fused ? attention_tc_dq_sums_offset(B, T, NH) + size_t(B) * T * C : size_t(B) * T * NH;
 }
 
 namespace attention_tc_detail {
@@ -966,7 +1005,7 @@ void backward(Grad* dq, int dq_stride, Grad* dkv, int dkv_stride, const X* dout,
 
 template <typename X>
 void backward_fused(X* dqkv, float* scratch, const X* dout, const X* qkv, const float* lse, int B, int T, int C, int NH,
-                    cudaStream_t stream, const int* doc_start) {
+                    cudaStream_t stream, const int* doc_start, float* qkv_bias_partials) {
     if constexpr (std::is_same_v<X, bf16>) {
         const int hs = C / NH;
         const float* D = scratch;
@@ -980,16 +1019,18 @@ void backward_fused(X* dqkv, float* scratch, const X* dout, const X* qkv, const 
             // its keys' share of the tile's dS K). Bytes: q, k, v, dO, lse and D
             // read, dq, dk, dv written, and dQ's float partial sums written and read back at every tile
             // pair but a query tile's first (written only) and its last (read only): an upper bound on
-            // what reaches memory, as the sums of the tiles a block revisits soonest stay in L2.
+            // what reaches memory, as the sums of the tiles a block revisits soonest stay in L2. With the qkv
+            // bias sums, a partial row of 3C floats per 128-row chunk.
             const double elems = double(B) * T * C, pairs = double(B) * NH * fused_key_block_query_tiles<HS>(T);
             const double tile_floats = double(kDkdvQueries<HS>) * HS;
             const double warp_pairs = double(B) * NH * fused_live_warp_tiles<HS>(T);
             const KernelCost cost{warp_pairs * 10.0 * kWarpRows * kDkdvQueries<HS> * HS,
                                   7 * elems * sizeof(bf16) + 2.0 * B * NH * T * sizeof(float) +
-                                      (2 * pairs - 2.0 * B * NH * ceil_div(T, kDkdvQueries<HS>)) * tile_floats * sizeof(float),
+                                      (2 * pairs - 2.0 * B * NH * ceil_div(T, kDkdvQueries<HS>)) * tile_floats * sizeof(float) +
+                                      (qkv_bias_partials ? double(B) * ceil_div(T, kFusedKeys) * 3 * C * sizeof(float) : 0.0),
                                   WorkKind::tensor_cores};
             launch<kernel>(cost, dim3(1, NH, B), dim3(kFusedThreads), smem, stream, dqkv, dq_sums, dout, qkv, lse, D,
-                           doc_start, T, C, NH);
+                           doc_start, T, C, NH, qkv_bias_partials);
         });
     }
 }
@@ -1032,9 +1073,10 @@ inline void attention_tc_backward(Grad* dq, int dq_stride, Grad* dkv, int dkv_st
 
 // Causal self-attention's backward: dqkv (B, T, 3C) from dout, with scratch of
 // attention_tc_backward_scratch_floats(B, T, C, NH, how, qkv_bias_sums) floats (D, and the fused kernel's
-// dQ sums). With qkv_bias_sums (split kernels only), the kernels also sum the columns of the dqkv rows they
-// write, a partial row of 3C floats per block of kBlockRows rows; returns where in the scratch those
-// attention_tc_qkv_bias_chunks(B, T) rows are (for bias_grad_add_partials, kernels/matmul.cuh), else null.
+// dQ sums). With qkv_bias_sums, the kernels also sum the columns of the dqkv rows they write, a partial
+// row of 3C floats per block of rows (the split kernels' 64, the fused kernel's 128); returns where in the
+// scratch those attention_tc_qkv_bias_chunks(B, T, how) rows are (for bias_grad_add_partials,
+// kernels/matmul.cuh), else null.
 // They save the qkv matmul's bias gradient its pass over dqkv (3C x B*T bf16 read: at d12, B=64, 302 MB a
 // layer, 0.12 ms at 2.6 TB/s).
 inline const float* attention_tc_backward(floatX* dqkv, float* scratch, const floatX* dout, const floatX* qkv,
@@ -1042,14 +1084,11 @@ inline const float* attention_tc_backward(floatX* dqkv, float* scratch, const fl
                                           cudaStream_t stream, const int* doc_start = nullptr,
                                           AttentionTcBackward how = AttentionTcBackward::split, bool qkv_bias_sums = false) {
     require_supported("attention_tc_backward", attention_tc_requirements(B, T, C, NH));
-    require_supported("attention_tc_backward", qkv_bias_sums && how == AttentionTcBackward::fused
-                                                   ? "attention: the fused backward does not sum the qkv bias gradient"
-                                                   : "");
     float* D = scratch;  // (B, NH, T)
-    float* bias_partials = qkv_bias_sums ? scratch + attention_tc_dq_sums_offset(B, T, NH) : nullptr;
+    float* bias_partials = qkv_bias_sums ? scratch + attention_tc_qkv_bias_offset(B, T, C, NH, how) : nullptr;
     attention_backward_rowdot(D, dout, out, B, T, C, NH, stream);
     if (how == AttentionTcBackward::fused)
-        attention_tc_detail::backward_fused(dqkv, scratch, dout, qkv, lse, B, T, C, NH, stream, doc_start);
+        attention_tc_detail::backward_fused(dqkv, scratch, dout, qkv, lse, B, T, C, NH, stream, doc_start, bias_partials);
     else
         attention_tc_backward<floatX>(dqkv, 3 * C, dqkv + C, 3 * C, dout, qkv, qkv + C, lse, D, causal_span(T, C), B, C,
                                       NH, stream, doc_start, false, nullptr, bias_partials);

@@ -268,49 +268,54 @@ TEST_CASE("tensor-core attention over a span: one range's queries against anothe
     check_spans<float>(Kernels::tensor_core, tolerances);
 }
 
-// The split backward's qkv bias sums (qkv_bias_sums): each block's column sums of the dqkv rows it writes,
+// The qkv bias sums (qkv_bias_sums) of both backward paths: each block's column sums of the dqkv rows it
+// writes (split: 64-row blocks; fused: 128-key blocks, dQ's rows summed by the warps that write them),
 // added by bias_grad_add_partials onto a bias gradient that is not zero, against double sums of the dqkv
 // the same call wrote; that dqkv equal bit for bit to a call without the sums; the partial rows written
 // whole (the scratch starts as NaN). Head sizes 16-128 (one and two tiles a thread group's column sums
-// cover), T not a multiple of the 64-row blocks, documents.
-TEST_CASE("the split tensor-core backward sums qkv's bias gradient from the rows it writes") {
+// cover; the fused kernel's dQ column parts of 8 to 32), T not a multiple of either block, documents.
+TEST_CASE("the tensor-core backward, split and fused, sums qkv's bias gradient from the rows it writes") {
     const SizesAndDocuments cases[] = {
         {{2, 37, 32, 2, 3.0f}, {}},     // hs 16, one partial block
         {{1, 100, 64, 2, 2.0f}, {}},    // hs 32, the second block partial
         {{3, 128, 128, 2, 2.0f}, {}},   // hs 64 (GPT-2), whole blocks
         {{1, 150, 256, 2, 1.5f}, {}},   // hs 128
         {{2, 100, 128, 2, 2.0f}, {{30, 61}, {99}}},  // documents
+        {{1, 300, 128, 2, 2.0f}, {{70, 200}}},       // three fused chunks, the last partial, documents across them
     };
+    for (const AttentionTcBackward how : {AttentionTcBackward::split, AttentionTcBackward::fused})
     for (const SizesAndDocuments& c : cases) {
         const Sizes& s = c.s;
-        CAPTURE(s.B, s.T, s.C, s.NH, c.eots.size());
+        const bool fused_kernel = how == AttentionTcBackward::fused;
+        CAPTURE(fused_kernel, s.B, s.T, s.C, s.NH, c.eots.size());
         const CaseInputs in = inputs_of(c, 77);
         const size_t BT = size_t(s.B) * s.T, OC = 3 * size_t(s.C);
-        const int chunks = attention_tc_qkv_bias_chunks(s.B, s.T);
-        CHECK(chunks == s.B * ((s.T + 63) / 64));
+        const int chunks = attention_tc_qkv_bias_chunks(s.B, s.T, how), block_rows = fused_kernel ? 128 : 64;
+        CHECK(chunks == s.B * ((s.T + block_rows - 1) / block_rows));
         std::mt19937 rng(s.T);
         const std::vector<floatX> dbias_start = random_floatX(OC, 1.0f, rng);
         DeviceBuffer<floatX> qkv(in.qkv), dout(in.dout), out(BT * s.C), dqkv(BT * OC), dqkv_plain(BT * OC), dbias(dbias_start);
-        DeviceBuffer<float> lse(BT * s.NH), scratch(attention_tc_backward_scratch_floats(s.B, s.T, s.C, s.NH,
-                                                                                        AttentionTcBackward::split, true)),
+        DeviceBuffer<float> lse(BT * s.NH), scratch(attention_tc_backward_scratch_floats(s.B, s.T, s.C, s.NH, how, true)),
             sum_scratch(bias_grad_add_partials_scratch_floats(chunks, int(OC)));
         DeviceBuffer<int> doc_start(in.docs.empty() ? std::vector<int>(1) : in.docs);
         const int* docs = in.docs.empty() ? nullptr : doc_start.ptr;
         attention_tc_forward(out.ptr, lse.ptr, qkv.ptr, s.B, s.T, s.C, s.NH, 0, docs);
         scratch.fill_bytes(0xFF);
-        attention_tc_backward(dqkv_plain.ptr, scratch.ptr, dout.ptr, qkv.ptr, out.ptr, lse.ptr, s.B, s.T, s.C, s.NH, 0, docs);
+        attention_tc_backward(dqkv_plain.ptr, scratch.ptr, dout.ptr, qkv.ptr, out.ptr, lse.ptr, s.B, s.T, s.C, s.NH, 0, docs,
+                              how);
         scratch.fill_bytes(0xFF);
         const float* partials = attention_tc_backward(dqkv.ptr, scratch.ptr, dout.ptr, qkv.ptr, out.ptr, lse.ptr, s.B, s.T,
-                                                      s.C, s.NH, 0, docs, AttentionTcBackward::split, true);
-        REQUIRE(partials == scratch.ptr + attention_tc_dq_sums_offset(s.B, s.T, s.NH));
+                                                      s.C, s.NH, 0, docs, how, true);
+        REQUIRE(partials == scratch.ptr + attention_tc_qkv_bias_offset(s.B, s.T, s.C, s.NH, how));
         sum_scratch.fill_bytes(0xFF);
         bias_grad_add_partials(dbias.ptr, partials, chunks, int(OC), sum_scratch.ptr, 0);
         CUDA_CHECK(cudaDeviceSynchronize());
         const std::vector<floatX> grads = dqkv.download(), got = dbias.download();
         CHECK(bitwise_equal(grads, dqkv_plain.download()));
-        // Float sums of a block's 64 rows in groups, the groups, the chunks in rows of up to 256 and those
-        // rows, each a chain of float adds (at most 64 + chunks + 3 roundings of 2^-24 of the sum of
-        // magnitudes), then one bf16 rounding.
+        // Float sums of a block's rows in groups (split: 64 rows; fused: 128 keys in groups of 8, dQ's
+        // 16-row warp sums over at most 4 query tiles and 4 warps), the groups, the chunks in rows of up
+        // to 256 and those rows, each a chain of float adds (at most 64 + chunks + 3 roundings of 2^-24
+        // of the sum of magnitudes), then one bf16 rounding.
         int worst = -1;
         double worst_ratio = 0;
         for (size_t o = 0; o < OC; ++o) {
@@ -330,12 +335,7 @@ TEST_CASE("the split tensor-core backward sums qkv's bias gradient from the rows
     // Where the sums cannot come from the staged rows: refused, naming why.
     const Sizes s{1, 64, 128, 2, 2.0f};
     DeviceBuffer<floatX> buffer(size_t(64) * 3 * 128);
-    DeviceBuffer<float> scratch(attention_tc_backward_scratch_floats(1, 64, 128, 2, AttentionTcBackward::fused, true));
-    const std::string fused = error_of([&] {
-        attention_tc_backward(buffer.ptr, scratch.ptr, buffer.ptr, buffer.ptr, buffer.ptr, scratch.ptr, s.B, s.T, s.C, s.NH, 0,
-                              nullptr, AttentionTcBackward::fused, true);
-    });
-    CHECK(fused.find("the fused backward does not sum the qkv bias gradient") != std::string::npos);
+    DeviceBuffer<float> scratch(attention_tc_backward_scratch_floats(1, 64, 128, 2, AttentionTcBackward::split, true));
     const std::string accumulated = error_of([&] {
         attention_tc_backward<floatX>(buffer.ptr, 3 * s.C, buffer.ptr + s.C, 3 * s.C, buffer.ptr, buffer.ptr, buffer.ptr + s.C,
                                       scratch.ptr, scratch.ptr, causal_span(s.T, s.C), s.B, s.C, s.NH, 0, nullptr, true, nullptr,
