@@ -142,6 +142,21 @@ __device__ inline void load_row_values(float* dst, const float* src, int row0, i
 // dependent adds), and in the CPU build one 4-wide SIMD multiply-add per float4 (fma4).
 // dot_total is also the last step of the backward's D (attention_backward_rowdot_kernel): one order.
 __device__ inline float dot_total(const float4& sums) { return (sums.x + sums.y) + (sums.z + sums.w); }
+// D's dot of a row of dO with its row of O (hs elements, 16-byte aligned, hs a multiple of 8), in that
+// order: the rowdot kernel's and the fused tensor-core backward's (kernels/attention_tc.cuh), one sum.
+template <typename X>
+__device__ inline float row_dot(const X* dout_row, const X* out_row, int hs) {
+    using Pack = Packed128<X>;
+    float4 sums = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int d = 0; d < hs; d += Pack::size) {
+        float g[Pack::size], o[Pack::size];
+        unpack_floats(g, load128(dout_row + d));
+        unpack_floats(o, load128(out_row + d));
+        for (int k = 0; k < Pack::size; k += 4)
+            sums = fma4(make_float4(g[k], g[k + 1], g[k + 2], g[k + 3]), make_float4(o[k], o[k + 1], o[k + 2], o[k + 3]), sums);
+    }
+    return dot_total(sums);
+}
 // The dots of row a with the kDotGroup rows b + g * b_stride, the group's chains side by side so that
 // their dependent multiply-adds overlap (one dot at a time, the CPU build waited on each fma's latency:
 // about half of the dQ kernel's time went there). fma is symmetric in its factors, so a query row
@@ -443,17 +458,9 @@ static __global__ void __launch_bounds__(kStaged ? kRowdotRows : kRowdotDirectRo
         out_row = out_rows + r * ld;
     }
     if (r >= block_rows) return;
-    float4 sums = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int d = 0; d < hs; d += Pack::size) {
-        float g[Pack::size], o[Pack::size];
-        unpack_floats(g, load128(dout_row + d));
-        unpack_floats(o, load128(out_row + d));
-        for (int k = 0; k < Pack::size; k += 4)
-            sums = fma4(make_float4(g[k], g[k + 1], g[k + 2], g[k + 3]), make_float4(o[k], o[k + 1], o[k + 2], o[k + 3]), sums);
-    }
     const size_t row = first_row + size_t(r), bt = row / NH, b = bt / T, t = bt % T;
     const int h = int(row % NH);
-    D[(b * NH + h) * T + t] = attention_detail::dot_total(sums);
+    D[(b * NH + h) * T + t] = attention_detail::row_dot(dout_row, out_row, hs);
 }
 
 // dK, dV: grid (key tiles, NH, B). A key row's threads loop over the query tiles at or after the key

@@ -87,7 +87,7 @@ template <int HS> constexpr size_t dkdv_smem_bytes() {
     return size_t(2 * kBlockRows + 4 * kDkdvQueries<HS>) * kLd<HS> * sizeof(bf16) + 4 * kDkdvQueries<HS> * sizeof(float);
 }
 template <int HS> constexpr size_t fused_smem_bytes() {
-    return (size_t(2 * kFusedKvBuffers<HS> * kFusedKeys + 4 * kDkdvQueries<HS>) * kLd<HS> + size_t(kFusedKeys) * kFusedLdDs<HS> +
+    return (size_t(2 * kFusedKvBuffers<HS> * kFusedKeys + 6 * kDkdvQueries<HS>) * kLd<HS> + size_t(kFusedKeys) * kFusedLdDs<HS> +
             size_t(kFusedWarps) * kWarpRows * kLd<kFusedDqCols<HS>>) * sizeof(bf16) +
            4 * kDkdvQueries<HS> * sizeof(float) + kFusedWarps * sizeof(int) + kFusedWarps * kFusedDqCols<HS> * sizeof(float);
 }
@@ -658,6 +658,12 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
 // the diagonal block, the last that any of the tile's queries sees, adds its share, scales and writes
 // dQ in bf16. The scratch needs no clearing. K and V are double-buffered up to hs 64, so the next key
 // block's K, V and first query tile load during the current block's last tile pair.
+// D = rowsum(dO * O) is computed here, not by the row-dot kernel: at a query tile's first visit its O
+// rows load with q and dO (double-buffered too), the tile's first kQueries threads each sum one row in
+// the row-dot kernel's order (attention_detail::row_dot: the same bits, so dK and dV stay the split
+// kernels' exactly), publish it with one more barrier and write it to the scratch's D, which the later
+// visits read back. That saves the row-dot kernel's pass over dO and O and its launch; O is read once
+// here instead, while the kernel is bound by its products.
 // With qkv_bias_partials (not null), the block also sums the columns of the bf16 gradients it writes,
 // the qkv bias gradient's share of each 128-row chunk (a partial row of 3C floats per chunk, this head's
 // q, k and v columns): dK and dV from their staged rows at the key block's end (sum_staged_columns), dQ
@@ -671,8 +677,8 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
 template <int HS>
 static __global__ void __launch_bounds__(attention_tc_detail::kFusedThreads, 1)
     attention_tc_backward_fused_kernel(__nv_bfloat16* dqkv, float* dq_partial, const __nv_bfloat16* dout,
-                                       const __nv_bfloat16* qkv, const float* lse, const float* D, const int* doc_start,
-                                       int T, int C, int NH, float* qkv_bias_partials) {
+                                       const __nv_bfloat16* qkv, const __nv_bfloat16* out, const float* lse, float* D,
+                                       const int* doc_start, int T, int C, int NH, float* qkv_bias_partials) {
     using namespace attention_tc_detail;
     constexpr int ld = kLd<HS>, kQueries = kDkdvQueries<HS>, kKeys = kFusedKeys, ld_ds = kFusedLdDs<HS>;
     constexpr int kDqCols = kFusedDqCols<HS>, kDqFrags = kQueries / kWarpRows, kKvBuffers = kFusedKvBuffers<HS>;
@@ -684,7 +690,8 @@ static __global__ void __launch_bounds__(attention_tc_detail::kFusedThreads, 1)
     bf16* v_tiles = k_tiles + kKvBuffers * kKeys * ld;    // [kKvBuffers][kKeys][ld]; at a key block's end its dV
     bf16* q_tiles = v_tiles + kKvBuffers * kKeys * ld;    // [2][kQueries][ld]
     bf16* dout_tiles = q_tiles + 2 * kQueries * ld;  // [2][kQueries][ld]
-    bf16* ds_tile = dout_tiles + 2 * kQueries * ld;  // [kKeys][ld_ds]: the tile pair's dS^T, bf16
+    bf16* out_tiles = dout_tiles + 2 * kQueries * ld;  // [2][kQueries][ld]: O, loaded for D at a tile's first visit
+    bf16* ds_tile = out_tiles + 2 * kQueries * ld;   // [kKeys][ld_ds]: the tile pair's dS^T, bf16
     bf16* dq_rows = ds_tile + kKeys * ld_ds;         // [kFusedWarps][kWarpRows][kLd<kDqCols>]: final dQ, staged
     float* lse_rows = reinterpret_cast<float*>(dq_rows + kFusedWarps * kWarpRows * kLd<kDqCols>);  // [2][kQueries]
     float* d_rows = lse_rows + 2 * kQueries;                                                       // [2][kQueries]
@@ -696,8 +703,9 @@ static __global__ void __launch_bounds__(attention_tc_detail::kFusedThreads, 1)
     const bf16* q_src = qkv + size_t(b) * T * stride + h * HS;
     const bf16* k_src = q_src + C;
     const bf16* dout_src = dout + size_t(b) * T * C + h * HS;
+    const bf16* out_src = out + size_t(b) * T * C + h * HS;
     const float* lse_src = lse + (size_t(b) * NH + h) * T;
-    const float* d_src = D + (size_t(b) * NH + h) * T;
+    float* d_src = D + (size_t(b) * NH + h) * T;
     bf16* grad_dst = dqkv + size_t(b) * T * stride + h * HS;
     const int* doc_row = doc_start != nullptr ? doc_start + size_t(b) * T : nullptr;
     // This warp's share of each tile's dQ: queries [dq_row, dq_row + 16) of the tile, columns
@@ -708,21 +716,28 @@ static __global__ void __launch_bounds__(attention_tc_detail::kFusedThreads, 1)
 
     const float scale = 1.0f / sqrtf(float(HS)), scale_log2 = scale * kLog2e;
     const float dq_scale[2] = {scale, scale}, dk_scale[2] = {scale, scale}, dv_scale[2] = {1.0f, 1.0f};
-    // The query tile from q0 into buffer buf (q and dO by cp.async, joining the caller's group; lse and D
-    // by plain loads, published by the next __syncthreads), and key block k0's K and V into buffer kv_buf.
-    auto load_query_tile = [&](int q0, int buf) {
+    // The query tile from q0 into buffer buf (q and dO by cp.async, joining the caller's group, and at
+    // its first visit O; lse by plain loads, published by the next __syncthreads), and key block k0's K
+    // and V into buffer kv_buf. D = rowsum(dO * O) is this kernel's: computed at a tile's first visit
+    // (from its staged dO and O, rowdot's order, attention_detail::row_dot) and written to the scratch;
+    // at later visits read back by load_query_d once that visit's first-visit writes are behind a barrier.
+    auto load_query_tile = [&](int q0, int buf, bool first_visit) {
         load_rows_async<HS, kQueries, kFusedThreads>(q_tiles + buf * kQueries * ld, q_src, stride, q0, T);
         load_rows_async<HS, kQueries, kFusedThreads>(dout_tiles + buf * kQueries * ld, dout_src, size_t(C), q0, T);
+        if (first_visit) load_rows_async<HS, kQueries, kFusedThreads>(out_tiles + buf * kQueries * ld, out_src, size_t(C), q0, T);
         const int r = int(threadIdx.x) % kQueries;
         if (int(threadIdx.x) < kQueries) lse_rows[buf * kQueries + r] = q0 + r < T ? lse_src[q0 + r] * kLog2e : 0.0f;
-        else if (int(threadIdx.x) < 2 * kQueries) d_rows[buf * kQueries + r] = q0 + r < T ? d_src[q0 + r] : 0.0f;
+    };
+    auto load_query_d = [&](int q0, int buf) {
+        const int r = int(threadIdx.x) - kQueries;
+        if (r >= 0 && r < kQueries) d_rows[buf * kQueries + r] = q0 + r < T ? d_src[q0 + r] : 0.0f;
     };
     auto load_key_block = [&](int k0, int kv_buf) {
         load_rows_async<HS, kKeys, kFusedThreads>(k_tiles + kv_buf * kKeys * ld, k_src, stride, k0, T);
         load_rows_async<HS, kKeys, kFusedThreads>(v_tiles + kv_buf * kKeys * ld, k_src + C, stride, k0, T);
     };
     load_key_block(0, 0);
-    load_query_tile(0, 0);
+    load_query_tile(0, 0, true);
     cp_async_commit();
     for (int i = int(threadIdx.x); i < kFusedWarps * kDqCols; i += kFusedThreads) dq_column_sums[i] = 0.0f;
     int touched_end = 0;  // queries with partial sums in the scratch: [0, touched_end), block-uniform
@@ -730,7 +745,8 @@ static __global__ void __launch_bounds__(attention_tc_detail::kFusedThreads, 1)
     for (int k0 = 0, kv_buf = 0; k0 < T; k0 += kKeys, kv_buf = (kv_buf + 1) % kKvBuffers) {
         if (kKvBuffers == 1 && k0 > 0) {  // one K/V buffer: loaded once the previous block is done with it
             load_key_block(k0, 0);
-            load_query_tile(k0, tiles_before % 2);
+            load_query_tile(k0, tiles_before % 2, k0 >= touched_end);
+            if (k0 < touched_end) load_query_d(k0, tiles_before % 2);
             cp_async_commit();
         }
         bf16* k_tile = k_tiles + kv_buf * kKeys * ld;
@@ -747,15 +763,20 @@ static __global__ void __launch_bounds__(attention_tc_detail::kFusedThreads, 1)
         float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
         for (int tile = 0; tile < query_tiles; ++tile) {
             const int q0 = k0 + tile * kQueries, buf = (tiles_before + tile) % 2;
+            const bool first = q0 >= touched_end;  // the tile's first visit (block-uniform)
             // Prefetch this block's next query tile, or at its last (two K/V buffers) the next key
             // block's K, V and first query tile: the other K/V buffers were last read, and staged, before
-            // the barrier that ended the previous key block.
-            if (tile + 1 < query_tiles || (kKvBuffers == 2 && k0 + kKeys < T)) {
+            // the barrier that ended the previous key block. The next tile's first visit is now if no
+            // earlier block and no tile of this one reached it (touched_end is this block's end then).
+            const bool prefetch = tile + 1 < query_tiles || (kKvBuffers == 2 && k0 + kKeys < T);
+            const int next_q0 = tile + 1 < query_tiles ? q0 + kQueries : k0 + kKeys;
+            const bool next_first = tile + 1 < query_tiles ? next_q0 >= touched_end : query_tiles * kQueries <= kKeys;
+            if (prefetch) {
                 if (tile + 1 < query_tiles) {
-                    load_query_tile(q0 + kQueries, buf ^ 1);
+                    load_query_tile(next_q0, buf ^ 1, next_first);
                 } else {
                     load_key_block(k0 + kKeys, kv_buf ^ 1);
-                    load_query_tile(k0 + kKeys, buf ^ 1);
+                    load_query_tile(next_q0, buf ^ 1, next_first);
                 }
                 cp_async_commit();
                 cp_async_wait<1>();
@@ -765,6 +786,16 @@ static __global__ void __launch_bounds__(attention_tc_detail::kFusedThreads, 1)
             __syncthreads();
             const bf16* q_tile = q_tiles + buf * kQueries * ld;
             const bf16* dout_tile = dout_tiles + buf * kQueries * ld;
+            if (first) {  // D of the tile's queries: for this and every later visit
+                const int r = int(threadIdx.x);
+                if (r < kQueries) {
+                    const float d = q0 + r < T ? attention_detail::row_dot(dout_tile + r * ld, out_tiles + buf * kQueries * ld + r * ld, HS)
+                                               : 0.0f;
+                    d_rows[buf * kQueries + r] = d;
+                    if (q0 + r < T) d_src[q0 + r] = d;
+                }
+                __syncthreads();  // the tile's D rows are in
+            }
 
             // A warp whose keys no query of the tile sees (all after the tile's last query, past T, or
             // past the last query of their documents) skips the pair: the 64 queries before a block's
@@ -792,7 +823,6 @@ static __global__ void __launch_bounds__(attention_tc_detail::kFusedThreads, 1)
 
             float dq[kDqCols / 8][4] = {};
             mma_at_b<kDqCols, kKeys>(dq, ds_tile + dq_row, ld_ds, k_tile + dq_col, ld, warp_live);
-            const bool first = q0 >= touched_end;           // block-uniform
             const bool last = q0 + kQueries <= k0 + kKeys;  // the diagonal block: no later key block sees these queries
             if (last) {
                 if (!first) add_warp_rows<kDqCols>(dq, dq_sums, size_t(HS), q0 + dq_row, T);
@@ -808,6 +838,9 @@ static __global__ void __launch_bounds__(attention_tc_detail::kFusedThreads, 1)
                 const float unscaled[2] = {1.0f, 1.0f};
                 store_warp_rows<kDqCols>(dq_sums, size_t(HS), nullptr, dq, unscaled, q0 + dq_row, T, !first);
             }
+            // The next tile's D, if an earlier visit (perhaps this one) computed it: the writes are behind
+            // the barrier after them, and this one publishes the rows.
+            if (prefetch && !next_first) load_query_d(next_q0, buf ^ 1);
             __syncthreads();  // buffer `buf` is refilled by the next prefetch, ds_tile and k_tile rewritten
         }
         touched_end = k0 + query_tiles * kQueries;  // never less than before: a later key block's queries end no earlier
@@ -1004,11 +1037,11 @@ void backward(Grad* dq, int dq_stride, Grad* dkv, int dkv_stride, const X* dout,
 }
 
 template <typename X>
-void backward_fused(X* dqkv, float* scratch, const X* dout, const X* qkv, const float* lse, int B, int T, int C, int NH,
-                    cudaStream_t stream, const int* doc_start, float* qkv_bias_partials) {
+void backward_fused(X* dqkv, float* scratch, const X* dout, const X* qkv, const X* out, const float* lse, int B, int T, int C,
+                    int NH, cudaStream_t stream, const int* doc_start, float* qkv_bias_partials) {
     if constexpr (std::is_same_v<X, bf16>) {
         const int hs = C / NH;
-        const float* D = scratch;
+        float* D = scratch;  // written by the kernel
         float* dq_sums = scratch + attention_tc_dq_sums_offset(B, T, NH);
         dispatch_head_size(hs, [&](auto hs_constant) {
             constexpr int HS = decltype(hs_constant)::value;
@@ -1016,8 +1049,8 @@ void backward_fused(X* dqkv, float* scratch, const X* dout, const X* qkv, const 
             constexpr size_t smem = fused_smem_bytes<HS>();
             attention_detail::allow_smem<kernel>(smem);
             // 5 products of 2 * 16 keys * queries * hs FLOPs per warp and tile pair it computes (dQ's:
-            // its keys' share of the tile's dS K). Bytes: q, k, v, dO, lse and D
-            // read, dq, dk, dv written, and dQ's float partial sums written and read back at every tile
+            // its keys' share of the tile's dS K). Bytes: q, k, v, dO, O, lse and D
+            // read, D, dq, dk, dv written, and dQ's float partial sums written and read back at every tile
             // pair but a query tile's first (written only) and its last (read only): an upper bound on
             // what reaches memory, as the sums of the tiles a block revisits soonest stay in L2. With the qkv
             // bias sums, a partial row of 3C floats per 128-row chunk.
@@ -1025,11 +1058,11 @@ void backward_fused(X* dqkv, float* scratch, const X* dout, const X* qkv, const 
             const double tile_floats = double(kDkdvQueries<HS>) * HS;
             const double warp_pairs = double(B) * NH * fused_live_warp_tiles<HS>(T);
             const KernelCost cost{warp_pairs * 10.0 * kWarpRows * kDkdvQueries<HS> * HS,
-                                  7 * elems * sizeof(bf16) + 2.0 * B * NH * T * sizeof(float) +
+                                  8 * elems * sizeof(bf16) + 3.0 * B * NH * T * sizeof(float) +
                                       (2 * pairs - 2.0 * B * NH * ceil_div(T, kDkdvQueries<HS>)) * tile_floats * sizeof(float) +
                                       (qkv_bias_partials ? double(B) * ceil_div(T, kFusedKeys) * 3 * C * sizeof(float) : 0.0),
                                   WorkKind::tensor_cores};
-            launch<kernel>(cost, dim3(1, NH, B), dim3(kFusedThreads), smem, stream, dqkv, dq_sums, dout, qkv, lse, D,
+            launch<kernel>(cost, dim3(1, NH, B), dim3(kFusedThreads), smem, stream, dqkv, dq_sums, dout, qkv, out, lse, D,
                            doc_start, T, C, NH, qkv_bias_partials);
         });
     }
@@ -1086,11 +1119,12 @@ inline const float* attention_tc_backward(floatX* dqkv, float* scratch, const fl
     require_supported("attention_tc_backward", attention_tc_requirements(B, T, C, NH));
     float* D = scratch;  // (B, NH, T)
     float* bias_partials = qkv_bias_sums ? scratch + attention_tc_qkv_bias_offset(B, T, C, NH, how) : nullptr;
+    if (how == AttentionTcBackward::fused) {  // D is the fused kernel's own
+        attention_tc_detail::backward_fused(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH, stream, doc_start, bias_partials);
+        return bias_partials;
+    }
     attention_backward_rowdot(D, dout, out, B, T, C, NH, stream);
-    if (how == AttentionTcBackward::fused)
-        attention_tc_detail::backward_fused(dqkv, scratch, dout, qkv, lse, B, T, C, NH, stream, doc_start, bias_partials);
-    else
-        attention_tc_backward<floatX>(dqkv, 3 * C, dqkv + C, 3 * C, dout, qkv, qkv + C, lse, D, causal_span(T, C), B, C,
-                                      NH, stream, doc_start, false, nullptr, bias_partials);
+    attention_tc_backward<floatX>(dqkv, 3 * C, dqkv + C, 3 * C, dout, qkv, qkv + C, lse, D, causal_span(T, C), B, C, NH, stream,
+                                  doc_start, false, nullptr, bias_partials);
     return bias_partials;
 }
