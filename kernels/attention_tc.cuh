@@ -767,17 +767,15 @@ static __global__ void __launch_bounds__(attention_tc_detail::kFusedThreads, 1)
             // Prefetch this block's next query tile, or at its last (two K/V buffers) the next key
             // block's K, V and first query tile: the other K/V buffers were last read, and staged, before
             // the barrier that ended the previous key block. The next tile's first visit is now if no
-            // earlier block and no tile of this one reached it (touched_end is this block's end then).
-            const bool prefetch = tile + 1 < query_tiles || (kKvBuffers == 2 && k0 + kKeys < T);
-            const int next_q0 = tile + 1 < query_tiles ? q0 + kQueries : k0 + kKeys;
-            const bool next_first = tile + 1 < query_tiles ? next_q0 >= touched_end : query_tiles * kQueries <= kKeys;
+            // earlier block and no tile of this one reached it (for the next block's, touched_end as this
+            // block leaves it).
+            const bool in_block = tile + 1 < query_tiles;
+            const bool prefetch = in_block || (kKvBuffers == 2 && k0 + kKeys < T);
+            const int next_q0 = in_block ? q0 + kQueries : k0 + kKeys;
+            const bool next_first = next_q0 >= (in_block ? touched_end : k0 + query_tiles * kQueries);
             if (prefetch) {
-                if (tile + 1 < query_tiles) {
-                    load_query_tile(next_q0, buf ^ 1, next_first);
-                } else {
-                    load_key_block(k0 + kKeys, kv_buf ^ 1);
-                    load_query_tile(next_q0, buf ^ 1, next_first);
-                }
+                if (!in_block) load_key_block(k0 + kKeys, kv_buf ^ 1);
+                load_query_tile(next_q0, buf ^ 1, next_first);
                 cp_async_commit();
                 cp_async_wait<1>();
             } else {
@@ -907,7 +905,7 @@ inline size_t attention_tc_backward_scratch_floats(int B, int T, int C, int NH,
                                                    bool qkv_bias_sums = false) {
     if (qkv_bias_sums)
         return attention_tc_qkv_bias_offset(B, T, C, NH, how) + size_t(attention_tc_qkv_bias_chunks(B, T, how)) * 3 * C;
-    return how == AttentionTcBackward::fused ? attention_tc_dq_sums_offset(B, T, NH) + size_t(B) * T * C : size_t(B) * T * NH;
+    return how == AttentionTcBackward::fused ? attention_tc_qkv_bias_offset(B, T, C, NH, how) : size_t(B) * T * NH;
 }
 
 namespace attention_tc_detail {
