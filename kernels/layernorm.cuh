@@ -320,8 +320,14 @@ inline void fused_residual_layernorm_forward(floatX* residual, floatX* out, floa
 // read the gradient again (at d12 B=64 on an H100: 24 launches of 100 MB and their finishing
 // launches a step). Their partial rows follow the LayerNorm's: 4C floats a block.
 
+// At least 64 rows a block: a block's partial row (at most 4C floats, written here and read again by
+// layernorm_param_grads_kernel) is then at most 3% of what its rows move (4 BF16 tensors of C a row),
+// where at 8 rows it was a quarter: at d48, B=16 (16,384 rows) 1,024 blocks wrote 26 MB of partials a
+// call; now 256 blocks, one wave of an H100 (two 224-thread blocks an SM at the 125 and 140 registers
+// a thread that `make kernel-report` shows), write 6.6 MB. At d12, B=64 (65,536 rows) the cap keeps
+// 1,024 blocks of 64 rows either way.
 constexpr int kLayernormBackwardMaxBlocks = 1024;
-constexpr int kLayernormBackwardMinRowsPerBlock = 8;  // amortizes the 2C-float partial per block
+constexpr int kLayernormBackwardMinRowsPerBlock = 64;
 
 inline int layernorm_backward_blocks(int N) {
     return std::clamp(int(ceil_div(std::max(N, 1), kLayernormBackwardMinRowsPerBlock)), 1, kLayernormBackwardMaxBlocks);
