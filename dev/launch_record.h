@@ -53,6 +53,8 @@ struct LaunchRecord {
     double ms = -1;               // measured device time; -1 when not timed
     const void* event = nullptr;  // event_record, stream_wait: the event
     int gemm_m = 0, gemm_n = 0, gemm_k = 0;  // a cuBLASLt GEMM's m, n, k (dev/roofline.h's efficiency); 0 otherwise
+    // A grid of blocks with equal work, this many resident on an SM at once (KernelCost); 0 otherwise.
+    int equal_blocks_per_sm = 0;
 };
 
 namespace launch_record {
@@ -165,6 +167,12 @@ public:
         if (index_ == kNone || index_ >= s.records.size()) return;
         LaunchRecord& r = s.records[index_];
         r.gemm_m = m, r.gemm_n = n, r.gemm_k = k;
+    }
+    // The record's blocks have equal work, `per_sm` of them resident on an SM at once.
+    void equal_blocks(int per_sm) {
+        State& s = state();
+        if (index_ == kNone || index_ >= s.records.size()) return;
+        s.records[index_].equal_blocks_per_sm = per_sm;
     }
 
 private:

@@ -18,7 +18,10 @@
 //     same rate). FlashAttention-2's published H100 SXM5 figures at that shape (Shah et al. 2024,
 //     "FlashAttention-3", figures 5-6: causal forward 229, backward 238) stand beside them. llm.c's
 //     configuration is modelled with cuDNN's figures from the same plots (288 and 348), the
-//     attention llm.c ran, on FlashAttention's FLOP count.
+//     attention llm.c ran, on FlashAttention's FLOP count. Those rates were measured on grids of
+//     thousands of blocks; a kernel whose blocks all do the same work and fill few waves (the fused
+//     backward: one block per (b, h), one an SM) gets them times its waves' use of the SMs
+//     (blocks / (waves x 132 x blocks an SM), the last wave charged whole), and so does its memory.
 //   simt (attention kernels) 67 TFLOP/s FP32 (non-tensor) x 0.25: two shared-memory float4 loads
 //     per four FMAs, so shared memory bandwidth, not the FMA pipes, bounds them.
 //   simt (the rest)  67 TFLOP/s x 0.50; memory 3.35 TB/s HBM3 x 0.80 (STREAM-like kernels reach
@@ -144,6 +147,18 @@ struct H100Model {
         return blocks > 0 ? std::min(1.0, blocks / kSms) : 1.0;
     }
 
+    // The share of the SMs' block slots a grid of equal blocks keeps busy over its whole waves (`per_sm`
+    // resident on an SM): the last wave, however few blocks it has, lasts as long as the others.
+    static double equal_blocks_wave_use(const dim3& grid, int per_sm) {
+        const double blocks = double(grid.x) * grid.y * grid.z, slots = double(kSms) * per_sm;
+        return blocks > 0 ? blocks / (std::ceil(blocks / slots) * slots) : 1.0;
+    }
+    // The share of the GPU a launch keeps busy: whole waves for a grid of equal blocks, else the SMs its
+    // blocks reach.
+    static double busy_share(const LaunchRecord& r) {
+        return r.equal_blocks_per_sm > 0 ? equal_blocks_wave_use(r.grid, r.equal_blocks_per_sm) : sm_share(r.grid);
+    }
+
     // Which tensor-core attention kernels the forward rate applies to (the rest are backward).
     static bool is_attention_forward(const std::string& kernel) { return kernel.find("forward") != std::string::npos; }
     // The fused backward kernel (--attention-backward fused), which has its own rate where one is known.
@@ -165,13 +180,18 @@ struct H100Model {
             case WorkKind::tensor_cores: {
                 const bool forward = is_attention_forward(r.name);
                 // time = executed FLOPs x scale / rate: the efficiency against the peak is rate / scale.
+                // The rates were measured on grids of thousands of blocks; a grid of equal blocks in few
+                // waves gets them for its busy share alone.
                 const double e = forward ? attention.forward_flops / kTensorFlops
                                          : backward_rate(attention, r.name) / attention.backward_flops_scale / kTensorFlops;
-                return {kTensorFlops, e, kHbmBytes, kHbmEfficiency * sm_share(r.grid), 3e-6};
+                const double waves = r.equal_blocks_per_sm > 0 ? busy_share(r) : 1.0;
+                return {kTensorFlops, e * waves, kHbmBytes, kHbmEfficiency * busy_share(r), 3e-6};
             }
-            case WorkKind::cuda_cores:
-                return {kCudaCoreFlops, r.name.find("attention") != std::string::npos ? 0.25 : 0.50, kHbmBytes,
-                        kHbmEfficiency * sm_share(r.grid), 3e-6};
+            case WorkKind::cuda_cores: {
+                const double waves = r.equal_blocks_per_sm > 0 ? busy_share(r) : 1.0;
+                return {kCudaCoreFlops, (r.name.find("attention") != std::string::npos ? 0.25 : 0.50) * waves, kHbmBytes,
+                        kHbmEfficiency * busy_share(r), 3e-6};
+            }
             case WorkKind::communication: return {0, 1, kNvlinkBytes, 0.80, 10e-6};
             case WorkKind::memset:
             case WorkKind::copy_device: return {0, 1, kHbmBytes, kHbmEfficiency, 3e-6};
@@ -182,13 +202,13 @@ struct H100Model {
         return {0, 1, 1, 1, 0};
     }
     static std::string assumptions() {
-        char line[900];
+        char line[1000];
         std::snprintf(line, sizeof line,
                       "H100 SXM roofline: cublasLt %.0f TFLOP/s x %.2f x wave use of %dx%d tiles on %d SMs, k split where "
                       "that fills them (%d^3 at the measured %.0f TFLOP/s), + %.2f of its bytes at HBM speed (fitted to the "
                       "first H100 profile's GEMMs); tensor-core attention at our kernels' measured %.0f (forward) / "
                       "%.0f (backward) TFLOP/s executed (FlashAttention-2's published %.0f / %.0f); SIMT attention %.0f "
-                      "TFLOP/s FP32 x 0.25, other SIMT %.0f x 0.50; HBM %.2f TB/s x %.2f x min(1, blocks/%d); NVLink %.0f GB/s/direction x 0.80 (NCCL bus bytes); PCIe %.0f GB/s "
+                      "TFLOP/s FP32 x 0.25, other SIMT %.0f x 0.50; HBM %.2f TB/s x %.2f x min(1, blocks/%d), a grid of equal blocks in whole waves; NVLink %.0f GB/s/direction x 0.80 (NCCL bus bytes); PCIe %.0f GB/s "
                       "x 0.40; +3 us per launch, +10 us per collective or host copy; step x %.3f for what a roofline misses "
                       "(fitted to our d12 step measured on one H100; llm.c's x %.3f to its 2.75 s; dev/roofline.h)",
                       kTensorFlops / 1e12, gemm_peak_fraction(), kGemmTileM, kGemmTileN, kSms, kMeasuredGemmSize,

@@ -16,6 +16,8 @@
 #include <nlohmann/json.hpp>
 
 #include "dev/roofline.h"
+#include "host/model_config.h"
+#include "kernels/attention_tc.cuh"
 
 // One row of --profile-step's kernel table: all launches of one kernel name.
 struct ProfileRow {
@@ -328,6 +330,19 @@ inline std::string option_line(const char* flag, const char* what, const Profile
     return out + "\n";
 }
 
+// The share of its waves the fused backward's grid (one block per (b, h), kFusedBlocksPerSm an SM) keeps
+// busy in the profiled step, whose rate includes it; 0 where the report's first line names no GPT-2
+// preset ("train_gpt: d12 on ...").
+inline double fused_backward_wave_use(const ProfiledStep& step) {
+    const std::string lead = "train_gpt: ";
+    const size_t end = step.first_line.find(" on ");
+    GPT2Config c;
+    if (step.first_line.rfind(lead, 0) != 0 || end == std::string::npos ||
+        !gpt2_preset(step.first_line.substr(lead.size(), end - lead.size()), &c))
+        return 0;
+    return H100Model::equal_blocks_wave_use(dim3(1, c.num_heads, step.B), attention_tc_detail::kFusedBlocksPerSm);
+}
+
 // What a run says of each option not yet on by default, and the fused backward's rate beside the model's.
 inline std::string options_report(const nlohmann::json& file, const std::string& path, const ProfiledStep& step,
                                   const nlohmann::json* train) {
@@ -347,9 +362,19 @@ inline std::string options_report(const nlohmann::json& file, const std::string&
     const double fused_s = measured_s_of(fused.rows, is_fused);
     require_rows(fused, fused_s, "fused_backward", "fused attention backward");
     if (fused.present && fused.exit_code == 0) {
-        char line[256];
-        std::snprintf(line, sizeof line, " (%.1f TFLOP/s executed; dev/roofline.h charges %.1f)", fused_flops / fused_s / 1e12,
-                      H100Model::backward_rate(H100Model::kOurAttention, "attention_tc_backward_fused_kernel") / 1e12);
+        // The rate to set in kOurAttention.fused_backward_flops is the one at full waves: the roofline
+        // charges each grid its own waves' use.
+        char line[320];
+        const double executed = fused_flops / fused_s, waves = fused_backward_wave_use(step);
+        const double charged = H100Model::backward_rate(H100Model::kOurAttention, "attention_tc_backward_fused_kernel");
+        if (waves > 0)
+            std::snprintf(line, sizeof line,
+                          " (%.1f TFLOP/s executed, %.1f at full waves: its grid kept %.1f%% of its waves busy; dev/roofline.h "
+                          "charges %.1f at full waves)",
+                          executed / 1e12, executed / waves / 1e12, 100 * waves, charged / 1e12);
+        else
+            std::snprintf(line, sizeof line, " (%.1f TFLOP/s executed; dev/roofline.h charges %.1f at full waves)",
+                          executed / 1e12, charged / 1e12);
         rate = line;
     }
     out += option_line("--attention-backward fused", "the attention backward", fused, fused_s,

@@ -76,6 +76,11 @@ template <int HS> constexpr int kFusedLdDs = kDkdvQueries<HS> + 8;  // dS^T rows
 // K and V buffers: two (the next key block loads during the current one's last tile pair), one at hs
 // 128, where two would take 191 KB of shared memory, above an A100's 163 KB (sm_80 is built too).
 template <int HS> constexpr int kFusedKvBuffers = HS >= 128 ? 1 : 2;
+// Blocks of the fused kernel an SM holds: one. At head size 64 its 159,776 bytes of shared memory and its
+// 244 registers a thread (`make kernel-report`) each leave no room for a second. Its grid is one block
+// per (b, h), all of equal work without documents, so it runs in whole waves (dev/roofline.h charges
+// them): 400 blocks at d48, B=16 take 4 waves of 132 for the work of 3.03.
+constexpr int kFusedBlocksPerSm = 1;
 
 template <int HS> constexpr size_t forward_smem_bytes() {
     return size_t(kForwardRows<HS> + 4 * kForwardKeys<HS>) * kLd<HS> * sizeof(bf16);
@@ -675,7 +680,7 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
 // against 1.15 ms of compute (1.41 GB: 0.53 ms); 256 keys (16 warps of ~250-register threads) would
 // not fit the register file.
 template <int HS>
-static __global__ void __launch_bounds__(attention_tc_detail::kFusedThreads, 1)
+static __global__ void __launch_bounds__(attention_tc_detail::kFusedThreads, attention_tc_detail::kFusedBlocksPerSm)
     attention_tc_backward_fused_kernel(__nv_bfloat16* dqkv, float* dq_partial, const __nv_bfloat16* dout,
                                        const __nv_bfloat16* qkv, const __nv_bfloat16* out, const float* lse, float* D,
                                        const int* doc_start, int T, int C, int NH, float* qkv_bias_partials) {
@@ -1059,7 +1064,7 @@ void backward_fused(X* dqkv, float* scratch, const X* dout, const X* qkv, const 
                                   8 * elems * sizeof(bf16) + 3.0 * B * NH * T * sizeof(float) +
                                       (2 * pairs - 2.0 * B * NH * ceil_div(T, kDkdvQueries<HS>)) * tile_floats * sizeof(float) +
                                       (qkv_bias_partials ? double(B) * ceil_div(T, kFusedKeys) * 3 * C * sizeof(float) : 0.0),
-                                  WorkKind::tensor_cores};
+                                  WorkKind::tensor_cores, doc_start ? 0 : kFusedBlocksPerSm};
             launch<kernel>(cost, dim3(1, NH, B), dim3(kFusedThreads), smem, stream, dqkv, dq_sums, dout, qkv, out, lse, D,
                            doc_start, T, C, NH, qkv_bias_partials);
         });

@@ -127,12 +127,17 @@ struct KernelCost {
     double flops = 0;
     double bytes = 0;
     WorkKind kind = WorkKind::cuda_cores;  // tensor_cores for kernels built on mma.sync
+    // > 0: every block of the grid does the same work, and an H100 SM holds this many at once, so the
+    // grid runs in whole waves (the roofline charges the last one in full). 0: blocks of unequal work,
+    // or so many that the scheduler's packing leaves no wave to speak of.
+    int equal_blocks_per_sm = 0;
 };
 
 template <auto Kernel, typename... Args>
 void launch(const KernelCost& cost, dim3 grid, dim3 block, size_t dynamic_smem, cudaStream_t stream, Args&&... args) {
     launch_record::Scope recorded(kernel_name<Kernel>(), cost.kind, cost.flops, cost.bytes, stream, grid, block,
                                   dynamic_smem);
+    if (cost.equal_blocks_per_sm > 0) recorded.equal_blocks(cost.equal_blocks_per_sm);
     launch<Kernel>(grid, block, dynamic_smem, stream, std::forward<Args>(args)...);
 }
 

@@ -632,12 +632,13 @@ TEST_CASE("roofline --fit: what a run says of each option not yet on by default"
     dir.write("train.json", train.dump());
     const std::string report = fit_report(dir.path.string());
     INFO(report);
-    char expected[256];
+    char expected[400];
     std::snprintf(expected, sizeof expected,
                   "--attention-backward fused: the attention backward 16.000 ms against the default's %.3f (%+.1f%%) "
-                  "(%.1f TFLOP/s executed; dev/roofline.h charges %.1f); profiled step 130.0 ms against 135.0",
+                  "(%.1f TFLOP/s executed, %.1f at full waves: its grid kept 97.0%% of its waves busy; dev/roofline.h "
+                  "charges %.1f at full waves); profiled step 130.0 ms against 135.0",
                   split_backward_s * 1e3, 100 * (0.016 / split_backward_s - 1), 3285.65e9 / 0.016 / 1e12,
-                  H100Model::kOurAttention.backward_flops / 1e12);
+                  3285.65e9 / 0.016 / (768.0 / 792.0) / 1e12, H100Model::kOurAttention.backward_flops / 1e12);
     CHECK_THAT(report, Catch::Contains(expected));
     std::snprintf(expected, sizeof expected, "trained 130.00 ms/step against 136.75 (%+.1f%%), last loss 6.3334 against 6.3334",
                   100 * (130.0 / 136.75 - 1));
@@ -673,6 +674,57 @@ TEST_CASE("roofline: the fused attention backward at its own rate, where one is 
     CHECK(roofline_time(fused, measured).seconds == Approx(1e12 / 250e12 + 3e-6).epsilon(1e-9));
     CHECK(roofline_time(split, measured).seconds == Approx(roofline_time(split).seconds).epsilon(1e-12));
 }
+
+// A grid whose blocks all do the same work runs in whole waves: the last one lasts as long as a full one.
+TEST_CASE("roofline: a grid of equal blocks is charged its whole waves") {
+    using M = H100Model;
+    const double per_block = 1e9, rate = M::kOurAttention.backward_flops;
+    LaunchRecord one_wave{"attention_tc_backward_fused_kernel<64>", WorkKind::tensor_cores, dim3(1, 12, 11), dim3(256), 0,
+                          132 * per_block, 1e6};
+    one_wave.equal_blocks_per_sm = 1;
+    LaunchRecord two_waves = one_wave;
+    two_waves.grid = dim3(1, 7, 19), two_waves.flops = 133 * per_block;  // 133 blocks: one past a wave
+    LaunchRecord packed = two_waves;
+    packed.equal_blocks_per_sm = 0;  // blocks of unequal work: charged for their FLOPs alone
+    CHECK(roofline_time(one_wave).compute_s == Approx(132 * per_block / rate).epsilon(1e-12));
+    CHECK(roofline_time(two_waves).compute_s == Approx(264 * per_block / rate).epsilon(1e-12));
+    CHECK(roofline_time(packed).compute_s == Approx(133 * per_block / rate).epsilon(1e-12));
+    // Two an SM: 264 blocks a wave.
+    LaunchRecord two_an_sm = two_waves;
+    two_an_sm.equal_blocks_per_sm = 2;
+    CHECK(roofline_time(two_an_sm).compute_s == Approx(264 * per_block / rate).epsilon(1e-12));
+    // The fused backward's grids at issue 16's shapes, one block per (b, h): d12, B=64 takes 6 waves for
+    // the work of 5.82; d48, B=16 takes 4 for 3.03.
+    CHECK(M::equal_blocks_wave_use(dim3(1, 12, 64), 1) == Approx(768.0 / 792.0));
+    CHECK(M::equal_blocks_wave_use(dim3(1, 25, 16), 1) == Approx(400.0 / 528.0));
+    // Fewer blocks than SMs: the SMs they reach, as any small grid's.
+    CHECK(M::equal_blocks_wave_use(dim3(33), 1) == Approx(M::sm_share(dim3(33))));
+}
+
+#ifndef PRECISION_FP32
+// The fused kernel's launcher says its blocks are equal, one an SM, unless documents make their work
+// depend on the data.
+TEST_CASE("roofline: the fused attention backward is recorded as a grid of equal blocks, without documents") {
+    const int B = 2, T = 128, C = 128, NH = 2;
+    DeviceBuffer<floatX> dqkv(size_t(B) * T * 3 * C), qkv(size_t(B) * T * 3 * C), dout(size_t(B) * T * C), out(size_t(B) * T * C);
+    DeviceBuffer<float> lse(size_t(B) * NH * T), scratch(attention_tc_backward_scratch_floats(B, T, C, NH, AttentionTcBackward::fused));
+    DeviceBuffer<int> doc_start(size_t(B) * T);
+    for (DeviceBuffer<floatX>* b : {&qkv, &dout, &out}) CUDA_CHECK(cudaMemset(b->ptr, 0, b->count * sizeof(floatX)));
+    CUDA_CHECK(cudaMemset(lse.ptr, 0, lse.count * sizeof(float)));
+    CUDA_CHECK(cudaMemset(doc_start.ptr, 0, doc_start.count * sizeof(int)));
+    for (const int* docs : {static_cast<const int*>(nullptr), static_cast<const int*>(doc_start.ptr)}) {
+        launch_record::start(false);
+        attention_tc_backward(dqkv.ptr, scratch.ptr, dout.ptr, qkv.ptr, out.ptr, lse.ptr, B, T, C, NH, nullptr, docs,
+                              AttentionTcBackward::fused);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        const std::vector<LaunchRecord> records = launch_record::stop();
+        REQUIRE(records.size() == 1);
+        CHECK(records[0].name.rfind("attention_tc_backward_fused_kernel", 0) == 0);
+        CHECK(records[0].grid.x * records[0].grid.y * records[0].grid.z == unsigned(B * NH));
+        CHECK(records[0].equal_blocks_per_sm == (docs ? 0 : attention_tc_detail::kFusedBlocksPerSm));
+    }
+}
+#endif
 
 TEST_CASE("roofline --fit: a profile it cannot read is refused naming the file and the field") {
     TempDir dir;
