@@ -2,6 +2,7 @@
 // gradients (floatX), 16-byte vector access, conversions, and warp/block reductions.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -262,6 +263,18 @@ template <typename Op> __device__ inline float block_reduce(float v, float* scra
 __device__ inline float block_sum(float v, float* scratch) { return block_reduce(v, scratch, 0.0f, AddOp{}); }
 // (the classifier's softmax)
 __device__ inline float block_max(float v, float* scratch) { return block_reduce(v, scratch, -INFINITY, MaxOp{}); }
+
+// ---------------------------------------------------------------------------------------------
+// Column sums of partial rows (the deterministic second half of a reduction over rows: the LayerNorm
+// parameter gradients, the bias gradients): a block's threads of one column-group take the rows in
+// blockDim.y slices, slice y the rows y, y + slices, ... in order, then the slices are added in order.
+// Slices in parallel pay only for many rows: one per 32 rows, at most 16, a function of the row count
+// alone, so the sums' order is too (one slice, the rows in order, below 64 rows).
+constexpr int kPartialRowSlices = 16;
+constexpr int kPartialRowsPerSlice = 32;
+inline int partial_row_slices(int partial_rows) {
+    return std::clamp(partial_rows / kPartialRowsPerSlice, 1, kPartialRowSlices);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Launcher input checks. A launcher that gets sizes its kernels do not support (the message of

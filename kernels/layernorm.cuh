@@ -519,14 +519,7 @@ static __global__ void __launch_bounds__(kRows > 1 ? kLayernormBatchedThreads : 
 }
 
 // Column sums of the partials (blocks x 2C): 32 columns per block, blockDim.y slices of the
-// partial rows summed in a fixed interleaving, then the slices in order; then += into the grads.
-// Slices in parallel pay only for many partial rows: one per 32 rows, at most 16 (a function of
-// the row count alone, so the sums' order is too).
-constexpr int kLayernormReduceSlices = 16;
-constexpr int kLayernormRowsPerSlice = 32;
-inline int layernorm_reduce_slices(int partial_rows) {
-    return std::clamp(partial_rows / kLayernormRowsPerSlice, 1, kLayernormReduceSlices);
-}
+// partial rows (partial_row_slices, kernels/common.cuh); then += into the grads.
 
 // The gradients a partial row's C-float sets are added into, in the row's order.
 struct LayernormGradTargets {
@@ -535,7 +528,7 @@ struct LayernormGradTargets {
 
 static __global__ void layernorm_param_grads_kernel(LayernormGradTargets targets, const float* partials, int blocks, int C,
                                                     int sets) {
-    __shared__ float slice_sums[kLayernormReduceSlices][32];
+    __shared__ float slice_sums[kPartialRowSlices][32];
     const int column = int(blockIdx.x * 32 + threadIdx.x), row_floats = sets * C;
     const bool in_range = column < row_floats;
     float sum = 0.0f;
@@ -585,6 +578,6 @@ inline void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias, flo
     // The partials summed (one add each) and added into the gradients (read and written).
     const KernelCost reduce_cost{partial_floats + sets * double(C), partial_floats * sizeof(float) + 2.0 * sets * C * X};
     const LayernormGradTargets targets{{dweight, dbias, residual_bias.incoming, residual_bias.outgoing}};
-    launch<layernorm_param_grads_kernel>(reduce_cost, dim3(ceil_div(size_t(sets) * C, 32)), dim3(32, layernorm_reduce_slices(blocks)),
+    launch<layernorm_param_grads_kernel>(reduce_cost, dim3(ceil_div(size_t(sets) * C, 32)), dim3(32, partial_row_slices(blocks)),
                                          0, stream, targets, scratch, blocks, C, sets);
 }

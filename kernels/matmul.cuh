@@ -408,37 +408,36 @@ static __global__ void __launch_bounds__(32 * kBiasRowThreads)
     }
 }
 
-// Chunks' partial rows a thread loads before it adds them (in chunk order, so the same sums). One at a
-// time, each add waited on its load: on an H100 (d12, B=64: 128 chunks, 96 threads for 768 columns)
-// 23 us a launch, 1.13 ms over a step's 48, for 0.4 MB of partials.
-constexpr int kBiasFinishChunksInFlight = 8;
-
-// Partial: float (our partials, BGRADB's FP32 sums) or floatX (BGRADB's sums in D's type).
+// The finishing kernel: a block of 32 x partial_row_slices(chunks) threads takes 32 16-byte column
+// groups; slice y adds the chunks y, y + slices, ... in order, then the slices are added in order
+// (kernels/common.cuh; below 64 chunks one slice, the chunks in order). One thread per column group
+// for every chunk left a GPU's 128 chunks (d12, B=64) to one block of 96 threads at 768 columns, each
+// add waiting on its load: 23 us a launch on an H100 (1.13 ms over the first profile's 48), for 0.4 MB.
+// Now the chunks are spread over up to 16 slices, so each thread has at most 8 of them to add.
 template <typename Partial>
 static __global__ void bias_grad_finish_kernel(floatX* dbias, const Partial* partials, int chunks, int OC) {
     using PartialPack = Packed128<Partial>;
     constexpr int kPartialPacks = kPack / PartialPack::size;
-    const int column = (blockIdx.x * blockDim.x + threadIdx.x) * kPack;
-    if (column >= OC) return;
+    __shared__ float slice_sums[kPartialRowSlices][32][kPack];
+    const int column = (blockIdx.x * 32 + threadIdx.x) * kPack;
     float sums[kPack] = {};
-    for (int first = 0; first < chunks; first += kBiasFinishChunksInFlight) {
-        const int count = min(kBiasFinishChunksInFlight, chunks - first);
-        PartialPack p[kBiasFinishChunksInFlight][kPartialPacks];
-        FULL_UNROLL
-        for (int c = 0; c < kBiasFinishChunksInFlight; ++c)
-            for (int i = 0; i < kPartialPacks; ++i)
-                p[c][i] = c < count ? load128(partials + size_t(first + c) * OC + column + i * PartialPack::size)
-                                    : PartialPack::filled(0.0f);
-        FULL_UNROLL
-        for (int c = 0; c < kBiasFinishChunksInFlight; ++c)
-            if (c < count)
-                for (int i = 0; i < kPartialPacks; ++i)
-                    for (int j = 0; j < PartialPack::size; ++j) sums[i * PartialPack::size + j] += to_float(p[c][i][j]);
-    }
+    if (column < OC)
+        for (int c = int(threadIdx.y); c < chunks; c += int(blockDim.y))
+            for (int i = 0; i < kPartialPacks; ++i) {
+                const PartialPack p = load128(partials + size_t(c) * OC + column + i * PartialPack::size);
+                for (int j = 0; j < PartialPack::size; ++j) sums[i * PartialPack::size + j] += to_float(p[j]);
+            }
+    for (int i = 0; i < kPack; ++i) slice_sums[threadIdx.y][threadIdx.x][i] = sums[i];
+    __syncthreads();
+    if (threadIdx.y != 0 || column >= OC) return;
     float bias[kPack];
     unpack_floats(bias, load128(dbias + column));
     LANE_LOOP
-    for (int i = 0; i < kPack; ++i) bias[i] += sums[i];  // +=: accumulate
+    for (int i = 0; i < kPack; ++i) {
+        float total = 0.0f;
+        for (int y = 0; y < int(blockDim.y); ++y) total += slice_sums[y][threadIdx.x][i];
+        bias[i] += total;  // +=: accumulate
+    }
     store128(dbias + column, pack_floats<floatX>(bias));
 }
 
@@ -446,11 +445,10 @@ static __global__ void bias_grad_finish_kernel(floatX* dbias, const Partial* par
 // read and written.
 template <typename Partial>
 inline void finish_bias_grad(floatX* dbias, const Partial* partials, int chunks, int OC, cudaStream_t stream) {
-    constexpr int threads = 128;
     const double partial_values = double(chunks) * OC;
     const KernelCost cost{partial_values + OC, partial_values * sizeof(Partial) + 2.0 * OC * sizeof(floatX)};
-    launch<bias_grad_finish_kernel<Partial>>(cost, dim3(ceil_div(OC / kPack, threads)), dim3(threads), 0, stream, dbias,
-                                             partials, chunks, OC);
+    launch<bias_grad_finish_kernel<Partial>>(cost, dim3(ceil_div(OC / kPack, 32)), dim3(32, partial_row_slices(chunks)), 0,
+                                             stream, dbias, partials, chunks, OC);
 }
 
 // dbias += the column sums of N rows of OC values at `rows` (In: floatX, an output's gradient; float,

@@ -379,10 +379,12 @@ TEST_CASE("matmul_backward: the bias gradient from BGRADB in D's type matches th
 
 TEST_CASE("matmul_backward: the bias gradient by our kernels (cuBLASLt without BGRADB) matches the same reference") {
     for (const Size& s : kSizes) check_backward(s, /*with_gelu=*/true, /*with_bias=*/true, Mode{.fuse_bias_grad = false});
-    // 2,600 rows: 11 chunks of 256, so the finishing kernel loads a group of kBiasFinishChunksInFlight
-    // partial rows, then a shorter one (the kSizes above make 1 to 3 chunks).
-    static_assert(matmul_detail::kBiasFinishChunksInFlight == 8, "11 chunks: a full group and a tail");
+    // 2,600 rows: 11 chunks of 256, which the finishing kernel adds in one slice (the kSizes above make 1
+    // to 3 chunks); 33,000 rows: the cap of 128 chunks, in 4 slices of 32.
     check_backward(Size{2600, 32, 64}, /*with_gelu=*/false, /*with_bias=*/true, Mode{.fuse_bias_grad = false});
+    REQUIRE(matmul_detail::bias_grad_chunks(33000) == matmul_detail::kBiasMaxChunks);
+    REQUIRE(partial_row_slices(matmul_detail::kBiasMaxChunks) == 4);
+    check_backward(Size{33000, 32, 64}, /*with_gelu=*/false, /*with_bias=*/true, Mode{.fuse_bias_grad = false});
 }
 
 // Autotune runs every candidate on the call's own operands: the weight gradient's GEMM accumulates
