@@ -413,7 +413,8 @@ static __global__ void __launch_bounds__(32 * kBiasRowThreads)
 // (kernels/common.cuh; below 64 chunks one slice, the chunks in order). One thread per column group
 // for every chunk left a GPU's 128 chunks (d12, B=64) to one block of 96 threads at 768 columns, each
 // add waiting on its load: 23 us a launch on an H100 (1.13 ms over the first profile's 48), for 0.4 MB.
-// Now the chunks are spread over up to 16 slices, so each thread has at most 8 of them to add.
+// Now each 32 chunks get a slice of threads: at 128 chunks 4 slices of 32, 4 times the threads (and 3
+// blocks, not 1, at 768 columns: a thread takes 8 columns, a block 256).
 template <typename Partial>
 static __global__ void bias_grad_finish_kernel(floatX* dbias, const Partial* partials, int chunks, int OC) {
     using PartialPack = Packed128<Partial>;
