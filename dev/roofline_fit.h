@@ -413,6 +413,32 @@ inline std::string gemm_shape_table(const ProfiledStep& step) {
     return out + line;
 }
 
+// gpu_check's d48_best section (d48 with --attention-backward fused --bias-grad epilogue, where it ran):
+// the fused kernel measured at d48's grid (one block per (b, h): 200 at B=8, 2 waves for 1.52) beside
+// the estimate that run printed, and its rate at full waves; "" without the section.
+inline std::string d48_best_report(const nlohmann::json& file, const std::string& path) {
+    if (!file.is_object() || !file.contains("d48_best") || file.at("d48_best").is_null()) return "";
+    const int exit_code = naming_file(path + " (d48_best)", [&] { return file.at("d48_best").at("exit_code").get<int>(); });
+    if (exit_code != 0) return "d48 best configuration: its profile failed (exit code " + std::to_string(exit_code) + ")\n";
+    const ProfiledStep step = profiled_step_of(file, path, "d48_best");
+    double flops = 0, measured_s = 0, estimate_s = 0;
+    for (const ProfileRow& row : step.rows)
+        if (H100Model::is_fused_attention_backward(row.name)) flops += row.flops, measured_s += row.measured_s, estimate_s += row.estimate_s;
+    if (!(measured_s > 0)) throw std::runtime_error("'" + step.path + "': no timed fused attention backward row");
+    const double waves = fused_backward_wave_use(step);
+    char line[400], rate[160];
+    if (waves > 0)
+        std::snprintf(rate, sizeof rate, "%.1f TFLOP/s executed, %.1f at full waves: its grid kept %.1f%% of its waves busy",
+                      flops / measured_s / 1e12, flops / measured_s / waves / 1e12, 100 * waves);
+    else
+        std::snprintf(rate, sizeof rate, "%.1f TFLOP/s executed", flops / measured_s / 1e12);
+    std::snprintf(line, sizeof line, "d48 best configuration (B=%d): the fused attention backward %.3f ms measured, %.3f estimated (%s)\n",
+                  step.B, measured_s * 1e3, estimate_s * 1e3, rate);
+    std::string out = line;
+    for (const nlohmann::json& l : file.at("d48_best").value("summary", nlohmann::json::array())) out += "  " + l.get<std::string>() + "\n";
+    return out;
+}
+
 // `roofline --fit DIR`: what a gpu_check run's profile.json (and its d48 step, where it ran) and
 // train.json say of this model.
 inline std::string fit_report(const std::string& dir) {
@@ -457,5 +483,6 @@ inline std::string fit_report(const std::string& dir) {
     } else {
         out += "what a roofline misses: no " + train + " (gpu_check's train stage), not fitted\n";
     }
-    return out + options_report(file, profile, step, train_file.is_object() ? &train_file : nullptr);
+    return out + options_report(file, profile, step, train_file.is_object() ? &train_file : nullptr) +
+           d48_best_report(file, profile);
 }

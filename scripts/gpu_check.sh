@@ -13,8 +13,9 @@
 #             the attention rows again with --attention-backward fused, the weight gradients' GEMMs and
 #             bias-gradient kernels again with --bias-grad epilogue, the GEMMs again with --matmul-autotune
 #             (the train stage's picks where it ran), and a GPT-2 1.5B (d48) step at
-#             B=8 (D48_B; none where 0): the 55% target's kernels; each kernel's time against
-#             the first H100 profile (scripts/profile_delta.py: profile_delta.json)
+#             B=8 (D48_B; none where 0): the 55% target's kernels, then again with the fused backward
+#             and the BGRADB epilogue (d48_best: the fused kernel's grid of one block per (b, h));
+#             each kernel's time against the first H100 profile (scripts/profile_delta.py)
 #   sanitize  compute-sanitizer memcheck, racecheck and synccheck over a short training run and the
 #             kernel tests
 # Each stage writes $GPU_CHECK_OUT/<stage>.json ({"stage", "ok", "seconds", ...figures}) and its logs
@@ -322,7 +323,7 @@ stage_train() {
 }
 
 stage_profile() {
-  local start=$SECONDS rc=0 fused_rc=0 epilogue_rc=0 autotune_rc=0 d48_rc=0 lib_rc=0 train d48_b=${D48_B:-8}
+  local start=$SECONDS rc=0 fused_rc=0 epilogue_rc=0 autotune_rc=0 d48_rc=0 d48_best_rc=0 lib_rc=0 train d48_b=${D48_B:-8}
   ensure_train_gpt || { write_json "$out/profile.json" stage=profile ok=false error="train_gpt did not build"; return 1; }
   train=$(training_data)
   run_logged "$logs/profile.log" "$gpu_dir/train_gpt" -e d12 -b "$B" -t "$T" -v 0 -s 0 -i "$train" --profile-step || rc=$?
@@ -337,10 +338,14 @@ stage_profile() {
   run_logged "$logs/profile_autotune.log" "$gpu_dir/train_gpt" -e d12 -b "$B" -t "$T" -v 0 -s 0 -i "$train" \
     --profile-step --matmul-autotune ${picks[@]+"${picks[@]}"} || autotune_rc=$?
   # GPT-2 1.5B: no profile of it exists yet (the first GPU run timed its steps only, 189-197 ms at B=8).
-  rm -f "$logs/profile_d48.log"
+  rm -f "$logs/profile_d48.log" "$logs/profile_d48_best.log"
   if [ "$d48_b" != 0 ]; then
     run_logged "$logs/profile_d48.log" "$gpu_dir/train_gpt" -e d48 -b "$d48_b" -t "$T" -v 0 -s 0 -i "$train" --profile-step ||
       d48_rc=$?
+    # The 55% target's best configuration: the fused backward's grid at d48 (one block per (b, h): 200 at
+    # B=8, 2 waves of 132 for the work of 1.52), which dev/roofline.h charges its whole waves.
+    run_logged "$logs/profile_d48_best.log" "$gpu_dir/train_gpt" -e d48 -b "$d48_b" -t "$T" -v 0 -s 0 -i "$train" \
+      --profile-step --attention-backward fused --bias-grad epilogue || d48_best_rc=$?
   fi
   # The libraries' time per kernel family at the same shapes (PyTorch: cuBLAS, FlashAttention/cuDNN, ...).
   rm -f "$logs/library.json"
@@ -348,12 +353,13 @@ stage_profile() {
     lib_rc=$?
   python3 - "$logs/profile.log" "$out/profile.json" "$rc" "$((SECONDS - start))" "$B" "$T" "$logs/library.json" "$lib_rc" \
     "$logs/profile_fused_backward.log" "$fused_rc" "$logs/profile_bias_grad_epilogue.log" "$epilogue_rc" \
-    "$logs/profile_d48.log" "$d48_rc" "$d48_b" "$logs/profile_autotune.log" "$autotune_rc" <<'PY'
+    "$logs/profile_d48.log" "$d48_rc" "$d48_b" "$logs/profile_autotune.log" "$autotune_rc" \
+    "$logs/profile_d48_best.log" "$d48_best_rc" <<'PY'
 import json, os, sys
 (log, dest, rc, seconds, b, t, library, lib_rc, fused_log, fused_rc, epilogue_log, epilogue_rc, d48_log, d48_rc,
- d48_b, autotune_log, autotune_rc) = sys.argv[1:18]
+ d48_b, autotune_log, autotune_rc, d48_best_log, d48_best_rc) = sys.argv[1:20]
 rc, lib_rc, fused_rc, epilogue_rc, d48_rc, d48_b = int(rc), int(lib_rc), int(fused_rc), int(epilogue_rc), int(d48_rc), int(d48_b)
-autotune_rc = int(autotune_rc)
+autotune_rc, d48_best_rc = int(autotune_rc), int(d48_best_rc)
 def read_lines(path):  # a log's lines; none where the run left no log
     return [l.rstrip("\n") for l in open(path, errors="replace")] if os.path.exists(path) else []
 STEP_LINES = ("measured", "H100 SXM roofline estimate")
@@ -366,15 +372,18 @@ epilogue_rows = [l for l in read_lines(epilogue_log)
 autotune_rows = [l for l in read_lines(autotune_log) if l.startswith(("matmul_", "matmul autotune:") + STEP_LINES)]
 d48 = read_lines(d48_log)
 d48_summary = [l for l in d48 if l.startswith(STEP_LINES)]
+d48_best = read_lines(d48_best_log)
 lib = json.load(open(library)) if lib_rc == 0 and os.path.exists(library) else {"exit_code": lib_rc}
 json.dump({"stage": "profile",
            "ok": rc == 0 and len(summary) == 2 and lib_rc == 0 and fused_rc == 0 and epilogue_rc == 0 and d48_rc == 0
-                 and autotune_rc == 0,
+                 and autotune_rc == 0 and d48_best_rc == 0,
            "exit_code": rc, "seconds": int(seconds), "B": int(b), "T": int(t), "summary": summary, "host": host, "library": lib,
            "fused_backward": {"exit_code": fused_rc, "rows": fused_rows},
            "bias_grad_epilogue": {"exit_code": epilogue_rc, "rows": epilogue_rows},
            "autotune": {"exit_code": autotune_rc, "rows": autotune_rows},
            "d48": {"exit_code": d48_rc, "B": d48_b, "summary": d48_summary, "report": d48[-200:]} if d48_b else None,
+           "d48_best": {"exit_code": d48_best_rc, "B": d48_b, "summary": [l for l in d48_best if l.startswith(STEP_LINES)],
+                        "report": d48_best[-200:]} if d48_b else None,
            "report": lines[-200:]},
           open(dest, "w"), indent=1)
 PY
@@ -384,7 +393,8 @@ PY
     python3 scripts/profile_delta.py docs/gpu_check_2026-11-27_h100/profile.json "$out/profile.json" \
       --json "$out/profile_delta.json" > "$logs/profile_delta.txt" 2>&1 || true
   fi
-  [ $rc = 0 ] && [ $lib_rc = 0 ] && [ $fused_rc = 0 ] && [ $epilogue_rc = 0 ] && [ $d48_rc = 0 ] && [ $autotune_rc = 0 ]
+  [ $rc = 0 ] && [ $lib_rc = 0 ] && [ $fused_rc = 0 ] && [ $epilogue_rc = 0 ] && [ $d48_rc = 0 ] && [ $autotune_rc = 0 ] &&
+    [ $d48_best_rc = 0 ]
 }
 
 stage_sanitize() {

@@ -663,6 +663,45 @@ TEST_CASE("roofline --fit: what a run says of each option not yet on by default"
     CHECK_THROWS_WITH(fit_report(dir.path.string()), Catch::Contains("(autotune)") && Catch::Contains("no timed GEMM row"));
 }
 
+// gpu_check's d48_best section: the fused kernel at d48's grid (B=8: 200 blocks, 2 waves of 132), its
+// rate at full waves beside the estimate that run printed. Built from the first run's table with a fused
+// row added and the first line naming d48.
+TEST_CASE("roofline --fit: the d48 best configuration's fused backward at its grid and at full waves") {
+    std::ifstream in(first_h100_run() + "/profile.json");
+    nlohmann::json profile = nlohmann::json::parse(in);
+    const ProfileRow fused{"attention_tc_backward_fused_kernel<64>", "tensor", 48, 4563.4e9, 37.1e9, 24.1e-3, 30.0e-3};
+    nlohmann::json report = nlohmann::json::array({"train_gpt: d48 on NVIDIA H100 80GB HBM3 x 1, BF16, attention tc"});
+    for (const nlohmann::json& line : profile["report"]) {
+        const std::string text = line.get<std::string>();
+        if (text.rfind("train_gpt: ", 0) == 0) continue;
+        report.push_back(text);
+        if (text.rfind("kernel ", 0) == 0) report.push_back(profile_row_line(fused));
+    }
+    const std::string summary = "measured (wall clock, with the per-launch events): 0.180 s/step";
+    profile["d48_best"] = {{"exit_code", 0}, {"B", 8}, {"summary", {summary}}, {"report", report}};
+    TempDir dir;
+    dir.write("profile.json", profile.dump());
+    std::string text = fit_report(dir.path.string());
+    INFO(text);
+    char expected[400];
+    std::snprintf(expected, sizeof expected,
+                  "d48 best configuration (B=8): the fused attention backward 30.000 ms measured, 24.100 estimated (%.1f "
+                  "TFLOP/s executed, %.1f at full waves: its grid kept 75.8%% of its waves busy)",
+                  4563.4e9 / 0.030 / 1e12, 4563.4e9 / 0.030 / (200.0 / 264.0) / 1e12);
+    CHECK_THAT(text, Catch::Contains(expected) && Catch::Contains("  " + summary));
+    // A section whose run failed says so; one without the fused kernel's row is refused.
+    profile["d48_best"] = {{"exit_code", 2}, {"B", 8}, {"summary", nlohmann::json::array()}, {"report", nlohmann::json::array()}};
+    dir.write("profile.json", profile.dump());
+    CHECK_THAT(fit_report(dir.path.string()), Catch::Contains("d48 best configuration: its profile failed (exit code 2)"));
+    profile["d48_best"] = {{"exit_code", 0}, {"B", 8}, {"report", profile["report"]}};
+    dir.write("profile.json", profile.dump());
+    CHECK_THROWS_WITH(fit_report(dir.path.string()), Catch::Contains("(d48_best)") && Catch::Contains("no timed fused"));
+    // Without the section (a run before it existed, or D48_B=0): nothing about it.
+    profile.erase("d48_best");
+    dir.write("profile.json", profile.dump());
+    CHECK_THAT(fit_report(dir.path.string()), !Catch::Contains("d48 best"));
+}
+
 // The fused backward is charged the split kernels' rate until a run measures its own; then its own.
 TEST_CASE("roofline: the fused attention backward at its own rate, where one is set") {
     const LaunchRecord fused{"attention_tc_backward_fused_kernel<64>", WorkKind::tensor_cores, dim3(264), dim3(128), 0, 1e12, 1e9};
