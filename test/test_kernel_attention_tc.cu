@@ -241,6 +241,8 @@ TEST_CASE("the fused tensor-core backward gives the split kernels' dK and dV exa
         {{1, 150, 32, 2, 3.0f}, {}},                   // hs 16
         {{1, 200, 256, 2, 1.5f}, {}},                  // hs 128: 32-query tiles, dQ in two column parts
         {{2, 300, 128, 2, 2.0f}, {{127, 128, 200}, {5, 250}}},  // documents across the 128-key edges
+        {{1, 1024, 128, 1, 2.0f}, {}},                 // GPT-2's T: 8 key blocks, the K/V buffers alternating
+        {{1, 600, 256, 2, 1.5f}, {}},                  // hs 128 over 5 key blocks (one K/V buffer)
     };
     for (const SizesAndDocuments& c : cases) {
         const Sizes& s = c.s;
@@ -253,7 +255,10 @@ TEST_CASE("the fused tensor-core backward gives the split kernels' dK and dV exa
         const auto grad_split = split_qkv(split.dqkv, s.C), grad_fused = split_qkv(fused.dqkv, s.C);
         CHECK(tensor_error(grad_fused[1], grad_split[1], ErrorScale::absolute).value == 0.0);
         CHECK(tensor_error(grad_fused[2], grad_split[2], ErrorScale::absolute).value == 0.0);
-        CHECK(tensor_error(grad_fused[0], grad_split[0]) <= 1e-5);
+        // Up to 300 keys, 1e-5 (measured above). Past them the longer sums in another order can round an
+        // element to its bf16 neighbour: one bf16 unit of the element, at most 2^-8 of max |dq|; measured
+        // 8.2e-4 at T = 1024 and 1.5e-4 at T = 600 (hs 128).
+        CHECK(tensor_error(grad_fused[0], grad_split[0]) <= (s.T <= 300 ? 1e-5 : 0x1p-8));
         const Reference ref = reference_attention(qkv, dout, s, doc_start);
         CHECK(tensor_error(grad_fused[0], split_qkv(ref.dqkv, s.C)[0]) <= kGradTolerance);
     }
