@@ -148,7 +148,8 @@ struct Shape {
 // C = 200: 25 threads of the backward block's one warp (partial warp), lanes with no pack in the
 // forward; C = 264: 33 packs, lane 0 has two; C = 768 and 1024: GPT-2 124M and 350M, rows in
 // registers at 3 and 4 packs per lane (BF16; 8 in FP32); C = 1600: GPT-2 1.5B (8 packs per lane in
-// BF16; FP32 streams it); C = 8192: the limit (streamed). Every forward form runs in each precision.
+// BF16; FP32 streams it); C = 8192: the limit (streamed); 300 rows of 768: a backward of 5 blocks
+// (64 rows and up a block) at GPT-2's width. Every forward form runs in each precision.
 const Shape kShapes[] = {{111, 8, 0.0f},  {111, 200, 0.0f}, {111, 264, 6.0f}, {45, 768, 3.0f}, {300, 768, 3.0f},
                          {19, 1024, 0.0f}, {37, 1600, 0.0f}, {3, 8192, -2.0f}};
 // More rows than kLayernormBackwardMaxBlocks * kLayernormBackwardMinRowsPerBlock: the backward's grid
