@@ -340,7 +340,8 @@ inline double fused_backward_wave_use(const ProfiledStep& step) {
     if (step.first_line.rfind(lead, 0) != 0 || end == std::string::npos ||
         !gpt2_preset(step.first_line.substr(lead.size(), end - lead.size()), &c))
         return 0;
-    return H100Model::equal_blocks_wave_use(dim3(1, c.num_heads, step.B), attention_tc_detail::kFusedBlocksPerSm);
+    return H100Model::equal_blocks_wave_use(attention_tc_detail::fused_grid(step.B, c.num_heads),
+                                            attention_tc_detail::kFusedBlocksPerSm);
 }
 
 // What a run says of each option not yet on by default, and the fused backward's rate beside the model's.

@@ -81,6 +81,7 @@ template <int HS> constexpr int kFusedKvBuffers = HS >= 128 ? 1 : 2;
 // per (b, h), all of equal work without documents, so it runs in whole waves (dev/roofline.h charges
 // them): 400 blocks at d48, B=16 take 4 waves of 132 for the work of 3.03.
 constexpr int kFusedBlocksPerSm = 1;
+inline dim3 fused_grid(int B, int NH) { return dim3(1, NH, B); }  // one block per (b, h)
 
 template <int HS> constexpr size_t forward_smem_bytes() {
     return size_t(kForwardRows<HS> + 4 * kForwardKeys<HS>) * kLd<HS> * sizeof(bf16);
@@ -1065,7 +1066,7 @@ void backward_fused(X* dqkv, float* scratch, const X* dout, const X* qkv, const 
                                       (2 * pairs - 2.0 * B * NH * ceil_div(T, kDkdvQueries<HS>)) * tile_floats * sizeof(float) +
                                       (qkv_bias_partials ? double(B) * ceil_div(T, kFusedKeys) * 3 * C * sizeof(float) : 0.0),
                                   WorkKind::tensor_cores, doc_start ? 0 : kFusedBlocksPerSm};
-            launch<kernel>(cost, dim3(1, NH, B), dim3(kFusedThreads), smem, stream, dqkv, dq_sums, dout, qkv, out, lse, D,
+            launch<kernel>(cost, fused_grid(B, NH), dim3(kFusedThreads), smem, stream, dqkv, dq_sums, dout, qkv, out, lse, D,
                            doc_start, T, C, NH, qkv_bias_partials);
         });
     }
