@@ -182,7 +182,7 @@ void check_backward(const Size s, bool with_gelu, bool with_bias, Mode mode = {}
     // (without this term the emulator's fused BF16 path put 68 of 288 dbias elements out of bounds, the
     // worst at 6.2x the bound).
     const double part_rounding = fusable && !std::is_same_v<floatX, float> ? output_unit() : 0.0;
-    std::mt19937 rng(s.N * 104729 + s.C);
+    std::mt19937 rng(uint32_t(s.N) * 104729u + uint32_t(s.C));  // unsigned: 33,000 rows overflow an int
     const auto dout = random_values(size_t(s.N) * s.OC, 1.0f, rng), inp = random_values(size_t(s.N) * s.C, 1.0f, rng),
                weight = random_values(size_t(s.OC) * s.C, 1.0f, rng),
                pre_gelu = random_values(size_t(s.N) * s.C, 3.0f, rng),  // GELU's curved part
