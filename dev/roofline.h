@@ -158,6 +158,9 @@ struct H100Model {
     static double busy_share(const LaunchRecord& r) {
         return r.equal_blocks_per_sm > 0 ? equal_blocks_wave_use(r.grid, r.equal_blocks_per_sm) : sm_share(r.grid);
     }
+    // What a compute rate measured on grids of thousands of blocks is worth to this launch: its whole
+    // waves' busy share for a grid of equal blocks, all of it otherwise.
+    static double compute_wave_use(const LaunchRecord& r) { return r.equal_blocks_per_sm > 0 ? busy_share(r) : 1.0; }
 
     // Which tensor-core attention kernels the forward rate applies to (the rest are backward).
     static bool is_attention_forward(const std::string& kernel) { return kernel.find("forward") != std::string::npos; }
@@ -180,16 +183,12 @@ struct H100Model {
             case WorkKind::tensor_cores: {
                 const bool forward = is_attention_forward(r.name);
                 // time = executed FLOPs x scale / rate: the efficiency against the peak is rate / scale.
-                // The rates were measured on grids of thousands of blocks; a grid of equal blocks in few
-                // waves gets them for its busy share alone.
                 const double e = forward ? attention.forward_flops / kTensorFlops
                                          : backward_rate(attention, r.name) / attention.backward_flops_scale / kTensorFlops;
-                const double waves = r.equal_blocks_per_sm > 0 ? busy_share(r) : 1.0;
-                return {kTensorFlops, e * waves, kHbmBytes, kHbmEfficiency * busy_share(r), 3e-6};
+                return {kTensorFlops, e * compute_wave_use(r), kHbmBytes, kHbmEfficiency * busy_share(r), 3e-6};
             }
             case WorkKind::cuda_cores: {
-                const double waves = r.equal_blocks_per_sm > 0 ? busy_share(r) : 1.0;
-                return {kCudaCoreFlops, (r.name.find("attention") != std::string::npos ? 0.25 : 0.50) * waves, kHbmBytes,
+                return {kCudaCoreFlops, (r.name.find("attention") != std::string::npos ? 0.25 : 0.50) * compute_wave_use(r), kHbmBytes,
                         kHbmEfficiency * busy_share(r), 3e-6};
             }
             case WorkKind::communication: return {0, 1, kNvlinkBytes, 0.80, 10e-6};
