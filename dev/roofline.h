@@ -188,8 +188,8 @@ struct H100Model {
                 return {kTensorFlops, e * compute_wave_use(r), kHbmBytes, kHbmEfficiency * busy_share(r), 3e-6};
             }
             case WorkKind::cuda_cores: {
-                return {kCudaCoreFlops, (r.name.find("attention") != std::string::npos ? 0.25 : 0.50) * compute_wave_use(r), kHbmBytes,
-                        kHbmEfficiency * busy_share(r), 3e-6};
+                const double e = r.name.find("attention") != std::string::npos ? 0.25 : 0.50;
+                return {kCudaCoreFlops, e * compute_wave_use(r), kHbmBytes, kHbmEfficiency * busy_share(r), 3e-6};
             }
             case WorkKind::communication: return {0, 1, kNvlinkBytes, 0.80, 10e-6};
             case WorkKind::memset:
