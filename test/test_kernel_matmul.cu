@@ -104,10 +104,17 @@ struct Size {
 // N = 555 spans three chunks of the bias-gradient column sums (at least 256 rows a chunk).
 const Size kSizes[] = {{111, 96, 288}, {7, 96, 384}, {111, 384, 96}, {555, 96, 288}};
 
+// A case's generator seed from its shape, in unsigned arithmetic: a large row count wraps instead of
+// overflowing an int (UBSan stopped CI at 33000 * 104729), and wherever the int product fits it is the
+// same seed.
+uint32_t shape_seed(int rows, uint32_t multiplier, int columns) {
+    return uint32_t(rows) * multiplier + uint32_t(columns);
+}
+
 void check_forward(const Size s, bool with_bias, bool with_gelu) {
     INFO("N " << s.N << ", C " << s.C << ", OC " << s.OC << (with_bias ? ", bias" : "") << (with_gelu ? ", GELU" : ""));
     MatmulLibrary library;
-    std::mt19937 rng(s.N * 7919 + s.OC);
+    std::mt19937 rng(shape_seed(s.N, 7919, s.OC));
     // Unit inputs over C = 96..384 terms: pre-activations of a few units, GELU's curved part.
     const auto inp = random_values(size_t(s.N) * s.C, 1.0f, rng), weight = random_values(size_t(s.OC) * s.C, 1.0f, rng),
                bias = random_values(s.OC, 1.0f, rng);
@@ -182,7 +189,7 @@ void check_backward(const Size s, bool with_gelu, bool with_bias, Mode mode = {}
     // (without this term the emulator's fused BF16 path put 68 of 288 dbias elements out of bounds, the
     // worst at 6.2x the bound).
     const double part_rounding = fusable && !std::is_same_v<floatX, float> ? output_unit() : 0.0;
-    std::mt19937 rng(uint32_t(s.N) * 104729u + uint32_t(s.C));  // unsigned: 33,000 rows overflow an int
+    std::mt19937 rng(shape_seed(s.N, 104729, s.C));
     const auto dout = random_values(size_t(s.N) * s.OC, 1.0f, rng), inp = random_values(size_t(s.N) * s.C, 1.0f, rng),
                weight = random_values(size_t(s.OC) * s.C, 1.0f, rng),
                pre_gelu = random_values(size_t(s.N) * s.C, 3.0f, rng),  // GELU's curved part
@@ -298,7 +305,7 @@ TEST_CASE("matmul_forward adds a residual, in the epilogue or after the GEMM") {
             INFO("N " << s.N << ", C " << s.C << ", OC " << s.OC << (in_epilogue ? ", epilogue" : ", elementwise add"));
             MatmulLibrary library;
             library.mm.residual_in_epilogue = in_epilogue;
-            std::mt19937 rng(s.N * 31 + s.OC);
+            std::mt19937 rng(shape_seed(s.N, 31, s.OC));
             const auto inp = random_values(size_t(s.N) * s.C, 1.0f, rng), weight = random_values(size_t(s.OC) * s.C, 1.0f, rng),
                        bias = random_values(s.OC, 1.0f, rng), residual = random_values(size_t(s.N) * s.OC, 1.0f, rng);
             DeviceBuffer<floatX> d_inp(inp), d_weight(weight), d_bias(bias), d_residual(residual), d_out(size_t(s.N) * s.OC);
@@ -420,7 +427,7 @@ TEST_CASE("matmul autotune: candidates timed on live operands leave the results 
 std::vector<std::vector<floatX>> forward_and_backward(Matmul& mm, cudaStream_t stream) {
     std::vector<std::vector<floatX>> results;
     for (const Size& s : kSizes) {
-        std::mt19937 rng(s.N * 31 + s.OC);
+        std::mt19937 rng(shape_seed(s.N, 31, s.OC));
         DeviceBuffer<floatX> inp(random_values(size_t(s.N) * s.C, 1.0f, rng)), weight(random_values(size_t(s.OC) * s.C, 1.0f, rng)),
             bias(random_values(s.OC, 1.0f, rng)), dout(random_values(size_t(s.N) * s.OC, 1.0f, rng)),
             pre_gelu(random_values(size_t(s.N) * s.C, 3.0f, rng)), out(size_t(s.N) * s.OC), pre_out(size_t(s.N) * s.OC),
