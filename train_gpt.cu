@@ -2289,12 +2289,12 @@ inline int run(const RunConfig& rc, Distributed& dist) {
     RunLog log(main_rank, rc.output_dir);
     StepBatches batches;
     const auto micro_steps_of = [&](int64_t batch_tokens) { return int(batch_tokens / (int64_t(B) * T * batch_ranks)); };
-    // This rank's part of the step's batches: all of them, or its rows under --cp.
+    // This rank's part of the step's batches: all of them, or its rows under --cp. One return: with two,
+    // nvcc warned falsely "returning reference to local variable" (the lambda's captures are the caller's).
     StepBatches context_batches;
     const auto step_batches = [&]() -> StepBatches& {
-        if (rc.cp == 1) return batches;
-        context_batches = context_rows(batches, B, T, tr.model.context);
-        return context_batches;
+        if (rc.cp != 1) context_batches = context_rows(batches, B, T, tr.model.context);
+        return rc.cp == 1 ? batches : context_batches;
     };
     if (rc.profile_step) {
         const int64_t batch_tokens = total_batch_tokens_at(tokens_seen, ramp, cap);
