@@ -266,11 +266,9 @@ no-mpi-check-build: $(if $(DEPS_PREFIX),,$(NO_MPI_CHECK)/deps/PACKAGES)
 # The CUDA build (and its spill check) is a prerequisite where nvcc exists, so it compiles beside the CPU
 # objects under -j instead of after the tests with one core left idle for its serial parts.
 test: deps-if-missing $(addprefix $(CPU_DIR)/,$(ALL_TEST_NAMES) $(FORWARD_LOGITS)) $(CPU_DIR)/train_gpt_cpu \
-  $(CPU_DIR)/CTestTestfile.cmake no-mpi-check-build $(if $(HAVE_NVCC),$(GPU_DIR)/train_gpt)
+  $(CPU_DIR)/CTestTestfile.cmake no-mpi-check-build $(if $(HAVE_NVCC),train_gpt)
 	ctest --test-dir $(CPU_DIR) --output-on-failure -j2
-ifeq ($(HAVE_NVCC),yes)
-	$(MAKE) --no-print-directory train_gpt
-else
+ifneq ($(HAVE_NVCC),yes)
 	@echo "nvcc not found: skipped the CUDA build and its register-spill check"
 endif
 
