@@ -59,7 +59,7 @@ void check_adamw_close(const std::string& what, const std::vector<float>& got, c
     size_t worst = 0;
     for (size_t i = 0; i < got.size(); ++i) {
         const double ratio = std::abs(double(got[i]) - want[i]) / (kAdamWUnits * kFp32Unit * scale[i] + 1e-30);
-        if (!(ratio <= worst_ratio)) worst_ratio = ratio, worst = i;  // NaN counts as worst
+        if (new_worst(ratio, worst_ratio)) worst_ratio = ratio, worst = i;  // NaN counts as worst
     }
     if (std::getenv("REPORT_ERRORS")) std::printf("%-28s worst %.2f units\n", what.c_str(), worst_ratio * kAdamWUnits);
     INFO(what << ": worst element " << worst << " got " << got[worst] << " want " << want[worst]

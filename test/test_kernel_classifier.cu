@@ -102,7 +102,7 @@ void check(const Problem& p, const Result& r, bool write_dlogits) {
         const double loss_bound = kFp32Unit * ((p.V + 8) + 4 * (std::fabs(max) + std::fabs(x_t) + std::fabs(loss)));
         const double loss_error = std::fabs(r.losses[i] - loss);
         loss_failures += !(loss_error <= loss_bound);
-        if (!(loss_error / loss_bound <= worst_loss)) worst_loss = loss_error / loss_bound;  // NaN counts as worst
+        if (new_worst(loss_error / loss_bound, worst_loss)) worst_loss = loss_error / loss_bound;  // NaN counts as worst
         if (!write_dlogits) continue;
         for (int j = 0; j < p.Vp; ++j) {
             const double g = to_float(got[j]);
@@ -120,7 +120,7 @@ void check(const Problem& p, const Result& r, bool write_dlogits) {
                            2 * kFp32Unit * std::fabs(prob - indicator) + kUnderflow);
             const double bound = fp32_bound * (1 + output_unit()) + output_unit() * std::fabs(want);
             grad_failures += !(std::fabs(g - want) <= bound);
-            if (!(std::fabs(g - want) / bound <= worst_grad)) worst_grad = std::fabs(g - want) / bound;  // NaN: worst
+            if (new_worst(std::fabs(g - want) / bound, worst_grad)) worst_grad = std::fabs(g - want) / bound;  // NaN: worst
         }
     }
     INFO("worst loss error/bound " << worst_loss << ", worst dlogits error/bound " << worst_grad);

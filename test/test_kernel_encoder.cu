@@ -40,7 +40,7 @@ void check_close(const std::string& what, const std::vector<floatX>& got, const 
     for (size_t i = 0; i < got.size(); ++i) {
         const double allowed = kStoreUnit * std::abs(want[i]) + bound[i] + 1e-30;
         const double ratio = std::abs(value(got[i]) - want[i]) / allowed;
-        if (!(ratio <= worst_ratio)) worst_ratio = ratio, worst = i;  // NaN counts as worst
+        if (new_worst(ratio, worst_ratio)) worst_ratio = ratio, worst = i;  // NaN counts as worst
     }
     INFO(what << ": worst element " << worst << " got " << value(got[worst]) << " want " << want[worst]
               << " (error / tolerance = " << worst_ratio << ")");

@@ -50,7 +50,7 @@ void check_close(const std::string& what, const std::vector<T>& got, const std::
     for (size_t i = 0; i < got.size(); ++i) {
         const double error = std::abs(double(to_float(got[i])) - want[i]);
         const double allowed = store_unit * std::abs(want[i]) + kComputeUnits * kFp32Unit * scale[i] + 1e-30;
-        if (!(error / allowed <= worst_ratio)) worst_ratio = error / allowed, worst = i;  // NaN counts as worst
+        if (new_worst(error / allowed, worst_ratio)) worst_ratio = error / allowed, worst = i;  // NaN counts as worst
     }
     if (std::getenv("REPORT_ERRORS")) {  // for re-measuring the tolerances (FP32 build)
         double units = 0;

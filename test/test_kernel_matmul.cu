@@ -64,7 +64,7 @@ struct Comparison {
         const double error = std::fabs(got - want);
         const double ratio = error / bound;
         if (!(error <= bound)) ++failures;
-        if (!(ratio <= worst_ratio)) {
+        if (new_worst(ratio, worst_ratio)) {  // NaN counts as worst
             worst_ratio = ratio;
             worst = what + "[" + std::to_string(i) + "] = " + std::to_string(got) + ", want " + std::to_string(want) +
                     " (bound " + std::to_string(bound) + ")";

@@ -139,6 +139,9 @@ inline std::ostream& operator<<(std::ostream& os, const TensorError& e) {
     return os << e.value << " (element " << e.index << ": got " << e.got << ", ref " << e.ref << ")";
 }
 inline bool operator<=(const TensorError& e, double bound) { return e.value <= bound; }
+// A running worst ratio in which NaN counts as the worst and stays so: whether `ratio` replaces `worst`
+// (`!(ratio <= worst)` alone lets the next finite ratio replace a NaN, so only a NaN last would fail).
+inline bool new_worst(double ratio, double worst) { return !std::isnan(worst) && !(ratio <= worst); }
 inline bool operator<(const TensorError& e, double bound) { return e.value < bound; }
 
 inline double as_double(double x) { return x; }
