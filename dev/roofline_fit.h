@@ -330,9 +330,10 @@ inline std::string option_line(const char* flag, const char* what, const Profile
     return out + "\n";
 }
 
-// The share of its waves the fused backward's grid (one block per (b, h), kFusedBlocksPerSm an SM) keeps
-// busy in the profiled step, whose rate includes it; 0 where the report's first line names no GPT-2
-// preset ("train_gpt: d12 on ...").
+// The share of its waves the fused backward's grid (a block per (b, h), the heads past the last whole wave
+// split into shorter blocks: attention_tc_detail::fused_grid_plan; kFusedBlocksPerSm an SM) keeps busy in
+// the profiled step (no documents), whose rate includes it; 0 where the report's first line names no
+// GPT-2 preset ("train_gpt: d12 on ...").
 inline double fused_backward_wave_use(const ProfiledStep& step) {
     const std::string lead = "train_gpt: ";
     const size_t end = step.first_line.find(" on ");
@@ -340,8 +341,13 @@ inline double fused_backward_wave_use(const ProfiledStep& step) {
     if (step.first_line.rfind(lead, 0) != 0 || end == std::string::npos ||
         !gpt2_preset(step.first_line.substr(lead.size(), end - lead.size()), &c))
         return 0;
-    return H100Model::equal_blocks_wave_use(attention_tc_detail::fused_grid(step.B, c.num_heads),
-                                            attention_tc_detail::kFusedBlocksPerSm);
+    // Its rows' FLOPs are the rows' time x rate x wave use; over both launches, the heads' work over the
+    // slots' time: the whole heads' waves, then the split ones' rounds of 1/groups of a wave.
+    const attention_tc_detail::FusedGrid grid = attention_tc_detail::fused_grid_plan(step.B, c.num_heads, step.T, false);
+    const double slots = double(H100Model::kSms) * attention_tc_detail::kFusedBlocksPerSm;
+    const double whole = double(grid.whole_rows) * c.num_heads, split = double(grid.split_rows) * c.num_heads;
+    const double waves = std::ceil(whole / slots) + std::ceil(split * grid.groups / slots) / grid.groups;
+    return (whole + split) / (waves * slots);
 }
 
 // What a run says of each option not yet on by default, and the fused backward's rate beside the model's.

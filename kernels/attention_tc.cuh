@@ -77,11 +77,53 @@ template <int HS> constexpr int kFusedLdDs = kDkdvQueries<HS> + 8;  // dS^T rows
 // 128, where two would take 191 KB of shared memory, above an A100's 163 KB (sm_80 is built too).
 template <int HS> constexpr int kFusedKvBuffers = HS >= 128 ? 1 : 2;
 // Blocks of the fused kernel an SM holds: one. At head size 64 its 159,776 bytes of shared memory and its
-// 244 registers a thread (`make kernel-report`) each leave no room for a second. Its grid is one block
-// per (b, h), all of equal work without documents, so it runs in whole waves (dev/roofline.h charges
-// them): 400 blocks at d48, B=16 take 4 waves of 132 for the work of 3.03.
+// 244 registers a thread (`make kernel-report`) each leave no room for a second. A block per (b, h), all
+// of equal work without documents, would run in whole waves (dev/roofline.h charges them): 400 blocks at
+// d48, B=16 take 4 waves of 132 for the work of 3.03.
 constexpr int kFusedBlocksPerSm = 1;
-inline dim3 fused_grid(int B, int NH) { return dim3(1, NH, B); }  // one block per (b, h)
+
+// The heads past the last whole wave (d48, B=16: 400 mod 132 = 4) would leave all but a few SMs idle
+// for a whole wave. Instead each of them is split over `groups` blocks (up to kFusedMaxGroups), which
+// walk pairs of key blocks of equal work (key blocks p and n-1-p of n see 2(n+1) query tiles of 64 between
+// them), when their rounds end the grid sooner: d48's 4 heads run as 16 quarter blocks, 3.25 waves for
+// the work of 3.03 (93% busy, 76% before). dK and dV stay each key block's own; dQ's float partial sums
+// are kept per group and added in group order by attention_tc_fused_dq_combine_kernel. The grid is
+// shaped for kFusedWaveSlots, an H100's (and H200's) 132 SMs, on every GPU and in the emulator, so that
+// which heads are split, and dQ's bits, do not depend on the machine. Without documents only: with them
+// a group's later key blocks can reach queries its first did not, and the blocks are unequal anyway.
+constexpr int kFusedWaveSlots = 132 * kFusedBlocksPerSm;
+constexpr int kFusedMaxGroups = 4;
+constexpr int kCombineThreads = 128;  // attention_tc_fused_dq_combine_kernel's block
+// In whole rows of the batch (grids (1, NH, rows) and (groups, NH, rows), no index divided in a kernel).
+struct FusedGrid {
+    int whole_rows = 0;  // rows 0 .. whole_rows-1: a block per (b, h), all its key blocks
+    int split_rows = 0;  // the rows after them: `groups` blocks per (b, h)
+    int groups = 1;
+};
+// The key block a fused backward block walks after k0 (T: none): a whole head's next, or for group
+// blockIdx.x of a split head its last, n-1-group, once. (Recomputed from blockIdx.x at each use: the
+// group's last key block held in a register, or a lambda capturing it, spilled on sm_80 or sm_90.)
+template <bool kSplitHeads> __device__ inline int fused_next_key_block(int k0, int T) {
+    const int last_k0 = ((T + kFusedKeys - 1) / kFusedKeys - 1 - int(blockIdx.x)) * kFusedKeys;
+    return kSplitHeads ? (k0 < last_k0 ? last_k0 : T) : k0 + kFusedKeys;
+}
+// wave_slots: the blocks a wave holds (kFusedWaveSlots; the tests shape grids of a few heads with less).
+// Group g of a split head walks key blocks g and n-1-g of n (the middle one of an odd n alone), so a head
+// splits into ceil(n/2) groups, when that is at most kFusedMaxGroups (T <= 1024: past it the sets of sums
+// would grow with T).
+inline FusedGrid fused_grid_plan(int B, int NH, int T, bool documents, int wave_slots = kFusedWaveSlots) {
+    const int groups = (int(ceil_div(T, kFusedKeys)) + 1) / 2;
+    const FusedGrid whole{B, 0, 1};
+    const int tail = (B * NH) % wave_slots;  // the heads of the last, partial wave
+    if (documents || groups < 2 || groups > kFusedMaxGroups || tail == 0) return whole;
+    const int split_rows = int(ceil_div(tail, NH));  // the rows that hold them
+    // In waves: the whole rows' (the last one charged whole), then the groups' rounds (1/groups of a wave
+    // each), against B rows' whole waves.
+    const int whole_waves = int(ceil_div((B - split_rows) * NH, wave_slots));
+    const int split_rounds = int(ceil_div(split_rows * NH * groups, wave_slots));
+    if (whole_waves * groups + split_rounds >= int(ceil_div(B * NH, wave_slots)) * groups) return whole;
+    return {B - split_rows, split_rows, groups};
+}
 
 template <int HS> constexpr size_t forward_smem_bytes() {
     return size_t(kForwardRows<HS> + 4 * kForwardKeys<HS>) * kLd<HS> * sizeof(bf16);
@@ -653,8 +695,8 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
 }
 
 // Fused backward (attention_tc_backward with AttentionTcBackward::fused), causal self-attention with or
-// without documents: grid (1, NH, B), one block of 8 warps per (b, h). The block walks its 128-key blocks
-// in order; each warp owns 16 keys and streams the query tiles that see them, as the dK/dV kernel does.
+// without documents: a grid of fused_grid_plan's blocks of 8 warps, one per (b, h), the last heads' split
+// into groups. A block walks its 128-key blocks in order (a group its two); each warp owns 16 keys and streams the query tiles that see them, as the dK/dV kernel does.
 // Per tile pair it computes S^T and dP^T once, then dV and dK, then dQ's share dS K from dS^T staged in
 // shared memory: 5 products where the split kernels run 7 (FlashAttention-2, Algorithm 2, whose dQ
 // atomics are replaced here). Deterministic without atomics: a query tile's dQ is summed over the key
@@ -662,7 +704,8 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
 // the same thread. The first key block to reach a tile writes them (queries [0, touched_end) have been
 // reached: every key block starts at its diagonal query tile, so the reached tiles are a prefix), and
 // the diagonal block, the last that any of the tile's queries sees, adds its share, scales and writes
-// dQ in bf16. The scratch needs no clearing. K and V are double-buffered up to hs 64, so the next key
+// dQ in bf16 (a split head's group leaves its sums to attention_tc_fused_dq_combine_kernel). The scratch
+// needs no clearing. K and V are double-buffered up to hs 64, so the next key
 // block's K, V and first query tile load during the current block's last tile pair.
 // D = rowsum(dO * O) is computed here, not by the row-dot kernel: at a query tile's first visit its O
 // rows load with q and dO (double-buffered too), the tile's first kQueries threads each sum one row in
@@ -680,15 +723,25 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
 // writes and reads back 3.0 GB of partial sums instead of 1.4 GB, 1.13 ms at the roofline's 2.68 TB/s
 // against 1.15 ms of compute (1.41 GB: 0.53 ms); 256 keys (16 warps of ~250-register threads) would
 // not fit the register file.
-template <int HS>
+template <int HS, bool kSplitHeads>
 static __global__ void __launch_bounds__(attention_tc_detail::kFusedThreads, attention_tc_detail::kFusedBlocksPerSm)
     attention_tc_backward_fused_kernel(__nv_bfloat16* dqkv, float* dq_partial, const __nv_bfloat16* dout,
                                        const __nv_bfloat16* qkv, const __nv_bfloat16* out, const float* lse, float* D,
-                                       const int* doc_start, int T, int C, int NH, float* qkv_bias_partials) {
+                                       const int* doc_start, int T, int C, int NH, float* qkv_bias_partials,
+                                       int first_row, float* split_dq_partial, float* split_D) {
     using namespace attention_tc_detail;
     constexpr int ld = kLd<HS>, kQueries = kDkdvQueries<HS>, kKeys = kFusedKeys, ld_ds = kFusedLdDs<HS>;
     constexpr int kDqCols = kFusedDqCols<HS>, kDqFrags = kQueries / kWarpRows, kKvBuffers = kFusedKvBuffers<HS>;
-    const int h = int(blockIdx.y), b = int(blockIdx.z);
+    // The block's head and key blocks (fused_grid_plan): grid (1, NH, rows) without kSplitHeads, the
+    // head whole: k0 = 0, kKeys, ... below T. With it, grid (groups, NH, rows from first_row), group
+    // blockIdx.x: k0 = group kKeys, then (n-1-group) kKeys (once if the same; fused_next_key_block), with its own dQ
+    // partial sums and D rows (split_dq_partial, split_D: set split_set of each), its dQ left to the
+    // combining kernel. (The whole heads' instantiation keeps the loop it always had: a head index
+    // divided out of blockIdx.x, or one more loop bound in a register, spilled it on sm_90.)
+    const int h = int(blockIdx.y), b = (kSplitHeads ? first_row : 0) + int(blockIdx.z);
+    const int group = kSplitHeads ? int(blockIdx.x) : 0;
+    const int split_set = (int(blockIdx.z) * NH + h) * int(gridDim.x) + group;
+    const int first_k0 = group * kKeys;
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
 
     DYNAMIC_SHARED(bf16, smem);
@@ -711,13 +764,13 @@ static __global__ void __launch_bounds__(attention_tc_detail::kFusedThreads, att
     const bf16* dout_src = dout + size_t(b) * T * C + h * HS;
     const bf16* out_src = out + size_t(b) * T * C + h * HS;
     const float* lse_src = lse + (size_t(b) * NH + h) * T;
-    float* d_src = D + (size_t(b) * NH + h) * T;
+    float* d_src = kSplitHeads ? split_D + size_t(split_set) * T : D + (size_t(b) * NH + h) * T;
     bf16* grad_dst = dqkv + size_t(b) * T * stride + h * HS;
     const int* doc_row = doc_start != nullptr ? doc_start + size_t(b) * T : nullptr;
     // This warp's share of each tile's dQ: queries [dq_row, dq_row + 16) of the tile, columns
     // [dq_col, dq_col + kDqCols); its partial sums at dq_sums (rows HS floats apart).
     const int dq_row = (warp % kDqFrags) * kWarpRows, dq_col = (warp / kDqFrags) * kDqCols;
-    float* dq_sums = dq_partial + (size_t(b) * NH + h) * T * HS + dq_col;
+    float* dq_sums = (kSplitHeads ? split_dq_partial + size_t(split_set) * T * HS : dq_partial + (size_t(b) * NH + h) * T * HS) + dq_col;
     bf16* dq_stage = dq_rows + warp * kWarpRows * kLd<kDqCols>;
 
     const float scale = 1.0f / sqrtf(float(HS)), scale_log2 = scale * kLog2e;
@@ -742,14 +795,14 @@ static __global__ void __launch_bounds__(attention_tc_detail::kFusedThreads, att
         load_rows_async<HS, kKeys, kFusedThreads>(k_tiles + kv_buf * kKeys * ld, k_src, stride, k0, T);
         load_rows_async<HS, kKeys, kFusedThreads>(v_tiles + kv_buf * kKeys * ld, k_src + C, stride, k0, T);
     };
-    load_key_block(0, 0);
-    load_query_tile(0, 0, true);
+    load_key_block(first_k0, 0);
+    load_query_tile(first_k0, 0, true);
     cp_async_commit();
     for (int i = int(threadIdx.x); i < kFusedWarps * kDqCols; i += kFusedThreads) dq_column_sums[i] = 0.0f;
-    int touched_end = 0;  // queries with partial sums in the scratch: [0, touched_end), block-uniform
+    int touched_end = 0;  // queries with partial sums in the scratch: [first_k0, touched_end), block-uniform
     int tiles_before = 0;  // query tiles of the earlier key blocks: the query buffers alternate across blocks
-    for (int k0 = 0, kv_buf = 0; k0 < T; k0 += kKeys, kv_buf = (kv_buf + 1) % kKvBuffers) {
-        if (kKvBuffers == 1 && k0 > 0) {  // one K/V buffer: loaded once the previous block is done with it
+    for (int k0 = first_k0, kv_buf = 0; k0 < T; k0 = fused_next_key_block<kSplitHeads>(k0, T), kv_buf = (kv_buf + 1) % kKvBuffers) {
+        if (kKvBuffers == 1 && k0 > first_k0) {  // one K/V buffer: loaded once the previous block is done with it
             load_key_block(k0, 0);
             load_query_tile(k0, tiles_before % 2, k0 >= touched_end);
             if (k0 < touched_end) load_query_d(k0, tiles_before % 2);
@@ -776,11 +829,11 @@ static __global__ void __launch_bounds__(attention_tc_detail::kFusedThreads, att
             // earlier block and no tile of this one reached it (for the next block's, touched_end as this
             // block leaves it).
             const bool in_block = tile + 1 < query_tiles;
-            const bool prefetch = in_block || (kKvBuffers == 2 && k0 + kKeys < T);
-            const int next_q0 = in_block ? q0 + kQueries : k0 + kKeys;
+            const bool prefetch = in_block || (kKvBuffers == 2 && fused_next_key_block<kSplitHeads>(k0, T) < T);
+            const int next_q0 = in_block ? q0 + kQueries : fused_next_key_block<kSplitHeads>(k0, T);
             const bool next_first = next_q0 >= (in_block ? touched_end : k0 + query_tiles * kQueries);
             if (prefetch) {
-                if (!in_block) load_key_block(k0 + kKeys, kv_buf ^ 1);
+                if (!in_block) load_key_block(fused_next_key_block<kSplitHeads>(k0, T), kv_buf ^ 1);
                 load_query_tile(next_q0, buf ^ 1, next_first);
                 cp_async_commit();
                 cp_async_wait<1>();
@@ -827,7 +880,8 @@ static __global__ void __launch_bounds__(attention_tc_detail::kFusedThreads, att
 
             float dq[kDqCols / 8][4] = {};
             mma_at_b<kDqCols, kKeys>(dq, ds_tile + dq_row, ld_ds, k_tile + dq_col, ld, warp_live);
-            const bool last = q0 + kQueries <= k0 + kKeys;  // the diagonal block: no later key block sees these queries
+            // The diagonal block of a whole head: no later key block sees these queries.
+            const bool last = !kSplitHeads && q0 + kQueries <= k0 + kKeys;
             if (last) {
                 if (!first) add_warp_rows<kDqCols>(dq, dq_sums, size_t(HS), q0 + dq_row, T);
                 store_warp_rows<kDqCols>(grad_dst + dq_col, stride, dq_stage, dq, dq_scale, q0 + dq_row, T);
@@ -863,10 +917,61 @@ static __global__ void __launch_bounds__(attention_tc_detail::kFusedThreads, att
                     sum += part;
                     part = 0.0f;  // for the next key block's queries
                 }
-                chunk_row[h * HS + c] = sum;
+                if (!kSplitHeads) chunk_row[h * HS + c] = sum;  // a split head's: the combining kernel's
             }
         }
         __syncthreads();  // the staged dK, dV rows are read before K and V are loaded into these buffers again
+    }
+}
+
+// The split heads' dQ (fused_grid_plan), after the fused kernel: grid (chunks of kFusedKeys rows, NH, split
+// rows of the batch, from first_row). Each row's float partial sums from the groups that reached it (group g's walk starts at key
+// block g, so rows from g * kFusedKeys on) are added in group order, scaled by 1/sqrt(hs), rounded to bf16
+// and written to dqkv's q columns; a thread takes 8 columns (16-byte loads and stores) of every
+// kCombineRowLanes-th row of the chunk. With qkv_bias_partials, the column sums of the rounded rows, per
+// thread in row order, then over the threads in order, into the chunk's partial row (3C: the fused
+// kernel wrote these heads' k and v parts and left the q part). No atomics: the same bits at every schedule.
+template <int HS>
+static __global__ void __launch_bounds__(attention_tc_detail::kCombineThreads)
+    attention_tc_fused_dq_combine_kernel(__nv_bfloat16* dqkv, const float* split_dq_partial, int first_row, int groups,
+                                         int T, int C, int NH, float* qkv_bias_partials) {
+    using namespace attention_tc_detail;
+    constexpr int kColChunks = HS / 8, kRowLanes = kCombineThreads / kColChunks;
+    __shared__ float column_sums[kRowLanes][HS];
+    const int chunk = int(blockIdx.x), h = int(blockIdx.y), b = first_row + int(blockIdx.z);
+    const int split_head = int(blockIdx.z) * NH + h;
+    const int col = (int(threadIdx.x) % kColChunks) * 8, row_lane = int(threadIdx.x) / kColChunks;
+    const int reached = min(groups, chunk + 1);  // block-uniform
+    const float scale = 1.0f / sqrtf(float(HS));
+    const float* partial = split_dq_partial + size_t(split_head) * groups * T * HS + col;
+    bf16* dq_dst = dqkv + size_t(b) * T * 3 * C + h * HS + col;
+    float sums[8] = {};
+    for (int t = chunk * kFusedKeys + row_lane; t < min(T, (chunk + 1) * kFusedKeys); t += kRowLanes) {
+        float dq[8] = {};
+        ROLLED_LOOP
+        for (int g = 0; g < reached; ++g) {
+            const float* row = partial + (size_t(g) * T + t) * HS;
+            const Packed128<float> lo = load128(row), hi = load128(row + 4);
+            FULL_UNROLL
+            for (int k = 0; k < 4; ++k) dq[k] += lo[k], dq[4 + k] += hi[k];
+        }
+        FULL_UNROLL
+        for (int k = 0; k < 8; ++k) dq[k] *= scale;
+        const Packed128<bf16> rounded = pack_floats<bf16>(dq);
+        store128(dq_dst + size_t(t) * 3 * C, rounded);
+        float written[8];
+        unpack_floats(written, rounded);
+        FULL_UNROLL
+        for (int k = 0; k < 8; ++k) sums[k] += written[k];
+    }
+    if (qkv_bias_partials == nullptr) return;  // block-uniform
+    FULL_UNROLL
+    for (int k = 0; k < 8; ++k) column_sums[row_lane][col + k] = sums[k];
+    __syncthreads();
+    for (int c = int(threadIdx.x); c < HS; c += kCombineThreads) {
+        float sum = 0.0f;
+        for (int lane = 0; lane < kRowLanes; ++lane) sum += column_sums[lane][c];
+        qkv_bias_partials[(size_t(b) * gridDim.x + chunk) * 3 * C + h * HS + c] = sum;  // chunks: gridDim.x
     }
 }
 
@@ -906,12 +1011,32 @@ inline int attention_tc_qkv_bias_chunks(int B, int T, AttentionTcBackward how = 
 inline size_t attention_tc_qkv_bias_offset(int B, int T, int C, int NH, AttentionTcBackward how) {
     return attention_tc_dq_sums_offset(B, T, NH) + (how == AttentionTcBackward::fused ? size_t(B) * T * C : 0);
 }
+// The fused kernel's split heads (attention_tc_detail::fused_grid_plan) keep their own D rows and dQ sums,
+// one set per group, after the rest, 16-byte aligned: the sets' T floats of D each, then their T x hs of
+// dQ sums. Sized for the plan without documents, the most any call of these sizes needs.
+inline size_t attention_tc_fused_split_offset(int B, int T, int C, int NH, bool qkv_bias_sums) {
+    const AttentionTcBackward fused = AttentionTcBackward::fused;
+    const size_t before = qkv_bias_sums ? attention_tc_qkv_bias_offset(B, T, C, NH, fused) +
+                                              size_t(attention_tc_qkv_bias_chunks(B, T, fused)) * 3 * C
+                                        : attention_tc_qkv_bias_offset(B, T, C, NH, fused);
+    return (before + 3) / 4 * 4;
+}
+inline size_t attention_tc_fused_split_floats(int B, int T, int C, int NH, int wave_slots) {
+    const attention_tc_detail::FusedGrid g = attention_tc_detail::fused_grid_plan(B, NH, T, false, wave_slots);
+    const size_t sets = size_t(g.split_rows) * NH * g.groups;
+    return (sets * T + 3) / 4 * 4 + sets * T * size_t(C / NH);
+}
+// fused_wave_slots: as attention_tc_backward's.
 inline size_t attention_tc_backward_scratch_floats(int B, int T, int C, int NH,
                                                    AttentionTcBackward how = AttentionTcBackward::split,
-                                                   bool qkv_bias_sums = false) {
+                                                   bool qkv_bias_sums = false,
+                                                   int fused_wave_slots = attention_tc_detail::kFusedWaveSlots) {
+    if (how == AttentionTcBackward::fused)
+        return attention_tc_fused_split_offset(B, T, C, NH, qkv_bias_sums) +
+               attention_tc_fused_split_floats(B, T, C, NH, fused_wave_slots);
     if (qkv_bias_sums)
         return attention_tc_qkv_bias_offset(B, T, C, NH, how) + size_t(attention_tc_qkv_bias_chunks(B, T, how)) * 3 * C;
-    return how == AttentionTcBackward::fused ? attention_tc_qkv_bias_offset(B, T, C, NH, how) : size_t(B) * T * NH;
+    return size_t(B) * T * NH;
 }
 
 namespace attention_tc_detail {
@@ -1042,32 +1167,60 @@ void backward(Grad* dq, int dq_stride, Grad* dkv, int dkv_stride, const X* dout,
 
 template <typename X>
 void backward_fused(X* dqkv, float* scratch, const X* dout, const X* qkv, const X* out, const float* lse, int B, int T, int C,
-                    int NH, cudaStream_t stream, const int* doc_start, float* qkv_bias_partials) {
+                    int NH, cudaStream_t stream, const int* doc_start, float* qkv_bias_partials, float* split_scratch,
+                    int wave_slots) {
     if constexpr (std::is_same_v<X, bf16>) {
         const int hs = C / NH;
         float* D = scratch;  // written by the kernel
         float* dq_sums = scratch + attention_tc_dq_sums_offset(B, T, NH);
+        const FusedGrid grid = fused_grid_plan(B, NH, T, doc_start != nullptr, wave_slots);
+        const size_t sets = size_t(grid.split_rows) * NH * grid.groups;
+        float* split_D = split_scratch;
+        float* split_dq_sums = split_scratch + (sets * T + 3) / 4 * 4;
         dispatch_head_size(hs, [&](auto hs_constant) {
             constexpr int HS = decltype(hs_constant)::value;
-            constexpr auto kernel = attention_tc_backward_fused_kernel<HS>;
+            constexpr auto whole_kernel = attention_tc_backward_fused_kernel<HS, false>;
+            constexpr auto split_kernel = attention_tc_backward_fused_kernel<HS, true>;
             constexpr size_t smem = fused_smem_bytes<HS>();
-            attention_detail::allow_smem<kernel>(smem);
+            attention_detail::allow_smem<whole_kernel>(smem);
+            attention_detail::allow_smem<split_kernel>(smem);
             // 5 products of 2 * 16 keys * queries * hs FLOPs per warp and tile pair it computes (dQ's:
             // its keys' share of the tile's dS K). Bytes: q, k, v, dO, O, lse and D
             // read, D, dq, dk, dv written, and dQ's float partial sums written and read back at every tile
             // pair but a query tile's first (written only) and its last (read only): an upper bound on
             // what reaches memory, as the sums of the tiles a block revisits soonest stay in L2. With the qkv
-            // bias sums, a partial row of 3C floats per 128-row chunk.
-            const double elems = double(B) * T * C, pairs = double(B) * NH * fused_key_block_query_tiles<HS>(T);
+            // bias sums, a partial row of 3C floats per 128-row chunk. Each launch its heads' share; a split
+            // head's groups do its tile pairs between them.
+            const double elems = double(T) * HS, pairs = fused_key_block_query_tiles<HS>(T);
             const double tile_floats = double(kDkdvQueries<HS>) * HS;
-            const double warp_pairs = double(B) * NH * fused_live_warp_tiles<HS>(T);
-            const KernelCost cost{warp_pairs * 10.0 * kWarpRows * kDkdvQueries<HS> * HS,
-                                  8 * elems * sizeof(bf16) + 3.0 * B * NH * T * sizeof(float) +
-                                      (2 * pairs - 2.0 * B * NH * ceil_div(T, kDkdvQueries<HS>)) * tile_floats * sizeof(float) +
-                                      (qkv_bias_partials ? double(B) * ceil_div(T, kFusedKeys) * 3 * C * sizeof(float) : 0.0),
+            const double warp_pairs = fused_live_warp_tiles<HS>(T);
+            const auto cost_of = [&](int heads) {
+                const double H = heads;
+                return KernelCost{H * warp_pairs * 10.0 * kWarpRows * kDkdvQueries<HS> * HS,
+                                  H * (8 * elems * sizeof(bf16) + 3.0 * T * sizeof(float) +
+                                       (2 * pairs - 2.0 * ceil_div(T, kDkdvQueries<HS>)) * tile_floats * sizeof(float) +
+                                       (qkv_bias_partials ? double(ceil_div(T, kFusedKeys)) * 3 * HS * sizeof(float) : 0.0)),
                                   WorkKind::tensor_cores, doc_start ? 0 : kFusedBlocksPerSm};
-            launch<kernel>(cost, fused_grid(B, NH), dim3(kFusedThreads), smem, stream, dqkv, dq_sums, dout, qkv, out, lse, D,
-                           doc_start, T, C, NH, qkv_bias_partials);
+            };
+            if (grid.whole_rows > 0)
+                launch<whole_kernel>(cost_of(grid.whole_rows * NH), dim3(1, NH, grid.whole_rows), dim3(kFusedThreads), smem,
+                                     stream, dqkv, dq_sums, dout, qkv, out, lse, D, doc_start, T, C, NH, qkv_bias_partials, 0,
+                                     split_dq_sums, split_D);
+            if (grid.split_rows == 0) return;
+            launch<split_kernel>(cost_of(grid.split_rows * NH), dim3(grid.groups, NH, grid.split_rows), dim3(kFusedThreads),
+                                 smem, stream, dqkv, dq_sums, dout, qkv, out, lse, D, doc_start, T, C, NH, qkv_bias_partials,
+                                 grid.whole_rows, split_dq_sums, split_D);
+            // The combining pass: each split row's groups' sums read (group g from chunk g on), dQ written.
+            const int chunks = int(ceil_div(T, kFusedKeys));
+            double reached_rows = 0;
+            for (int c = 0; c < chunks; ++c) reached_rows += double(std::min(grid.groups, c + 1)) * (std::min(T, (c + 1) * kFusedKeys) - c * kFusedKeys);
+            const double heads = double(grid.split_rows) * NH;
+            const KernelCost combine_cost{heads * reached_rows * HS,
+                                          heads * (reached_rows * HS * sizeof(float) + double(T) * HS * sizeof(bf16) +
+                                                   (qkv_bias_partials ? double(chunks) * HS * sizeof(float) : 0.0))};
+            launch<attention_tc_fused_dq_combine_kernel<HS>>(combine_cost, dim3(chunks, NH, grid.split_rows), dim3(kCombineThreads),
+                                                             0, stream, dqkv, split_dq_sums, grid.whole_rows, grid.groups, T, C, NH,
+                                                             qkv_bias_partials);
         });
     }
 }
@@ -1109,8 +1262,9 @@ inline void attention_tc_backward(Grad* dq, int dq_stride, Grad* dkv, int dkv_st
 }
 
 // Causal self-attention's backward: dqkv (B, T, 3C) from dout, with scratch of
-// attention_tc_backward_scratch_floats(B, T, C, NH, how, qkv_bias_sums) floats (D, and the fused kernel's
-// dQ sums). With qkv_bias_sums, the kernels also sum the columns of the dqkv rows they write, a partial
+// attention_tc_backward_scratch_floats(B, T, C, NH, how, qkv_bias_sums, fused_wave_slots) floats (D, and the
+// fused kernel's dQ sums; fused_wave_slots: the blocks a wave of its grid holds, attention_tc_detail::
+// fused_grid_plan; tests pass fewer to split heads of small grids). With qkv_bias_sums, the kernels also sum the columns of the dqkv rows they write, a partial
 // row of 3C floats per block of rows (the split kernels' 64, the fused kernel's 128); returns where in the
 // scratch those attention_tc_qkv_bias_chunks(B, T, how) rows are (for bias_grad_add_partials,
 // kernels/matmul.cuh), else null.
@@ -1119,12 +1273,16 @@ inline void attention_tc_backward(Grad* dq, int dq_stride, Grad* dkv, int dkv_st
 inline const float* attention_tc_backward(floatX* dqkv, float* scratch, const floatX* dout, const floatX* qkv,
                                           const floatX* out, const float* lse, int B, int T, int C, int NH,
                                           cudaStream_t stream, const int* doc_start = nullptr,
-                                          AttentionTcBackward how = AttentionTcBackward::split, bool qkv_bias_sums = false) {
+                                          AttentionTcBackward how = AttentionTcBackward::split, bool qkv_bias_sums = false,
+                                          int fused_wave_slots = attention_tc_detail::kFusedWaveSlots) {
     require_supported("attention_tc_backward", attention_tc_requirements(B, T, C, NH));
+    require_supported("attention_tc_backward", fused_wave_slots < 1 ? "attention: fused_wave_slots must be positive" : "");
     float* D = scratch;  // (B, NH, T)
     float* bias_partials = qkv_bias_sums ? scratch + attention_tc_qkv_bias_offset(B, T, C, NH, how) : nullptr;
     if (how == AttentionTcBackward::fused) {  // D is the fused kernel's own
-        attention_tc_detail::backward_fused(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH, stream, doc_start, bias_partials);
+        attention_tc_detail::backward_fused(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH, stream, doc_start, bias_partials,
+                                            scratch + attention_tc_fused_split_offset(B, T, C, NH, qkv_bias_sums),
+                                            fused_wave_slots);
         return bias_partials;
     }
     attention_backward_rowdot(D, dout, out, B, T, C, NH, stream);

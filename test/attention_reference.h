@@ -202,13 +202,16 @@ struct Results {
 // element must be written (and the fused backward's dQ sums written before they are read); with
 // doc_start, document-masked. tensor_core_fused: the tensor-core forward, then the fused backward.
 // row_threads: the SIMT kernels' threads a row (1 or 4; 0: the launchers' choice for this build).
+// fused_wave_slots: the blocks a wave of the fused kernel's grid holds (fewer than an H100's split the
+// heads of small grids as the last of a large one's are: attention_tc_detail::fused_grid_plan).
 enum class Kernels { tensor_core, simt, tensor_core_fused };
 inline Results run_attention(Kernels which, const std::vector<floatX>& qkv_host, const std::vector<floatX>& dout_host,
-                             const Sizes& s, const std::vector<int>* doc_start_host = nullptr, int row_threads = 0) {
+                             const Sizes& s, const std::vector<int>* doc_start_host = nullptr, int row_threads = 0,
+                             int fused_wave_slots = attention_tc_detail::kFusedWaveSlots) {
     const size_t BT = size_t(s.B) * s.T;
     const bool tc = which != Kernels::simt;
     const AttentionTcBackward how = which == Kernels::tensor_core_fused ? AttentionTcBackward::fused : AttentionTcBackward::split;
-    const size_t scratch_floats = tc ? attention_tc_backward_scratch_floats(s.B, s.T, s.C, s.NH, how)
+    const size_t scratch_floats = tc ? attention_tc_backward_scratch_floats(s.B, s.T, s.C, s.NH, how, false, fused_wave_slots)
                                      : attention_backward_scratch_floats(s.B, s.T, s.NH);
     DeviceBuffer<floatX> qkv(qkv_host), dout(dout_host), out(BT * s.C), dqkv(BT * 3 * s.C);
     DeviceBuffer<float> lse(BT * s.NH), scratch(scratch_floats);
@@ -220,7 +223,8 @@ inline Results run_attention(Kernels which, const std::vector<floatX>& qkv_host,
     scratch.fill_bytes(0xFF);
     if (tc) {
         attention_tc_forward(out.ptr, lse.ptr, qkv.ptr, s.B, s.T, s.C, s.NH, 0, docs);
-        attention_tc_backward(dqkv.ptr, scratch.ptr, dout.ptr, qkv.ptr, out.ptr, lse.ptr, s.B, s.T, s.C, s.NH, 0, docs, how);
+        attention_tc_backward(dqkv.ptr, scratch.ptr, dout.ptr, qkv.ptr, out.ptr, lse.ptr, s.B, s.T, s.C, s.NH, 0, docs, how,
+                              false, fused_wave_slots);
     } else {
         attention_forward(out.ptr, lse.ptr, qkv.ptr, s.B, s.T, s.C, s.NH, 0, docs, row_threads);
         attention_backward(dqkv.ptr, scratch.ptr, dout.ptr, qkv.ptr, out.ptr, lse.ptr, s.B, s.T, s.C, s.NH, 0, docs, row_threads);

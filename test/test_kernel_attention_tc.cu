@@ -264,6 +264,79 @@ TEST_CASE("the fused tensor-core backward gives the split kernels' dK and dV exa
     }
 }
 
+// The fused backward's grid plan (attention_tc_detail::fused_grid_plan): the rows of the batch holding
+// the heads past the last whole wave of 132 are split, a group per pair of key blocks, when the groups'
+// rounds end the grid sooner; never with documents, below 2 pairs or above kFusedMaxGroups.
+TEST_CASE("the fused backward splits the heads of its last wave where that ends its grid sooner") {
+    const auto plan = [](int B, int NH, int T, bool documents = false) {
+        const attention_tc_detail::FusedGrid g = attention_tc_detail::fused_grid_plan(B, NH, T, documents);
+        return std::array<int, 3>{g.whole_rows, g.split_rows, g.groups};
+    };
+    using Plan = std::array<int, 3>;
+    CHECK(attention_tc_detail::kFusedWaveSlots == 132);  // an H100's SMs, one block each
+    // d48, B=16: 400 heads, 4 past 3 waves: the last row's 25 heads as 100 quarter blocks, 3.25 waves for
+    // the work of 3.03 (4 before).
+    CHECK(plan(16, 25, 1024) == Plan{15, 1, 4});
+    // d48, B=8: 200 heads, 68 past one wave: 3 rows as 300 quarter blocks in 3 rounds, 1.75 waves (2).
+    CHECK(plan(8, 25, 1024) == Plan{5, 3, 4});
+    // d12, B=64: 768 heads, 108 past 5 waves: their 9 rows' 432 quarter blocks take 4 rounds, a whole
+    // wave, so the heads stay whole.
+    CHECK(plan(64, 12, 1024) == Plan{64, 0, 1});
+    // d12, B=4: 48 heads, under a wave: all split, 192 quarter blocks in 2 rounds.
+    CHECK(plan(4, 12, 1024) == Plan{0, 4, 4});
+    // T = 600: 5 key blocks, 3 groups (the middle block alone); T = 256: one pair, nothing to split.
+    CHECK(plan(4, 12, 600) == Plan{0, 4, 3});
+    CHECK(plan(4, 12, 256) == Plan{4, 0, 1});
+    // Documents, 8 pairs at T = 2048 (over kFusedMaxGroups), and 132 heads (one whole wave): whole.
+    CHECK(plan(4, 12, 1024, true) == Plan{4, 0, 1});
+    CHECK(plan(4, 12, 2048) == Plan{4, 0, 1});
+    CHECK(plan(11, 12, 1024) == Plan{11, 0, 1});
+}
+
+// A split head's groups compute each key block's tile pairs as the whole head does, in the same order,
+// so dK and dV are the whole heads' bit for bit; dQ's float sums are added per group and then over the
+// groups (the combining kernel), another order, so an element may round to a neighbouring bf16: measured
+// 2.2e-9 of max |dq| at T = 1024, 1.7e-9 at T = 600 and 0 at T = 300 (the same under every schedule
+// order); bound: one bf16 unit of the largest element (2^-8), as for the fused against the split kernels. A missing group, or one added twice, is of the order of dq itself. The whole heads of a grid
+// with split ones are the all-whole grid's bit for bit. Fewer blocks a wave (wave_slots) make these small
+// grids split their last row as a large grid splits its last wave's: 8 key blocks (4 groups), 5 (3, the
+// middle block alone, one K/V buffer at hs 128), 3 (2).
+TEST_CASE("the fused backward's split heads give the whole heads' dK and dV exactly and their dQ to rounding") {
+    struct Case {
+        Sizes s;
+        int wave_slots;
+        std::array<int, 3> plan;
+    };
+    const Case cases[] = {
+        {{2, 1024, 128, 2, 2.0f}, 3, {1, 1, 4}},  // hs 64 at GPT-2's T
+        {{2, 600, 256, 2, 1.5f}, 3, {1, 1, 3}},   // hs 128
+        {{3, 300, 64, 2, 2.0f}, 4, {2, 1, 2}},    // hs 32
+        {{3, 300, 32, 2, 3.0f}, 4, {2, 1, 2}},    // hs 16
+    };
+    for (const Case& c : cases) {
+        const Sizes& s = c.s;
+        CAPTURE(s.B, s.T, s.C, s.NH, c.wave_slots);
+        const attention_tc_detail::FusedGrid g = attention_tc_detail::fused_grid_plan(s.B, s.NH, s.T, false, c.wave_slots);
+        REQUIRE(std::array<int, 3>{g.whole_rows, g.split_rows, g.groups} == c.plan);
+        REQUIRE(attention_tc_detail::fused_grid_plan(s.B, s.NH, s.T, false, 1).split_rows == 0);  // all whole
+        const CaseInputs in = inputs_of({s, {}}, 4096);
+        const Results whole = run_attention(Kernels::tensor_core_fused, in.qkv, in.dout, s, nullptr, 0, 1);
+        const Results mixed = run_attention(Kernels::tensor_core_fused, in.qkv, in.dout, s, nullptr, 0, c.wave_slots);
+        CHECK(bitwise_equal(mixed.out, whole.out));
+        const auto grad_whole = split_qkv(whole.dqkv, s.C), grad_mixed = split_qkv(mixed.dqkv, s.C);
+        CHECK(tensor_error(grad_mixed[1], grad_whole[1], ErrorScale::absolute).value == 0.0);
+        CHECK(tensor_error(grad_mixed[2], grad_whole[2], ErrorScale::absolute).value == 0.0);
+        const size_t whole_elements = size_t(g.whole_rows) * s.T * 3 * s.C;  // the rows of whole heads
+        const auto whole_rows_of = [&](const Results& r) {
+            return std::vector<floatX>(r.dqkv.begin(), r.dqkv.begin() + long(whole_elements));
+        };
+        CHECK(bitwise_equal(whole_rows_of(mixed), whole_rows_of(whole)));
+        const TensorError dq_error = tensor_error(grad_mixed[0], grad_whole[0]);
+        INFO("split heads' dq against the whole heads': " << dq_error << " of max |dq|");
+        CHECK(dq_error <= 0x1p-8);  // the whole heads' dQ: against the double reference in the test above
+    }
+}
+
 // Spans (context parallelism's ring steps) against the windowed reference, as for the SIMT kernels
 // (attention_reference.h, check_spans): bf16 results written and accumulated, and the FP32 ones the ring
 // sums; the causal test's tolerances.
@@ -287,12 +360,28 @@ TEST_CASE("the tensor-core backward, split and fused, sums qkv's bias gradient f
         {{1, 150, 256, 2, 1.5f}, {}},   // hs 128
         {{2, 100, 128, 2, 2.0f}, {{30, 61}, {99}}},  // documents
         {{1, 300, 128, 2, 2.0f}, {{70, 200}}},       // three fused chunks, the last partial, documents across them
+        {{2, 300, 128, 2, 2.0f}, {}},                // the fused kernel's heads all split (4 heads: under a wave)
     };
+    // The fused kernel also with 4 blocks a wave (attention_tc_detail::fused_grid_plan): at B = 3, T = 300
+    // one row of split heads after two whole ones, the combining kernel's sums beside the whole heads'.
+    const SizesAndDocuments mixed{{3, 300, 128, 2, 2.0f}, {}};
+    struct Run {
+        AttentionTcBackward how;
+        const SizesAndDocuments* c;
+        int wave_slots;
+    };
+    std::vector<Run> runs;
     for (const AttentionTcBackward how : {AttentionTcBackward::split, AttentionTcBackward::fused})
-    for (const SizesAndDocuments& c : cases) {
+        for (const SizesAndDocuments& c : cases) runs.push_back({how, &c, attention_tc_detail::kFusedWaveSlots});
+    runs.push_back({AttentionTcBackward::fused, &mixed, 4});
+    REQUIRE(attention_tc_detail::fused_grid_plan(3, 2, 300, false, 4).split_rows == 1);
+    REQUIRE(attention_tc_detail::fused_grid_plan(2, 2, 300, false).whole_rows == 0);
+    for (const Run& run : runs) {
+        const AttentionTcBackward how = run.how;
+        const SizesAndDocuments& c = *run.c;
         const Sizes& s = c.s;
         const bool fused_kernel = how == AttentionTcBackward::fused;
-        CAPTURE(fused_kernel, s.B, s.T, s.C, s.NH, c.eots.size());
+        CAPTURE(fused_kernel, s.B, s.T, s.C, s.NH, c.eots.size(), run.wave_slots);
         const CaseInputs in = inputs_of(c, 77);
         const size_t BT = size_t(s.B) * s.T, OC = 3 * size_t(s.C);
         const int chunks = attention_tc_qkv_bias_chunks(s.B, s.T, how), block_rows = fused_kernel ? 128 : 64;
@@ -300,17 +389,17 @@ TEST_CASE("the tensor-core backward, split and fused, sums qkv's bias gradient f
         std::mt19937 rng(s.T);
         const std::vector<floatX> dbias_start = random_floatX(OC, 1.0f, rng);
         DeviceBuffer<floatX> qkv(in.qkv), dout(in.dout), out(BT * s.C), dqkv(BT * OC), dqkv_plain(BT * OC), dbias(dbias_start);
-        DeviceBuffer<float> lse(BT * s.NH), scratch(attention_tc_backward_scratch_floats(s.B, s.T, s.C, s.NH, how, true)),
+        DeviceBuffer<float> lse(BT * s.NH), scratch(attention_tc_backward_scratch_floats(s.B, s.T, s.C, s.NH, how, true, run.wave_slots)),
             sum_scratch(bias_grad_add_partials_scratch_floats(chunks, int(OC)));
         DeviceBuffer<int> doc_start(in.docs.empty() ? std::vector<int>(1) : in.docs);
         const int* docs = in.docs.empty() ? nullptr : doc_start.ptr;
         attention_tc_forward(out.ptr, lse.ptr, qkv.ptr, s.B, s.T, s.C, s.NH, 0, docs);
         scratch.fill_bytes(0xFF);
         attention_tc_backward(dqkv_plain.ptr, scratch.ptr, dout.ptr, qkv.ptr, out.ptr, lse.ptr, s.B, s.T, s.C, s.NH, 0, docs,
-                              how);
+                              how, false, run.wave_slots);
         scratch.fill_bytes(0xFF);
         const float* partials = attention_tc_backward(dqkv.ptr, scratch.ptr, dout.ptr, qkv.ptr, out.ptr, lse.ptr, s.B, s.T,
-                                                      s.C, s.NH, 0, docs, how, true);
+                                                      s.C, s.NH, 0, docs, how, true, run.wave_slots);
         REQUIRE(partials == scratch.ptr + attention_tc_qkv_bias_offset(s.B, s.T, s.C, s.NH, how));
         sum_scratch.fill_bytes(0xFF);
         bias_grad_add_partials(dbias.ptr, partials, chunks, int(OC), sum_scratch.ptr, 0);
@@ -332,7 +421,7 @@ TEST_CASE("the tensor-core backward, split and fused, sums qkv's bias gradient f
             }
             const double bound = (64 + chunks + 3) * 0x1p-24 * magnitude + 0x1p-8 * std::fabs(sum) + 1e-30;
             const double ratio = std::fabs(to_float(got[o]) - sum) / bound;
-            if (!(ratio <= worst_ratio)) worst_ratio = ratio, worst = int(o);  // NaN counts as worst
+            if (new_worst(ratio, worst_ratio)) worst_ratio = ratio, worst = int(o);  // NaN counts as worst
         }
         INFO("worst column " << worst << ": " << worst_ratio << " of its bound");
         CHECK(worst_ratio <= 1.0);

@@ -663,8 +663,9 @@ TEST_CASE("roofline --fit: what a run says of each option not yet on by default"
     CHECK_THROWS_WITH(fit_report(dir.path.string()), Catch::Contains("(autotune)") && Catch::Contains("no timed GEMM row"));
 }
 
-// gpu_check's d48_best section: the fused kernel at d48's grid (B=8: 200 blocks, 2 waves of 132), its
-// rate at full waves beside the estimate that run printed. Built from the first run's table with a fused
+// gpu_check's d48_best section: the fused kernel at d48's grid (B=8: 200 heads, 5 rows whole in one wave
+// of 132, 3 rows split into 300 quarter blocks in 3 rounds: 1.75 waves for the work of 1.52), its rate at
+// full waves beside the estimate that run printed. Built from the first run's table with a fused
 // row added and the first line naming d48.
 TEST_CASE("roofline --fit: the d48 best configuration's fused backward at its grid and at full waves") {
     std::ifstream in(first_h100_run() + "/profile.json");
@@ -686,8 +687,8 @@ TEST_CASE("roofline --fit: the d48 best configuration's fused backward at its gr
     char expected[400];
     std::snprintf(expected, sizeof expected,
                   "d48 best configuration (B=8): the fused attention backward 30.000 ms measured, 24.100 estimated (%.1f "
-                  "TFLOP/s executed, %.1f at full waves: its grid kept 75.8%% of its waves busy)",
-                  4563.4e9 / 0.030 / 1e12, 4563.4e9 / 0.030 / (200.0 / 264.0) / 1e12);
+                  "TFLOP/s executed, %.1f at full waves: its grid kept 86.6%% of its waves busy)",
+                  4563.4e9 / 0.030 / 1e12, 4563.4e9 / 0.030 / (200.0 / 231.0) / 1e12);
     CHECK_THAT(text, Catch::Contains(expected) && Catch::Contains("  " + summary));
     // A section whose run failed says so; one without the fused kernel's row is refused.
     profile["d48_best"] = {{"exit_code", 2}, {"B", 8}, {"summary", nlohmann::json::array()}, {"report", nlohmann::json::array()}};
@@ -738,6 +739,13 @@ TEST_CASE("roofline: a grid of equal blocks is charged its whole waves") {
     CHECK(M::equal_blocks_wave_use(dim3(1, 25, 16), 1) == Approx(400.0 / 528.0));
     // Fewer blocks than SMs: the SMs they reach, as any small grid's.
     CHECK(M::equal_blocks_wave_use(dim3(33), 1) == Approx(M::sm_share(dim3(33))));
+    // d48, B=16 as the launcher now runs it (attention_tc_detail::fused_grid_plan): 15 rows whole, 375
+    // blocks in 3 waves, then the last row's 25 heads as 100 quarter blocks in one round below a wave, so
+    // their time is a quarter wave's: 3.25 waves for the work of 3.03.
+    const double whole_use = M::equal_blocks_wave_use(dim3(1, 25, 15), 1), split_use = M::equal_blocks_wave_use(dim3(4, 25, 1), 1);
+    CHECK(whole_use == Approx(375.0 / 396.0));
+    CHECK(split_use == Approx(100.0 / 132.0));
+    CHECK(375.0 / whole_use + 25.0 / split_use == Approx(132.0 * 3.25));  // in blocks of a whole head's work
 }
 
 #ifndef PRECISION_FP32
@@ -762,6 +770,41 @@ TEST_CASE("roofline: the fused attention backward is recorded as a grid of equal
         CHECK(records[0].grid.x * records[0].grid.y * records[0].grid.z == unsigned(B * NH));
         CHECK(records[0].equal_blocks_per_sm == (docs ? 0 : attention_tc_detail::kFusedBlocksPerSm));
     }
+}
+#endif
+
+#ifndef PRECISION_FP32
+// Where the fused kernel splits heads (attention_tc_detail::fused_grid_plan), it launches the whole rows' and
+// the split rows' grids, each of equal blocks, then the combining kernel; the split grid executes the same
+// FLOPs as the heads would whole (their tile pairs between the groups).
+TEST_CASE("roofline: the fused attention backward's split heads are recorded as their own grid of equal blocks") {
+    const int B = 2, T = 1024, C = 128, NH = 2;  // hs 64, 8 key blocks: 4 groups
+    DeviceBuffer<floatX> dqkv(size_t(B) * T * 3 * C), qkv(size_t(B) * T * 3 * C), dout(size_t(B) * T * C), out(size_t(B) * T * C);
+    DeviceBuffer<float> lse(size_t(B) * NH * T),  // the scratch for 3 blocks a wave: the larger, with the split sets
+        scratch(attention_tc_backward_scratch_floats(B, T, C, NH, AttentionTcBackward::fused, false, 3));
+    for (DeviceBuffer<floatX>* b : {&qkv, &dout, &out}) CUDA_CHECK(cudaMemset(b->ptr, 0, b->count * sizeof(floatX)));
+    CUDA_CHECK(cudaMemset(lse.ptr, 0, lse.count * sizeof(float)));
+    const auto record = [&](int wave_slots) {
+        launch_record::start(false);
+        attention_tc_backward(dqkv.ptr, scratch.ptr, dout.ptr, qkv.ptr, out.ptr, lse.ptr, B, T, C, NH, nullptr, nullptr,
+                              AttentionTcBackward::fused, false, wave_slots);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        return launch_record::stop();
+    };
+    const std::vector<LaunchRecord> whole = record(1), mixed = record(3);  // 3 blocks a wave: 1 row whole, 1 split
+    REQUIRE(whole.size() == 1);
+    REQUIRE(mixed.size() == 3);
+    CHECK(mixed[0].name == whole[0].name);
+    CHECK(mixed[0].grid.x * mixed[0].grid.y * mixed[0].grid.z == unsigned(NH));  // one row's heads
+    CHECK(mixed[1].name.rfind("attention_tc_backward_fused_kernel", 0) == 0);
+    CHECK(mixed[1].name != whole[0].name);
+    CHECK((mixed[1].grid.x == 4 && mixed[1].grid.y == unsigned(NH) && mixed[1].grid.z == 1));  // 4 groups a head
+    CHECK(mixed[0].equal_blocks_per_sm == attention_tc_detail::kFusedBlocksPerSm);
+    CHECK(mixed[1].equal_blocks_per_sm == attention_tc_detail::kFusedBlocksPerSm);
+    CHECK(mixed[0].flops + mixed[1].flops == Approx(whole[0].flops).epsilon(1e-12));
+    CHECK(mixed[0].flops == Approx(whole[0].flops / 2).epsilon(1e-12));
+    CHECK(mixed[2].name.rfind("attention_tc_fused_dq_combine_kernel", 0) == 0);
+    CHECK(mixed[2].bytes > 0);
 }
 #endif
 
