@@ -83,11 +83,12 @@ template <int HS> constexpr int kFusedKvBuffers = HS >= 128 ? 1 : 2;
 constexpr int kFusedBlocksPerSm = 1;
 
 // The heads past the last whole wave (d48, B=16: 400 mod 132 = 4) would leave all but a few SMs idle
-// for a whole wave. Instead each of them is split over `groups` blocks (up to kFusedMaxGroups), which
-// walk pairs of key blocks of equal work (key blocks p and n-1-p of n see 2(n+1) query tiles of 64 between
-// them), when their rounds end the grid sooner: d48's 4 heads run as 16 quarter blocks, 3.25 waves for
-// the work of 3.03 (93% busy, 76% before). dK and dV stay each key block's own; dQ's float partial sums
-// are kept per group and added in group order by attention_tc_fused_dq_combine_kernel. The grid is
+// for a whole wave. Instead the rows of the batch that hold them are split, each head over `groups`
+// blocks (up to kFusedMaxGroups) that each walk a pair of key blocks of equal work (key blocks p and
+// n-1-p of n see 2(n+1) query tiles of 64 between them), when their rounds end the grid sooner: at d48,
+// B=16, 15 rows (375 heads) take 3 waves, then the last row's 25 heads run as 100 quarter blocks, 3.25
+// waves for the work of 3.03 (93% busy, 76% before). dK and dV stay each key block's own; dQ's float
+// partial sums are kept per group and added in group order by attention_tc_fused_dq_combine_kernel. The grid is
 // shaped for kFusedWaveSlots, an H100's (and H200's) 132 SMs, on every GPU and in the emulator, so that
 // which heads are split, and dQ's bits, do not depend on the machine. Without documents only: with them
 // a group's later key blocks can reach queries its first did not, and the blocks are unequal anyway.
@@ -695,8 +696,9 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
 }
 
 // Fused backward (attention_tc_backward with AttentionTcBackward::fused), causal self-attention with or
-// without documents: a grid of fused_grid_plan's blocks of 8 warps, one per (b, h), the last heads' split
-// into groups. A block walks its 128-key blocks in order (a group its two); each warp owns 16 keys and streams the query tiles that see them, as the dK/dV kernel does.
+// without documents: blocks of 8 warps, one per (b, h), or for fused_grid_plan's split rows one per pair
+// of key blocks. A block walks its 128-key blocks in order (a split head's group its two); each warp owns
+// 16 keys and streams the query tiles that see them, as the dK/dV kernel does.
 // Per tile pair it computes S^T and dP^T once, then dV and dK, then dQ's share dS K from dS^T staged in
 // shared memory: 5 products where the split kernels run 7 (FlashAttention-2, Algorithm 2, whose dQ
 // atomics are replaced here). Deterministic without atomics: a query tile's dQ is summed over the key
@@ -734,10 +736,10 @@ static __global__ void __launch_bounds__(attention_tc_detail::kFusedThreads, att
     constexpr int kDqCols = kFusedDqCols<HS>, kDqFrags = kQueries / kWarpRows, kKvBuffers = kFusedKvBuffers<HS>;
     // The block's head and key blocks (fused_grid_plan): grid (1, NH, rows) without kSplitHeads, the
     // head whole: k0 = 0, kKeys, ... below T. With it, grid (groups, NH, rows from first_row), group
-    // blockIdx.x: k0 = group kKeys, then (n-1-group) kKeys (once if the same; fused_next_key_block), with its own dQ
-    // partial sums and D rows (split_dq_partial, split_D: set split_set of each), its dQ left to the
-    // combining kernel. (The whole heads' instantiation keeps the loop it always had: a head index
-    // divided out of blockIdx.x, or one more loop bound in a register, spilled it on sm_90.)
+    // blockIdx.x: k0 = group kKeys, then (n-1-group) kKeys (once if the same; fused_next_key_block),
+    // with its own dQ partial sums and D rows (split_dq_partial, split_D: set split_set of each), its dQ
+    // left to the combining kernel. (The whole heads' instantiation keeps the loop it always had: a head
+    // index divided out of blockIdx.x, or the loop's stride and end in registers, spilled it on sm_90.)
     const int h = int(blockIdx.y), b = (kSplitHeads ? first_row : 0) + int(blockIdx.z);
     const int group = kSplitHeads ? int(blockIdx.x) : 0;
     const int split_set = (int(blockIdx.z) * NH + h) * int(gridDim.x) + group;
@@ -770,7 +772,8 @@ static __global__ void __launch_bounds__(attention_tc_detail::kFusedThreads, att
     // This warp's share of each tile's dQ: queries [dq_row, dq_row + 16) of the tile, columns
     // [dq_col, dq_col + kDqCols); its partial sums at dq_sums (rows HS floats apart).
     const int dq_row = (warp % kDqFrags) * kWarpRows, dq_col = (warp / kDqFrags) * kDqCols;
-    float* dq_sums = (kSplitHeads ? split_dq_partial + size_t(split_set) * T * HS : dq_partial + (size_t(b) * NH + h) * T * HS) + dq_col;
+    float* dq_sums = (kSplitHeads ? split_dq_partial + size_t(split_set) * T * HS
+                                  : dq_partial + (size_t(b) * NH + h) * T * HS) + dq_col;
     bf16* dq_stage = dq_rows + warp * kWarpRows * kLd<kDqCols>;
 
     const float scale = 1.0f / sqrtf(float(HS)), scale_log2 = scale * kLog2e;
@@ -801,7 +804,8 @@ static __global__ void __launch_bounds__(attention_tc_detail::kFusedThreads, att
     for (int i = int(threadIdx.x); i < kFusedWarps * kDqCols; i += kFusedThreads) dq_column_sums[i] = 0.0f;
     int touched_end = 0;  // queries with partial sums in the scratch: [first_k0, touched_end), block-uniform
     int tiles_before = 0;  // query tiles of the earlier key blocks: the query buffers alternate across blocks
-    for (int k0 = first_k0, kv_buf = 0; k0 < T; k0 = fused_next_key_block<kSplitHeads>(k0, T), kv_buf = (kv_buf + 1) % kKvBuffers) {
+    for (int k0 = first_k0, kv_buf = 0; k0 < T;
+         k0 = fused_next_key_block<kSplitHeads>(k0, T), kv_buf = (kv_buf + 1) % kKvBuffers) {
         if (kKvBuffers == 1 && k0 > first_k0) {  // one K/V buffer: loaded once the previous block is done with it
             load_key_block(k0, 0);
             load_query_tile(k0, tiles_before % 2, k0 >= touched_end);
@@ -924,11 +928,11 @@ static __global__ void __launch_bounds__(attention_tc_detail::kFusedThreads, att
     }
 }
 
-// The split heads' dQ (fused_grid_plan), after the fused kernel: grid (chunks of kFusedKeys rows, NH, split
-// rows of the batch, from first_row). Each row's float partial sums from the groups that reached it (group g's walk starts at key
-// block g, so rows from g * kFusedKeys on) are added in group order, scaled by 1/sqrt(hs), rounded to bf16
-// and written to dqkv's q columns; a thread takes 8 columns (16-byte loads and stores) of every
-// kCombineRowLanes-th row of the chunk. With qkv_bias_partials, the column sums of the rounded rows, per
+// The split heads' dQ (fused_grid_plan), after the fused kernel: grid (chunks of kFusedKeys rows, NH,
+// split rows of the batch, from first_row). Each row's float partial sums from the groups that reached it
+// (group g's walk starts at key block g, so rows from g * kFusedKeys on) are added in group order, scaled
+// by 1/sqrt(hs), rounded to bf16 and written to dqkv's q columns; a thread takes 8 columns (16-byte loads
+// and stores) of every kRowLanes-th row of the chunk. With qkv_bias_partials, the column sums of the rounded rows, per
 // thread in row order, then over the threads in order, into the chunk's partial row (3C: the fused
 // kernel wrote these heads' k and v parts and left the q part). No atomics: the same bits at every schedule.
 template <int HS>
@@ -1213,7 +1217,8 @@ void backward_fused(X* dqkv, float* scratch, const X* dout, const X* qkv, const 
             // The combining pass: each split row's groups' sums read (group g from chunk g on), dQ written.
             const int chunks = int(ceil_div(T, kFusedKeys));
             double reached_rows = 0;
-            for (int c = 0; c < chunks; ++c) reached_rows += double(std::min(grid.groups, c + 1)) * (std::min(T, (c + 1) * kFusedKeys) - c * kFusedKeys);
+            for (int c = 0; c < chunks; ++c)
+                reached_rows += double(std::min(grid.groups, c + 1)) * (std::min(T, (c + 1) * kFusedKeys) - c * kFusedKeys);
             const double heads = double(grid.split_rows) * NH;
             const KernelCost combine_cost{heads * reached_rows * HS,
                                           heads * (reached_rows * HS * sizeof(float) + double(T) * HS * sizeof(bf16) +
@@ -1264,8 +1269,8 @@ inline void attention_tc_backward(Grad* dq, int dq_stride, Grad* dkv, int dkv_st
 // Causal self-attention's backward: dqkv (B, T, 3C) from dout, with scratch of
 // attention_tc_backward_scratch_floats(B, T, C, NH, how, qkv_bias_sums, fused_wave_slots) floats (D, and the
 // fused kernel's dQ sums; fused_wave_slots: the blocks a wave of its grid holds, attention_tc_detail::
-// fused_grid_plan; tests pass fewer to split heads of small grids). With qkv_bias_sums, the kernels also sum the columns of the dqkv rows they write, a partial
-// row of 3C floats per block of rows (the split kernels' 64, the fused kernel's 128); returns where in the
+// fused_grid_plan; tests pass fewer to split heads of small grids). With qkv_bias_sums, the kernels also
+// sum the columns of the dqkv rows they write, a partial row of 3C floats per block of rows (the split kernels' 64, the fused kernel's 128); returns where in the
 // scratch those attention_tc_qkv_bias_chunks(B, T, how) rows are (for bias_grad_add_partials,
 // kernels/matmul.cuh), else null.
 // They save the qkv matmul's bias gradient its pass over dqkv (3C x B*T bf16 read: at d12, B=64, 302 MB a
