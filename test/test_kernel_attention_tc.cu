@@ -297,7 +297,8 @@ TEST_CASE("the fused backward splits the heads of its last wave where that ends 
 // so dK and dV are the whole heads' bit for bit; dQ's float sums are added per group and then over the
 // groups (the combining kernel), another order, so an element may round to a neighbouring bf16: measured
 // 2.2e-9 of max |dq| at T = 1024, 1.7e-9 at T = 600 and 0 at T = 300 (the same under every schedule
-// order); bound: one bf16 unit of the largest element (2^-8), as for the fused against the split kernels. A missing group, or one added twice, is of the order of dq itself. The whole heads of a grid
+// order); bound: one bf16 unit of the largest element (2^-8), as for the fused against the split
+// kernels. A missing group, or one added twice, is of the order of dq itself. The whole heads of a grid
 // with split ones are the all-whole grid's bit for bit. Fewer blocks a wave (wave_slots) make these small
 // grids split their last row as a large grid splits its last wave's: 8 key blocks (4 groups), 5 (3, the
 // middle block alone, one K/V buffer at hs 128), 3 (2).
