@@ -341,13 +341,17 @@ inline double fused_backward_wave_use(const ProfiledStep& step) {
     if (step.first_line.rfind(lead, 0) != 0 || end == std::string::npos ||
         !gpt2_preset(step.first_line.substr(lead.size(), end - lead.size()), &c))
         return 0;
-    // Its rows' FLOPs are the rows' time x rate x wave use; over both launches, the heads' work over the
-    // slots' time: the whole heads' waves, then the split ones' rounds of 1/groups of a wave.
-    const attention_tc_detail::FusedGrid grid = attention_tc_detail::fused_grid_plan(step.B, c.num_heads, step.T, false);
-    const double slots = double(H100Model::kSms) * attention_tc_detail::kFusedBlocksPerSm;
+    // Over both launches, as the roofline charges each (equal_blocks_wave_use): the heads' work over the
+    // time the two grids take, in a whole head's block time (a split block does 1/groups of it).
+    namespace at = attention_tc_detail;
+    const at::FusedGrid grid = at::fused_grid_plan(step.B, c.num_heads, step.T, false);
+    const auto busy_time = [](dim3 blocks, double work_per_block) {
+        const double n = double(blocks.x) * blocks.y * blocks.z;
+        return n > 0 ? n * work_per_block / H100Model::equal_blocks_wave_use(blocks, at::kFusedBlocksPerSm) : 0.0;
+    };
     const double whole = double(grid.whole_rows) * c.num_heads, split = double(grid.split_rows) * c.num_heads;
-    const double waves = std::ceil(whole / slots) + std::ceil(split * grid.groups / slots) / grid.groups;
-    return (whole + split) / (waves * slots);
+    return (whole + split) / (busy_time(dim3(1, c.num_heads, grid.whole_rows), 1.0) +
+                              busy_time(dim3(grid.groups, c.num_heads, grid.split_rows), 1.0 / grid.groups));
 }
 
 // What a run says of each option not yet on by default, and the fused backward's rate beside the model's.

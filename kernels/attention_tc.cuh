@@ -100,6 +100,10 @@ struct FusedGrid {
     int whole_rows = 0;  // rows 0 .. whole_rows-1: a block per (b, h), all its key blocks
     int split_rows = 0;  // the rows after them: `groups` blocks per (b, h)
     int groups = 1;
+    // The split heads' sets of scratch, one per group: T floats of D each, then (16-byte aligned)
+    // T x hs floats of dQ sums each.
+    size_t split_sets(int NH) const { return size_t(split_rows) * NH * groups; }
+    size_t split_d_floats(int NH, int T) const { return (split_sets(NH) * T + 3) / 4 * 4; }
 };
 // The key block a fused backward block walks after k0 (T: none): a whole head's next, or for group
 // blockIdx.x of a split head its last, n-1-group, once. (Recomputed from blockIdx.x at each use: the
@@ -1015,9 +1019,9 @@ inline int attention_tc_qkv_bias_chunks(int B, int T, AttentionTcBackward how = 
 inline size_t attention_tc_qkv_bias_offset(int B, int T, int C, int NH, AttentionTcBackward how) {
     return attention_tc_dq_sums_offset(B, T, NH) + (how == AttentionTcBackward::fused ? size_t(B) * T * C : 0);
 }
-// The fused kernel's split heads (attention_tc_detail::fused_grid_plan) keep their own D rows and dQ sums,
-// one set per group, after the rest, 16-byte aligned: the sets' T floats of D each, then their T x hs of
-// dQ sums. Sized for the plan without documents, the most any call of these sizes needs.
+// The fused kernel's split heads (attention_tc_detail::fused_grid_plan) keep their own D rows and dQ sums
+// (FusedGrid::split_sets), after the rest, 16-byte aligned. Sized for the plan without documents, the
+// most any call of these sizes needs.
 inline size_t attention_tc_fused_split_offset(int B, int T, int C, int NH, bool qkv_bias_sums) {
     const AttentionTcBackward fused = AttentionTcBackward::fused;
     const size_t before = qkv_bias_sums ? attention_tc_qkv_bias_offset(B, T, C, NH, fused) +
@@ -1027,8 +1031,7 @@ inline size_t attention_tc_fused_split_offset(int B, int T, int C, int NH, bool 
 }
 inline size_t attention_tc_fused_split_floats(int B, int T, int C, int NH, int wave_slots) {
     const attention_tc_detail::FusedGrid g = attention_tc_detail::fused_grid_plan(B, NH, T, false, wave_slots);
-    const size_t sets = size_t(g.split_rows) * NH * g.groups;
-    return (sets * T + 3) / 4 * 4 + sets * T * size_t(C / NH);
+    return g.split_d_floats(NH, T) + g.split_sets(NH) * T * size_t(C / NH);
 }
 // fused_wave_slots: as attention_tc_backward's.
 inline size_t attention_tc_backward_scratch_floats(int B, int T, int C, int NH,
@@ -1178,9 +1181,8 @@ void backward_fused(X* dqkv, float* scratch, const X* dout, const X* qkv, const 
         float* D = scratch;  // written by the kernel
         float* dq_sums = scratch + attention_tc_dq_sums_offset(B, T, NH);
         const FusedGrid grid = fused_grid_plan(B, NH, T, doc_start != nullptr, wave_slots);
-        const size_t sets = size_t(grid.split_rows) * NH * grid.groups;
         float* split_D = split_scratch;
-        float* split_dq_sums = split_scratch + (sets * T + 3) / 4 * 4;
+        float* split_dq_sums = split_scratch + grid.split_d_floats(NH, T);
         dispatch_head_size(hs, [&](auto hs_constant) {
             constexpr int HS = decltype(hs_constant)::value;
             constexpr auto whole_kernel = attention_tc_backward_fused_kernel<HS, false>;

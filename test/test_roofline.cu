@@ -771,9 +771,7 @@ TEST_CASE("roofline: the fused attention backward is recorded as a grid of equal
         CHECK(records[0].equal_blocks_per_sm == (docs ? 0 : attention_tc_detail::kFusedBlocksPerSm));
     }
 }
-#endif
 
-#ifndef PRECISION_FP32
 // Where the fused kernel splits heads (attention_tc_detail::fused_grid_plan), it launches the whole rows' and
 // the split rows' grids, each of equal blocks, then the combining kernel; the split grid executes the same
 // FLOPs as the heads would whole (their tile pairs between the groups).
