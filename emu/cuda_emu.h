@@ -357,6 +357,9 @@ void cp_async_wait(int max_pending);   // cp.async.wait_group max_pending
 //         as pack_bf16x2); B's k rows at b + i ld_b (n columns).
 //   at_b: A stored transposed, row r of A in column r at a + i ld_a; B as for p_b; a column block
 //         16 i.. of A (and B's rows 16 i..) with live[i] == 0 is skipped, never read.
+// [live_begin, live_end) (multiples of 16): a_bt's columns of acc computed, the others left as they are,
+// B's rows for them unread; p_b's and at_b's k computed, the other k blocks skipped (a causal mask's
+// zeros on the diagonal tiles).
 // Returns false, doing nothing, when CUEMU_TENSOR_CORE=instructions (set_tensor_core_mode): the
 // caller then runs the ldmatrix and mma.sync instructions themselves.
 enum class TileOperands { a_bt, p_b, at_b };
@@ -368,8 +371,13 @@ struct TileProduct {
     const __nv_bfloat16* b;
     int ld_b;
     const int* live;
+    int live_begin, live_end;
 };
 bool warp_tile_product(const TileProduct& product, float* acc, const float* p);
+// The m16n8k16 MMAs warps have run since the program started: one per mma.sync, and for a tile
+// product its instructions' count of what it computes (frags x columns / 8 x k / 16). Tests hold the
+// kernels' recorded FLOPs (KernelCost) to it: 2 x 16 x 8 x 16 each.
+uint64_t mma_count();
 // How tile products run: as one collective each (tiles, the default) or as their instructions
 // (CUEMU_TENSOR_CORE=instructions). Both give the same bits; the instructions check the fragment
 // layouts and addressing a GPU runs; a tile is one collective where its instructions are tens.

@@ -73,8 +73,11 @@ template <int W> inline void accumulate_block(float* __restrict__ d, int ldd, co
     }
 }
 
+std::atomic<uint64_t> mmas_run{0};  // mma_count()
+
 const char* mma_combine(const void* const inputs[32], void* const outputs[32], unsigned members) {
     if (members != kFullWarp) return "mma.sync needs all 32 lanes of the warp";
+    mmas_run.fetch_add(1, std::memory_order_relaxed);
     float A[16][16], B[16][8], D[16][8];
     for (int lane = 0; lane < 32; ++lane) {
         const auto& f = *static_cast<const MmaFragments*>(inputs[lane]);
@@ -141,7 +144,7 @@ struct TileLane {
 
 bool same_product(const TileProduct& x, const TileProduct& y) {
     return x.operands == y.operands && x.frags == y.frags && x.n == y.n && x.k == y.k && x.a == y.a && x.ld_a == y.ld_a &&
-           x.b == y.b && x.ld_b == y.ld_b && x.live == y.live;
+           x.b == y.b && x.ld_b == y.ld_b && x.live == y.live && x.live_begin == y.live_begin && x.live_end == y.live_end;
 }
 
 // Lane `lane`'s accumulator-layout element i of tile j of fragment f: row and column in the
@@ -175,12 +178,25 @@ const char* tile_combine(const void* const inputs[32], void* const outputs[32], 
     };
     if (const char* problem = t.operands == TileOperands::p_b ? nullptr : misaligned("A", t.a, t.ld_a)) return problem;
     if (const char* problem = misaligned("B", t.b, t.ld_b)) return problem;
+    const int live_extent = t.operands == TileOperands::a_bt ? t.n : t.k;  // what the live range runs over
+    if (t.live_begin < 0 || t.live_begin > t.live_end || t.live_end > live_extent || t.live_begin % 16 != 0 ||
+        t.live_end % 16 != 0) {
+        problem_text = "live range [" + std::to_string(t.live_begin) + ", " + std::to_string(t.live_end) + ") is not whole 16-blocks of " +
+                       std::string(t.operands == TileOperands::a_bt ? "n = " : "k = ") + std::to_string(live_extent);
+        return problem_text.c_str();
+    }
     const int m = 16 * t.frags, n = t.n, tiles_n = n / 8;
-    // The k blocks that take part (at_b skips those with live == 0, reading neither operand there).
+    // a_bt: the columns computed; the others keep the accumulators' values.
+    const int col_begin = t.operands == TileOperands::a_bt ? t.live_begin : 0;
+    const int col_end = t.operands == TileOperands::a_bt ? t.live_end : n;
+    // The k blocks that take part (p_b and at_b: those in the live range; at_b also skips those with
+    // live == 0, reading neither operand there).
     thread_local std::vector<int> blocks;
     blocks.clear();
-    for (int i = 0; i < t.k / 16; ++i)
-        if (t.operands != TileOperands::at_b || t.live[i]) blocks.push_back(i);
+    for (int i = 0; i < t.k / 16; ++i) {
+        const bool in_range = t.operands == TileOperands::a_bt || (16 * i >= t.live_begin && 16 * i < t.live_end);
+        if (in_range && (t.operands != TileOperands::at_b || t.live[i])) blocks.push_back(i);
+    }
     const int k = 16 * int(blocks.size());
     thread_local std::vector<float> A, B, D;
     A.resize(size_t(m) * size_t(k));
@@ -198,7 +214,7 @@ const char* tile_combine(const void* const inputs[32], void* const outputs[32], 
         for (int kk = 0; kk < 16; ++kk) {
             float* brow = &B[(16 * bi + size_t(kk)) * size_t(n)];
             if (t.operands == TileOperands::a_bt) {
-                for (int j = 0; j < n; ++j) brow[j] = __bfloat162float(t.b[size_t(j) * size_t(t.ld_b) + size_t(k0 + kk)]);
+                for (int j = col_begin; j < col_end; ++j) brow[j] = __bfloat162float(t.b[size_t(j) * size_t(t.ld_b) + size_t(k0 + kk)]);
             } else {
                 const __nv_bfloat16* src = t.b + size_t(k0 + kk) * size_t(t.ld_b);
                 for (int j = 0; j < n; ++j) brow[j] = __bfloat162float(src[j]);
@@ -214,18 +230,20 @@ const char* tile_combine(const void* const inputs[32], void* const outputs[32], 
                     A[size_t(r) * k + 16 * bi + kk] = __bfloat162float(t.a[size_t(k0 + kk) * size_t(t.ld_a) + size_t(r)]);
         }
     }
-    if (t.operands == TileOperands::p_b) {  // every block takes part: k == t.k
+    if (t.operands == TileOperands::p_b) {  // the blocks of the live range, contiguous: column c of P at c - live_begin
         const int tiles_k = t.k / 8;
         for (int lane = 0; lane < 32; ++lane) {
             const float* p = static_cast<const TileLane*>(inputs[lane])->p;
             for (int f = 0; f < t.frags; ++f)
-                for (int j = 0; j < tiles_k; ++j)
+                for (int j = t.live_begin / 8; j < t.live_end / 8; ++j)
                     for (int i = 0; i < 4; ++i)
-                        A[size_t(fragment_row(lane, f, i)) * k + fragment_col(lane, j, i)] =
+                        A[size_t(fragment_row(lane, f, i)) * k + fragment_col(lane, j, i) - t.live_begin] =
                             __bfloat162float(__float2bfloat16_rn(p[(f * tiles_k + j) * 4 + i]));
         }
     }
-    if (k > 0) accumulate_products(D.data(), n, A.data(), k, B.data(), n, m, n, k);
+    mmas_run.fetch_add(uint64_t(t.frags) * uint64_t((col_end - col_begin) / 8) * blocks.size(), std::memory_order_relaxed);
+    if (k > 0 && col_end > col_begin)
+        accumulate_products(D.data() + col_begin, n, A.data(), k, B.data() + col_begin, n, m, col_end - col_begin, k);
     for (int lane = 0; lane < 32; ++lane) {
         float* acc = static_cast<float*>(outputs[lane]);
         for (int f = 0; f < t.frags; ++f)
@@ -325,6 +343,7 @@ bool warp_tile_product(const TileProduct& product, float* acc, const float* p) {
     warp_exchange(kFullWarp, &lane, acc, tile_combine, "a warp tile product (ldmatrix and mma.sync m16n8k16)");
     return true;
 }
+uint64_t mma_count() { return mmas_run.load(std::memory_order_relaxed); }
 void set_tensor_core_mode(TensorCoreMode mode) { current_mode().store(mode, std::memory_order_relaxed); }
 TensorCoreMode tensor_core_mode() { return current_mode().load(std::memory_order_relaxed); }
 

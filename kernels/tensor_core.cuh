@@ -174,35 +174,65 @@ template <int kPending> __device__ inline void cp_async_wait() {
 // the instructions must run: always on a GPU, where they compile to nothing.
 
 __device__ inline bool tile_product_in_emulator_a_bt(int frags, int n, int k, const __nv_bfloat16* a,
-                                                     const __nv_bfloat16* b, int ld, float* acc) {
+                                                     const __nv_bfloat16* b, int ld, float* acc, int live_begin, int live_end) {
 #ifdef __CUDACC__
     return false;
 #else
-    return cuemu::warp_tile_product({cuemu::TileOperands::a_bt, frags, n, k, a, ld, b, ld, nullptr}, acc, nullptr);
+    return cuemu::warp_tile_product({cuemu::TileOperands::a_bt, frags, n, k, a, ld, b, ld, nullptr, live_begin, live_end}, acc,
+                                    nullptr);
 #endif
 }
 __device__ inline bool tile_product_in_emulator_p_b(int frags, int n, int k, const float* p, const __nv_bfloat16* b,
-                                                    int ld, float* acc) {
+                                                    int ld, float* acc, int live_begin, int live_end) {
 #ifdef __CUDACC__
     return false;
 #else
-    return cuemu::warp_tile_product({cuemu::TileOperands::p_b, frags, n, k, nullptr, 0, b, ld, nullptr}, acc, p);
+    return cuemu::warp_tile_product({cuemu::TileOperands::p_b, frags, n, k, nullptr, 0, b, ld, nullptr, live_begin, live_end}, acc,
+                                    p);
 #endif
 }
 __device__ inline bool tile_product_in_emulator_at_b(int n, int k, const __nv_bfloat16* at, int ld_at,
-                                                     const __nv_bfloat16* b, int ld, const int* live, float* acc) {
+                                                     const __nv_bfloat16* b, int ld, const int* live, float* acc,
+                                                     int live_begin, int live_end) {
 #ifdef __CUDACC__
     return false;
 #else
-    return cuemu::warp_tile_product({cuemu::TileOperands::at_b, 1, n, k, at, ld_at, b, ld, live}, acc, nullptr);
+    return cuemu::warp_tile_product({cuemu::TileOperands::at_b, 1, n, k, at, ld_at, b, ld, live, live_begin, live_end}, acc,
+                                    nullptr);
 #endif
+}
+
+// Live ranges (warp-uniform, multiples of 16): the products below take [live_begin, live_end) of their
+// n (mma_a_bt: the other columns of acc are left as they are, their B rows unread) or of their k
+// (mma_p_b, mma_at_b: the other k blocks add nothing). The attention kernels pass the part of a tile
+// that the causal mask leaves to a warp, so the diagonal tiles' masked blocks cost no MMA; what is
+// skipped would only add exact zeros (P = 0, dS = 0) or be masked to -inf, so the bits are those of
+// the whole product.
+// Runs product(begin, end) over the live range; when that is the whole extent, with the whole extent
+// as constants, so a full tile's products compile as they would without ranges (no per-block tests
+// between the loads the compiler hoists and their MMAs) and only a tile the mask cuts pays for them.
+template <int kExtent, typename Product>
+__device__ inline void with_live_range(int live_begin, int live_end, Product&& product) {
+    if (live_begin == 0 && live_end == kExtent) product(0, kExtent);
+    else product(live_begin, live_end);
+}
+// The live part of a tile of `width` from `first`, as the kernels and their cost counts take it: up to
+// and including `last` (rounded up to 16), or from `from` on (rounded down to 16).
+__host__ __device__ inline int live_end_through(int last, int first, int width) {
+    const int end = last < first ? 0 : (last - first + 16) / 16 * 16;  // last - first + 1, rounded up
+    return end > width ? width : end;
+}
+__host__ __device__ inline int live_begin_from(int from, int first, int width) {
+    const int begin = from <= first ? 0 : (from - first) / 16 * 16;
+    return begin > width ? width : begin;
 }
 
 // acc (16 x N) += A B^T, both operands row-major in shared memory with K columns: A is the warp's
 // 16 rows at a, B is N rows at b. (S = Q K^T, dP = dO V^T, and their transposes.)
 template <int N, int K>
-__device__ inline void mma_a_bt(float (&acc)[N / 8][4], const __nv_bfloat16* a, const __nv_bfloat16* b, int ld) {
-    if (tile_product_in_emulator_a_bt(1, N, K, a, b, ld, &acc[0][0])) return;
+__device__ inline void mma_a_bt(float (&acc)[N / 8][4], const __nv_bfloat16* a, const __nv_bfloat16* b, int ld,
+                                int live_begin = 0, int live_end = N) {
+    if (tile_product_in_emulator_a_bt(1, N, K, a, b, ld, &acc[0][0], live_begin, live_end)) return;
     const int lane = int(threadIdx.x) % 32;
     FULL_UNROLL
     for (int k0 = 0; k0 < K; k0 += 16) {
@@ -211,6 +241,7 @@ __device__ inline void mma_a_bt(float (&acc)[N / 8][4], const __nv_bfloat16* a, 
         ldmatrix_x4(af, a + (lane % 16) * ld + k0 + (lane / 16) * 8);
         FULL_UNROLL
         for (int n = 0; n < N / 8; n += 2) {
+            if (8 * n < live_begin || 8 * n >= live_end) continue;
             // Matrices: rows 8n.. columns k0.. and k0+8.., then rows 8n+8.. (B fragments of n, n+1).
             uint32_t bf[4];
             ldmatrix_x4(bf, b + (8 * n + lane % 8 + (lane / 16) * 8) * ld + k0 + (lane / 8 % 2) * 8);
@@ -224,11 +255,13 @@ __device__ inline void mma_a_bt(float (&acc)[N / 8][4], const __nv_bfloat16* a, 
 // rounded to bf16; B is K rows of N columns in shared memory at b, read transposed by ldmatrix.
 // (O += P V, dV += P^T dO, dK += dS^T Q, dQ += dS K.)
 template <int N, int K>
-__device__ inline void mma_p_b(float (&acc)[N / 8][4], const float (&p)[K / 8][4], const __nv_bfloat16* b, int ld) {
-    if (tile_product_in_emulator_p_b(1, N, K, &p[0][0], b, ld, &acc[0][0])) return;
+__device__ inline void mma_p_b(float (&acc)[N / 8][4], const float (&p)[K / 8][4], const __nv_bfloat16* b, int ld,
+                               int live_begin = 0, int live_end = K) {
+    if (tile_product_in_emulator_p_b(1, N, K, &p[0][0], b, ld, &acc[0][0], live_begin, live_end)) return;
     const int lane = int(threadIdx.x) % 32;
     FULL_UNROLL
     for (int k = 0; k < K / 16; ++k) {
+        if (16 * k < live_begin || 16 * k >= live_end) continue;
         // Accumulator tiles 2k and 2k+1 are, register for register, the A fragment of columns
         // 16k..16k+15 (PTX ISA m16n8k16 figures: c0,c1 / c2,c3 = rows g / g+8, as a0,a1 / a2,a3).
         const uint32_t af[4] = {pack_bf16x2(p[2 * k][0], p[2 * k][1]), pack_bf16x2(p[2 * k][2], p[2 * k][3]),
@@ -250,13 +283,14 @@ __device__ inline void mma_p_b(float (&acc)[N / 8][4], const float (&p)[K / 8][4
 // 16k.. of A with live[k] == 0 are zeros and are skipped, B's rows 16k.. unread: they may hold NaN
 // (a masked document's keys), and 0 * NaN is NaN.
 template <int N, int K>
-__device__ inline void mma_at_b(float (&acc)[N / 8][4], const __nv_bfloat16* at, int ld_at, const __nv_bfloat16* b, int ld, const int* live) {
+__device__ inline void mma_at_b(float (&acc)[N / 8][4], const __nv_bfloat16* at, int ld_at, const __nv_bfloat16* b, int ld, const int* live,
+                                int live_begin = 0, int live_end = K) {
     static_assert(N == 8 || N % 16 == 0, "n tiles in pairs, or one");
-    if (tile_product_in_emulator_at_b(N, K, at, ld_at, b, ld, live, &acc[0][0])) return;
+    if (tile_product_in_emulator_at_b(N, K, at, ld_at, b, ld, live, &acc[0][0], live_begin, live_end)) return;
     const int lane = int(threadIdx.x) % 32;
     FULL_UNROLL
     for (int k = 0; k < K / 16; ++k) {
-        if (!live[k]) continue;
+        if (!live[k] || 16 * k < live_begin || 16 * k >= live_end) continue;
         // Matrices: A rows 0-7 / 8-15 of columns 16k.. (stored rows 16k.., columns 0.. / 8..), then of
         // columns 16k+8.. (stored rows 16k+8..), each transposed on the way.
         uint32_t af[4];
@@ -279,8 +313,9 @@ __device__ inline void mma_at_b(float (&acc)[N / 8][4], const __nv_bfloat16* at,
 // mma_a_bt for F row fragments at once: fragment f's 16 rows at a + 16 f ld, acc[f] += A_f B^T. Each
 // B fragment is loaded once for all F (FlashAttention-2's reuse across a warp's rows).
 template <int F, int N, int K>
-__device__ inline void mma_a_bt_rows(float (&acc)[F][N / 8][4], const __nv_bfloat16* a, const __nv_bfloat16* b, int ld) {
-    if (tile_product_in_emulator_a_bt(F, N, K, a, b, ld, &acc[0][0][0])) return;
+__device__ inline void mma_a_bt_rows(float (&acc)[F][N / 8][4], const __nv_bfloat16* a, const __nv_bfloat16* b, int ld,
+                                     int live_begin = 0, int live_end = N) {
+    if (tile_product_in_emulator_a_bt(F, N, K, a, b, ld, &acc[0][0][0], live_begin, live_end)) return;
     const int lane = int(threadIdx.x) % 32;
     FULL_UNROLL
     for (int k0 = 0; k0 < K; k0 += 16) {
@@ -289,6 +324,7 @@ __device__ inline void mma_a_bt_rows(float (&acc)[F][N / 8][4], const __nv_bfloa
         for (int f = 0; f < F; ++f) ldmatrix_x4(af[f], a + (16 * f + lane % 16) * ld + k0 + (lane / 16) * 8);
         FULL_UNROLL
         for (int n = 0; n < N / 8; n += 2) {
+            if (8 * n < live_begin || 8 * n >= live_end) continue;
             uint32_t bf[4];
             ldmatrix_x4(bf, b + (8 * n + lane % 8 + (lane / 16) * 8) * ld + k0 + (lane / 8 % 2) * 8);
             FULL_UNROLL
@@ -302,11 +338,13 @@ __device__ inline void mma_a_bt_rows(float (&acc)[F][N / 8][4], const __nv_bfloa
 
 // mma_p_b for F row fragments at once: acc[f] += P_f B, each B fragment loaded once for all F.
 template <int F, int N, int K>
-__device__ inline void mma_p_b_rows(float (&acc)[F][N / 8][4], const float (&p)[F][K / 8][4], const __nv_bfloat16* b, int ld) {
-    if (tile_product_in_emulator_p_b(F, N, K, &p[0][0][0], b, ld, &acc[0][0][0])) return;
+__device__ inline void mma_p_b_rows(float (&acc)[F][N / 8][4], const float (&p)[F][K / 8][4], const __nv_bfloat16* b, int ld,
+                                    int live_begin = 0, int live_end = K) {
+    if (tile_product_in_emulator_p_b(F, N, K, &p[0][0][0], b, ld, &acc[0][0][0], live_begin, live_end)) return;
     const int lane = int(threadIdx.x) % 32;
     FULL_UNROLL
     for (int k = 0; k < K / 16; ++k) {
+        if (16 * k < live_begin || 16 * k >= live_end) continue;
         uint32_t af[F][4];
         FULL_UNROLL
         for (int f = 0; f < F; ++f) {

@@ -300,7 +300,8 @@ template <int F, int N> __device__ inline void store_fragments(float* dense, con
 enum class TileForm { a_bt, p_b, at_b };
 template <TileForm kForm, int F, int N, int K>
 __global__ void tile_product_kernel(float* acc_out, const float* acc_in, const float* p_in, const bf16* a, int rows_a,
-                                    int ld_a, const bf16* b, int rows_b, int ld_b, const int* live) {
+                                    int ld_a, const bf16* b, int rows_b, int ld_b, const int* live, int live_begin,
+                                    int live_end) {
     DYNAMIC_SHARED(bf16, smem);
     bf16* sa = smem;
     bf16* sb = smem + rows_a * ld_a;
@@ -310,14 +311,14 @@ __global__ void tile_product_kernel(float* acc_out, const float* acc_in, const f
     float acc[F][N / 8][4], p[F][K / 8][4];
     load_fragments<F, N>(acc, acc_in);
     if constexpr (kForm == TileForm::a_bt) {
-        if constexpr (F == 1) mma_a_bt<N, K>(acc[0], sa, sb, ld_b);
-        else mma_a_bt_rows<F, N, K>(acc, sa, sb, ld_b);
+        if constexpr (F == 1) mma_a_bt<N, K>(acc[0], sa, sb, ld_b, live_begin, live_end);
+        else mma_a_bt_rows<F, N, K>(acc, sa, sb, ld_b, live_begin, live_end);
     } else if constexpr (kForm == TileForm::p_b) {
         load_fragments<F, K>(p, p_in);
-        if constexpr (F == 1) mma_p_b<N, K>(acc[0], p[0], sb, ld_b);
-        else mma_p_b_rows<F, N, K>(acc, p, sb, ld_b);
+        if constexpr (F == 1) mma_p_b<N, K>(acc[0], p[0], sb, ld_b, live_begin, live_end);
+        else mma_p_b_rows<F, N, K>(acc, p, sb, ld_b, live_begin, live_end);
     } else {
-        mma_at_b<N, K>(acc[0], sa, ld_a, sb, ld_b, live);
+        mma_at_b<N, K>(acc[0], sa, ld_a, sb, ld_b, live, live_begin, live_end);
     }
     store_fragments<F, N>(acc_out, acc);
 }
@@ -330,11 +331,20 @@ struct TileCase {
     std::vector<bf16> a, b;      // the shared-memory images
     int rows_a = 0, ld_a = 0, rows_b = 0, ld_b = 0;
     std::vector<int> live;       // at_b: k blocks of 16 taking part
+    int live_begin = 0, live_end = 0;  // the live range: of n (a_bt), of k (p_b, at_b)
+    // Whether the product takes k, and computes column n.
+    bool takes_k(int k) const { return live[k / 16] && (a_bt_range || (k >= live_begin && k < live_end)); }
+    bool computes_column(int n) const { return !a_bt_range || (n >= live_begin && n < live_end); }
+    bool a_bt_range = false;
 };
 
-template <TileForm kForm, int F, int N, int K> TileCase make_tile_case(std::mt19937& rng, std::vector<int> live = {}) {
+// live: at_b's k blocks taking part (empty: all); range: the live range (empty: the whole n or k).
+template <TileForm kForm, int F, int N, int K>
+TileCase make_tile_case(std::mt19937& rng, std::vector<int> live = {}, std::pair<int, int> range = {0, -1}) {
     std::normal_distribution<float> normal(0.0f, 1.0f);
     TileCase c;
+    c.a_bt_range = kForm == TileForm::a_bt;
+    c.live_begin = range.first, c.live_end = range.second < 0 ? (kForm == TileForm::a_bt ? N : K) : range.second;
     c.acc.resize(size_t(16 * F * N));
     for (float& x : c.acc) x = normal(rng);
     c.live = live.empty() ? std::vector<int>(K / 16, 1) : live;
@@ -354,13 +364,22 @@ template <TileForm kForm, int F, int N, int K> TileCase make_tile_case(std::mt19
     c.b.resize(size_t(c.rows_b) * c.ld_b);
     for (bf16& x : c.a) x = __float2bfloat16(normal(rng));
     for (bf16& x : c.b) x = __float2bfloat16(normal(rng));
-    // The k blocks an at_b skips hold NaN in both operands: a product that read them would show it.
-    for (int kb = 0; kb < K / 16; ++kb)
-        if (!c.live[kb])
-            for (int kk = 16 * kb; kk < 16 * kb + 16; ++kk) {
+    // The k blocks a product skips hold NaN in both operands (at_b's A^T and B rows, p_b's P columns and
+    // B rows), and so do the B^T rows of the columns an a_bt leaves: a product that read them would show it.
+    if (kForm == TileForm::a_bt) {
+        for (int n = 0; n < N; ++n)
+            if (!c.computes_column(n))
+                for (int j = 0; j < c.ld_b; ++j) c.b[size_t(n) * c.ld_b + j] = __float2bfloat16(NAN);
+    } else {
+        for (int kk = 0; kk < K; ++kk) {
+            if (c.takes_k(kk)) continue;
+            if (kForm == TileForm::at_b)
                 for (int j = 0; j < c.ld_a; ++j) c.a[size_t(kk) * c.ld_a + j] = __float2bfloat16(NAN);
-                for (int j = 0; j < c.ld_b; ++j) c.b[size_t(kk) * c.ld_b + j] = __float2bfloat16(NAN);
-            }
+            else
+                for (int m = 0; m < 16 * F; ++m) c.p[size_t(m) * K + kk] = NAN;
+            for (int j = 0; j < c.ld_b; ++j) c.b[size_t(kk) * c.ld_b + j] = __float2bfloat16(NAN);
+        }
+    }
     return c;
 }
 
@@ -371,7 +390,7 @@ template <TileForm kForm, int F, int N, int K> std::vector<float> run_tile_produ
     acc_out.fill_bytes(0xFF);
     const size_t smem = (c.a.size() + c.b.size()) * sizeof(bf16);
     launch<tile_product_kernel<kForm, F, N, K>>(dim3(1), dim3(32), smem, nullptr, acc_out.ptr, acc_in.ptr, p.ptr, a.ptr,
-                                                c.rows_a, c.ld_a, b.ptr, c.rows_b, c.ld_b, live.ptr);
+                                                c.rows_a, c.ld_a, b.ptr, c.rows_b, c.ld_b, live.ptr, c.live_begin, c.live_end);
     CUDA_CHECK(cudaDeviceSynchronize());
     return acc_out.download();
 }
@@ -391,8 +410,8 @@ template <TileForm kForm, int F, int N, int K> void check_tile_reference(const T
     for (int m = 0; m < 16 * F; ++m)
         for (int n = 0; n < N; ++n) {
             double ref = c.acc[size_t(m) * N + n], magnitude = std::fabs(ref);
-            for (int k = 0; k < K; ++k) {
-                if (!c.live[k / 16]) continue;
+            for (int k = 0; k < K && c.computes_column(n); ++k) {
+                if (!c.takes_k(k)) continue;
                 ref += A(m, k) * B(k, n);
                 magnitude += std::fabs(A(m, k) * B(k, n));
             }
@@ -402,10 +421,11 @@ template <TileForm kForm, int F, int N, int K> void check_tile_reference(const T
         }
 }
 
-template <TileForm kForm, int F, int N, int K> void check_tile_product(uint32_t seed, std::vector<int> live = {}) {
-    CAPTURE(int(kForm), F, N, K, seed);
+template <TileForm kForm, int F, int N, int K>
+void check_tile_product(uint32_t seed, std::vector<int> live = {}, std::pair<int, int> range = {0, -1}) {
+    CAPTURE(int(kForm), F, N, K, seed, range.first, range.second);
     std::mt19937 rng(seed);
-    const TileCase c = make_tile_case<kForm, F, N, K>(rng, live);
+    const TileCase c = make_tile_case<kForm, F, N, K>(rng, live, range);
     const std::vector<float> got = run_tile_product<kForm, F, N, K>(c);
     check_tile_reference<kForm, F, N, K>(c, got);
 #ifndef __CUDACC__
@@ -437,6 +457,17 @@ TEST_CASE("warp tile products: A B^T, P B and A^T B (with skipped k blocks) agai
     check_tile_product<TileForm::at_b, 1, 16, 64>(8, {1, 0, 1, 0});    // masked key blocks skipped
     check_tile_product<TileForm::at_b, 1, 8, 32>(9, {0, 1});           // one n tile (hs 16's dQ parts)
     check_tile_product<TileForm::at_b, 1, 32, 32>(10, {0, 0});         // nothing live: C unchanged
+    // Live ranges, as the attention kernels pass a causal mask's diagonal tiles: the other columns of
+    // an A B^T keep C, the other k of a P B or A^T B add nothing (their operands NaN).
+    check_tile_product<TileForm::a_bt, 1, 64, 64>(11, {}, {0, 32});    // the forward's first warps
+    check_tile_product<TileForm::a_bt, 1, 64, 64>(12, {}, {16, 64});   // the key kernels' S^T from a warp's keys
+    check_tile_product<TileForm::a_bt, 2, 64, 32>(13, {}, {16, 48});
+    check_tile_product<TileForm::a_bt, 1, 32, 16>(14, {}, {16, 16});   // nothing: C unchanged
+    check_tile_product<TileForm::p_b, 1, 64, 64>(15, {}, {0, 48});
+    check_tile_product<TileForm::p_b, 2, 16, 64>(16, {}, {32, 64});
+    check_tile_product<TileForm::p_b, 1, 128, 32>(17, {}, {16, 32});
+    check_tile_product<TileForm::at_b, 1, 16, 128>(18, {1, 0, 1, 1, 1, 1, 1, 1}, {0, 80});  // dQ: live warps, up to its queries
+    check_tile_product<TileForm::at_b, 1, 8, 32>(19, {}, {0, 16});
 #ifndef __CUDACC__
     cuemu::set_tensor_core_mode(mode);
 #endif
@@ -579,8 +610,15 @@ __global__ void misaligned_tile_product_kernel(float* out) {
     mma_a_bt<16, 16>(acc, smem, smem + 16 * 20, 20);
     out[threadIdx.x] = acc[0][0];
 }
+// A live range that is not whole 16-blocks (the instructions skip pairs of n tiles, k blocks of 16).
+__global__ void partial_live_range_tile_product_kernel(float* out) {
+    DYNAMIC_SHARED(bf16, smem);
+    float acc[2][4] = {};
+    mma_a_bt<16, 16>(acc, smem, smem + 16 * 24, 24, 0, 8);
+    out[threadIdx.x] = acc[0][0];
+}
 
-TEST_CASE("emulator: a tile product's lanes must agree on its operands, and its rows be 16-byte aligned") {
+TEST_CASE("emulator: a tile product's lanes must agree on its operands, its rows be 16-byte aligned, its live range whole blocks") {
     const cuemu::TensorCoreMode mode = cuemu::tensor_core_mode();
     DeviceBuffer<float> out(32);
     const size_t smem = 48 * 24 * sizeof(bf16);
@@ -588,6 +626,7 @@ TEST_CASE("emulator: a tile product's lanes must agree on its operands, and its 
     cuemu::set_tensor_core_mode(cuemu::TensorCoreMode::tiles);
     CHECK(try_launch<divergent_tile_product_kernel>(dim3(1), dim3(32), smem, nullptr, out.ptr) == cudaErrorLaunchFailure);
     CHECK(try_launch<misaligned_tile_product_kernel>(dim3(1), dim3(32), smem, nullptr, out.ptr) == cudaErrorLaunchFailure);
+    CHECK(try_launch<partial_live_range_tile_product_kernel>(dim3(1), dim3(32), smem, nullptr, out.ptr) == cudaErrorLaunchFailure);
     cuemu::set_tensor_core_mode(cuemu::TensorCoreMode::instructions);
     CHECK(try_launch<divergent_tile_product_kernel>(dim3(1), dim3(32), smem, nullptr, out.ptr) == cudaSuccess);
     CHECK(try_launch<misaligned_tile_product_kernel>(dim3(1), dim3(32), smem, nullptr, out.ptr) == cudaErrorLaunchFailure);
