@@ -398,8 +398,15 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
         const bf16* v_tile = v_tiles + (kt % 2) * kKeys * ld;
         // Warp-uniform; the one barrier below stays outside the branch.
         if (kt * kKeys <= warp_last_last_key && kt * kKeys + kKeys - 1 >= warp_min_first_key) {
+            // The tile's keys up to the warp's last row's last key, and from its rows' first visible key,
+            // in blocks of 16: the products skip the rest (on the diagonal tile, at hs 64, half of it for
+            // the first two warps), whose scores the tests below mask and whose P is 0.
+            const int live_begin = live_begin_from(warp_min_first_key, kt * kKeys, kKeys);
+            const int live_end = live_end_through(warp_last_last_key, kt * kKeys, kKeys);
             float s[F][kKeys / 8][4] = {};
-            mma_a_bt_rows<F, kKeys, HS>(s, q_tile + warp * F * kWarpRows * ld, k_tile, ld);
+            with_live_range<kKeys>(live_begin, live_end, [&](int begin, int end) {
+                mma_a_bt_rows<F, kKeys, HS>(s, q_tile + warp * F * kWarpRows * ld, k_tile, ld, begin, end);
+            });
             float tile_max[F][2];
             FULL_UNROLL
             for (int f = 0; f < F; ++f) tile_max[f][0] = tile_max[f][1] = -INFINITY;
@@ -456,7 +463,8 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
                     for (int i = 0; i < 4; ++i) o[f][n][i] *= correction[i / 2];
                 }
             }
-            mma_p_b_rows<F, HS, kKeys>(o, s, v_tile, ld);
+            with_live_range<kKeys>(live_begin, live_end,
+                                   [&](int begin, int end) { mma_p_b_rows<F, HS, kKeys>(o, s, v_tile, ld, begin, end); });
         }
         __syncthreads();  // tile kt's buffers are refilled by the next iteration's prefetch
     }
@@ -564,14 +572,21 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
         const bf16* q_tile = q_tiles + buf * kQueries * ld;
         const bf16* dout_tile = dout_tiles + buf * kQueries * ld;
 
+        // The tile's queries from the first that sees the warp's first key, in blocks of 16: the
+        // products skip the earlier ones (masked: P = 0, dS = 0), a diagonal tile's first blocks.
+        const int live_begin = live_begin_from(warp_key0 - lead, q0, kQueries);
         float p[kQueries / 8][4] = {}, ds[kQueries / 8][4] = {};  // transposed: [key][query]
-        mma_a_bt<kQueries, HS>(p, k_tile + warp * kWarpRows * ld, q_tile, ld);
-        mma_a_bt<kQueries, HS>(ds, v_tile + warp * kWarpRows * ld, dout_tile, ld);
+        with_live_range<kQueries>(live_begin, kQueries, [&](int begin, int end) {
+            mma_a_bt<kQueries, HS>(p, k_tile + warp * kWarpRows * ld, q_tile, ld, begin, end);
+            mma_a_bt<kQueries, HS>(ds, v_tile + warp * kWarpRows * ld, dout_tile, ld, begin, end);
+        });
         key_scores_to_grads<kQueries>(p, ds, q0 + lead < warp_key0 + kWarpRows - 1 || q0 + kQueries > warp_query_end, q0,
                                       key0 - lead, key_query_end, lse_rows + buf * kQueries, d_rows + buf * kQueries,
                                       scale_log2);
-        mma_p_b<HS, kQueries>(dv, p, dout_tile, ld);
-        mma_p_b<HS, kQueries>(dk, ds, q_tile, ld);
+        with_live_range<kQueries>(live_begin, kQueries, [&](int begin, int end) {
+            mma_p_b<HS, kQueries>(dv, p, dout_tile, ld, begin, end);
+            mma_p_b<HS, kQueries>(dk, ds, q_tile, ld, begin, end);
+        });
         __syncthreads();  // buffer `buf` is refilled by the next iteration's prefetch
     }
     // A span's keys that no query sees ran no loop iteration: order every thread's loads of the k and v
@@ -642,6 +657,7 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
     const int warp_row0 = q0 + warp * kWarpRows;
     const int warp_first_key = int(warp_max(float(max(first_key[0], first_key[1]))));
     const int warp_first_last_key = min(warp_row0 + lead, Tk - 1);  // the last key its first row sees
+    const int warp_last_last_key = min(warp_row0 + kWarpRows - 1 + lead, Tk - 1);  // and its last row
     const bool warp_rows_in_range = warp_row0 + kWarpRows <= Tq;
     float dq_acc[HS / 8][4] = {};
     for (int kt = first_tile; kt < key_tiles; ++kt) {
@@ -658,9 +674,14 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
         const bf16* k_tile = k_tiles + (kt % 2) * kKeys * ld;
         const bf16* v_tile = v_tiles + (kt % 2) * kKeys * ld;
 
+        // The tile's keys up to the warp's last row's last key, in blocks of 16: the products skip the
+        // rest (masked: P = 0, dS = 0), on the diagonal tile all but the warp's own 16 keys and those before.
+        const int live_end = live_end_through(warp_last_last_key, kt * kKeys, kKeys);
         float ds[kKeys / 8][4] = {}, dp[kKeys / 8][4] = {};
-        mma_a_bt<kKeys, HS>(ds, q_tile + warp * kWarpRows * ld, k_tile, ld);  // S first
-        mma_a_bt<kKeys, HS>(dp, dout_tile + warp * kWarpRows * ld, v_tile, ld);
+        with_live_range<kKeys>(0, live_end, [&](int begin, int end) {
+            mma_a_bt<kKeys, HS>(ds, q_tile + warp * kWarpRows * ld, k_tile, ld, begin, end);  // S first
+            mma_a_bt<kKeys, HS>(dp, dout_tile + warp * kWarpRows * ld, v_tile, ld, begin, end);
+        });
         if (!warp_rows_in_range || kt * kKeys + kKeys - 1 > warp_first_last_key || kt * kKeys < warp_first_key) {  // warp-uniform
             FULL_UNROLL
             for (int n = 0; n < kKeys / 8; ++n) {
@@ -682,7 +703,7 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
                 }
             }
         }
-        mma_p_b<HS, kKeys>(dq_acc, ds, k_tile, ld);
+        with_live_range<kKeys>(0, live_end, [&](int begin, int end) { mma_p_b<HS, kKeys>(dq_acc, ds, k_tile, ld, begin, end); });
         __syncthreads();
     }
     if (first_tile >= key_tiles) {  // queries that see no key of the span: as in the forward pass
@@ -868,9 +889,14 @@ static __global__ void __launch_bounds__(attention_tc_detail::kFusedThreads, att
             const bool live = warp_key0 < T && q0 + kQueries > warp_key0 && q0 < warp_query_last_end;  // warp-uniform
             if (lane == 0) warp_live[warp] = live;
             if (live) {
+                // The tile's queries from the warp's first key on, in blocks of 16: the products skip the
+                // earlier ones (masked: P = 0, dS = 0, still stored to dS^T for dQ), a diagonal tile's first.
+                const int live_begin = live_begin_from(warp_key0, q0, kQueries);
                 float p[kQueries / 8][4] = {}, ds[kQueries / 8][4] = {};  // transposed: [key][query]
-                mma_a_bt<kQueries, HS>(p, k_tile + warp * kWarpRows * ld, q_tile, ld);
-                mma_a_bt<kQueries, HS>(ds, v_tile + warp * kWarpRows * ld, dout_tile, ld);
+                with_live_range<kQueries>(live_begin, kQueries, [&](int begin, int end) {
+                    mma_a_bt<kQueries, HS>(p, k_tile + warp * kWarpRows * ld, q_tile, ld, begin, end);
+                    mma_a_bt<kQueries, HS>(ds, v_tile + warp * kWarpRows * ld, dout_tile, ld, begin, end);
+                });
                 key_scores_to_grads<kQueries>(p, ds, q0 < warp_key0 + kWarpRows - 1 || q0 + kQueries > warp_query_end, q0,
                                               key0, key_query_end, lse_rows + buf * kQueries, d_rows + buf * kQueries,
                                               scale_log2);
@@ -881,13 +907,18 @@ static __global__ void __launch_bounds__(attention_tc_detail::kFusedThreads, att
                     *reinterpret_cast<uint32_t*>(row) = pack_bf16x2(ds[n][0], ds[n][1]);
                     *reinterpret_cast<uint32_t*>(row + 8 * ld_ds) = pack_bf16x2(ds[n][2], ds[n][3]);
                 }
-                mma_p_b<HS, kQueries>(dv, p, dout_tile, ld);
-                mma_p_b<HS, kQueries>(dk, ds, q_tile, ld);
+                with_live_range<kQueries>(live_begin, kQueries, [&](int begin, int end) {
+                    mma_p_b<HS, kQueries>(dv, p, dout_tile, ld, begin, end);
+                    mma_p_b<HS, kQueries>(dk, ds, q_tile, ld, begin, end);
+                });
             }
             __syncthreads();  // every live warp's dS^T rows are in
 
+            // The block's keys up to this warp's last dQ query (16-key blocks: the warps'), of the live warps.
             float dq[kDqCols / 8][4] = {};
-            mma_at_b<kDqCols, kKeys>(dq, ds_tile + dq_row, ld_ds, k_tile + dq_col, ld, warp_live);
+            // (Its k blocks already test `live` one by one: the range adds no branch of its own.)
+            mma_at_b<kDqCols, kKeys>(dq, ds_tile + dq_row, ld_ds, k_tile + dq_col, ld, warp_live, 0,
+                                     live_end_through(q0 + dq_row + kWarpRows - 1, k0, kKeys));
             // The diagonal block of a whole head: no later key block sees these queries.
             const bool last = !kSplitHeads && q0 + kQueries <= k0 + kKeys;
             if (last) {
@@ -1058,39 +1089,73 @@ template <typename F> void dispatch_head_size(int hs, F&& f) {
     }
 }
 
-// Tile pairs a kernel computes per (b, h) over a span (causal: causal_span(T, C)): for each block of
-// kBlockRows rows, the streamed tiles of `tile` rows it visits (those the masks do not hide entirely).
-inline double query_block_key_tiles(const AttentionSpan& s, int tile) {  // dQ
+// The (query, key) pairs each kernel's products take per (b, h) over a span (causal: causal_span(T,
+// C)), as its warps skip them: the tiles the masks do not hide entirely, and of a tile cut by the causal
+// mask the live range of 16-blocks (live_end_through, live_begin_from; kernels/tensor_core.cuh) that
+// the warp passes its products. With documents, upper bounds (what is skipped depends on the data).
+// Forward: each warp's rows times the keys up to its last row's last key, in the block's key tiles
+// (warps past Tq too: they compute, and store nothing).
+inline double forward_row_keys(const AttentionSpan& s, int tile, int warp_rows, int block_rows) {
     double pairs = 0;
-    for (int q0 = 0; q0 < s.Tq; q0 += kBlockRows) pairs += attention_detail::span_key_tiles(q0, s, kBlockRows, tile);
+    for (int q0 = 0; q0 < s.Tq; q0 += block_rows) {
+        const int key_tiles = attention_detail::span_key_tiles(q0, s, block_rows, tile);
+        for (int r0 = q0; r0 < q0 + block_rows; r0 += warp_rows) {
+            const int last_key = std::min(r0 + warp_rows - 1 + s.key_lead, s.Tk - 1);
+            for (int kt = 0; kt < key_tiles && kt * tile <= last_key; ++kt)
+                pairs += double(warp_rows) * live_end_through(last_key, kt * tile, tile);
+        }
+    }
     return pairs;
 }
-// Forward: each warp's rows times the key tiles it computes (up to its last row's last key; a warp
-// skips the tiles of its block that lie past them).
-inline double forward_row_tiles(const AttentionSpan& s, int tile, int warp_rows) {
-    double row_tiles = 0;
-    for (int r0 = 0; r0 < s.Tq; r0 += warp_rows) row_tiles += double(warp_rows) * attention_detail::span_key_tiles(r0, s, warp_rows, tile);
-    return row_tiles;
-}
-inline double key_block_query_tiles(const AttentionSpan& s, int tile) {  // dK/dV
+// dQ: each warp's 16 queries times the keys of the block's key tiles up to its last query's last key.
+inline double dq_query_keys(const AttentionSpan& s, int tile) {
     double pairs = 0;
-    for (int k0 = 0; k0 < s.Tk; k0 += kBlockRows) pairs += ceil_div(s.Tq - std::min(std::max(k0 - s.key_lead, 0), s.Tq), tile);
+    for (int q0 = 0; q0 < s.Tq; q0 += kBlockRows) {
+        const int key_tiles = attention_detail::span_key_tiles(q0, s, kBlockRows, tile);
+        for (int r0 = q0; r0 < q0 + kBlockRows; r0 += kWarpRows) {
+            const int last_key = std::min(r0 + kWarpRows - 1 + s.key_lead, s.Tk - 1);
+            for (int kt = 0; kt < key_tiles; ++kt) pairs += double(kWarpRows) * live_end_through(last_key, kt * tile, tile);
+        }
+    }
+    return pairs;
+}
+// dK/dV: each warp's 16 keys times the queries of the block's query tiles from the first that sees its
+// first key.
+inline double dkdv_key_queries(const AttentionSpan& s, int tile) {
+    double pairs = 0;
+    for (int k0 = 0; k0 < s.Tk; k0 += kBlockRows) {
+        const int query_begin = std::min(std::max(k0 - s.key_lead, 0), s.Tq);
+        for (int q0 = query_begin; q0 < s.Tq; q0 += tile)
+            for (int key = k0; key < k0 + kBlockRows; key += kWarpRows)
+                pairs += double(kWarpRows) * (tile - live_begin_from(key - s.key_lead, q0, tile));
+    }
     return pairs;
 }
 
-// Fused, per (b, h): the tile pairs of kFusedKeys keys by kDkdvQueries queries, and the warps' shares of
-// them that are computed (a warp skips the tile before its keys; causal, documents not counted).
+// Fused, per (b, h): the tile pairs of kFusedKeys keys by kDkdvQueries queries, and the products'
+// (query, key) pairs: each live warp's 16 keys times the tile's queries from its first key on (S^T,
+// dP^T, dV, dK), and each 16-query dQ fragment times the live warps' keys up to its last query (causal,
+// documents not counted).
 template <int HS> double fused_key_block_query_tiles(int T) {
     double pairs = 0;
     for (int k0 = 0; k0 < T; k0 += kFusedKeys) pairs += ceil_div(T - k0, kDkdvQueries<HS>);
     return pairs;
 }
-template <int HS> double fused_live_warp_tiles(int T) {
-    double live = 0;
+struct FusedProductPairs {
+    double per_warp = 0, dq = 0;  // (query, key) pairs of the 4 per-warp products, and of dQ's
+};
+template <int HS> FusedProductPairs fused_product_pairs(int T) {
+    constexpr int kQueries = kDkdvQueries<HS>;
+    FusedProductPairs pairs;
     for (int k0 = 0; k0 < T; k0 += kFusedKeys)
-        for (int q0 = k0; q0 < T; q0 += kDkdvQueries<HS>)
-            for (int key = k0; key < std::min(T, k0 + kFusedKeys); key += kWarpRows) live += key < q0 + kDkdvQueries<HS>;
-    return live;
+        for (int q0 = k0; q0 < T; q0 += kQueries)
+            for (int key = k0; key < std::min(T, k0 + kFusedKeys); key += kWarpRows) {
+                if (key >= q0 + kQueries) continue;  // the warp skips the pair
+                pairs.per_warp += double(kWarpRows) * (kQueries - live_begin_from(key, q0, kQueries));
+                for (int row = q0; row < q0 + kQueries; row += kWarpRows)
+                    pairs.dq += key - k0 < live_end_through(row + kWarpRows - 1, k0, kFusedKeys) ? double(kWarpRows) * kWarpRows : 0.0;
+            }
+    return pairs;
 }
 
 inline void check_span(const char* launcher, const AttentionSpan& span, int B, int C, int NH) {
@@ -1112,9 +1177,9 @@ void forward(Out* out, float* lse, const X* q, const X* kv, AttentionSpan span, 
             constexpr auto kernel = attention_tc_forward_kernel<HS, Out>;
             constexpr size_t smem = forward_smem_bytes<HS>();
             attention_detail::allow_smem<kernel>(smem);
-            // Matmul FLOPs executed: S = Q K^T and P V, 2 * tile * hs each per row and key tile.
-            const double row_tiles = forward_row_tiles(span, kForwardKeys<HS>, kForwardFrags<HS> * kWarpRows);
-            const KernelCost cost{BNH * row_tiles * 4.0 * kForwardKeys<HS> * HS,
+            // Matmul FLOPs executed: S = Q K^T and P V, 2 * hs each per (row, key) pair computed.
+            const double pairs = forward_row_keys(span, kForwardKeys<HS>, kForwardFrags<HS> * kWarpRows, kForwardRows<HS>);
+            const KernelCost cost{BNH * pairs * 4.0 * HS,
                                   (q_elems + 2 * k_elems) * bf + q_elems * sizeof(Out) + BNH * span.Tq * sizeof(float),
                                   WorkKind::tensor_cores};
             launch<kernel>(cost, dim3(ceil_div(span.Tq, kForwardRows<HS>), NH, B), dim3(kThreads), smem, stream, out, lse,
@@ -1152,16 +1217,15 @@ void backward(Grad* dq, int dq_stride, Grad* dkv, int dkv_stride, const X* dout,
             attention_detail::allow_smem<dkdv_kernel>(dkdv_smem);
             attention_detail::allow_smem<dq_kernel>(dq_smem);
             // Each reads q, k, v, dO, lse and D once; dK/dV computes S^T, dP^T, dV and dK (4
-            // products), dQ computes S, dP and dQ (3), 2 * 64 * tile * hs FLOPs each per tile pair;
+            // products), dQ computes S, dP and dQ (3), 2 * hs FLOPs each per (query, key) pair computed;
             // each writes its gradients (and reads them once more when accumulating).
             // With document masking these are upper bounds (the tiles skipped depend on the data).
             // With the qkv bias sums, each block writes its rows' column sums (a float per column).
             const double reads = (2 * q_elems + 2 * k_elems) * bf + 2 * row_floats;
             const double sums = qkv_bias_partials ? sizeof(float) : 0.0;
-            const KernelCost dkdv_cost{BNH * key_block_query_tiles(span, kDkdvQueries<HS>) * 8.0 * kBlockRows *
-                                           kDkdvQueries<HS> * HS,
+            const KernelCost dkdv_cost{BNH * dkdv_key_queries(span, kDkdvQueries<HS>) * 8.0 * HS,
                                        reads + 2 * k_elems * G + 2 * k_elems / kBlockRows * sums, WorkKind::tensor_cores};
-            const KernelCost dq_cost{BNH * query_block_key_tiles(span, kDqKeys<HS>) * 6.0 * kBlockRows * kDqKeys<HS> * HS,
+            const KernelCost dq_cost{BNH * dq_query_keys(span, kDqKeys<HS>) * 6.0 * HS,
                                      reads + q_elems * G + q_elems / kBlockRows * sums, WorkKind::tensor_cores};
             launch<dkdv_kernel>(dkdv_cost, dim3(ceil_div(span.Tk, kBlockRows), NH, B), dim3(kThreads), dkdv_smem, stream,
                                 dkv, dkv_stride, dout, q, kv, lse, D, doc_start, span, C, NH, accumulate, qkv_bias_partials);
@@ -1190,8 +1254,7 @@ void backward_fused(X* dqkv, float* scratch, const X* dout, const X* qkv, const 
             constexpr size_t smem = fused_smem_bytes<HS>();
             attention_detail::allow_smem<whole_kernel>(smem);
             attention_detail::allow_smem<split_kernel>(smem);
-            // 5 products of 2 * 16 keys * queries * hs FLOPs per warp and tile pair it computes (dQ's:
-            // its keys' share of the tile's dS K). Bytes: q, k, v, dO, O, lse and D
+            // 2 * hs FLOPs per (query, key) pair of each product (fused_product_pairs). Bytes: q, k, v, dO, O, lse and D
             // read, D, dq, dk, dv written, and dQ's float partial sums written and read back at every tile
             // pair but a query tile's first (written only) and its last (read only): an upper bound on
             // what reaches memory, as the sums of the tiles a block revisits soonest stay in L2. With the qkv
@@ -1199,10 +1262,10 @@ void backward_fused(X* dqkv, float* scratch, const X* dout, const X* qkv, const 
             // head's groups do its tile pairs between them.
             const double elems = double(T) * HS, pairs = fused_key_block_query_tiles<HS>(T);
             const double tile_floats = double(kDkdvQueries<HS>) * HS;
-            const double warp_pairs = fused_live_warp_tiles<HS>(T);
+            const FusedProductPairs products = fused_product_pairs<HS>(T);
             const auto cost_of = [&](int heads) {
                 const double H = heads;
-                return KernelCost{H * warp_pairs * 10.0 * kWarpRows * kDkdvQueries<HS> * HS,
+                return KernelCost{H * (4 * products.per_warp + products.dq) * 2.0 * HS,
                                   H * (8 * elems * sizeof(bf16) + 3.0 * T * sizeof(float) +
                                        (2 * pairs - 2.0 * ceil_div(T, kDkdvQueries<HS>)) * tile_floats * sizeof(float) +
                                        (qkv_bias_partials ? double(ceil_div(T, kFusedKeys)) * 3 * HS * sizeof(float) : 0.0)),

@@ -224,6 +224,44 @@ TEST_CASE("emulator: the tensor-core kernels give the same bits with tile collec
     }
     cuemu::set_tensor_core_mode(mode);
 }
+
+// The FLOPs the tensor-core kernels record for the roofline (KernelCost: the tiles a warp computes and,
+// on the tiles the causal mask cuts, the live 16-blocks it passes its products) are the MMAs the
+// emulator runs (tile collectives and instructions count alike), exactly: the forward, the split
+// backward and the fused one (whole heads, and split with its combining kernel, which runs none).
+// T = 1024 at hs 64 (every diagonal tile of the GPT-2 shape), T past a multiple of the tiles, every
+// head size. A count that charged whole diagonal tiles would be 3-6% over at T = 1024.
+TEST_CASE("tensor-core attention records the FLOPs of the MMAs it runs") {
+    const Sizes cases[] = {{1, 1024, 64, 1, 2.0f}, {1, 300, 128, 1, 2.0f}, {2, 200, 64, 2, 2.0f}, {1, 100, 32, 2, 3.0f}};
+    for (const Sizes& s : cases) {
+        CAPTURE(s.B, s.T, s.C, s.NH);
+        std::mt19937 rng(91 + s.T);
+        const std::vector<floatX> qkv = random_qkv(s, rng), dout = random_floatX(size_t(s.B) * s.T * s.C, 1.0f, rng);
+        // (kind, wave slots): a wave one block larger than the heads splits them all where a head has
+        // 2 or more pairs of key blocks (T > 256).
+        const int split_slots = s.B * s.NH + 1;
+        const bool splits = s.T > 256;
+        CHECK(attention_tc_detail::fused_grid_plan(s.B, s.NH, s.T, false, split_slots).split_rows == (splits ? s.B : 0));
+        const std::pair<Kernels, int> runs[] = {{Kernels::tensor_core, attention_tc_detail::kFusedWaveSlots},
+                                                {Kernels::tensor_core_fused, attention_tc_detail::kFusedWaveSlots},
+                                                {Kernels::tensor_core_fused, split_slots}};
+        for (const auto& [which, slots] : runs) {
+            CAPTURE(kernels_name(which), slots);
+            launch_record::start(false);
+            const uint64_t before = cuemu::mma_count();
+            const Results r = run_attention(which, qkv, dout, s, nullptr, 0, slots);
+            const uint64_t mmas = cuemu::mma_count() - before;
+            double recorded = 0;
+            int tensor_launches = 0;
+            for (const LaunchRecord& record : launch_record::stop())
+                if (record.kind == WorkKind::tensor_cores) recorded += record.flops, ++tensor_launches;
+            CHECK(tensor_launches == (which == Kernels::tensor_core ? 3 : 2));  // forward, then dK/dV and dQ, or fused
+            CHECK(mmas > 0);
+            CHECK(recorded == 2.0 * 16 * 8 * 16 * double(mmas));
+            CHECK(std::all_of(r.dqkv.begin(), r.dqkv.end(), [](floatX x) { return std::isfinite(to_float(x)); }));
+        }
+    }
+}
 #endif
 
 // The fused backward computes each tile pair's S^T, P, dP^T and dS^T as the dK/dV kernel does and adds
