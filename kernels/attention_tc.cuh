@@ -399,8 +399,8 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
         // Warp-uniform; the one barrier below stays outside the branch.
         if (kt * kKeys <= warp_last_last_key && kt * kKeys + kKeys - 1 >= warp_min_first_key) {
             // The tile's keys up to the warp's last row's last key, and from its rows' first visible key,
-            // in blocks of 16: the products skip the rest (on the diagonal tile, at hs 64, half of it for
-            // the first two warps), whose scores the tests below mask and whose P is 0.
+            // in blocks of 16: the products skip the rest (at hs 64, half of a diagonal tile for a warp whose
+            // 32 rows are the tile's first), whose scores the tests below mask and whose P is 0.
             const int live_begin = live_begin_from(warp_min_first_key, kt * kKeys, kKeys);
             const int live_end = live_end_through(warp_last_last_key, kt * kKeys, kKeys);
             float s[F][kKeys / 8][4] = {};
@@ -703,7 +703,8 @@ static __global__ void __launch_bounds__(attention_tc_detail::kThreads, 2)
                 }
             }
         }
-        with_live_range<kKeys>(0, live_end, [&](int begin, int end) { mma_p_b<HS, kKeys>(dq_acc, ds, k_tile, ld, begin, end); });
+        with_live_range<kKeys>(0, live_end,
+                               [&](int begin, int end) { mma_p_b<HS, kKeys>(dq_acc, ds, k_tile, ld, begin, end); });
         __syncthreads();
     }
     if (first_tile >= key_tiles) {  // queries that see no key of the span: as in the forward pass
@@ -914,9 +915,9 @@ static __global__ void __launch_bounds__(attention_tc_detail::kFusedThreads, att
             }
             __syncthreads();  // every live warp's dS^T rows are in
 
-            // The block's keys up to this warp's last dQ query (16-key blocks: the warps'), of the live warps.
+            // The live warps' keys (16-key blocks) up to this warp's last dQ query. The product's k blocks
+            // already test `live` one by one, so the range adds no branch of its own (no with_live_range).
             float dq[kDqCols / 8][4] = {};
-            // (Its k blocks already test `live` one by one: the range adds no branch of its own.)
             mma_at_b<kDqCols, kKeys>(dq, ds_tile + dq_row, ld_ds, k_tile + dq_col, ld, warp_live, 0,
                                      live_end_through(q0 + dq_row + kWarpRows - 1, k0, kKeys));
             // The diagonal block of a whole head: no later key block sees these queries.
@@ -1254,12 +1255,12 @@ void backward_fused(X* dqkv, float* scratch, const X* dout, const X* qkv, const 
             constexpr size_t smem = fused_smem_bytes<HS>();
             attention_detail::allow_smem<whole_kernel>(smem);
             attention_detail::allow_smem<split_kernel>(smem);
-            // 2 * hs FLOPs per (query, key) pair of each product (fused_product_pairs). Bytes: q, k, v, dO, O, lse and D
-            // read, D, dq, dk, dv written, and dQ's float partial sums written and read back at every tile
-            // pair but a query tile's first (written only) and its last (read only): an upper bound on
-            // what reaches memory, as the sums of the tiles a block revisits soonest stay in L2. With the qkv
-            // bias sums, a partial row of 3C floats per 128-row chunk. Each launch its heads' share; a split
-            // head's groups do its tile pairs between them.
+            // 2 * hs FLOPs per (query, key) pair of each product (fused_product_pairs). Bytes: q, k, v,
+            // dO, O, lse and D read, D, dq, dk, dv written, and dQ's float partial sums written and read
+            // back at every tile pair but a query tile's first (written only) and its last (read only): an
+            // upper bound on what reaches memory, as the sums of the tiles a block revisits soonest stay in
+            // L2. With the qkv bias sums, a partial row of 3C floats per 128-row chunk. Each launch its
+            // heads' share; a split head's groups do its tile pairs between them.
             const double elems = double(T) * HS, pairs = fused_key_block_query_tiles<HS>(T);
             const double tile_floats = double(kDkdvQueries<HS>) * HS;
             const FusedProductPairs products = fused_product_pairs<HS>(T);
