@@ -208,6 +208,7 @@ __device__ inline bool tile_product_in_emulator_at_b(int n, int k, const __nv_bf
 // that the causal mask leaves to a warp, so the diagonal tiles' masked blocks cost no MMA; what is
 // skipped would only add exact zeros (P = 0, dS = 0) or be masked to -inf, so the bits are those of
 // the whole product.
+
 // Runs product(begin, end) over the live range; when that is the whole extent, with the whole extent
 // as constants, so a full tile's products compile as they would without ranges (no per-block tests
 // between the loads the compiler hoists and their MMAs) and only a tile the mask cuts pays for them.
