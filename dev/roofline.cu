@@ -307,14 +307,18 @@ int main(int argc, char** argv) {
     const int64_t whole_parameters = int64_t(gpt2_num_parameters(config));
     const StepThroughput estimate = step_throughput(step_s, double(o.total_batch_tokens), o.world_size, whole_parameters, L, C, o.T);
     std::printf("%s", throughput_line("estimate", estimate).c_str());
+    const StepFamilies families = step_families(step);
     if (o.target_mfu > 0)
-        std::printf("%s", target_report(step_families(step), step_s / timeline.step_s, estimate.mfu_llmc, o.target_mfu).c_str());
+        std::printf("%s", target_report(families, step_s / timeline.step_s, estimate.mfu_llmc, o.target_mfu).c_str());
     double recorded_flops = 0;
     for (const LaunchRecord& r : step) recorded_flops += r.flops;
     std::printf("recorded FLOPs per token: %.3g (6N + 6LCT = %.3g, 6N + 12LCT = %.3g)\n",
                 recorded_flops / double(rank_tokens * micro_steps),
                 flops_per_token(int64_t(m.num_parameters), L, C, o.T),
                 flops_per_token_palm(int64_t(m.num_parameters), L, C, o.T));
+    // One rank's attention is the whole model's here; tensor, pipeline and context parallelism divide it.
+    if (o.tp == 1 && o.pp == 1 && o.cp == 1)
+        std::printf("%s", attention_rate_line(families, flash_attention_flops(o.B, o.T, C, L) * micro_steps).c_str());
     // llm.c's published GPT-2 (1.5B) reproduction, as issue 7 quotes it: 8x H100 SXM, B=16, T=1024,
     // 1,048,576 tokens per step, 2.75 s per step, 47.3% MFU. Beside ours: the same launches with the
     // attention llm.c ran (cuDNN's published rates) and llm.c's share of what a roofline misses, the

@@ -230,7 +230,8 @@ TEST_CASE("emulator: the tensor-core kernels give the same bits with tile collec
 // emulator runs (tile collectives and instructions count alike), exactly: the forward, the split
 // backward and the fused one (whole heads, and split with its combining kernel, which runs none).
 // T = 1024 at hs 64 (every diagonal tile of the GPT-2 shape), T past a multiple of the tiles, every
-// head size. A count that charged whole diagonal tiles would be 3-6% over at T = 1024.
+// head size. A count that charged whole diagonal tiles would be 3-6% over at T = 1024; at hs 64 over T =
+// 1024 each kernel's count is also held to its closed form.
 TEST_CASE("tensor-core attention records the FLOPs of the MMAs it runs") {
     const Sizes cases[] = {{1, 1024, 64, 1, 2.0f}, {1, 300, 128, 1, 2.0f}, {2, 200, 64, 2, 2.0f}, {1, 100, 32, 2, 3.0f}};
     for (const Sizes& s : cases) {
@@ -253,11 +254,26 @@ TEST_CASE("tensor-core attention records the FLOPs of the MMAs it runs") {
             const uint64_t mmas = cuemu::mma_count() - before;
             double recorded = 0;
             int tensor_launches = 0;
-            for (const LaunchRecord& record : launch_record::stop())
+            const std::vector<LaunchRecord> records = launch_record::stop();
+            for (const LaunchRecord& record : records)
                 if (record.kind == WorkKind::tensor_cores) recorded += record.flops, ++tensor_launches;
             CHECK(tensor_launches == (which == Kernels::tensor_core ? 3 : 2));  // forward, then dK/dV and dQ, or fused
             CHECK(mmas > 0);
             CHECK(recorded == 2.0 * 16 * 8 * 16 * double(mmas));
+            if (s.T == 1024) {
+                // hs 64, by hand: a product over the causal half is 2 T^2 hs / 2 FLOPs (FlashAttention's
+                // count), and the live 16-blocks of the diagonal add 32 keys a row for the forward's 32-row
+                // warps, (1 + 32 / T), and one 16 x 16 block a block row for the backward's, (1 + 16 / T).
+                const double product = double(s.T) * s.T * 64, forward = 1 + 32.0 / s.T, backward = 1 + 16.0 / s.T;
+                for (const LaunchRecord& record : records) {
+                    CAPTURE(record.name);
+                    const auto is = [&](const char* name) { return record.name.rfind(name, 0) == 0; };
+                    if (is("attention_tc_forward_kernel")) CHECK(record.flops == Approx(2 * product * forward).epsilon(1e-12));
+                    if (is("attention_tc_backward_dkdv_kernel")) CHECK(record.flops == Approx(4 * product * backward).epsilon(1e-12));
+                    if (is("attention_tc_backward_dq_kernel")) CHECK(record.flops == Approx(3 * product * backward).epsilon(1e-12));
+                    if (is("attention_tc_backward_fused_kernel")) CHECK(record.flops == Approx(5 * product * backward).epsilon(1e-12));
+                }
+            }
             CHECK(std::all_of(r.dqkv.begin(), r.dqkv.end(), [](floatX x) { return std::isfinite(to_float(x)); }));
         }
     }

@@ -869,6 +869,33 @@ TEST_CASE("roofline calibration: our d48 step at B=8 within 10% of its measured 
     CHECK(estimate_s == Approx(measured_s).epsilon(0.10));
 }
 
+// What the tool prints beside the MFU: our attention kernels' step time on FlashAttention's count. That
+// count (flash_attention_flops) against the kernels' own recorded FLOPs on a d12 step at T = 1024 (hs 64),
+// two micro-steps: the forward's (2 products) exceed its share of it, 1 of 3.5, by the diagonal's live
+// 16-key blocks for 32-row warps, (1 + 32 / T); the split backward's 7 products, 3.5 of 3.5 where the count
+// gives the backward 2.5, exceed it by their 16 x 16 blocks, (1 + 16 / T).
+TEST_CASE("roofline: attention on FlashAttention's count against the FLOPs our kernels record", "[record-only]") {
+    std::string no_checkpoint;
+    StepSetup d12{.micro_steps = 2, .record_only = true, .attention = Attention::tc};
+    d12.config = model_config_of("d12", 1024, &no_checkpoint);
+    d12.B = 2, d12.T = 1024;
+    const std::vector<LaunchRecord> records = record_one_step(d12);
+    const double count = flash_attention_flops(2, 1024, 768, 12) * 2;
+    double forward = 0, backward = 0;
+    int launches = 0;
+    for (const LaunchRecord& r : records)
+        if (r.kind == WorkKind::tensor_cores) (H100Model::is_attention_forward(r.name) ? forward : backward) += r.flops, ++launches;
+    CHECK(launches == 2 * 12 * 3);  // forward, dK/dV, dQ a layer and micro-step
+    CHECK(forward == Approx(count / 3.5 * (1 + 32.0 / 1024)).epsilon(1e-12));
+    CHECK(backward == Approx(count * (1 + 16.0 / 1024)).epsilon(1e-12));
+    const StepFamilies f = step_families(records);
+    REQUIRE(f.attention_s > 0);
+    char expected[200];
+    std::snprintf(expected, sizeof expected, "%.2f TFLOP a step in %.2f ms of our attention kernels: %.1f TFLOP/s", count / 1e12,
+                  f.attention_s * 1e3, count / f.attention_s / 1e12);
+    CHECK_THAT(attention_rate_line(f, count), Catch::Contains(expected));
+}
+
 // llm.c's only published end-to-end H100 figure: GPT-2 1.5B (d48), 8x H100 SXM, B=16, T=1024,
 // 1,048,576 tokens per step (8 micro-steps), ZeRO-1, 2.75 s per step. dev/roofline.h fits llm.c's
 // share of what a roofline misses on it; this holds the estimate of that configuration within 5% as
