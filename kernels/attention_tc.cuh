@@ -1094,9 +1094,10 @@ template <typename F> void dispatch_head_size(int hs, F&& f) {
 // C)), as its warps skip them: the tiles the masks do not hide entirely, and of a tile cut by the causal
 // mask the live range of 16-blocks (live_end_through, live_begin_from; kernels/tensor_core.cuh) that
 // the warp passes its products. With documents, upper bounds (what is skipped depends on the data).
-// Forward: each warp's rows times the keys up to its last row's last key, in the block's key tiles
-// (warps past Tq too: they compute, and store nothing).
-inline double forward_row_keys(const AttentionSpan& s, int tile, int warp_rows, int block_rows) {
+// The query kernels (forward, dQ): each warp's rows times the keys up to its last row's last key, in its
+// block's key tiles (warps past Tq too: they compute, and store nothing). The forward's warps skip the
+// tiles past that key; the dQ kernel's run them with an empty live range: no pairs either way.
+inline double query_row_keys(const AttentionSpan& s, int tile, int warp_rows, int block_rows) {
     double pairs = 0;
     for (int q0 = 0; q0 < s.Tq; q0 += block_rows) {
         const int key_tiles = attention_detail::span_key_tiles(q0, s, block_rows, tile);
@@ -1104,18 +1105,6 @@ inline double forward_row_keys(const AttentionSpan& s, int tile, int warp_rows, 
             const int last_key = std::min(r0 + warp_rows - 1 + s.key_lead, s.Tk - 1);
             for (int kt = 0; kt < key_tiles && kt * tile <= last_key; ++kt)
                 pairs += double(warp_rows) * live_end_through(last_key, kt * tile, tile);
-        }
-    }
-    return pairs;
-}
-// dQ: each warp's 16 queries times the keys of the block's key tiles up to its last query's last key.
-inline double dq_query_keys(const AttentionSpan& s, int tile) {
-    double pairs = 0;
-    for (int q0 = 0; q0 < s.Tq; q0 += kBlockRows) {
-        const int key_tiles = attention_detail::span_key_tiles(q0, s, kBlockRows, tile);
-        for (int r0 = q0; r0 < q0 + kBlockRows; r0 += kWarpRows) {
-            const int last_key = std::min(r0 + kWarpRows - 1 + s.key_lead, s.Tk - 1);
-            for (int kt = 0; kt < key_tiles; ++kt) pairs += double(kWarpRows) * live_end_through(last_key, kt * tile, tile);
         }
     }
     return pairs;
@@ -1179,7 +1168,7 @@ void forward(Out* out, float* lse, const X* q, const X* kv, AttentionSpan span, 
             constexpr size_t smem = forward_smem_bytes<HS>();
             attention_detail::allow_smem<kernel>(smem);
             // Matmul FLOPs executed: S = Q K^T and P V, 2 * hs each per (row, key) pair computed.
-            const double pairs = forward_row_keys(span, kForwardKeys<HS>, kForwardFrags<HS> * kWarpRows, kForwardRows<HS>);
+            const double pairs = query_row_keys(span, kForwardKeys<HS>, kForwardFrags<HS> * kWarpRows, kForwardRows<HS>);
             const KernelCost cost{BNH * pairs * 4.0 * HS,
                                   (q_elems + 2 * k_elems) * bf + q_elems * sizeof(Out) + BNH * span.Tq * sizeof(float),
                                   WorkKind::tensor_cores};
@@ -1226,7 +1215,7 @@ void backward(Grad* dq, int dq_stride, Grad* dkv, int dkv_stride, const X* dout,
             const double sums = qkv_bias_partials ? sizeof(float) : 0.0;
             const KernelCost dkdv_cost{BNH * dkdv_key_queries(span, kDkdvQueries<HS>) * 8.0 * HS,
                                        reads + 2 * k_elems * G + 2 * k_elems / kBlockRows * sums, WorkKind::tensor_cores};
-            const KernelCost dq_cost{BNH * dq_query_keys(span, kDqKeys<HS>) * 6.0 * HS,
+            const KernelCost dq_cost{BNH * query_row_keys(span, kDqKeys<HS>, kWarpRows, kBlockRows) * 6.0 * HS,
                                      reads + q_elems * G + q_elems / kBlockRows * sums, WorkKind::tensor_cores};
             launch<dkdv_kernel>(dkdv_cost, dim3(ceil_div(span.Tk, kBlockRows), NH, B), dim3(kThreads), dkdv_smem, stream,
                                 dkv, dkv_stride, dout, q, kv, lse, D, doc_start, span, C, NH, accumulate, qkv_bias_partials);
