@@ -538,8 +538,10 @@ inline void expf_each(float* out, const float* in, int n) {
 // Record-only mode: device allocations only reserve address space (no memory is touched, so the
 // plan of a 1.5B-parameter model costs nothing), and kernel launches (the launch wrapper skips
 // them), cuBLASLt matmuls, memsets, copies and NCCL collectives check their arguments and are
-// reported but not executed; a device-to-host copy leaves the host buffer as it was. In this mode
-// ncclCommInitRank creates a communicator of nranks without MPI peers (only this rank exists).
+// reported but not executed; a device-to-host copy fills the host buffer with zeros (so what the
+// host decides from device values, such as train_step's skip of a non-finite step, is the same every
+// run). In this mode ncclCommInitRank creates a communicator of nranks without MPI peers (only this
+// rank exists).
 // Set it before the first allocation; allocations keep the kind they were made with.
 //
 // Work observer: while one is set, memsets, copies, collectives, event records and stream waits

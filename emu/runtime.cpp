@@ -253,6 +253,9 @@ cudaError_t copy_bytes(const char* name, void* dst, const void* src, size_t coun
     // Overlapping ranges stay one memmove.
     const char *from = static_cast<const char*>(src), *to = static_cast<const char*>(dst);
     const bool disjoint = from + count <= to || to + count <= from;
+    // Record-only: device memory holds nothing, so what the host reads from it is zeros (not the host
+    // buffer's stale bytes: a step's skip decision reads its losses and norm this way).
+    if (cuemu::record_only() && into_host && !from_host) std::memset(dst, 0, count);
     cuemu::run_reported(name, on_device ? cuemu::WorkReport::copy_device : cuemu::WorkReport::copy_host,
                         double(count) * (on_device ? 2 : 1), stream, [&] {
                             for_byte_slices(count, disjoint, [&](size_t first, size_t last) {

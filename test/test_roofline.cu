@@ -320,9 +320,17 @@ TEST_CASE("record-only mode: memory is only reserved and nothing executes") {
     void* device = nullptr;
     REQUIRE(cudaMalloc(&device, huge) == cudaSuccess);
     CHECK(cuemu::memory_stats().current_bytes == before + huge);
-    std::vector<int> host = {1, 2, 3};
-    CHECK(cudaMemcpy(host.data(), device, 3 * sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess);
-    CHECK(host == std::vector<int>{1, 2, 3});  // left as it was
+    // What the host reads from the device is zeros, whatever its buffer held: a step's loss and gradient
+    // norm come back this way, and a stale NaN there would skip the step's optimizer update.
+    std::vector<float> host = {std::nanf(""), 2, 3};
+    CHECK(cudaMemcpy(host.data(), device, 3 * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(host == std::vector<float>{0, 0, 0});
+    float* pinned = nullptr;
+    REQUIRE(cudaMallocHost(reinterpret_cast<void**>(&pinned), 2 * sizeof(float)) == cudaSuccess);
+    pinned[0] = pinned[1] = std::nanf("");
+    CHECK(cudaMemcpyAsync(pinned, device, 2 * sizeof(float), cudaMemcpyDeviceToHost, nullptr) == cudaSuccess);
+    CHECK((pinned[0] == 0 && pinned[1] == 0));
+    CHECK(cudaFreeHost(pinned) == cudaSuccess);
     CHECK(cudaMemset(device, 0, huge) == cudaSuccess);
     int flag = 0;  // a host variable the emulated kernel could write, if it ran
     launch_record::start(false);
