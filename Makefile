@@ -124,6 +124,9 @@ TEST_NAMES := $(patsubst test/%.cu,%,$(TEST_SRC))
 # those whose source has the line "// precision: BF16 only" (test/tests.cmake reads the same line):
 # they are built in BF16 whatever PRECISION says, and have no twin.
 BF16_ONLY_TESTS := $(patsubst test/%.cu,%,$(shell grep -l '^// precision: BF16 only' $(TEST_SRC)))
+# Tests of sm_90a-only instructions (wgmma) have the line "// gpu arch: sm_90a": their GPU build is
+# sm_90a machine code alone (CMakeLists.txt reads the same line); they skip themselves elsewhere.
+SM90A_TESTS := $(patsubst test/%.cu,%,$(shell grep -l '^// gpu arch: sm_90a' $(TEST_SRC)))
 BOTH_PRECISION_TESTS := $(filter-out $(BF16_ONLY_TESTS),$(filter test_kernel_% test_model% test_mpi_train test_mpi_context,$(TEST_NAMES)))
 FP32_TEST_NAMES := $(addsuffix _fp32,$(BOTH_PRECISION_TESTS))
 ALL_TEST_NAMES := $(TEST_NAMES) $(FP32_TEST_NAMES)
@@ -303,6 +306,8 @@ $(GPU_DIR)/second_unit_%.o: test/second_unit_%.cu $(DEPS_TRACKED) | deps-if-miss
 	@scripts/check_spills.sh $@.ptxas.log
 
 $(addprefix $(GPU_DIR)/,$(addsuffix .o,$(BF16_ONLY_TESTS))): PRECISION_DEFINE = -DPRECISION_BF16
+# override: also over a GPU_ARCH given on the command line (scripts/gpu_prebuild.sh gives sm_90).
+$(addprefix $(GPU_DIR)/,$(addsuffix .o,$(SM90A_TESTS))): override GPU_ARCH = -gencode arch=compute_90a,code=sm_90a
 $(GPU_DIR)/test_%_fp32.o: PRECISION_DEFINE = -DPRECISION_FP32
 $(GPU_DIR)/test_%_fp32.o: test/test_%.cu $(DEPS_TRACKED) | deps-if-missing
 	@mkdir -p $(@D)

@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
-"""Cross-checks our lane -> element maps of mma.m16n8k16 (bf16) and ldmatrix against CuTe's.
+"""Cross-checks our lane -> element maps of mma.m16n8k16 (bf16), ldmatrix and wgmma (register
+fragments and shared-memory atoms) against CuTe's.
 
 Our maps (kernels/tensor_core.cuh, emu/tensor_core.cpp, test/test_kernel_mma.cu) are written from
 the PTX ISA's formulas. CuTe (CUTLASS) describes the same instructions as layouts from (thread,
 value) to an element, independently. This script reads those layouts from CuTe's own headers as
 the nvidia-cutlass package ships them (cute/atom/mma_traits_sm80.hpp: SM80_16x8x16_F32BF16BF16F32_TN;
 cute/atom/copy_traits_sm75.hpp: SM75_U32x{1,2,4}_LDSM_N, SM75_U16x8_LDSM_T), evaluates them with
-pycute and compares every lane and value. CuTe's MMA layouts index the (M, K), (N, K) and (M, N)
-matrices column-major; its ldmatrix layouts map to bits of the 8 x 128-bit rows that the
+pycute and compares every lane and value; for wgmma, cute/atom/mma_traits_sm90_gmma.hpp's
+CLayout_64xN, ALayout_64x16 and Layout_{K,MN}_{INTER,SW32,SW64,SW128}_Atom_Bits (emu/tensor_core.cpp,
+test/test_kernel_wgmma.cu). CuTe's MMA layouts index the (M, K), (N, K) and (M, N) matrices column-major; its ldmatrix layouts map to bits of the 8 x 128-bit rows that the
 address-giving threads name (row 8 i + r of the reference = row r of matrix i).
 
 Needs nvidia-cutlass (pure Python, no GPU; dev/requirements.txt, scripts/install_python_deps.sh).
@@ -134,5 +136,73 @@ for lane in range(32):
                 check("ldmatrix x4.trans", lane, (reg, half, bit), ours_ldmatrix_bit(lane, reg, half, bit, True),
                       cute_bit)
 
-print(f"{mismatches} mismatches" if mismatches else "mma.m16n8k16 A/B/C and ldmatrix x1/x2/x4/x4.trans: all lanes agree with CuTe")
+# ---- wgmma.mma_async m64nNk16 (sm_90a): register fragments and shared-memory layouts ----
+# Ours (kernels/tensor_core.cuh, emu/tensor_core.cpp, test/test_kernel_wgmma.cu): warp w = thread / 32
+# of the warpgroup holds rows 16 w.. of D and (register form) of A, in the mma.m16n8k16 C and A
+# layouts: d[4 j + i] is C element i of columns 8 j.., a[r] holds A register r. CuTe: CLayout_64xN and
+# ALayout_64x16 of cute/atom/mma_traits_sm90_gmma.hpp, (thread, value) -> m + 64 n (or + 64 k).
+
+GMMA_HEADER = "mma_traits_sm90_gmma.hpp"
+gmma_text = open(os.path.join(ATOMS, GMMA_HEADER)).read()
+
+
+def gmma_alias(name, n=None):
+    value = re.search(rf"using {name}\s*=\s*(Layout<.*?>);", gmma_text, re.S).group(1)
+    return layout_expression(value.replace("Int<N/8>", str(n // 8)) if n else value)
+
+
+for n in (64, 128):
+    cute_d = gmma_alias("CLayout_64xN", n)
+    for thread in range(128):
+        w, lane = thread // 32, thread % 32
+        for v in range(n // 2):
+            row, col = ours_c(lane, v % 4)
+            idx = cute_d(thread, v)
+            check(f"wgmma m64n{n} D", thread, v, (16 * w + row, 8 * (v // 4) + col), (idx % 64, idx // 64))
+cute_wa = gmma_alias("ALayout_64x16")
+for thread in range(128):
+    w, lane = thread // 32, thread % 32
+    for i in range(8):
+        row, col = ours_a(lane, i)
+        idx = cute_wa(thread, i)
+        check("wgmma A (registers)", thread, i, (16 * w + row, col), (idx % 64, idx // 64))
+
+
+# Shared memory: ours gives the byte of element (mn, k) from the descriptor (emu/tensor_core.cpp's
+# operand_address, W = 16-byte chunks of a swizzle row, 1 unswizzled); CuTe's canonical atoms
+# (Layout_{K,MN}_{INTER,SW32,SW64,SW128}_Atom_Bits: a swizzle on the byte address over a layout in
+# bits of (mn, k) or (k, mn)) place one atom's elements, which ours must place the same way. (Which
+# descriptor field steps between atoms is the PTX ISA's, and test_kernel_wgmma checks it on a GPU.)
+
+def ours_smem(w, mn_major, mn, k, leading, stride):
+    if w == 1:
+        address = (2 * (mn % 8) + stride * (mn // 8) + 16 * (k % 8) + leading * (k // 8)) if mn_major else \
+                  (16 * (mn % 8) + stride * (mn // 8) + 2 * (k % 8) + leading * (k // 8))
+        return address
+    address = (2 * (mn % (8 * w)) + leading * (mn // (8 * w)) + 16 * w * (k % 8) + stride * (k // 8)) if mn_major else \
+              (16 * w * (mn % 8) + stride * (mn // 8) + 2 * k)
+    return address ^ (((address >> 7) & (w - 1)) << 4)
+
+
+def cute_atom(name):
+    match = re.search(rf"using {name}\s*=\s*ComposedLayout<Swizzle<(\d+),(\d+),(\d+)>,\s*smem_ptr_flag,\s*(Layout<.*?>)>;", gmma_text)
+    bits, base, shift = map(int, match.group(1, 2, 3))
+    return bits, base, shift, layout_expression(match.group(4))
+
+
+for kind, w in (("INTER", 1), ("SW32", 2), ("SW64", 4), ("SW128", 8)):
+    for major in ("K", "MN"):
+        bits, base, shift, layout = cute_atom(f"Layout_{major}_{kind}_Atom_Bits")
+        mn_extent, k_extent = (8 * w, 8) if major == "MN" else (8, 8 * w)
+        for mn in range(mn_extent):
+            for k in range(k_extent):
+                # The Bits atoms index bits: (mn bits, k) for MN-major, (mn, k bits) for K-major; bf16 = 16 bits.
+                bit = layout(16 * mn, k) if major == "MN" else layout(mn, 16 * k)
+                address = bit // 8
+                address ^= ((address >> (base + shift)) & ((1 << bits) - 1)) << base
+                ours = ours_smem(w, major == "MN", mn, k, 1 << 13, 1 << 14)  # strides past the atom: unused in it
+                check(f"wgmma smem {major}-major {kind}", mn, k, ours, address)
+
+print(f"{mismatches} mismatches" if mismatches else
+      "mma.m16n8k16 A/B/C, ldmatrix x1/x2/x4/x4.trans, wgmma D/A fragments and shared-memory atoms: all agree with CuTe")
 sys.exit(1 if mismatches else 0)

@@ -385,6 +385,33 @@ enum class TensorCoreMode { tiles, instructions };
 void set_tensor_core_mode(TensorCoreMode mode);
 TensorCoreMode tensor_core_mode();
 
+// ---- Warpgroup MMA (sm_90a: wgmma.mma_async, PTX ISA "Asynchronous Warpgroup Level Matrix
+// Multiply-Accumulate Instructions"), emulated warp by warp: the instruction's 64 rows are the
+// warpgroup's four warps' 16 each (warp w % 4 of its warpgroup owns rows 16 (w % 4)..), and a warp's
+// part of D needs only its own A rows, so each warp's wgmma is one warp collective here.
+//
+// The shared-memory address space of a descriptor is the launch's dynamic shared memory: address 0
+// is its first byte (shared_window_address), and a descriptor cannot name static __shared__ data.
+uint32_t shared_window_address(const void* p);  // __cvta_generic_to_shared for descriptors
+
+// One wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 of a lane: D (64 x n) = A (64 x 16) B
+// (16 x n) (+ D when accumulate: scale-d). A comes from shared memory by a_desc (a_from_shared: the
+// SS form) or from this lane's four registers a_regs in the mma.m16n8k16 A layout (the RS form); B
+// by b_desc. mn_major: the operand is stored M- or N-major (imm-trans 1), else K-major. d is the
+// lane's n / 2 accumulators in the mma accumulator layout (d[4 j + i] is element i of columns
+// 8 j..8 j + 7). Asynchronous as on a GPU: the operands are read now; d holds NaN until the
+// wgmma.wait_group that retires this instruction's group writes the result there.
+struct WgmmaOperands {
+    int n;
+    bool a_from_shared, a_mn_major, b_mn_major, accumulate;
+    uint64_t a_desc, b_desc;
+    const uint32_t* a_regs;
+};
+void wgmma_mma_async(const WgmmaOperands& op, float* d);
+void wgmma_fence();                   // wgmma.fence.sync.aligned
+void wgmma_commit_group();            // wgmma.commit_group.sync.aligned
+void wgmma_wait_group(int pending);   // wgmma.wait_group.sync.aligned pending
+
 }  // namespace cuemu
 
 // ---------------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ void run_on_cpu_threads(size_t n, size_t granule, int threads, const std::functi
 // and recording an error of the running block (its launch then fails with that message).
 uint64_t block_serial();
 void kernel_error(const std::string& what);
+size_t dynamic_shared_bytes();  // the running launch's dynamic shared memory (dynamic_shared_memory())
 
 // Stream capture hooks (emu/graph.cpp; capturing and capture are in cuda_emu.h). Each returns
 // cudaSuccess when the call may go on; otherwise the capture it breaks is invalidated and the

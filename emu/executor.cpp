@@ -729,6 +729,7 @@ uint64_t block_serial() { return tls_worker->block_serial; }
 void kernel_error(const std::string& what) { block_error(*tls_worker, what); }
 
 void* dynamic_shared_memory() { return tls_worker->dynamic_shared.data(); }
+size_t dynamic_shared_bytes() { return tls_worker->dynamic_shared.size(); }
 
 // ---------------------------------------------------------------------------------------------
 // Running one block

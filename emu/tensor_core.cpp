@@ -308,6 +308,277 @@ ThreadCopies& this_threads_copies() {
     return block_copies.threads[linear];
 }
 
+// ---- wgmma.mma_async (sm_90a), warp by warp ----
+//
+// Shared-memory matrix descriptors (PTX ISA, "Matrix Descriptor Format"): bits 0-13 the start
+// address, 16-29 the leading-dimension byte offset (LBO), 32-45 the stride-dimension byte offset
+// (SBO), each in 16-byte units; 49-51 the base offset; 62-63 the swizzle mode (0 none, 1 128-byte,
+// 2 64-byte, 3 32-byte). The canonical layouts, for element (mn, k) of an operand's 16-deep K slice
+// in bf16, with W the 16-byte chunks of a swizzle row (1 unswizzled, 2, 4, 8 for 32, 64, 128 bytes):
+//   K-major,  unswizzled: 16 (mn % 8) + SBO (mn / 8) + 2 (k % 8) + LBO (k / 8)   (core matrices: 8 rows of 16 bytes)
+//   K-major,  swizzled:   16 W (mn % 8) + SBO (mn / 8) + 2 k                     (8 rows of 16 W bytes to an atom)
+//   MN-major, unswizzled: 2 (mn % 8) + SBO (mn / 8) + 16 (k % 8) + LBO (k / 8)
+//   MN-major, swizzled:   2 (mn % 8W) + LBO (mn / 8W) + 16 W (k % 8) + SBO (k / 8)
+// from the start address; swizzled, the address's 16-byte chunk bits [4, 4 + log2 W) are then XORed
+// with its bits [7, 7 + log2 W) (cute/atom/mma_traits_sm90_gmma.hpp writes these layouts as CuTe's
+// Swizzle<log2 W, 4, 3> o ((8, m), (T, 2)) and so on; dev/check_mma_layouts.py compares the two).
+// The swizzle is taken from the address, as advancing a descriptor by 32 bytes along K within a
+// swizzle row requires; the base-offset field (for atoms that do not start at a multiple of 128 W
+// bytes) is not emulated: a descriptor with one, or whose start lies past an atom's first row, is an
+// error here.
+
+struct SmemDescriptor {
+    uint32_t start, leading, stride;  // bytes
+    int chunks;                       // W: 16-byte chunks of a swizzle row; 1 unswizzled
+};
+
+const char* decode_descriptor(uint64_t desc, const char* which, SmemDescriptor& out) {
+    out.start = uint32_t(desc & 0x3fff) << 4;
+    out.leading = uint32_t((desc >> 16) & 0x3fff) << 4;
+    out.stride = uint32_t((desc >> 32) & 0x3fff) << 4;
+    const unsigned base_offset = unsigned((desc >> 49) & 7), mode = unsigned(desc >> 62);
+    static constexpr int kChunks[4] = {1, 8, 4, 2};
+    out.chunks = kChunks[mode];
+    if (base_offset != 0) {
+        problem_text = std::string(which) + " descriptor has base offset " + std::to_string(base_offset) + " (not emulated: start swizzle atoms at multiples of their size)";
+        return problem_text.c_str();
+    }
+    if (out.chunks > 1 && ((out.start >> 7) & unsigned(out.chunks - 1)) != 0) {
+        problem_text = std::string(which) + " descriptor starts at " + std::to_string(out.start) + ", past the first row of a " +
+                       std::to_string(128 * out.chunks) + "-byte swizzle atom (that needs the base offset, not emulated)";
+        return problem_text.c_str();
+    }
+    return nullptr;
+}
+
+// The shared-window byte address of element (mn, k) of a descriptor's operand (see above).
+uint32_t operand_address(const SmemDescriptor& d, bool mn_major, int mn, int k) {
+    const uint32_t W = uint32_t(d.chunks), m = uint32_t(mn), kk = uint32_t(k);
+    uint32_t address;
+    if (W == 1) {
+        address = mn_major ? 2 * (m % 8) + d.stride * (m / 8) + 16 * (kk % 8) + d.leading * (kk / 8)
+                           : 16 * (m % 8) + d.stride * (m / 8) + 2 * (kk % 8) + d.leading * (kk / 8);
+    } else {
+        address = mn_major ? 2 * (m % (8 * W)) + d.leading * (m / (8 * W)) + 16 * W * (kk % 8) + d.stride * (kk / 8)
+                           : 16 * W * (m % 8) + d.stride * (m / 8) + 2 * kk;
+    }
+    address += d.start;
+    return W == 1 ? address : address ^ (((address >> 7) & (W - 1)) << 4);
+}
+
+struct WgmmaLane {
+    WgmmaOperands op;
+    unsigned warp;  // the lane's warp in the block
+};
+
+// A shared-memory element an instruction read, to compare at its wait (a GPU may read it any time
+// up to then: writing it before is a race).
+struct OperandRead {
+    uint32_t address;
+    uint16_t bits;
+};
+
+struct PendingWgmma {
+    float* d[32];                    // each lane's accumulators
+    std::vector<float> result;       // 32 lanes x n / 2
+    std::vector<OperandRead> reads;  // the shared-memory elements it read
+    int n;
+    size_t group;                    // its commit group; kUncommitted until wgmma.commit_group
+};
+constexpr size_t kUncommitted = ~size_t(0);
+
+struct WarpWgmma {
+    std::vector<PendingWgmma> pending;  // issue order
+    size_t groups_committed = 0, groups_retired = 0;
+    bool fenced = false;  // a wgmma.fence since the last wgmma.wait_group
+};
+struct BlockWgmma {
+    uint64_t serial = 0;
+    std::vector<WarpWgmma> warps;
+};
+thread_local BlockWgmma block_wgmma;
+
+WarpWgmma& warp_wgmma(unsigned warp) {
+    const uint64_t serial = block_serial();
+    const size_t nwarps = (size_t(blockDim.x) * blockDim.y * blockDim.z + 31) / 32;
+    if (block_wgmma.serial != serial) {  // a new block: what an earlier one left in flight died with it
+        block_wgmma.serial = serial;
+        block_wgmma.warps.assign(nwarps, WarpWgmma{});
+    }
+    return block_wgmma.warps[warp];
+}
+
+unsigned this_warp() {
+    return unsigned((threadIdx.x + size_t(blockDim.x) * (threadIdx.y + size_t(blockDim.y) * threadIdx.z)) / 32);
+}
+
+constexpr uint32_t kInFlightBits = 0xffffffffu;  // what accumulators in flight hold: NaN
+
+// The lane's accumulators must still hold the in-flight NaN: a kernel that wrote them while the
+// instruction ran has a race on a GPU.
+const char* check_in_flight(const PendingWgmma& p, const char* when) {
+    for (int lane = 0; lane < 32; ++lane)
+        for (int i = 0; i < p.n / 2; ++i)
+            if (to_bits(p.d[lane][i]) != kInFlightBits) {
+                problem_text = "lane " + std::to_string(lane) + " wrote accumulator " + std::to_string(i) +
+                               " of a wgmma.mma_async in flight (" + when + ")";
+                return problem_text.c_str();
+            }
+    return nullptr;
+}
+
+const char* wgmma_combine(const void* const inputs[32], void* const outputs[32], unsigned members) {
+    if (members != kFullWarp) return "wgmma.mma_async needs all 32 lanes of the warp";
+    const WgmmaLane& first = *static_cast<const WgmmaLane*>(inputs[0]);
+    const WgmmaOperands& op = first.op;
+    for (int lane = 1; lane < 32; ++lane) {
+        const WgmmaOperands& o = static_cast<const WgmmaLane*>(inputs[lane])->op;
+        if (o.n != op.n || o.a_from_shared != op.a_from_shared || o.a_mn_major != op.a_mn_major || o.b_mn_major != op.b_mn_major ||
+            o.accumulate != op.accumulate || o.b_desc != op.b_desc || (op.a_from_shared && o.a_desc != op.a_desc)) {
+            problem_text = "lane " + std::to_string(lane) + " gives other descriptors, shape or flags than lane 0 (they must be warp-uniform)";
+            return problem_text.c_str();
+        }
+    }
+    if (op.n < 8 || op.n > 256 || op.n % 8 != 0) {
+        problem_text = "m64n" + std::to_string(op.n) + "k16 is not a wgmma shape (n: 8 to 256 in steps of 8)";
+        return problem_text.c_str();
+    }
+    const size_t nthreads = size_t(blockDim.x) * blockDim.y * blockDim.z;
+    if (nthreads % 128 != 0) {
+        problem_text = "a block of " + std::to_string(nthreads) + " threads is not whole warpgroups of 128";
+        return problem_text.c_str();
+    }
+    WarpWgmma& state = warp_wgmma(first.warp);
+    if (!state.fenced)
+        return "wgmma.mma_async without a wgmma.fence since the warp's last wgmma.wait_group (or the kernel's start)";
+    SmemDescriptor a_desc{}, b_desc{};
+    if (const char* problem = decode_descriptor(op.b_desc, "B", b_desc)) return problem;
+    if (op.a_from_shared)
+        if (const char* problem = decode_descriptor(op.a_desc, "A", a_desc)) return problem;
+    const unsigned char* window = static_cast<const unsigned char*>(dynamic_shared_memory());
+    const size_t window_bytes = dynamic_shared_bytes();
+    PendingWgmma p;
+    p.n = op.n;
+    p.group = kUncommitted;
+    const char* out_of_range = nullptr;
+    auto read = [&](uint32_t address) {
+        if (size_t(address) + 2 > window_bytes) {
+            problem_text = "an operand element at shared address " + std::to_string(address) + " lies past the launch's " +
+                           std::to_string(window_bytes) + " bytes of dynamic shared memory";
+            out_of_range = problem_text.c_str();
+            return 0.0f;
+        }
+        uint16_t bits;
+        std::memcpy(&bits, window + address, 2);
+        p.reads.push_back({address, bits});
+        return bf16_bits_to_float(bits);
+    };
+    const int n = op.n;
+    thread_local std::vector<float> B, D;
+    float A[16][16];
+    B.resize(size_t(16) * size_t(n));
+    D.resize(size_t(16) * size_t(n));
+    for (int k = 0; k < 16; ++k)
+        for (int j = 0; j < n; ++j) B[size_t(k) * size_t(n) + size_t(j)] = read(operand_address(b_desc, op.b_mn_major, j, k));
+    if (op.a_from_shared) {
+        const int row0 = 16 * int(first.warp % 4);  // this warp's rows of the warpgroup's 64
+        for (int r = 0; r < 16; ++r)
+            for (int k = 0; k < 16; ++k) A[r][k] = read(operand_address(a_desc, op.a_mn_major, row0 + r, k));
+    } else {
+        for (int lane = 0; lane < 32; ++lane) {  // the mma.m16n8k16 A fragment (cuda_emu.h)
+            const uint32_t* a = static_cast<const WgmmaLane*>(inputs[lane])->op.a_regs;
+            for (int i = 0; i < 8; ++i)
+                A[(lane >> 2) + ((i & 2) ? 8 : 0)][2 * (lane % 4) + (i & 1) + (i >= 4 ? 8 : 0)] = bf16_bits_to_float(half_of(a[i / 2], i & 1));
+        }
+    }
+    if (out_of_range) return out_of_range;
+    // C: zeros, or the accumulators; where an earlier instruction on the same registers is still in
+    // flight, its result (the GPU orders wgmma.mma_async on the same accumulators).
+    for (int lane = 0; lane < 32; ++lane) {
+        float* d = static_cast<float*>(outputs[lane]);
+        p.d[lane] = d;
+        const float* c = d;
+        for (auto it = state.pending.rbegin(); it != state.pending.rend(); ++it)
+            if (it->d[lane] == d) {
+                if (it->n != n) return "a wgmma.mma_async of another shape on accumulators in flight";
+                if (const char* problem = check_in_flight(*it, "at a later wgmma.mma_async on them")) return problem;
+                c = &it->result[size_t(lane) * size_t(n / 2)];
+                break;
+            }
+        for (int v = 0; v < n / 2; ++v)
+            D[size_t(fragment_row(lane, 0, v % 4)) * size_t(n) + size_t(fragment_col(lane, v / 4, v % 4))] = op.accumulate ? c[v] : 0.0f;
+    }
+    accumulate_products(D.data(), n, &A[0][0], 16, B.data(), n, 16, n, 16);
+    mmas_run.fetch_add(uint64_t(n / 8), std::memory_order_relaxed);
+    p.result.resize(size_t(32) * size_t(n / 2));
+    for (int lane = 0; lane < 32; ++lane)
+        for (int v = 0; v < n / 2; ++v) {
+            p.result[size_t(lane) * size_t(n / 2) + size_t(v)] =
+                D[size_t(fragment_row(lane, 0, v % 4)) * size_t(n) + size_t(fragment_col(lane, v / 4, v % 4))];
+            p.d[lane][v] = from_bits<float>(kInFlightBits);
+        }
+    state.pending.push_back(std::move(p));
+    return nullptr;
+}
+
+const char* wgmma_fence_combine(const void* const inputs[32], void* const[32], unsigned members) {
+    if (members != kFullWarp) return "wgmma.fence needs all 32 lanes of the warp";
+    warp_wgmma(*static_cast<const unsigned*>(inputs[0])).fenced = true;
+    return nullptr;
+}
+
+const char* wgmma_commit_combine(const void* const inputs[32], void* const[32], unsigned members) {
+    if (members != kFullWarp) return "wgmma.commit_group needs all 32 lanes of the warp";
+    WarpWgmma& state = warp_wgmma(*static_cast<const unsigned*>(inputs[0]));
+    for (PendingWgmma& p : state.pending)
+        if (p.group == kUncommitted) p.group = state.groups_committed;
+    ++state.groups_committed;  // possibly empty, as on a GPU
+    return nullptr;
+}
+
+struct WaitLane {
+    unsigned warp;
+    int pending;
+};
+
+const char* wgmma_wait_combine(const void* const inputs[32], void* const[32], unsigned members) {
+    if (members != kFullWarp) return "wgmma.wait_group needs all 32 lanes of the warp";
+    const WaitLane& w = *static_cast<const WaitLane*>(inputs[0]);
+    WarpWgmma& state = warp_wgmma(w.warp);
+    const size_t keep = size_t(w.pending < 0 ? 0 : w.pending);
+    if (state.groups_committed - state.groups_retired > keep) state.groups_retired = state.groups_committed - keep;
+    const unsigned char* window = static_cast<const unsigned char*>(dynamic_shared_memory());
+    auto retiring = [&](const PendingWgmma& p) { return p.group != kUncommitted && p.group < state.groups_retired; };
+    for (const PendingWgmma& p : state.pending) {  // all checked before any result lands (chains share registers)
+        if (!retiring(p)) continue;
+        for (const OperandRead& r : p.reads) {
+            uint16_t bits;
+            std::memcpy(&bits, window + r.address, 2);
+            if (bits != r.bits) {
+                problem_text = "shared address " + std::to_string(r.address) + ", an operand of a wgmma.mma_async in flight, was written before its wgmma.wait_group";
+                return problem_text.c_str();
+            }
+        }
+        if (const char* problem = check_in_flight(p, "before its wgmma.wait_group")) return problem;
+    }
+    std::vector<PendingWgmma> still;
+    for (PendingWgmma& p : state.pending) {  // in issue order: the last of a chain lands last
+        if (!retiring(p)) {
+            still.push_back(std::move(p));
+            continue;
+        }
+        for (int lane = 0; lane < 32; ++lane)
+            std::memcpy(p.d[lane], &p.result[size_t(lane) * size_t(p.n / 2)], sizeof(float) * size_t(p.n / 2));
+    }
+    // A later instruction on the same accumulators is still in flight: they read as in flight again.
+    for (const PendingWgmma& p : still)
+        for (int lane = 0; lane < 32; ++lane)
+            for (int v = 0; v < p.n / 2; ++v) p.d[lane][v] = from_bits<float>(kInFlightBits);
+    state.pending = std::move(still);
+    state.fenced = false;  // what the warp does with the results next needs a fence before the next wgmma
+    return nullptr;
+}
+
 }  // namespace
 
 void mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
@@ -380,6 +651,34 @@ void cp_async_wait(int max_pending) {
     // Nothing in flight, committed or not. Groups still counted then are empty and the oldest: a
     // later wait would retire them first, so forgetting them changes what no wait does.
     if (t.retired == t.copies.size()) t.clear();
+}
+
+uint32_t shared_window_address(const void* p) {
+    const unsigned char* base = static_cast<const unsigned char*>(dynamic_shared_memory());
+    const unsigned char* q = static_cast<const unsigned char*>(p);
+    if (q < base || q > base + dynamic_shared_bytes()) {
+        kernel_error("a shared-memory address for a wgmma descriptor is not in the launch's dynamic shared memory "
+                     "(the emulator's descriptors address only that)");
+        return 0;
+    }
+    return uint32_t(q - base);
+}
+
+void wgmma_mma_async(const WgmmaOperands& op, float* d) {
+    const WgmmaLane lane{op, this_warp()};
+    warp_exchange(kFullWarp, &lane, d, wgmma_combine, "wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16");
+}
+void wgmma_fence() {
+    const unsigned warp = this_warp();
+    warp_exchange(kFullWarp, &warp, nullptr, wgmma_fence_combine, "wgmma.fence.sync.aligned");
+}
+void wgmma_commit_group() {
+    const unsigned warp = this_warp();
+    warp_exchange(kFullWarp, &warp, nullptr, wgmma_commit_combine, "wgmma.commit_group.sync.aligned");
+}
+void wgmma_wait_group(int pending) {
+    const WaitLane lane{this_warp(), pending};
+    warp_exchange(kFullWarp, &lane, nullptr, wgmma_wait_combine, "wgmma.wait_group.sync.aligned");
 }
 
 }  // namespace cuemu

@@ -161,6 +161,156 @@ template <int kPending> __device__ inline void cp_async_wait() {
 #endif
 }
 
+// ---- Warpgroup MMA (sm_90a): wgmma.mma_async m64nNk16, bf16 inputs, f32 accumulators ----
+// PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate Instructions". A warpgroup (four
+// consecutive warps, the first a multiple of 4) computes D (64 x N) = A (64 x 16) B (16 x N) (+ D)
+// in one instruction; warp w % 4 of it holds rows 16 (w % 4).. of A (register form) and of D, in the
+// mma.m16n8k16 layouts above: d[4 j + i] is accumulator element i of columns 8 j..8 j + 7, a[0..3]
+// an A fragment. B, and A in the shared form, are read from shared memory by a matrix descriptor
+// (wgmma_descriptor below). The instruction is asynchronous:
+//   wgmma_fence()            before the first wgmma and after the warp's own accesses to registers a
+//                            wgmma reads or writes (the accumulators, A fragments)
+//   wgmma_m64k16_*(...)      issue (several into the same accumulators chain in order)
+//   wgmma_commit_group()     closes the issued instructions into a group
+//   wgmma_wait_group<P>()    waits until at most P groups are in flight; then
+//   wgmma_fence_operands(d)  keeps the compiler from moving the accumulators' uses above the wait.
+// Until the wait, neither the accumulators nor the shared-memory operands may be touched. Shared
+// memory written by ordinary stores (or cp.async) must be made visible to the instruction's async
+// proxy by fence_proxy_async_shared() and a barrier before it is read.
+//
+// The GPU forms exist for sm_90a only (nvcc -gencode arch=compute_90a,code=sm_90a); compiled for
+// another architecture they trap. The emulator (emu/tensor_core.cpp) runs them warp by warp with
+// the same operands and k order as mma.sync, holds the accumulators NaN until the wait retires them,
+// and fails the launch when an operand in shared memory is rewritten or an accumulator written
+// before that, when a wgmma follows a wait without a fence, or the lanes disagree on the operands.
+// It does not check fence_proxy_async_shared.
+
+// The shared-memory address (the .shared window) that descriptors hold.
+__device__ inline uint32_t shared_address(const void* p) {
+#ifdef __CUDACC__
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+#else
+    return cuemu::shared_window_address(p);
+#endif
+}
+
+// Matrix descriptor swizzle modes (PTX ISA, "Matrix Descriptor Format", bits 62-63).
+enum class SmemSwizzle : uint64_t { none = 0, bytes128 = 1, bytes64 = 2, bytes32 = 3 };
+
+// A wgmma shared-memory matrix descriptor: the operand at `smem` in a canonical layout (PTX ISA,
+// "Shared Memory Matrix Layout"; emu/tensor_core.cpp writes out where element (mn, k) lies in
+// each). leading_bytes (LBO) and stride_bytes (SBO) are multiples of 16 below 2^18; the swizzled
+// layouts' atoms (8 rows of 32, 64 or 128 bytes) start at multiples of their size. Base offset 0.
+__device__ inline uint64_t wgmma_descriptor(const void* smem, SmemSwizzle swizzle, uint32_t leading_bytes, uint32_t stride_bytes) {
+    return uint64_t((shared_address(smem) >> 4) & 0x3fff) | (uint64_t((leading_bytes >> 4) & 0x3fff) << 16) |
+           (uint64_t((stride_bytes >> 4) & 0x3fff) << 32) | (uint64_t(swizzle) << 62);
+}
+
+__device__ inline void wgmma_fence() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#elif defined(__CUDA_ARCH__)
+    __trap();
+#elif !defined(__CUDACC__)
+    cuemu::wgmma_fence();
+#endif
+}
+__device__ inline void wgmma_commit_group() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#elif defined(__CUDA_ARCH__)
+    __trap();
+#elif !defined(__CUDACC__)
+    cuemu::wgmma_commit_group();
+#endif
+}
+template <int kPending> __device__ inline void wgmma_wait_group() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+#elif defined(__CUDA_ARCH__)
+    __trap();
+#elif !defined(__CUDACC__)
+    cuemu::wgmma_wait_group(kPending);
+#endif
+}
+// An empty instruction that reads and writes each accumulator: the compiler cannot move their
+// uses across it (nor across the asm volatile wait before it).
+template <int kCount> __device__ inline void wgmma_fence_operands(float (&d)[kCount]) {
+#ifdef __CUDACC__
+    FULL_UNROLL
+    for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(d[i])::"memory");
+#endif
+}
+// fence.proxy.async.shared::cta: this thread's earlier shared-memory writes become visible to the
+// async proxy (wgmma's operand reads) once a barrier follows.
+__device__ inline void fence_proxy_async_shared() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#elif defined(__CUDA_ARCH__)
+    __trap();
+#endif
+}
+
+// D (64 x N) (+)= A B, A and B from shared memory (the SS form). kAMnMajor / kBMnMajor: the operand
+// is stored M- / N-major (imm-trans 1), else K-major. accumulate false: D = A B (scale-d 0).
+template <int N, bool kAMnMajor, bool kBMnMajor>
+__device__ inline void wgmma_m64k16_ss(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc, bool accumulate) {
+    static_assert(N == 64 || N == 128, "the shapes written out below: m64n64k16 and m64n128k16");
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    if constexpr (N == 64) {
+            asm volatile(
+                "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+                "%32, %33, p, 1, 1, %35, %36;\n}\n"
+                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                : "l"(a_desc), "l"(b_desc), "r"(int(accumulate)), "n"(int(kAMnMajor)), "n"(int(kBMnMajor)));
+    } else {
+            asm volatile(
+                "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+                "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+                "%64, %65, p, 1, 1, %67, %68;\n}\n"
+                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                : "l"(a_desc), "l"(b_desc), "r"(int(accumulate)), "n"(int(kAMnMajor)), "n"(int(kBMnMajor)));
+    }
+#elif defined(__CUDA_ARCH__)
+    __trap();
+#elif !defined(__CUDACC__)
+    cuemu::wgmma_mma_async({N, true, kAMnMajor, kBMnMajor, accumulate, a_desc, b_desc, nullptr}, d);
+#endif
+}
+
+// D (64 x N) (+)= A B, A from the warp's registers (its 16 rows, the mma.m16n8k16 A fragment), B
+// from shared memory (the RS form).
+template <int N, bool kBMnMajor>
+__device__ inline void wgmma_m64k16_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b_desc, bool accumulate) {
+    static_assert(N == 64 || N == 128, "the shapes written out below: m64n64k16 and m64n128k16");
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    if constexpr (N == 64) {
+            asm volatile(
+                "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+                "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(int(accumulate)), "n"(int(kBMnMajor)));
+    } else {
+            asm volatile(
+                "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+                "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+                "{%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(int(accumulate)), "n"(int(kBMnMajor)));
+    }
+#elif defined(__CUDA_ARCH__)
+    __trap();
+#elif !defined(__CUDACC__)
+    cuemu::wgmma_mma_async({N, false, false, kBMnMajor, accumulate, 0, b_desc, a}, d);
+#endif
+}
+
 // ---- Warp tile products: a warp's 16-row fragments times a shared-memory tile, by ldmatrix and
 // mma.sync m16n8k16. The accumulators and P operands are in the mma accumulator layout (acc[j] or
 // p[j] holds columns 8j..8j+7); every element adds its bf16 products in k order, one mma's 16 after
