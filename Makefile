@@ -269,7 +269,7 @@ no-mpi-check-build: $(if $(DEPS_PREFIX),,$(NO_MPI_CHECK)/deps/PACKAGES)
 # The CUDA build (and its spill check) is a prerequisite where nvcc exists, so it compiles beside the CPU
 # objects under -j instead of after the tests with one core left idle for its serial parts.
 test: deps-if-missing $(addprefix $(CPU_DIR)/,$(ALL_TEST_NAMES) $(FORWARD_LOGITS)) $(CPU_DIR)/train_gpt_cpu \
-  $(CPU_DIR)/CTestTestfile.cmake no-mpi-check-build $(if $(HAVE_NVCC),train_gpt)
+  $(CPU_DIR)/attention_bench $(CPU_DIR)/CTestTestfile.cmake no-mpi-check-build $(if $(HAVE_NVCC),train_gpt)
 	ctest --test-dir $(CPU_DIR) --output-on-failure -j2
 ifneq ($(HAVE_NVCC),yes)
 	@echo "nvcc not found: skipped the CUDA build and its register-spill check"
@@ -323,7 +323,8 @@ $(GPU_DIR)/CTestTestfile.cmake: FORCE
 	$(call ctest_file,$(GPU_DIR),ON,OFF)
 
 # The binaries alone (scripts/gpu_check.sh builds them in one stage and runs them in the next).
-test-gpu-binaries: deps-if-missing $(addprefix $(GPU_DIR)/,$(GPU_TEST_NAMES) $(FORWARD_LOGITS)) $(GPU_DIR)/train_gpt
+test-gpu-binaries: deps-if-missing $(addprefix $(GPU_DIR)/,$(GPU_TEST_NAMES) $(FORWARD_LOGITS)) $(GPU_DIR)/train_gpt \
+  $(GPU_DIR)/attention_bench
 
 test-gpu: test-gpu-binaries $(GPU_DIR)/CTestTestfile.cmake
 	ctest --test-dir $(GPU_DIR) --output-on-failure
@@ -408,6 +409,22 @@ $(addprefix $(GPU_DIR)/,$(FORWARD_LOGITS)): $(GPU_DIR)/%: dev/forward_logits.cu 
 	  2> $@.ptxas.log || { cat $@.ptxas.log; exit 1; }
 	@scripts/check_spills.sh $@.ptxas.log
 $(GPU_DIR)/forward_logits_fp32: PRECISION_DEFINE = -DPRECISION_FP32
+
+# The attention forward's mma.sync and wgmma kernels timed at a model's shapes (dev/attention_bench.cu):
+# scripts/gpu_check.sh's profile stage runs the GPU build; make test runs the CPU one at a small shape.
+# BF16 (the kernels' precision) whatever PRECISION says; the GPU build is sm_80 and sm_90a machine code
+# (wgmma needs the latter; override: also over scripts/gpu_prebuild.sh's sm_90).
+$(CPU_DIR)/attention_bench: PRECISION_DEFINE = -DPRECISION_BF16
+$(CPU_DIR)/attention_bench: dev/attention_bench.cu $(DEPS_TRACKED) $(call host_lib,$(CPU_DIR),BF16) $(CPU_DIR)/libcuemu.a \
+  | deps-if-missing
+	$(CXX) $(CPU_CXXFLAGS) $(DEPFLAGS) -x c++ $< -x none $(call host_lib,$(CPU_DIR),BF16) $(CPU_DIR)/libcuemu.a $(CPU_LDLIBS) -o $@
+$(GPU_DIR)/attention_bench: PRECISION_DEFINE = -DPRECISION_BF16
+$(GPU_DIR)/attention_bench: override GPU_ARCH = -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a
+$(GPU_DIR)/attention_bench: dev/attention_bench.cu $(DEPS_TRACKED) $(call host_lib,$(GPU_DIR),BF16) | deps-if-missing
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) $(DEPFLAGS) -x cu $< -L$(GPU_DIR) -lhost-BF16 $(GPU_LDLIBS) -o $@ \
+	  2> $@.ptxas.log || { cat $@.ptxas.log; exit 1; }
+	@scripts/check_spills.sh $@.ptxas.log
 
 # The roofline of one training step at full size (dev/roofline.cu; dev/README.md has examples).
 .PHONY: roofline kernel-report

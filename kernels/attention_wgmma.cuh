@@ -215,10 +215,19 @@ static __global__ void __launch_bounds__(attention_wgmma_detail::kThreads, 1)
                 for (int i = 0; i < 4; ++i) p[k][i] = pack_bf16x2(s[8 * k + 2 * i], s[8 * k + 2 * i + 1]);
             const int live_begin = live_begin_from(group_min_first_key, kt * kKeys, kKeys);
             const int live_end = live_end_through(group_last_last_key, kt * kKeys, kKeys);
-            wgmma_fence();
             FULL_UNROLL
-            for (int k = 0; k < kKeys / 16; ++k)
-                if (16 * k >= live_begin && 16 * k < live_end) wgmma_m64k16_rs<HS, true>(o, p[k], n_major_slice(v_tile, k), true);
+            for (int k = 0; k < kKeys / 16; ++k) wgmma_fence_operands(p[k]);  // P and the rescaled O before the fence
+            wgmma_fence_operands(o);
+            if (live_begin == 0 && live_end == kKeys) {  // a whole tile: no branch between the wgmmas
+                wgmma_fence();  // in the branch: ptxas wants it in the wgmmas' block
+                FULL_UNROLL
+                for (int k = 0; k < kKeys / 16; ++k) wgmma_m64k16_rs<HS, true>(o, p[k], n_major_slice(v_tile, k), true);
+            } else {  // a tile a mask cuts (ptxas fences each wgmma here: C7519)
+                wgmma_fence();
+                FULL_UNROLL
+                for (int k = 0; k < kKeys / 16; ++k)
+                    if (16 * k >= live_begin && 16 * k < live_end) wgmma_m64k16_rs<HS, true>(o, p[k], n_major_slice(v_tile, k), true);
+            }
             wgmma_commit_group();
             wgmma_wait_group<0>();
             wgmma_fence_operands(o);

@@ -233,12 +233,21 @@ template <int kPending> __device__ inline void wgmma_wait_group() {
     cuemu::wgmma_wait_group(kPending);
 #endif
 }
-// An empty instruction that reads and writes each accumulator: the compiler cannot move their
-// uses across it (nor across the asm volatile wait before it).
+// An empty instruction that reads and writes each register: the compiler cannot move their uses
+// across it, nor it across the asm volatile wgmma instructions. After a wait: the accumulators' uses
+// stay below it. Before a wgmma_fence: the registers a wgmma reads (A fragments, rescaled
+// accumulators) are computed above the fence, or ptxas injects a warpgroup.arrive of its own before
+// each wgmma that reads them (C7519).
 template <int kCount> __device__ inline void wgmma_fence_operands(float (&d)[kCount]) {
 #ifdef __CUDACC__
     FULL_UNROLL
     for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(d[i])::"memory");
+#endif
+}
+template <int kCount> __device__ inline void wgmma_fence_operands(uint32_t (&r)[kCount]) {
+#ifdef __CUDACC__
+    FULL_UNROLL
+    for (int i = 0; i < kCount; ++i) asm volatile("" : "+r"(r[i])::"memory");
 #endif
 }
 // fence.proxy.async.shared::cta: this thread's earlier shared-memory writes become visible to the

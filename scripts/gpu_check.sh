@@ -15,7 +15,9 @@
 #             (the train stage's picks where it ran), and a GPT-2 1.5B (d48) step at
 #             B=8 (D48_B; none where 0): the 55% target's kernels, then again with the fused backward
 #             and the BGRADB epilogue (d48_best: the fused kernel's grid of one block per (b, h));
-#             each kernel's time against the first H100 profile (scripts/profile_delta.py)
+#             each kernel's time against the first H100 profile (scripts/profile_delta.py); the
+#             attention forward's mma.sync and wgmma kernels timed side by side at d12 B and d48 B=16
+#             (dev/attention_bench.cu: attention_bench_d12.json, attention_bench_d48.json)
 #   sanitize  compute-sanitizer memcheck, racecheck and synccheck over a short training run and the
 #             kernel tests
 # Each stage writes $GPU_CHECK_OUT/<stage>.json ({"stage", "ok", "seconds", ...figures}) and its logs
@@ -351,6 +353,18 @@ stage_profile() {
   rm -f "$logs/library.json"
   run_logged "$logs/library.log" python3 dev/bench/library_baselines.py -e d12 -b "$B" -t "$T" --json "$logs/library.json" ||
     lib_rc=$?
+  # The attention forward's mma.sync and wgmma kernels on the same inputs (dev/attention_bench.cu): each
+  # one's time and TFLOP/s on FlashAttention's count, and their agreement (exit 1 past bf16 rounding), as
+  # attention_bench_d12.json and _d48.json. Their exit codes go to attention_bench.json and do not fail the
+  # stage: the wgmma kernel has not run on a GPU before, and the step's profile stands without it.
+  local bench_rc=0 bench_d48_rc=0
+  rm -f "$out/attention_bench_d12.json" "$out/attention_bench_d48.json"
+  run_logged "$logs/attention_bench.log" "$gpu_dir/attention_bench" -e d12 -b "$B" -t "$T" \
+    --json "$out/attention_bench_d12.json" || bench_rc=$?
+  run_logged "$logs/attention_bench_d48.log" "$gpu_dir/attention_bench" -e d48 -b 16 -t "$T" \
+    --json "$out/attention_bench_d48.json" || bench_d48_rc=$?
+  write_json "$out/attention_bench.json" stage=profile exit_code_d12=$bench_rc exit_code_d48=$bench_d48_rc \
+    log_d12="$(tail -5 "$logs/attention_bench.log" 2>/dev/null)" log_d48="$(tail -5 "$logs/attention_bench_d48.log" 2>/dev/null)"
   python3 - "$logs/profile.log" "$out/profile.json" "$rc" "$((SECONDS - start))" "$B" "$T" "$logs/library.json" "$lib_rc" \
     "$logs/profile_fused_backward.log" "$fused_rc" "$logs/profile_bias_grad_epilogue.log" "$epilogue_rc" \
     "$logs/profile_d48.log" "$d48_rc" "$d48_b" "$logs/profile_autotune.log" "$autotune_rc" \

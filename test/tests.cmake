@@ -470,6 +470,19 @@ if(NOT ASAN)
   set_tests_properties(library_baselines PROPERTIES SKIP_RETURN_CODE 77)
 endif()
 
+# The attention forward's two tensor-core kernels (dev/attention_bench.cu) on the same inputs: they must
+# agree to bf16 rounding, with finite outputs. Here at a small shape (its times mean nothing in the
+# emulator); on a GPU at d12's heads, skipped (77) where the GPU is not sm_90. Not under ASan: the kernels
+# run there in their own tests.
+if(NOT ASAN)
+  if(GPU)
+    add_test(attention_bench ${TEST_BIN}/attention_bench -e d12 -b 8 -t 1024 --iters 5 --require-wgmma)
+  else()
+    add_test(attention_bench ${TEST_BIN}/attention_bench -e mini -b 1 -t 200 --iters 1 --require-wgmma)
+  endif()
+  set_tests_properties(attention_bench PROPERTIES SKIP_RETURN_CODE 77 ENVIRONMENT "CUEMU_RACECHECK=1")
+endif()
+
 # The tensor-core fragment layouts (kernels/tensor_core.cuh, emu/tensor_core.cpp) against CuTe's, read
 # from the headers the nvidia-cutlass package ships (dev/check_mma_layouts.py; dev/requirements.txt).
 add_test(check_mma_layouts python3 ${CMAKE_CURRENT_LIST_DIR}/../dev/check_mma_layouts.py)
