@@ -4,7 +4,8 @@
 // transposes and leading dimensions unchanged: cuBLAS keeps the BLAS conventions by design, so
 // the stand-in adds no reading of its own there. BF16 operands go to oneDNN's matmul (BF16 x BF16
 // products summed in FP32, as tensor cores do, with no widening pass: AVX512-BF16 where the CPU
-// has it, oneDNN's own choice at run time), whose descriptors state the same column-major strides.
+// has it, oneDNN's own choice at run time), whose descriptors state the same column-major strides;
+// where oneDNN has no BF16 matmul for the CPU (AVX2 alone), they are widened to FP32 for sgemm.
 // What is ours: descriptor bookkeeping, argument checks, rounding outputs to BF16 (nearest-even),
 // and the epilogues, each written from the cuBLASLt documentation (cublasLtEpilogue_t and
 // cublasLtMatmulDescAttributes_t, quoted in cublasLt.h) with the rule cited where it is used.
@@ -29,6 +30,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -578,6 +580,32 @@ dnnl::engine& dnnl_engine() {
 // transpose, D^T = op(B)^T op(A)^T: its src is op(B)^T (n x k), its weights op(A)^T (k x m), each
 // described by the strides of the cuBLASLt layout. Element (l, j) of op(B) lies at l + j ldb when B
 // is not transposed and at j + l ldb when it is; element (i, l) of op(A) at i + l lda or l + i lda.
+// Where oneDNN has no BF16 matmul for this CPU (seen on an AMD EPYC with AVX2 alone: "could not create
+// a primitive descriptor iterator"): the operands widened to FP32 (exact) and OpenBLAS's sgemm, so the
+// same exact products summed in FP32 in another order. Slower, and a sum's last bits may differ from a
+// machine where oneDNN runs; runs on one machine stay repeatable. Each operand is widened as stored
+// (its columns of `rows` elements, ld apart) into a compact copy.
+cublasStatus_t gemm_bf16_widened(const Problem& p, float alpha, const void* a, const void* b, float* out, size_t out_ld) {
+    const SgemmFn sgemm = load_sgemm("cublasLtMatmul");
+    if (sgemm == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+    auto widen = [](const void* stored, size_t rows, size_t cols, int64_t ld) {
+        std::vector<float> wide(rows * cols);
+        const uint16_t* bits = static_cast<const uint16_t*>(stored);
+        for (size_t j = 0; j < cols; ++j)
+            for (size_t i = 0; i < rows; ++i) {
+                const uint32_t word = uint32_t(bits[j * size_t(ld) + i]) << 16;
+                std::memcpy(&wide[j * rows + i], &word, sizeof word);
+            }
+        return wide;
+    };
+    const size_t a_rows = p.transa == CblasNoTrans ? size_t(p.m) : size_t(p.k), a_cols = size_t(p.m) * size_t(p.k) / a_rows;
+    const size_t b_rows = p.transb == CblasNoTrans ? size_t(p.k) : size_t(p.n), b_cols = size_t(p.k) * size_t(p.n) / b_rows;
+    const std::vector<float> a_wide = widen(a, a_rows, a_cols, p.a->ld), b_wide = widen(b, b_rows, b_cols, p.b->ld);
+    sgemm(CblasColMajor, p.transa, p.transb, p.m, p.n, p.k, alpha, a_wide.data(), int(a_rows), b_wide.data(), int(b_rows), 0.0f,
+          out, int(out_ld));
+    return CUBLAS_STATUS_SUCCESS;
+}
+
 cublasStatus_t gemm_bf16(const Problem& p, float alpha, const void* a, const void* b, float* out, size_t out_ld) {
     using dims = dnnl::memory::dims;
     using dt = dnnl::memory::data_type;
@@ -589,7 +617,13 @@ cublasStatus_t gemm_bf16(const Problem& p, float alpha, const void* a, const voi
         dnnl::primitive_attr attr;
         if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
         dnnl::engine& engine = dnnl_engine();
-        const dnnl::matmul matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, weights, dst), attr, engine));
+        std::optional<dnnl::matmul::primitive_desc> described;
+        try {
+            described.emplace(dnnl::matmul::desc(src, weights, dst), attr, engine);
+        } catch (const dnnl::error&) {
+            return gemm_bf16_widened(p, alpha, a, b, out, out_ld);  // no BF16 matmul for this CPU
+        }
+        const dnnl::matmul matmul(*described);
         dnnl::stream stream(engine);
         dnnl::memory src_memory(src, engine, const_cast<void*>(b)), weights_memory(weights, engine, const_cast<void*>(a)),
             dst_memory(dst, engine, out);
