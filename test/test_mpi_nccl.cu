@@ -748,6 +748,14 @@ TEST_CASE("emulation: unsupported or inconsistent calls fail on every rank inste
 }
 #endif
 
+// Hidden (tag [.]; CTest's mpi_rank_leaves runs it alone): rank 1 fails a REQUIRE while the others wait
+// for it at a barrier. mpi_test_util.h's listener must end the job, not leave them waiting.
+TEST_CASE("a rank that fails a REQUIRE ends the job instead of leaving the others waiting", "[.rank-leaves]") {
+    if (world_size > 1) REQUIRE(world_rank != 1);  // the planted failure
+    MPI_Barrier(MPI_COMM_WORLD);                   // rank 0 would wait here forever
+    CHECK(world_size == 1);                        // with 2 or more ranks never reached: the job is gone
+}
+
 // ---------------------------------------------------------------------------------------------
 
 int main(int argc, char** argv) {

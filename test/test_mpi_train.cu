@@ -9,6 +9,7 @@
 
 #define CATCH_CONFIG_RUNNER
 #include "model_test_util.h"
+#include "mpi_test_util.h"  // a rank that leaves a test case early aborts the job (no hang)
 
 #include <algorithm>
 #include <chrono>

@@ -106,6 +106,14 @@ foreach(np 1 2 3 4)  # 1: the single-rank path (no MPI work, a copy); 4: process
   add_test(test_mpi_nccl_np${np} ${MPIRUN} -np ${np} ${TEST_BIN}/test_mpi_nccl)
   set_tests_properties(test_mpi_nccl_np${np} PROPERTIES SKIP_RETURN_CODE 77 ENVIRONMENT "CUEMU_RACECHECK=1")
 endforeach()
+# A rank that fails a REQUIRE (or throws) aborts the job (mpi_test_util.h): the MPI tests end with a
+# failure instead of hanging with the other ranks waiting in a collective. The hidden test case fails
+# on rank 1 while rank 0 waits at a barrier: the test passes when the abort's message comes, and the
+# timeout catches a hang. Skipped (77) without MPI (test/no_mpi_launch.sh).
+add_test(mpi_rank_leaves ${MPIRUN} -np 2 ${TEST_BIN}/test_mpi_nccl "[.rank-leaves]")
+set_tests_properties(mpi_rank_leaves PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 120
+                     PASS_REGULAR_EXPRESSION "this rank left the test case early.*aborting the job")
+list(APPEND launched_tests mpi_rank_leaves)
 
 # Ring attention (parallel/context.h) over 1-4 context ranks, both precisions, against a double reference
 # over the whole sequence: odd lengths split unevenly, and bitwise repeatable (skipped, 77, as above).
