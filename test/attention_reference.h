@@ -233,6 +233,38 @@ inline Results run_attention(Kernels which, const std::vector<floatX>& qkv_host,
     return {out.download(), dqkv.download(), lse.download()};
 }
 
+// A span case's inputs as the kernels take them (check_spans, test_kernel_attention_wgmma), for the
+// queries of w's range against its keys. Documents as context parallelism meets them: one starting
+// inside the keys, one between the keys' end and the queries' last (its queries see none of the keys:
+// out 0, lse -inf), row 0 also one just before the queries (doc_starts, (B, T)); each query's first
+// visible key in key coordinates (first_keys); the span (key_lead = q_begin - k_begin puts both in the
+// row's positions); and the keys in a compact k|v buffer (rows 2C apart) with 3 NaN padding rows
+// after each sequence's.
+struct SpanInputs {
+    std::vector<int> doc_starts, first_keys;
+    AttentionSpan span;
+    std::vector<floatX> kv;
+};
+inline SpanInputs span_inputs(const std::vector<floatX>& qkv, const Sizes& s, const Window& w) {
+    SpanInputs in;
+    std::vector<std::vector<int>> eots(s.B);
+    for (int b = 0; b < s.B; ++b) {
+        eots[b] = {w.k_begin + (w.k_end - w.k_begin) / 3 + b, std::max(w.k_end, w.q_end - 4 - b)};
+        if (b == 0 && w.q_begin > 0) eots[b].push_back(w.q_begin - 1);
+    }
+    in.doc_starts = packed_rows(s.T, eots);
+    const int C = s.C, Tq = w.q_end - w.q_begin, Tk = w.k_end - w.k_begin, kv_seq = Tk + 3;
+    in.first_keys.resize(in.doc_starts.size());
+    for (size_t i = 0; i < in.first_keys.size(); ++i) in.first_keys[i] = std::clamp(in.doc_starts[i] - w.k_begin, 0, Tk);
+    in.span = AttentionSpan{Tq, Tk, s.T, kv_seq, 2 * C, w.q_begin - w.k_begin};
+    in.kv.assign(size_t(s.B) * kv_seq * 2 * C, from_float<floatX>(NAN));  // padding rows: NaN
+    for (int b = 0; b < s.B; ++b)
+        for (int k = 0; k < Tk; ++k)
+            for (int c2 = 0; c2 < 2 * C; ++c2)
+                in.kv[(size_t(b) * kv_seq + k) * 2 * C + c2] = qkv[(size_t(b) * s.T + w.k_begin + k) * 3 * C + C + c2];
+    return in;
+}
+
 // Spans (AttentionSpan): the queries of one position range against the keys of another, as context
 // parallelism's ring steps run them (parallel/context.h): key_lead = q_begin - k_begin puts both in the
 // row's positions, so query t sees key k when k_begin + k <= q_begin + t. The queries come from a
@@ -273,28 +305,15 @@ template <typename R> void check_spans(Kernels which, const SpanTolerances& tol,
         std::mt19937 rng(4321 + s.T + s.C + w.q_begin);
         const std::vector<floatX> qkv = random_qkv(s, rng);
         const std::vector<floatX> dout = random_floatX(size_t(s.B) * s.T * s.C, 1.0f, rng);
-        // Documents (as context parallelism meets them): one starting inside the keys, one between the
-        // keys' end and the queries' last (its queries see none of the keys: out 0, lse -inf), row 0 also
-        // one just before the queries; the kernels take each query's first visible key, in key coordinates.
-        std::vector<std::vector<int>> eots(s.B);
-        for (int b = 0; b < s.B; ++b) {
-            eots[b] = {w.k_begin + (w.k_end - w.k_begin) / 3 + b, std::max(w.k_end, w.q_end - 4 - b)};
-            if (b == 0 && w.q_begin > 0) eots[b].push_back(w.q_begin - 1);
-        }
-        const std::vector<int> doc_starts = packed_rows(s.T, eots);
+        const SpanInputs in = span_inputs(qkv, s, w);
+        const std::vector<int>& doc_starts = in.doc_starts;
         const Reference ref = reference_attention(qkv, dout, s, documents ? &doc_starts : nullptr, w);
 
-        const int C = s.C, Tq = w.q_end - w.q_begin, Tk = w.k_end - w.k_begin, kv_seq = Tk + 3;
-        std::vector<int> first_keys(doc_starts.size());
-        for (size_t i = 0; i < first_keys.size(); ++i) first_keys[i] = std::clamp(doc_starts[i] - w.k_begin, 0, Tk);
-        DeviceBuffer<int> first_keys_device(first_keys);
+        const int C = s.C, Tk = in.span.Tk, kv_seq = in.span.kv_seq;
+        DeviceBuffer<int> first_keys_device(in.first_keys);
         const int* docs = documents ? first_keys_device.ptr + w.q_begin : nullptr;
-        const AttentionSpan span{Tq, Tk, s.T, kv_seq, 2 * C, w.q_begin - w.k_begin};
-        std::vector<floatX> kv_host(size_t(s.B) * kv_seq * 2 * C, from_float<floatX>(NAN));  // padding rows: NaN
-        for (int b = 0; b < s.B; ++b)
-            for (int k = 0; k < Tk; ++k)
-                for (int c2 = 0; c2 < 2 * C; ++c2)
-                    kv_host[(size_t(b) * kv_seq + k) * 2 * C + c2] = qkv[(size_t(b) * s.T + w.k_begin + k) * 3 * C + C + c2];
+        const AttentionSpan span = in.span;
+        const std::vector<floatX>& kv_host = in.kv;
         const size_t BT = size_t(s.B) * s.T;
         DeviceBuffer<floatX> q(qkv), kv(kv_host), g(dout);
         DeviceBuffer<R> out(BT * C), dq(BT * 3 * C), dkv(kv_host.size());

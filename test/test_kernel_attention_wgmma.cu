@@ -30,16 +30,6 @@ using namespace attention_reference;
 // the mma.sync forward (neighbouring bf16 values); lse 1.6e-7.
 constexpr double kOutTolerance = 0x1p-8 + 1e-3, kLseTolerance = 1e-6;
 
-void skip_unless_hopper() {
-    if (kEmulatedDevice) return;
-    cudaDeviceProp prop{};
-    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-    if (prop.major != 9 || prop.minor != 0) {
-        std::printf("skipped: wgmma needs sm_90 (this GPU is sm_%d%d)\n", prop.major, prop.minor);
-        std::exit(kSkipReturnCode);
-    }
-}
-
 struct Forward {
     std::vector<floatX> out;
     std::vector<float> lse;
@@ -158,26 +148,14 @@ TEST_CASE("wgmma attention over a span: one range's queries against another's ke
                 std::mt19937 rng(4321 + s.T + s.C + w.q_begin);
                 const std::vector<floatX> qkv = random_qkv(s, rng);
                 const std::vector<floatX> dout = random_floatX(size_t(s.B) * s.T * s.C, 1.0f, rng);
-                std::vector<std::vector<int>> eots(s.B);  // as check_spans (attention_reference.h) places them
-                for (int b = 0; b < s.B; ++b) {
-                    eots[b] = {w.k_begin + (w.k_end - w.k_begin) / 3 + b, std::max(w.k_end, w.q_end - 4 - b)};
-                    if (b == 0 && w.q_begin > 0) eots[b].push_back(w.q_begin - 1);
-                }
-                const std::vector<int> doc_starts = packed_rows(s.T, eots);
-                const Reference ref = reference_attention(qkv, dout, s, documents ? &doc_starts : nullptr, w);
-                const int C = s.C, Tq = w.q_end - w.q_begin, Tk = w.k_end - w.k_begin, kv_seq = Tk + 3;
-                std::vector<int> first_keys(doc_starts.size());
-                for (size_t i = 0; i < first_keys.size(); ++i) first_keys[i] = std::clamp(doc_starts[i] - w.k_begin, 0, Tk);
-                DeviceBuffer<int> first_keys_device(first_keys);
+                const SpanInputs in = span_inputs(qkv, s, w);  // as check_spans takes them
+                const Reference ref = reference_attention(qkv, dout, s, documents ? &in.doc_starts : nullptr, w);
+                const int C = s.C;
+                DeviceBuffer<int> first_keys_device(in.first_keys);
                 const int* docs = documents ? first_keys_device.ptr + w.q_begin : nullptr;
-                const AttentionSpan span{Tq, Tk, s.T, kv_seq, 2 * C, w.q_begin - w.k_begin};
-                std::vector<floatX> kv_host(size_t(s.B) * kv_seq * 2 * C, from_float<floatX>(NAN));
-                for (int b = 0; b < s.B; ++b)
-                    for (int k = 0; k < Tk; ++k)
-                        for (int c2 = 0; c2 < 2 * C; ++c2)
-                            kv_host[(size_t(b) * kv_seq + k) * 2 * C + c2] = qkv[(size_t(b) * s.T + w.k_begin + k) * 3 * C + C + c2];
+                const AttentionSpan span = in.span;
                 const size_t BT = size_t(s.B) * s.T, q_off = size_t(w.q_begin);
-                DeviceBuffer<floatX> q(qkv), kv(kv_host);
+                DeviceBuffer<floatX> q(qkv), kv(in.kv);
                 DeviceBuffer<float> lse(BT * s.NH);
                 lse.fill_bytes(0xFF);
                 std::vector<double> out_window, lse_window, out_ref, lse_ref;

@@ -184,16 +184,6 @@ __global__ void wgmma_kernel(float* d, const unsigned char* tiles, OperandTile a
 
 namespace {
 
-void skip_unless_hopper() {
-    if (kEmulatedDevice) return;
-    cudaDeviceProp prop{};
-    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-    if (prop.major != 9 || prop.minor != 0) {
-        std::printf("skipped: wgmma needs sm_90 (this GPU is sm_%d%d)\n", prop.major, prop.minor);
-        std::exit(kSkipReturnCode);
-    }
-}
-
 // Stores a (mn x kK, row-major values) in a layout; every other byte of the tile holds NaN bits.
 std::vector<unsigned char> store_tile(const std::vector<float>& values, const TileLayout& layout) {
     std::vector<unsigned char> bytes(layout.bytes(), 0xFF);

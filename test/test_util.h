@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -31,6 +32,19 @@ constexpr double kBf16EpilogueGeluTolerance = 0x1p-6;  // on a GPU
 // The exit code of a test executable that cannot run in this configuration: test/tests.cmake gives
 // such tests SKIP_RETURN_CODE 77, so CTest reports them skipped, never passed.
 constexpr int kSkipReturnCode = 77;
+
+// For the tests of sm_90a instructions (wgmma; their GPU build is sm_90a machine code alone, the line
+// "// gpu arch: sm_90a"): on a GPU that is not sm_90 the executable says so and exits skipped. The
+// emulator runs them everywhere.
+inline void skip_unless_hopper() {
+    if (kEmulatedDevice) return;
+    cudaDeviceProp prop{};
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    if (prop.major != 9 || prop.minor != 0) {
+        std::printf("skipped: wgmma needs sm_90 (this GPU is sm_%d%d)\n", prop.major, prop.minor);
+        std::exit(kSkipReturnCode);
+    }
+}
 
 // Bit patterns, for tests that compare exactly (NaN payloads, signed zeros, rounding).
 inline uint32_t float_bits(float x) {
