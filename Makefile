@@ -81,13 +81,14 @@ WARN := -Wall -Wextra -Wno-unused-parameter
 # which made the largest test units compile 40% longer (test_mpi_train.o 87.6 s with -g, 62.5 s).
 # -Wno-restrict: g++ 12 -O3 warns falsely inside libstdc++ on "literal" + std::string.
 CPU_OPT = -O3
-CPU_CXXFLAGS = $(COMMON_FLAGS) $(CPU_OPT) -fno-math-errno -fno-trapping-math -g1 -march=native $(WARN) -Wno-restrict $(MPI_INC) -pthread
+CPU_CXXFLAGS = $(COMMON_FLAGS) $(CPU_OPT) -fno-math-errno -fno-trapping-math -g1 -march=native $(WARN) -Wno-restrict $(MPI_INC) -pthread \
+               -DKERNELS_COMPILED_ONCE  # kernels/cuda_common.h: COMPILED_ONCE
 # -g1 here too: ASan's and UBSan's reports name file:line from the line tables alone. -Og, not -O1:
 # the build is most of this stage. test_model_suite.o compiles in 85 s instead of 139 under the
 # sanitizers; a fresh clone's make test-asan took 605 s instead of 743-768, its build about 340 s
 # instead of 515, its tests 268 s instead of 223-228 (test_cublaslt the most: 86 s against 58).
 ASAN_CXXFLAGS = $(COMMON_FLAGS) -Og -g1 -fno-omit-frame-pointer -fsanitize=address,undefined \
-                -fno-sanitize-recover=undefined $(WARN) $(MPI_INC) -pthread \
+                -fno-sanitize-recover=undefined $(WARN) $(MPI_INC) -pthread -DKERNELS_COMPILED_ONCE \
                 -Wno-maybe-uninitialized  # false positives in Catch2's std::regex at -O1
 # The emulated cuBLASLt: oneDNN's BF16 matmul, glibc's SIMD math (libmvec), OpenMP for its epilogue.
 EMU_LDLIBS = -ldnnl -lmvec -lgomp
@@ -142,16 +143,25 @@ SECOND_UNITS := $(patsubst test/%.cu,%,$(wildcard test/second_unit_*.cu))
 
 # The precision a binary is built in: the _fp32 twins FP32, the BF16-only tests BF16, others PRECISION.
 precision_of = $(if $(filter %_fp32,$(1)),FP32,$(if $(filter $(BF16_ONLY_TESTS),$(1)),BF16,$(PRECISION)))
-# The host library (host/*.cpp: flag parsing, JSON, metrics) of a build folder and precision: compiled
-# once there and linked into every program and test, instead of inside each of them (config.cpp's
-# --attention default depends on the precision, hence one per precision).
-host_lib = $(1)/libhost-$(2).a
+# The libraries of a build folder and precision, linked into every program and test there instead of
+# compiled inside each of them: the host library (host/*.cpp: flag parsing, JSON, metrics; config.cpp's
+# --attention default depends on the precision, hence one per precision) and, in the CPU builds, the
+# kernel launchers compiled once (kernels/compiled_once.cu; COMPILED_ONCE in kernels/cuda_common.h).
+precision_libs = $(if $(filter $(GPU_DIR),$(1)),,$(1)/libkernels-$(2).a) $(1)/libhost-$(2).a
 define host_library_rules
 $(1)/host-$(2)/%.o: PRECISION_DEFINE = -DPRECISION_$(2)
 $(1)/host-$(2)/%.o: host/%.cpp $$(DEPS_TRACKED) | deps-if-missing
 	@mkdir -p $$(@D)
 	$$(CXX) $$($(3)) $$(DEPFLAGS) -c $$< -o $$@
 $(1)/libhost-$(2).a: $$(patsubst host/%.cpp,$(1)/host-$(2)/%.o,$$(HOST_SRC))
+	ar rcs $$@ $$^
+endef
+define kernel_library_rules
+$(1)/kernels-$(2)/compiled_once.o: PRECISION_DEFINE = -DPRECISION_$(2)
+$(1)/kernels-$(2)/compiled_once.o: kernels/compiled_once.cu $$(DEPS_TRACKED) | deps-if-missing
+	@mkdir -p $$(@D)
+	$$(CXX) $$($(3)) $$(DEPFLAGS) -x c++ -c $$< -o $$@
+$(1)/libkernels-$(2).a: $(1)/kernels-$(2)/compiled_once.o
 	ar rcs $$@ $$^
 endef
 .SECONDEXPANSION:
@@ -186,6 +196,7 @@ $(CPU_DIR)/libcuemu.a: $(patsubst emu/%.cpp,$(CPU_DIR)/emu/%.o,$(EMU_SRC))
 	ar rcs $@ $^
 
 $(foreach p,BF16 FP32,$(eval $(call host_library_rules,$(CPU_DIR),$(p),CPU_CXXFLAGS)))
+$(foreach p,BF16 FP32,$(eval $(call kernel_library_rules,$(CPU_DIR),$(p),CPU_CXXFLAGS)))
 
 # The copies at the root name their precision: ./train_gpt_cpu and ./train_gpt are BF16 builds,
 # ./train_gpt_cpu_fp32 and ./train_gpt_fp32 FP32 ones (build/<folder>/ keeps each build).
@@ -200,12 +211,15 @@ $(CPU_DIR)/train_gpt_cpu.o: train_gpt.cu $(DEPS_TRACKED) | deps-if-missing
 	@mkdir -p $(@D)
 	$(CXX) $(CPU_CXXFLAGS) $(DEPFLAGS) -x c++ -c $< -o $@
 
-$(CPU_DIR)/train_gpt_cpu: $(CPU_DIR)/train_gpt_cpu.o $(call host_lib,$(CPU_DIR),$(PRECISION)) $(CPU_DIR)/libcuemu.a
-	$(CXX) $(CPU_CXXFLAGS) $< $(call host_lib,$(CPU_DIR),$(PRECISION)) $(CPU_DIR)/libcuemu.a $(CPU_LDLIBS) -o $@
+$(CPU_DIR)/train_gpt_cpu: $(CPU_DIR)/train_gpt_cpu.o $(call precision_libs,$(CPU_DIR),$(PRECISION)) $(CPU_DIR)/libcuemu.a
+	$(CXX) $(CPU_CXXFLAGS) $< $(call precision_libs,$(CPU_DIR),$(PRECISION)) $(CPU_DIR)/libcuemu.a $(CPU_LDLIBS) -o $@
 
 $(CPU_DIR)/catch_main.o: test/catch_main.cpp $(DEPS_TRACKED) | deps-if-missing
 	@mkdir -p $(@D)
 	$(CXX) $(CPU_CXXFLAGS) $(DEPFLAGS) -c $< -o $@
+# Catch2's runner and reporters, compiled whole here (the tests' assertions expand in their own units):
+# -O1 compiles it in 26 s instead of 45 at -O3 (this VM, one core), and no test waits on it.
+$(CPU_DIR)/catch_main.o: CPU_OPT = -O1
 
 $(CPU_DIR)/test_%.o: test/test_%.cu $(DEPS_TRACKED) | deps-if-missing
 	@mkdir -p $(@D)
@@ -226,10 +240,10 @@ $(CPU_DIR)/test_%_fp32.o: test/test_%.cu $(DEPS_TRACKED) | deps-if-missing
 	$(CXX) $(CPU_CXXFLAGS) $(DEPFLAGS) -x c++ -c $< -o $@
 
 $(addprefix $(CPU_DIR)/,$(CATCH_MAIN_TESTS)): $(CPU_DIR)/%: $(CPU_DIR)/%.o $$(call second_unit_of,$$*,$(CPU_DIR)) \
-  $(CPU_DIR)/catch_main.o $$(call host_lib,$(CPU_DIR),$$(call precision_of,$$*)) $(CPU_DIR)/libcuemu.a
+  $(CPU_DIR)/catch_main.o $$(call precision_libs,$(CPU_DIR),$$(call precision_of,$$*)) $(CPU_DIR)/libcuemu.a
 	$(CXX) $^ $(CPU_LDLIBS) -o $@
 
-$(CPU_DIR)/test_mpi_%: $(CPU_DIR)/test_mpi_%.o $$(call host_lib,$(CPU_DIR),$$(call precision_of,test_mpi_$$*)) \
+$(CPU_DIR)/test_mpi_%: $(CPU_DIR)/test_mpi_%.o $$(call precision_libs,$(CPU_DIR),$$(call precision_of,test_mpi_$$*)) \
   $(CPU_DIR)/libcuemu.a
 	$(CXX) $^ $(CPU_LDLIBS) -o $@
 
@@ -286,7 +300,7 @@ train_gpt: $(GPU_DIR)/train_gpt
 GPU_HOST_CXXFLAGS = $(COMMON_FLAGS) -O2 -g $(WARN) $(MPI_INC) -pthread
 $(foreach p,BF16 FP32,$(eval $(call host_library_rules,$(GPU_DIR),$(p),GPU_HOST_CXXFLAGS)))
 
-$(GPU_DIR)/train_gpt: train_gpt.cu $(DEPS_TRACKED) $(call host_lib,$(GPU_DIR),$(PRECISION)) | deps-if-missing
+$(GPU_DIR)/train_gpt: train_gpt.cu $(DEPS_TRACKED) $(call precision_libs,$(GPU_DIR),$(PRECISION)) | deps-if-missing
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) $(DEPFLAGS) -x cu $< -L$(GPU_DIR) -lhost-$(PRECISION) $(GPU_LDLIBS) -o $@ 2> $(GPU_DIR)/train_gpt.ptxas.log || { cat $(GPU_DIR)/train_gpt.ptxas.log; exit 1; }
 	@scripts/check_spills.sh $(GPU_DIR)/train_gpt.ptxas.log
@@ -315,8 +329,8 @@ $(GPU_DIR)/test_%_fp32.o: test/test_%.cu $(DEPS_TRACKED) | deps-if-missing
 	@scripts/check_spills.sh $@.ptxas.log
 
 $(GPU_DIR)/test_%: $(GPU_DIR)/test_%.o $$(call second_unit_of,test_$$*,$(GPU_DIR)) $(GPU_DIR)/catch_main.o \
-  $$(call host_lib,$(GPU_DIR),$$(call precision_of,test_$$*))
-	$(NVCC) $< $(call second_unit_of,test_$*,$(GPU_DIR)) $(if $(filter mpi_%,$*),,$(GPU_DIR)/catch_main.o) $(call host_lib,$(GPU_DIR),$(call precision_of,test_$*)) \
+  $$(call precision_libs,$(GPU_DIR),$$(call precision_of,test_$$*))
+	$(NVCC) $< $(call second_unit_of,test_$*,$(GPU_DIR)) $(if $(filter mpi_%,$*),,$(GPU_DIR)/catch_main.o) $(call precision_libs,$(GPU_DIR),$(call precision_of,test_$*)) \
 	  $(GPU_LDLIBS) -o $@
 
 $(GPU_DIR)/CTestTestfile.cmake: FORCE
@@ -355,15 +369,16 @@ $(ASAN_DIR)/second_unit_%.o: test/second_unit_%.cu $(DEPS_TRACKED) | deps-if-mis
 	$(CXX) $(ASAN_CXXFLAGS) $(DEPFLAGS) -x c++ -c $< -o $@
 
 $(foreach p,BF16 FP32,$(eval $(call host_library_rules,$(ASAN_DIR),$(p),ASAN_CXXFLAGS)))
+$(foreach p,BF16 FP32,$(eval $(call kernel_library_rules,$(ASAN_DIR),$(p),ASAN_CXXFLAGS)))
 
 $(ASAN_DIR)/test_%: $(ASAN_DIR)/test_%.o $$(call second_unit_of,test_$$*,$(ASAN_DIR)) \
-  $(patsubst emu/%.cpp,$(ASAN_DIR)/emu/%.o,$(EMU_SRC)) $(ASAN_DIR)/catch_main.o $$(call host_lib,$(ASAN_DIR),$$(call precision_of,test_$$*))
-	$(CXX) $(ASAN_CXXFLAGS) $< $(call second_unit_of,test_$*,$(ASAN_DIR)) $(call host_lib,$(ASAN_DIR),$(call precision_of,test_$*)) \
+  $(patsubst emu/%.cpp,$(ASAN_DIR)/emu/%.o,$(EMU_SRC)) $(ASAN_DIR)/catch_main.o $$(call precision_libs,$(ASAN_DIR),$$(call precision_of,test_$$*))
+	$(CXX) $(ASAN_CXXFLAGS) $< $(call second_unit_of,test_$*,$(ASAN_DIR)) $(call precision_libs,$(ASAN_DIR),$(call precision_of,test_$*)) \
 	  $(patsubst emu/%.cpp,$(ASAN_DIR)/emu/%.o,$(EMU_SRC)) $(if $(filter mpi_%,$*),,$(ASAN_DIR)/catch_main.o) $(CPU_LDLIBS) -o $@
 
 $(ASAN_DIR)/train_gpt_cpu: train_gpt.cu $(DEPS_TRACKED) $(patsubst emu/%.cpp,$(ASAN_DIR)/emu/%.o,$(EMU_SRC)) \
-  $(call host_lib,$(ASAN_DIR),$(PRECISION))
-	$(CXX) $(ASAN_CXXFLAGS) $(DEPFLAGS) -x c++ $< -x none $(call host_lib,$(ASAN_DIR),$(PRECISION)) \
+  $(call precision_libs,$(ASAN_DIR),$(PRECISION))
+	$(CXX) $(ASAN_CXXFLAGS) $(DEPFLAGS) -x c++ $< -x none $(call precision_libs,$(ASAN_DIR),$(PRECISION)) \
 	  $(patsubst emu/%.cpp,$(ASAN_DIR)/emu/%.o,$(EMU_SRC)) $(CPU_LDLIBS) -o $@
 
 # ASan checks memory use, which the precision does not change: BF16 binaries only (the _fp32 twins
@@ -383,8 +398,8 @@ emu-bench: $(CPU_DIR)/emu_bench
 # The CPU build as a trainer (scripts/cpu_bench.sh): GPT-2 124M, B=4, T=64, median s/step of the BF16
 # and FP32 builds, against the step's matmuls alone (dev/gemm_limit.cu) measured in the same run.
 .PHONY: cpu-bench
-$(CPU_DIR)/gemm_limit: dev/gemm_limit.cu $(DEPS_TRACKED) $(call host_lib,$(CPU_DIR),$(PRECISION)) $(CPU_DIR)/libcuemu.a
-	$(CXX) $(CPU_CXXFLAGS) $(DEPFLAGS) -x c++ $< -x none $(call host_lib,$(CPU_DIR),$(PRECISION)) $(CPU_DIR)/libcuemu.a \
+$(CPU_DIR)/gemm_limit: dev/gemm_limit.cu $(DEPS_TRACKED) $(call precision_libs,$(CPU_DIR),$(PRECISION)) $(CPU_DIR)/libcuemu.a
+	$(CXX) $(CPU_CXXFLAGS) $(DEPFLAGS) -x c++ $< -x none $(call precision_libs,$(CPU_DIR),$(PRECISION)) $(CPU_DIR)/libcuemu.a \
 	  $(CPU_LDLIBS) -o $@
 
 cpu-bench: deps-if-missing $(DATA_DIR)/tokenizer.bin
@@ -399,11 +414,11 @@ $(addprefix $(CPU_DIR)/,$(addsuffix .o,$(FORWARD_LOGITS))): $(CPU_DIR)/%.o: dev/
 	@mkdir -p $(@D)
 	$(CXX) $(CPU_CXXFLAGS) $(DEPFLAGS) -x c++ -c $< -o $@
 $(CPU_DIR)/forward_logits_fp32.o: PRECISION_DEFINE = -DPRECISION_FP32
-$(addprefix $(CPU_DIR)/,$(FORWARD_LOGITS)): $(CPU_DIR)/%: $(CPU_DIR)/%.o $$(call host_lib,$(CPU_DIR),$$(call precision_of,$$*)) \
+$(addprefix $(CPU_DIR)/,$(FORWARD_LOGITS)): $(CPU_DIR)/%: $(CPU_DIR)/%.o $$(call precision_libs,$(CPU_DIR),$$(call precision_of,$$*)) \
   $(CPU_DIR)/libcuemu.a
 	$(CXX) $^ $(CPU_LDLIBS) -o $@
 $(addprefix $(GPU_DIR)/,$(FORWARD_LOGITS)): $(GPU_DIR)/%: dev/forward_logits.cu $(DEPS_TRACKED) \
-  $$(call host_lib,$(GPU_DIR),$$(call precision_of,$$*)) | deps-if-missing
+  $$(call precision_libs,$(GPU_DIR),$$(call precision_of,$$*)) | deps-if-missing
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) $(DEPFLAGS) -x cu $< -L$(GPU_DIR) -lhost-$(call precision_of,$*) $(GPU_LDLIBS) -o $@ \
 	  2> $@.ptxas.log || { cat $@.ptxas.log; exit 1; }
@@ -415,12 +430,12 @@ $(GPU_DIR)/forward_logits_fp32: PRECISION_DEFINE = -DPRECISION_FP32
 # BF16 (the kernels' precision) whatever PRECISION says; the GPU build is sm_80 and sm_90a machine code
 # (wgmma needs the latter; override: also over scripts/gpu_prebuild.sh's sm_90).
 $(CPU_DIR)/attention_bench: PRECISION_DEFINE = -DPRECISION_BF16
-$(CPU_DIR)/attention_bench: dev/attention_bench.cu $(DEPS_TRACKED) $(call host_lib,$(CPU_DIR),BF16) $(CPU_DIR)/libcuemu.a \
+$(CPU_DIR)/attention_bench: dev/attention_bench.cu $(DEPS_TRACKED) $(call precision_libs,$(CPU_DIR),BF16) $(CPU_DIR)/libcuemu.a \
   | deps-if-missing
-	$(CXX) $(CPU_CXXFLAGS) $(DEPFLAGS) -x c++ $< -x none $(call host_lib,$(CPU_DIR),BF16) $(CPU_DIR)/libcuemu.a $(CPU_LDLIBS) -o $@
+	$(CXX) $(CPU_CXXFLAGS) $(DEPFLAGS) -x c++ $< -x none $(call precision_libs,$(CPU_DIR),BF16) $(CPU_DIR)/libcuemu.a $(CPU_LDLIBS) -o $@
 $(GPU_DIR)/attention_bench: PRECISION_DEFINE = -DPRECISION_BF16
 $(GPU_DIR)/attention_bench: override GPU_ARCH = -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a
-$(GPU_DIR)/attention_bench: dev/attention_bench.cu $(DEPS_TRACKED) $(call host_lib,$(GPU_DIR),BF16) | deps-if-missing
+$(GPU_DIR)/attention_bench: dev/attention_bench.cu $(DEPS_TRACKED) $(call precision_libs,$(GPU_DIR),BF16) | deps-if-missing
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) $(DEPFLAGS) -x cu $< -L$(GPU_DIR) -lhost-BF16 $(GPU_LDLIBS) -o $@ \
 	  2> $@.ptxas.log || { cat $@.ptxas.log; exit 1; }
@@ -428,9 +443,9 @@ $(GPU_DIR)/attention_bench: dev/attention_bench.cu $(DEPS_TRACKED) $(call host_l
 
 # The roofline of one training step at full size (dev/roofline.cu; dev/README.md has examples).
 .PHONY: roofline kernel-report
-$(CPU_DIR)/roofline: dev/roofline.cu $(DEPS_TRACKED) $(call host_lib,$(CPU_DIR),$(PRECISION)) $(CPU_DIR)/libcuemu.a \
+$(CPU_DIR)/roofline: dev/roofline.cu $(DEPS_TRACKED) $(call precision_libs,$(CPU_DIR),$(PRECISION)) $(CPU_DIR)/libcuemu.a \
   | deps-if-missing
-	$(CXX) $(CPU_CXXFLAGS) $(DEPFLAGS) -x c++ $< -x none $(call host_lib,$(CPU_DIR),$(PRECISION)) $(CPU_DIR)/libcuemu.a \
+	$(CXX) $(CPU_CXXFLAGS) $(DEPFLAGS) -x c++ $< -x none $(call precision_libs,$(CPU_DIR),$(PRECISION)) $(CPU_DIR)/libcuemu.a \
 	  $(CPU_LDLIBS) -o $@
 
 roofline: $(CPU_DIR)/roofline

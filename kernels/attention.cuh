@@ -774,8 +774,8 @@ template <auto Kernel> void allow_smem(size_t bytes) {
 // queries. doc_start: (B, T) document starts for document masking (the causal span only), or null.
 // row_threads: threads sharing a row, 1 or 4 (the same bits either way), or 0 for simt_row_threads.
 template <typename Out>
-inline void attention_forward(Out* out, float* lse, const floatX* q, const floatX* kv, AttentionSpan span, int B, int C,
-                              int NH, cudaStream_t stream, const int* doc_start = nullptr, int row_threads = 0) {
+void attention_forward(Out* out, float* lse, const floatX* q, const floatX* kv, AttentionSpan span, int B, int C,
+                       int NH, cudaStream_t stream, const int* doc_start = nullptr, int row_threads = 0) {
     using namespace attention_detail;
     check_sizes("attention_forward", B, std::max(span.Tq, span.Tk), C, NH);
     require_supported("attention_forward", span_problem(span));
@@ -829,10 +829,10 @@ inline void attention_backward_rowdot(float* D, const floatX* dout, const floatX
 // and dv are complete, before dq's kernel: context parallelism sends them on while dq is computed.
 // row_threads as in attention_forward.
 template <typename Grad>
-inline void attention_backward(Grad* dq, int dq_stride, Grad* dkv, int dkv_stride, const floatX* dout, const floatX* q,
-                               const floatX* kv, const float* lse, const float* D, AttentionSpan span, int B, int C, int NH,
-                               cudaStream_t stream, const int* doc_start = nullptr, bool accumulate = false,
-                               cudaEvent_t key_gradients_done = nullptr, int row_threads = 0) {
+void attention_backward(Grad* dq, int dq_stride, Grad* dkv, int dkv_stride, const floatX* dout, const floatX* q,
+                        const floatX* kv, const float* lse, const float* D, AttentionSpan span, int B, int C, int NH,
+                        cudaStream_t stream, const int* doc_start = nullptr, bool accumulate = false,
+                        cudaEvent_t key_gradients_done = nullptr, int row_threads = 0) {
     using namespace attention_detail;
     check_sizes("attention_backward", B, std::max(span.Tq, span.Tk), C, NH);
     require_supported("attention_backward", span_problem(span));
@@ -892,3 +892,19 @@ inline void attention_merge(float* out, float* lse, const float* part_out, const
                                    dim3(ceil_div(size_t(rows), kMergeBlock)), dim3(kMergeBlock), 0, stream, out, lse, part_out,
                                    part_lse, B, Tq, q_seq, C, NH);
 }
+
+// Compiled once in the CPU build (see COMPILED_ONCE in cuda_common.h): both outputs of each launcher.
+#ifdef COMPILED_ONCE
+COMPILED_ONCE void attention_forward<floatX>(floatX*, float*, const floatX*, const floatX*, AttentionSpan, int, int, int,
+                                             cudaStream_t, const int*, int);
+COMPILED_ONCE void attention_backward<floatX>(floatX*, int, floatX*, int, const floatX*, const floatX*, const floatX*,
+                                              const float*, const float*, AttentionSpan, int, int, int, cudaStream_t,
+                                              const int*, bool, cudaEvent_t, int);
+#ifndef PRECISION_FP32  // else floatX is float: the lines above
+COMPILED_ONCE void attention_forward<float>(float*, float*, const floatX*, const floatX*, AttentionSpan, int, int, int,
+                                            cudaStream_t, const int*, int);
+COMPILED_ONCE void attention_backward<float>(float*, int, float*, int, const floatX*, const floatX*, const floatX*,
+                                             const float*, const float*, AttentionSpan, int, int, int, cudaStream_t,
+                                             const int*, bool, cudaEvent_t, int);
+#endif
+#endif

@@ -1350,3 +1350,22 @@ inline const float* attention_tc_backward(floatX* dqkv, float* scratch, const fl
                                   doc_start, false, nullptr, bias_partials);
     return bias_partials;
 }
+
+// Compiled once in the CPU build (see COMPILED_ONCE in cuda_common.h): both outputs of each launcher.
+#ifdef COMPILED_ONCE
+COMPILED_ONCE void attention_tc_detail::forward<floatX, floatX>(floatX*, float*, const floatX*, const floatX*, AttentionSpan,
+                                                                int, int, int, cudaStream_t, const int*);
+COMPILED_ONCE void attention_tc_detail::backward<floatX, floatX>(floatX*, int, floatX*, int, const floatX*, const floatX*,
+                                                                 const floatX*, const float*, const float*, AttentionSpan, int,
+                                                                 int, int, cudaStream_t, const int*, bool, cudaEvent_t, float*);
+COMPILED_ONCE void attention_tc_detail::backward_fused<floatX>(floatX*, float*, const floatX*, const floatX*, const floatX*,
+                                                               const float*, int, int, int, int, cudaStream_t, const int*,
+                                                               float*, float*, int);
+#ifndef PRECISION_FP32  // else floatX is float: the lines above
+COMPILED_ONCE void attention_tc_detail::forward<floatX, float>(float*, float*, const floatX*, const floatX*, AttentionSpan,
+                                                               int, int, int, cudaStream_t, const int*);
+COMPILED_ONCE void attention_tc_detail::backward<floatX, float>(float*, int, float*, int, const floatX*, const floatX*,
+                                                                const floatX*, const float*, const float*, AttentionSpan, int,
+                                                                int, int, cudaStream_t, const int*, bool, cudaEvent_t, float*);
+#endif
+#endif

@@ -27,6 +27,19 @@ constexpr bool kEmulatedDevice = true;  // the kernels run in the CPU emulator (
 #define ROLLED_LOOP
 #endif
 
+// Launchers compiled once. The attention launchers' templates are half of a CPU unit's compile that
+// includes train_gpt.cu (BF16, -O3: 142 s alone, 75 s without them), and about twenty units include
+// them. So the Makefile's CPU builds compile them in one unit per build folder and precision,
+// kernels/compiled_once.cu (KERNELS_COMPILED_HERE: explicit instantiations, linked as
+// libkernels-<precision>.a), and define KERNELS_COMPILED_ONCE for every other unit, where each
+// header's COMPILED_ONCE list becomes `extern template` declarations. Without either (nvcc's
+// one-unit build, CMake) the lists vanish. An instance no list names is compiled where it is used.
+#if defined(KERNELS_COMPILED_HERE)
+#define COMPILED_ONCE template
+#elif defined(KERNELS_COMPILED_ONCE)
+#define COMPILED_ONCE extern template
+#endif
+
 // ---------------------------------------------------------------------------------------------
 // Errors. One policy for the whole program: what cannot go on throws a TrainGptError (host modules
 // throw its base, std::runtime_error) with a one-line message naming what failed; main() alone
