@@ -147,7 +147,9 @@ precision_of = $(if $(filter %_fp32,$(1)),FP32,$(if $(filter $(BF16_ONLY_TESTS),
 # compiled inside each of them: the host library (host/*.cpp: flag parsing, JSON, metrics; config.cpp's
 # --attention default depends on the precision, hence one per precision) and, in the CPU builds, the
 # kernel launchers compiled once (kernels/compiled_once.cu; COMPILED_ONCE in kernels/cuda_common.h).
-precision_libs = $(if $(filter $(GPU_DIR),$(1)),,$(1)/libkernels-$(2).a) $(1)/libhost-$(2).a
+# KERNELS_LIB_DIR: where the CPU folder's kernel library is instead (no-mpi-check-build reuses the main one).
+precision_libs = $(if $(filter $(GPU_DIR),$(1)),,$(or $(if $(filter $(CPU_DIR),$(1)),$(KERNELS_LIB_DIR)),$(1))/libkernels-$(2).a) \
+                 $(1)/libhost-$(2).a
 define host_library_rules
 $(1)/host-$(2)/%.o: PRECISION_DEFINE = -DPRECISION_$(2)
 $(1)/host-$(2)/%.o: host/%.cpp $$(DEPS_TRACKED) | deps-if-missing
@@ -276,8 +278,11 @@ NO_MPI_DEPS := $(abspath $(or $(DEPS_PREFIX),$(NO_MPI_CHECK)/deps))
 $(NO_MPI_CHECK)/deps/PACKAGES: scripts/gpu_deps.sh scripts/deps.sh | deps-if-missing
 	scripts/gpu_deps.sh --from-installed $(NO_MPI_CHECK)/deps > /dev/null
 .PHONY: no-mpi-check-build
-no-mpi-check-build: $(if $(DEPS_PREFIX),,$(NO_MPI_CHECK)/deps/PACKAGES)
+# Its kernel library is the main CPU build's: kernels/compiled_once.cu includes neither MPI nor the
+# header-only dependencies (g++ -M), so a second copy would only cost its compile (~60 s on one core).
+no-mpi-check-build: $(if $(DEPS_PREFIX),,$(NO_MPI_CHECK)/deps/PACKAGES) $(CPU_DIR)/libkernels-$(PRECISION).a
 	$(MAKE) --no-print-directory MPI=0 PRECISION=$(PRECISION) DEPS_PREFIX=$(NO_MPI_DEPS) BUILD=$(NO_MPI_CHECK) \
+	  KERNELS_LIB_DIR=$(abspath $(CPU_DIR)) \
 	  $(addprefix $(NO_MPI_CPU_DIR)/,train_gpt_cpu test_config test_mpi_nccl headers.txt)
 
 # The CUDA build (and its spill check) is a prerequisite where nvcc exists, so it compiles beside the CPU
