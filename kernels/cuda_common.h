@@ -28,9 +28,9 @@ constexpr bool kEmulatedDevice = true;  // the kernels run in the CPU emulator (
 #endif
 
 // Launchers compiled once. The attention launchers' templates are half of a CPU unit's compile that
-// includes train_gpt.cu (BF16, -O3: 142 s alone, 75 s without them), and about twenty units include
-// them. So the Makefile's CPU builds compile them in one unit per build folder and precision,
-// kernels/compiled_once.cu (KERNELS_COMPILED_HERE: explicit instantiations, linked as
+// includes train_gpt.cu (BF16, -O3, beside one other compile: 142 s, 75 s without them), and about
+// twenty units include them. So the Makefile's CPU builds compile them in one unit per build folder
+// and precision, kernels/compiled_once.cu (KERNELS_COMPILED_HERE: explicit instantiations, linked as
 // libkernels-<precision>.a), and define KERNELS_COMPILED_ONCE for every other unit, where each
 // header's COMPILED_ONCE list becomes `extern template` declarations. Without either (nvcc's
 // one-unit build, CMake) the lists vanish. An instance no list names is compiled where it is used.
