@@ -137,22 +137,26 @@ endforeach()
 add_test(test_fixtures ${TEST_BIN}/test_fixtures)
 set_tests_properties(test_fixtures PROPERTIES ENVIRONMENT "TRAIN_GPT_ROOT=${CMAKE_CURRENT_LIST_DIR}/..")
 
-# Data preparation (data/prepare.py): GPT-2 token ids, shard and tokenizer file formats, text and
-# JSON-lines input, the validation split, 1 vs 2 workers, resuming after SIGKILL and Ctrl-C, bad input.
-# Needs scripts/install_python_deps.sh (about 5 MB from PyPI).
-add_test(data_prepare python3 ${CMAKE_CURRENT_LIST_DIR}/../data/test_prepare.py)
-# Its parquet input (FineWeb's format): skipped (77) where pyarrow, optional, is not installed.
-add_test(data_prepare_parquet python3 ${CMAKE_CURRENT_LIST_DIR}/../data/test_prepare_parquet.py)
-set_tests_properties(data_prepare_parquet PROPERTIES SKIP_RETURN_CODE 77)
-# scripts/plot_metrics.py: one four-panel PNG from a metrics.jsonl with a resumed step, a null loss and
-# a cut line (skipped, 77, where matplotlib is not installed).
-add_test(plot_metrics ${CMAKE_CURRENT_LIST_DIR}/test_plot_metrics.sh)
-set_tests_properties(plot_metrics PROPERTIES SKIP_RETURN_CODE 77)
-# scripts/profile_delta.py: per-kernel change between two --profile-step tables (the GPU check's
-# profile stage against the H100 profile of 2026-11-27).
-add_test(profile_delta python3 ${CMAKE_CURRENT_LIST_DIR}/test_profile_delta.py)
-# HellaSwag conversion (data/hellaswag.py): llm.c's eval file format, against the committed fixture.
-add_test(data_hellaswag python3 ${CMAKE_CURRENT_LIST_DIR}/../data/test_hellaswag.py)
+# Tests of the Python tools run none of this build's binaries: under ASan they would repeat the CPU
+# build's runs unchanged (~55 s of ASan's suite, data_prepare most of it), so they run there only.
+if(NOT ASAN)
+  # Data preparation (data/prepare.py): GPT-2 token ids, shard and tokenizer file formats, text and
+  # JSON-lines input, the validation split, 1 vs 2 workers, resuming after SIGKILL and Ctrl-C, bad input.
+  # Needs scripts/install_python_deps.sh (about 5 MB from PyPI).
+  add_test(data_prepare python3 ${CMAKE_CURRENT_LIST_DIR}/../data/test_prepare.py)
+  # Its parquet input (FineWeb's format): skipped (77) where pyarrow, optional, is not installed.
+  add_test(data_prepare_parquet python3 ${CMAKE_CURRENT_LIST_DIR}/../data/test_prepare_parquet.py)
+  set_tests_properties(data_prepare_parquet PROPERTIES SKIP_RETURN_CODE 77)
+  # scripts/plot_metrics.py: one four-panel PNG from a metrics.jsonl with a resumed step, a null loss and
+  # a cut line (skipped, 77, where matplotlib is not installed).
+  add_test(plot_metrics ${CMAKE_CURRENT_LIST_DIR}/test_plot_metrics.sh)
+  set_tests_properties(plot_metrics PROPERTIES SKIP_RETURN_CODE 77)
+  # scripts/profile_delta.py: per-kernel change between two --profile-step tables (the GPU check's
+  # profile stage against the H100 profile of 2026-11-27).
+  add_test(profile_delta python3 ${CMAKE_CURRENT_LIST_DIR}/test_profile_delta.py)
+  # HellaSwag conversion (data/hellaswag.py): llm.c's eval file format, against the committed fixture.
+  add_test(data_hellaswag python3 ${CMAKE_CURRENT_LIST_DIR}/../data/test_hellaswag.py)
+endif()
 
 # Host: llm.c token shards (DataLoader) and the tokenizer decoder; files written to a temp dir.
 add_test(test_dataloader ${TEST_BIN}/test_dataloader)
@@ -493,7 +497,9 @@ endif()
 
 # The tensor-core fragment layouts (kernels/tensor_core.cuh, emu/tensor_core.cpp) against CuTe's, read
 # from the headers the nvidia-cutlass package ships (dev/check_mma_layouts.py; dev/requirements.txt).
-add_test(check_mma_layouts python3 ${CMAKE_CURRENT_LIST_DIR}/../dev/check_mma_layouts.py)
+if(NOT ASAN)  # Python only, like the data tests above
+  add_test(check_mma_layouts python3 ${CMAKE_CURRENT_LIST_DIR}/../dev/check_mma_layouts.py)
+endif()
 
 # Every training, resume and profile run of the program runs with the race detector on.
 set_tests_properties(test_train_smoke test_profile_step PROPERTIES ENVIRONMENT "CUEMU_RACECHECK=1")
@@ -506,7 +512,9 @@ endif()
 # Every planted fault of make mutation-test (dev/mutations/*.mut) still applies to today's code: a
 # rule that no longer matches would plant nothing. (The score itself rebuilds once per fault: not
 # run here; the README has the last one.)
-add_test(mutations_apply python3 ${CMAKE_CURRENT_LIST_DIR}/../dev/mutation_test.py --check)
+if(NOT ASAN)  # Python only, like the data tests above
+  add_test(mutations_apply python3 ${CMAKE_CURRENT_LIST_DIR}/../dev/mutation_test.py --check)
+endif()
 
 if(NOT MPI AND launched_tests)
   set_tests_properties(${launched_tests} PROPERTIES SKIP_RETURN_CODE 77)
