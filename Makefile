@@ -194,7 +194,13 @@ $(CPU_DIR)/emu/%.o: emu/%.cpp $(DEPS_TRACKED) | deps-if-missing
 
 $(CPU_DIR)/emu/cublaslt.o $(ASAN_DIR)/emu/cublaslt.o: COMMON_FLAGS += -fopenmp
 
-$(CPU_DIR)/libcuemu.a: $(patsubst emu/%.cpp,$(CPU_DIR)/emu/%.o,$(EMU_SRC))
+# EMU_LIB_DIR: where the emulator objects that read no MPI header come from instead (no-mpi-check-build
+# reuses the main CPU build's: of emu/, only nccl.cpp includes parallel/mpi_api.h; one that called MPI
+# would leave undefined MPI symbols in the no-MPI link, which has no libmpi).
+EMU_MPI_SRC := emu/nccl.cpp
+emu_objects = $(patsubst emu/%.cpp,$(CPU_DIR)/emu/%.o,$(if $(EMU_LIB_DIR),$(EMU_MPI_SRC),$(EMU_SRC))) \
+              $(if $(EMU_LIB_DIR),$(patsubst emu/%.cpp,$(EMU_LIB_DIR)/emu/%.o,$(filter-out $(EMU_MPI_SRC),$(EMU_SRC))))
+$(CPU_DIR)/libcuemu.a: $(emu_objects)
 	ar rcs $@ $^
 
 $(foreach p,BF16 FP32,$(eval $(call host_library_rules,$(CPU_DIR),$(p),CPU_CXXFLAGS)))
@@ -278,11 +284,13 @@ NO_MPI_DEPS := $(abspath $(or $(DEPS_PREFIX),$(NO_MPI_CHECK)/deps))
 $(NO_MPI_CHECK)/deps/PACKAGES: scripts/gpu_deps.sh scripts/deps.sh | deps-if-missing
 	scripts/gpu_deps.sh --from-installed $(NO_MPI_CHECK)/deps > /dev/null
 .PHONY: no-mpi-check-build
-# Its kernel library is the main CPU build's: kernels/compiled_once.cu includes neither MPI nor the
-# header-only dependencies (g++ -M), so a second copy would only cost its compile (~60 s on one core).
-no-mpi-check-build: $(if $(DEPS_PREFIX),,$(NO_MPI_CHECK)/deps/PACKAGES) $(CPU_DIR)/libkernels-$(PRECISION).a
+# Its kernel library and emulator objects (all but emu/nccl.cpp) are the main CPU build's: they include
+# neither MPI nor the header-only dependencies (g++ -M), so second copies would only cost their compile
+# (~60 s and ~80 s on one core; objdump -d of the emulator objects built both ways: the same code).
+no-mpi-check-build: $(if $(DEPS_PREFIX),,$(NO_MPI_CHECK)/deps/PACKAGES) $(CPU_DIR)/libkernels-$(PRECISION).a \
+  $(patsubst emu/%.cpp,$(CPU_DIR)/emu/%.o,$(filter-out $(EMU_MPI_SRC),$(EMU_SRC)))
 	$(MAKE) --no-print-directory MPI=0 PRECISION=$(PRECISION) DEPS_PREFIX=$(NO_MPI_DEPS) BUILD=$(NO_MPI_CHECK) \
-	  KERNELS_LIB_DIR=$(abspath $(CPU_DIR)) \
+	  KERNELS_LIB_DIR=$(abspath $(CPU_DIR)) EMU_LIB_DIR=$(abspath $(CPU_DIR)) \
 	  $(addprefix $(NO_MPI_CPU_DIR)/,train_gpt_cpu test_config test_mpi_nccl headers.txt)
 
 # The CUDA build (and its spill check) is a prerequisite where nvcc exists, so it compiles beside the CPU
