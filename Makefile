@@ -140,6 +140,9 @@ FORWARD_LOGITS := forward_logits forward_logits_fp32
 # test_<name> (test_linkage: two units that both include every header). $(1): test name, $(2): build folder.
 second_unit_of = $(patsubst test/%.cu,$(2)/%.o,$(wildcard test/second_unit_$(patsubst test_%,%,$(1)).cu))
 SECOND_UNITS := $(patsubst test/%.cu,%,$(wildcard test/second_unit_*.cu))
+# The Catch2 runner a test links, from the name after test_: the MPI tests' (their own mains call its
+# session) or the common one with its main. $(1): that name, $(2): build folder.
+catch_main_of = $(2)/$(if $(filter mpi_%,$(1)),mpi_catch_main,catch_main).o
 
 # The precision a binary is built in: the _fp32 twins FP32, the BF16-only tests BF16, others PRECISION.
 precision_of = $(if $(filter %_fp32,$(1)),FP32,$(if $(filter $(BF16_ONLY_TESTS),$(1)),BF16,$(PRECISION)))
@@ -225,9 +228,13 @@ $(CPU_DIR)/train_gpt_cpu: $(CPU_DIR)/train_gpt_cpu.o $(call precision_libs,$(CPU
 $(CPU_DIR)/catch_main.o: test/catch_main.cpp $(DEPS_TRACKED) | deps-if-missing
 	@mkdir -p $(@D)
 	$(CXX) $(CPU_CXXFLAGS) $(DEPFLAGS) -c $< -o $@
+# The same for the tests run under mpirun (test_mpi_*: their mains call test/mpi_catch_main.cpp's session).
+$(CPU_DIR)/mpi_catch_main.o: test/mpi_catch_main.cpp $(DEPS_TRACKED) | deps-if-missing
+	@mkdir -p $(@D)
+	$(CXX) $(CPU_CXXFLAGS) $(DEPFLAGS) -c $< -o $@
 # Catch2's runner and reporters, compiled whole here (the tests' assertions expand in their own units):
 # -O1 compiles it in 26 s instead of 45 at -O3 (this VM, one core), and no test waits on it.
-$(CPU_DIR)/catch_main.o: CPU_OPT = -O1
+$(CPU_DIR)/catch_main.o $(CPU_DIR)/mpi_catch_main.o: CPU_OPT = -O1
 
 $(CPU_DIR)/test_%.o: test/test_%.cu $(DEPS_TRACKED) | deps-if-missing
 	@mkdir -p $(@D)
@@ -251,8 +258,8 @@ $(addprefix $(CPU_DIR)/,$(CATCH_MAIN_TESTS)): $(CPU_DIR)/%: $(CPU_DIR)/%.o $$(ca
   $(CPU_DIR)/catch_main.o $$(call precision_libs,$(CPU_DIR),$$(call precision_of,$$*)) $(CPU_DIR)/libcuemu.a
 	$(CXX) $^ $(CPU_LDLIBS) -o $@
 
-$(CPU_DIR)/test_mpi_%: $(CPU_DIR)/test_mpi_%.o $$(call precision_libs,$(CPU_DIR),$$(call precision_of,test_mpi_$$*)) \
-  $(CPU_DIR)/libcuemu.a
+$(CPU_DIR)/test_mpi_%: $(CPU_DIR)/test_mpi_%.o $(CPU_DIR)/mpi_catch_main.o \
+  $$(call precision_libs,$(CPU_DIR),$$(call precision_of,test_mpi_$$*)) $(CPU_DIR)/libcuemu.a
 	$(CXX) $^ $(CPU_LDLIBS) -o $@
 
 # CTest reads the suite from test/tests.cmake (shared with CMakeLists.txt).
@@ -267,11 +274,11 @@ $(CPU_DIR)/CTestTestfile.cmake: FORCE
 	$(call ctest_file,$(CPU_DIR),OFF,OFF)
 
 # Every header a build read, system ones included (g++ -M of the program, the host library and the
-# Catch2 main): test/test_no_mpi_build.sh checks where the dependencies' headers came from.
+# Catch2 mains): test/test_no_mpi_build.sh checks where the dependencies' headers came from.
 $(CPU_DIR)/headers.txt: FORCE | deps-if-missing  # always: the prefix the flags name may have changed
 	@mkdir -p $(@D)
 	$(CXX) $(CPU_CXXFLAGS) -M -x c++ train_gpt.cu > $@
-	$(foreach f,$(HOST_SRC) test/catch_main.cpp,$(CXX) $(CPU_CXXFLAGS) -M $(f) >> $@ &&) true
+	$(foreach f,$(HOST_SRC) test/catch_main.cpp test/mpi_catch_main.cpp,$(CXX) $(CPU_CXXFLAGS) -M $(f) >> $@ &&) true
 
 # The offline build as a GPU node without packages or a network makes it (scripts/gpu_check.sh): no
 # MPI (MPI=0) and the header-only dependencies from a prefix (scripts/gpu_deps.sh, here from the
@@ -318,7 +325,7 @@ $(GPU_DIR)/train_gpt: train_gpt.cu $(DEPS_TRACKED) $(call precision_libs,$(GPU_D
 	$(NVCC) $(NVCCFLAGS) $(DEPFLAGS) -x cu $< -L$(GPU_DIR) -lhost-$(PRECISION) $(GPU_LDLIBS) -o $@ 2> $(GPU_DIR)/train_gpt.ptxas.log || { cat $(GPU_DIR)/train_gpt.ptxas.log; exit 1; }
 	@scripts/check_spills.sh $(GPU_DIR)/train_gpt.ptxas.log
 
-$(GPU_DIR)/catch_main.o: test/catch_main.cpp | deps-if-missing
+$(GPU_DIR)/catch_main.o $(GPU_DIR)/mpi_catch_main.o: $(GPU_DIR)/%.o: test/%.cpp | deps-if-missing
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -x cu -c $< -o $@ 2>/dev/null
 
@@ -341,9 +348,9 @@ $(GPU_DIR)/test_%_fp32.o: test/test_%.cu $(DEPS_TRACKED) | deps-if-missing
 	$(NVCC) $(NVCCFLAGS) $(DEPFLAGS) -x cu -c $< -o $@ 2> $@.ptxas.log || { cat $@.ptxas.log; exit 1; }
 	@scripts/check_spills.sh $@.ptxas.log
 
-$(GPU_DIR)/test_%: $(GPU_DIR)/test_%.o $$(call second_unit_of,test_$$*,$(GPU_DIR)) $(GPU_DIR)/catch_main.o \
+$(GPU_DIR)/test_%: $(GPU_DIR)/test_%.o $$(call second_unit_of,test_$$*,$(GPU_DIR)) $$(call catch_main_of,$$*,$(GPU_DIR)) \
   $$(call precision_libs,$(GPU_DIR),$$(call precision_of,test_$$*))
-	$(NVCC) $< $(call second_unit_of,test_$*,$(GPU_DIR)) $(if $(filter mpi_%,$*),,$(GPU_DIR)/catch_main.o) $(call precision_libs,$(GPU_DIR),$(call precision_of,test_$*)) \
+	$(NVCC) $< $(call second_unit_of,test_$*,$(GPU_DIR)) $(call catch_main_of,$*,$(GPU_DIR)) $(call precision_libs,$(GPU_DIR),$(call precision_of,test_$*)) \
 	  $(GPU_LDLIBS) -o $@
 
 $(GPU_DIR)/CTestTestfile.cmake: FORCE
@@ -363,7 +370,7 @@ $(ASAN_DIR)/emu/%.o: emu/%.cpp $(DEPS_TRACKED) | deps-if-missing
 	@mkdir -p $(@D)
 	$(CXX) $(ASAN_CXXFLAGS) $(DEPFLAGS) -c $< -o $@
 
-$(ASAN_DIR)/catch_main.o: test/catch_main.cpp $(DEPS_TRACKED) | deps-if-missing
+$(ASAN_DIR)/catch_main.o $(ASAN_DIR)/mpi_catch_main.o: $(ASAN_DIR)/%.o: test/%.cpp $(DEPS_TRACKED) | deps-if-missing
 	@mkdir -p $(@D)
 	$(CXX) $(ASAN_CXXFLAGS) $(DEPFLAGS) -c $< -o $@
 
@@ -385,9 +392,9 @@ $(foreach p,BF16 FP32,$(eval $(call host_library_rules,$(ASAN_DIR),$(p),ASAN_CXX
 $(foreach p,BF16 FP32,$(eval $(call kernel_library_rules,$(ASAN_DIR),$(p),ASAN_CXXFLAGS)))
 
 $(ASAN_DIR)/test_%: $(ASAN_DIR)/test_%.o $$(call second_unit_of,test_$$*,$(ASAN_DIR)) \
-  $(patsubst emu/%.cpp,$(ASAN_DIR)/emu/%.o,$(EMU_SRC)) $(ASAN_DIR)/catch_main.o $$(call precision_libs,$(ASAN_DIR),$$(call precision_of,test_$$*))
+  $(patsubst emu/%.cpp,$(ASAN_DIR)/emu/%.o,$(EMU_SRC)) $$(call catch_main_of,$$*,$(ASAN_DIR)) $$(call precision_libs,$(ASAN_DIR),$$(call precision_of,test_$$*))
 	$(CXX) $(ASAN_CXXFLAGS) $< $(call second_unit_of,test_$*,$(ASAN_DIR)) $(call precision_libs,$(ASAN_DIR),$(call precision_of,test_$*)) \
-	  $(patsubst emu/%.cpp,$(ASAN_DIR)/emu/%.o,$(EMU_SRC)) $(if $(filter mpi_%,$*),,$(ASAN_DIR)/catch_main.o) $(CPU_LDLIBS) -o $@
+	  $(patsubst emu/%.cpp,$(ASAN_DIR)/emu/%.o,$(EMU_SRC)) $(call catch_main_of,$*,$(ASAN_DIR)) $(CPU_LDLIBS) -o $@
 
 $(ASAN_DIR)/train_gpt_cpu: train_gpt.cu $(DEPS_TRACKED) $(patsubst emu/%.cpp,$(ASAN_DIR)/emu/%.o,$(EMU_SRC)) \
   $(call precision_libs,$(ASAN_DIR),$(PRECISION))

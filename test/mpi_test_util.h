@@ -1,47 +1,21 @@
 // MPI for the tests. mpi_init_once: for a test process that runs on its own (no mpirun: a singleton
 // MPI), initialized on first use, finalized when the process exits (the tests that link the whole
 // program, train_gpt.cu, and need a communicator or NCCL on one rank call it first).
-// lone_rank: such a process's communicator of one. mpi_test_device_per_rank: for the main of a test
-// run under mpirun.
+// lone_rank: such a process's communicator of one. mpi_test_device_per_rank and run_catch_session: for
+// the main of a test run under mpirun.
 #pragma once
 
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 #include "parallel/process_groups.h"
 
-#ifdef CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
-
-// The main of a test run under mpirun (CATCH_CONFIG_RUNNER): a rank that leaves a test case early (a
-// failed REQUIRE, an unexpected exception, a fatal signal) has also left the collectives its peers
-// are in, and they would wait for it forever. (Seen: rank 0's single-process baseline threw on an
-// emulated cuBLASLt failure under memory pressure, and the np2 and np4 runs hung for 20 minutes.) So
-// once Catch has reported such a test case, its rank aborts the job: mpirun ends every rank and exits
-// non-zero. A failed CHECK goes on, as the ranks do.
-struct AbortJobWhenARankLeaves : Catch::TestEventListenerBase {
-    using TestEventListenerBase::TestEventListenerBase;
-    bool left_early = false;
-    bool assertionEnded(const Catch::AssertionStats& stats) override {
-        const Catch::AssertionResult& r = stats.assertionResult;
-        if (!r.isOk() && (r.getResultType() == Catch::ResultWas::ThrewException ||
-                          r.getResultType() == Catch::ResultWas::FatalErrorCondition ||
-                          !Catch::shouldContinueOnFailure(r.m_info.resultDisposition)))
-            left_early = true;
-        return true;
-    }
-    void testCaseEnded(const Catch::TestCaseStats& stats) override {
-        if (!left_early) return;
-        std::fflush(stdout);
-        std::fprintf(stderr, "%s: this rank left the test case early (a failed REQUIRE or an exception, reported above); "
-                             "aborting the job, whose other ranks would wait for it\n",
-                     stats.testInfo.name.c_str());
-        std::fflush(stderr);
-        MPI_Abort(MPI_COMM_WORLD, EXIT_FAILURE);
-    }
-};
-CATCH_REGISTER_LISTENER(AbortJobWhenARankLeaves)
-#endif
+// Runs the test cases for the main of a test run under mpirun (test/mpi_catch_main.cpp, where Catch2's
+// implementation is compiled once, with a listener that aborts the job when a rank leaves a test case
+// early: its peers would wait for it in their collectives forever). `name` names the rank in failure
+// reports; with fail_without_assertions, a test case that checks nothing fails (as in test/catch_main.cpp).
+int run_catch_session(int argc, char** argv, const std::string& name, bool fail_without_assertions);
 
 inline void mpi_init_once() {
     int initialized = 0;

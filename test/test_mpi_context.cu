@@ -5,7 +5,6 @@
 // definitions). Lengths not divisible by 2 x ranks split unevenly (chunks one position apart). The ring
 // runs the SIMT kernels, and in the BF16 build also the tensor-core ones (ContextRing::tensor_cores).
 #include "parallel/mpi_api.h"
-#define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
 #include <cstdio>
@@ -233,14 +232,8 @@ int main(int argc, char** argv) {
     shape.context = world_size;
     context_group = make_process_group(shape, world_rank, Axis::context);
 
-    Catch::Session session;
-    int failed = session.applyCommandLine(argc, argv);
-    if (failed == 0) {
-        Catch::ConfigData config = session.configData();
-        config.name = "test_mpi_context rank " + std::to_string(world_rank) + " of " + std::to_string(world_size);
-        session.useConfigData(config);
-        failed = session.run();
-    }
+    const int failed = run_catch_session(
+        argc, argv, "test_mpi_context rank " + std::to_string(world_rank) + " of " + std::to_string(world_size), true);
     release_process_group(context_group);
     int ranks_failed = failed != 0;
     MPI_Allreduce(MPI_IN_PLACE, &ranks_failed, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);

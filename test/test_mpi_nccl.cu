@@ -7,7 +7,6 @@
 // compares exactly; real NCCL reduces in ring/tree order, rounds bf16 partial sums at each hop
 // and premultiplies by 1/n for ncclAvg, so the GPU build allows the bound in `tolerance`.
 #include "parallel/mpi_api.h"
-#define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 #include <nccl.h>
 
@@ -749,7 +748,7 @@ TEST_CASE("emulation: unsupported or inconsistent calls fail on every rank inste
 #endif
 
 // Hidden (tag [.]; CTest's mpi_rank_leaves runs it alone): rank 1 fails a REQUIRE while the others wait
-// for it at a barrier. mpi_test_util.h's listener must end the job, not leave them waiting.
+// for it at a barrier. test/mpi_catch_main.cpp's listener must end the job, not leave them waiting.
 TEST_CASE("a rank that fails a REQUIRE ends the job instead of leaving the others waiting", "[.rank-leaves]") {
     if (world_size > 1) REQUIRE(world_rank != 1);  // the planted failure
     MPI_Barrier(MPI_COMM_WORLD);                   // rank 0 would wait here forever
@@ -768,15 +767,8 @@ int main(int argc, char** argv) {
         return kSkipReturnCode;
     }
 
-    Catch::Session session;
-    int failed = session.applyCommandLine(argc, argv);
-    if (failed == 0) {
-        Catch::ConfigData config = session.configData();
-        config.name = "test_mpi_nccl rank " + std::to_string(world_rank) + " of " + std::to_string(world_size);
-        config.warnings = Catch::WarnAbout::What(config.warnings | Catch::WarnAbout::NoAssertions);
-        session.useConfigData(config);  // names the rank in its failure reports
-        failed = session.run();
-    }
+    const int failed = run_catch_session(
+        argc, argv, "test_mpi_nccl rank " + std::to_string(world_rank) + " of " + std::to_string(world_size), true);
     int ranks_failed = failed != 0;
     MPI_Allreduce(MPI_IN_PLACE, &ranks_failed, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     if (world_rank == 0)

@@ -7,14 +7,14 @@
 #define TRAIN_GPT_NO_MAIN
 #include "../train_gpt.cu"
 
-#define CATCH_CONFIG_RUNNER
 #include "model_test_util.h"
-#include "mpi_test_util.h"  // a rank that leaves a test case early aborts the job (no hang)
+#include "mpi_test_util.h"  // run_catch_session: a rank that leaves a test case early aborts the job
 
 #include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <functional>
+#include <iostream>
 #include <set>
 #include <thread>
 #include <type_traits>
@@ -896,15 +896,9 @@ int main(int argc, char** argv) {
     const bool spec_given = std::any_of(args.begin() + 1, args.end(), [](const char* a) { return a[0] != '-'; });
     if (!excluded.empty() && !spec_given) args.push_back(excluded.data());
 
-    Catch::Session session;
-    int failed = session.applyCommandLine(int(args.size()), args.data());
-    if (failed == 0) {
-        Catch::ConfigData config = session.configData();
-        config.name = "test_mpi_train rank " + std::to_string(world.rank) + " of " + std::to_string(world.world_size);
-        config.warnings = Catch::WarnAbout::What(config.warnings | Catch::WarnAbout::NoAssertions);
-        session.useConfigData(config);
-        failed = session.run();
-    }
+    const int failed = run_catch_session(
+        int(args.size()), args.data(),
+        "test_mpi_train rank " + std::to_string(world.rank) + " of " + std::to_string(world.world_size), true);
     int ranks_failed = failed != 0;
     MPI_Allreduce(MPI_IN_PLACE, &ranks_failed, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     if (world.rank == 0)
