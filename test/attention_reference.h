@@ -75,13 +75,18 @@ inline Reference reference_attention(const std::vector<floatX>& qkv, const std::
     const double scale = 1.0 / std::sqrt(double(hs));
     Reference ref{std::vector<double>(size_t(B) * T * C), std::vector<double>(size_t(B) * NH * T, -INFINITY),
                   std::vector<double>(size_t(B) * T * 3 * C, 0.0)};
-    auto q = [&](int b, int t, int h, int d) { return double(to_float(qkv[(size_t(b) * T + t) * 3 * C + h * hs + d])); };
-    auto k = [&](int b, int t, int h, int d) { return q(b, t, h, d + C); };
-    auto v = [&](int b, int t, int h, int d) { return q(b, t, h, d + 2 * C); };
-    auto g = [&](int b, int t, int h, int d) { return double(to_float(dout[(size_t(b) * T + t) * C + h * hs + d])); };
-    auto grad = [&](int b, int t, int part, int h, int d) -> double& {
-        return ref.dqkv[(size_t(b) * T + t) * 3 * C + part * C + h * hs + d];
+    // The inputs widened once (exactly): a conversion per read made this most of the kernel tests' time
+    // under ASan.
+    auto widened = [](const std::vector<floatX>& x) {
+        std::vector<double> wide(x.size());
+        for (size_t i = 0; i < x.size(); ++i) wide[i] = double(to_float(x[i]));
+        return wide;
     };
+    const std::vector<double> qkv_wide = widened(qkv), dout_wide = widened(dout);
+    // Head h's hs values at position t of row b: of q, k, v (part 0, 1, 2), of dout, of their gradients.
+    auto qkv_at = [&](int b, int t, int part, int h) { return &qkv_wide[(size_t(b) * T + t) * 3 * C + part * C + h * hs]; };
+    auto g_at = [&](int b, int t, int h) { return &dout_wide[(size_t(b) * T + t) * C + h * hs]; };
+    auto grad_at = [&](int b, int t, int part, int h) { return &ref.dqkv[(size_t(b) * T + t) * 3 * C + part * C + h * hs]; };
     std::vector<double> P(size_t(T) * T);
     for (int b = 0; b < B; ++b) {
         auto first = [&](int i) {  // i's first visible key
@@ -92,10 +97,12 @@ inline Reference reference_attention(const std::vector<floatX>& qkv, const std::
         for (int h = 0; h < NH; ++h) {
             for (int i = 0; i < T; ++i) {
                 if (!in_window(i)) continue;
+                const double* q = qkv_at(b, i, 0, h);
                 double max_score = -INFINITY;
                 for (int j = first(i); j <= last(i); ++j) {
+                    const double* k = qkv_at(b, j, 1, h);
                     double dot = 0.0;
-                    for (int d = 0; d < hs; ++d) dot += q(b, i, h, d) * k(b, j, h, d);
+                    for (int d = 0; d < hs; ++d) dot += q[d] * k[d];
                     P[size_t(i) * T + j] = dot * scale;
                     max_score = std::max(max_score, dot * scale);
                 }
@@ -105,23 +112,27 @@ inline Reference reference_attention(const std::vector<floatX>& qkv, const std::
                 ref.lse[(size_t(b) * NH + h) * T + i] = max_score + std::log(sum);
                 for (int d = 0; d < hs; ++d) {
                     double o = 0.0;
-                    for (int j = first(i); j <= last(i); ++j) o += P[size_t(i) * T + j] * v(b, j, h, d);
+                    for (int j = first(i); j <= last(i); ++j) o += P[size_t(i) * T + j] * qkv_at(b, j, 2, h)[d];
                     ref.out[(size_t(b) * T + i) * C + h * hs + d] = o;
                 }
             }
             for (int i = 0; i < T; ++i) {
                 if (!in_window(i)) continue;
+                const double *q = qkv_at(b, i, 0, h), *g = g_at(b, i, h);
+                double* dq = grad_at(b, i, 0, h);
                 double row_dot = 0.0;  // rowsum(dP * P) = G_i . out_i
-                for (int d = 0; d < hs; ++d) row_dot += g(b, i, h, d) * ref.out[(size_t(b) * T + i) * C + h * hs + d];
+                for (int d = 0; d < hs; ++d) row_dot += g[d] * ref.out[(size_t(b) * T + i) * C + h * hs + d];
                 for (int j = first(i); j <= last(i); ++j) {
+                    const double *k = qkv_at(b, j, 1, h), *v = qkv_at(b, j, 2, h);
+                    double *dk = grad_at(b, j, 1, h), *dv = grad_at(b, j, 2, h);
                     const double p = P[size_t(i) * T + j];
                     double dp = 0.0;
-                    for (int d = 0; d < hs; ++d) dp += g(b, i, h, d) * v(b, j, h, d);
+                    for (int d = 0; d < hs; ++d) dp += g[d] * v[d];
                     const double ds = p * (dp - row_dot);
                     for (int d = 0; d < hs; ++d) {
-                        grad(b, i, 0, h, d) += ds * k(b, j, h, d) * scale;
-                        grad(b, j, 1, h, d) += ds * q(b, i, h, d) * scale;
-                        grad(b, j, 2, h, d) += p * g(b, i, h, d);
+                        dq[d] += ds * k[d] * scale;
+                        dk[d] += ds * q[d] * scale;
+                        dv[d] += p * g[d];
                     }
                 }
             }
