@@ -13,7 +13,9 @@
 # builds for machines without MPI, Debian's -dev packages or a network (below; scripts/gpu_check.sh).
 
 # Build with every core unless the caller chose (-j / MAKEFLAGS): the test suite is ~30 binaries.
-ifeq ($(filter -j%,$(MAKEFLAGS)),)
+# Not in no-mpi-check-build's sub-make (SHARED_JOBS=1): it shares its caller's job slots, where a -j of
+# its own reset the jobserver ("-j2 forced in makefile") and ran two more compiles beside the caller's.
+ifeq ($(filter -j%,$(MAKEFLAGS))$(SHARED_JOBS),)
 MAKEFLAGS += -j$(shell nproc)
 endif
 
@@ -297,13 +299,17 @@ $(NO_MPI_CHECK)/deps/PACKAGES: scripts/gpu_deps.sh scripts/deps.sh | deps-if-mis
 no-mpi-check-build: $(if $(DEPS_PREFIX),,$(NO_MPI_CHECK)/deps/PACKAGES) $(CPU_DIR)/libkernels-$(PRECISION).a \
   $(patsubst emu/%.cpp,$(CPU_DIR)/emu/%.o,$(filter-out $(EMU_MPI_SRC),$(EMU_SRC)))
 	$(MAKE) --no-print-directory MPI=0 PRECISION=$(PRECISION) DEPS_PREFIX=$(NO_MPI_DEPS) BUILD=$(NO_MPI_CHECK) \
-	  KERNELS_LIB_DIR=$(abspath $(CPU_DIR)) EMU_LIB_DIR=$(abspath $(CPU_DIR)) \
+	  KERNELS_LIB_DIR=$(abspath $(CPU_DIR)) EMU_LIB_DIR=$(abspath $(CPU_DIR)) SHARED_JOBS=1 \
 	  $(addprefix $(NO_MPI_CPU_DIR)/,train_gpt_cpu test_config test_mpi_nccl headers.txt)
 
 # The CUDA build (and its spill check) is a prerequisite where nvcc exists, so it compiles beside the CPU
-# objects under -j instead of after the tests with one core left idle for its serial parts.
-test: deps-if-missing $(addprefix $(CPU_DIR)/,$(ALL_TEST_NAMES) $(FORWARD_LOGITS)) $(CPU_DIR)/train_gpt_cpu \
-  $(CPU_DIR)/attention_bench $(CPU_DIR)/CTestTestfile.cmake no-mpi-check-build $(if $(HAVE_NVCC),train_gpt)
+# objects under -j instead of after the tests with one core left idle for its serial parts. Make starts
+# prerequisites in the order listed: the longest chains first, so that none is left running alone at the
+# end (listed last, nvcc started after every CPU test object and ran its last ~4 minutes by itself).
+LONGEST_CPU_UNITS := train_gpt_cpu test_model_suite test_model_suite_fp32 test_mpi_train test_mpi_train_fp32
+test: deps-if-missing $(if $(HAVE_NVCC),train_gpt) no-mpi-check-build $(addprefix $(CPU_DIR)/,$(LONGEST_CPU_UNITS)) \
+  $(addprefix $(CPU_DIR)/,$(ALL_TEST_NAMES) $(FORWARD_LOGITS)) $(CPU_DIR)/train_gpt_cpu \
+  $(CPU_DIR)/attention_bench $(CPU_DIR)/CTestTestfile.cmake
 	ctest --test-dir $(CPU_DIR) --output-on-failure -j2
 ifneq ($(HAVE_NVCC),yes)
 	@echo "nvcc not found: skipped the CUDA build and its register-spill check"
@@ -403,7 +409,8 @@ $(ASAN_DIR)/train_gpt_cpu: train_gpt.cu $(DEPS_TRACKED) $(patsubst emu/%.cpp,$(A
 
 # ASan checks memory use, which the precision does not change: BF16 binaries only (the _fp32 twins
 # would add ~3 min of build and ~1.5 min of tests to CI), and not test_linkage (test/tests.cmake).
-test-asan: deps-if-missing $(addprefix $(ASAN_DIR)/,$(filter-out test_linkage,$(TEST_NAMES))) $(ASAN_DIR)/train_gpt_cpu
+test-asan: deps-if-missing $(addprefix $(ASAN_DIR)/,train_gpt_cpu test_mpi_train test_model_suite) \
+  $(addprefix $(ASAN_DIR)/,$(filter-out test_linkage,$(TEST_NAMES))) $(ASAN_DIR)/train_gpt_cpu  # longest first, as make test
 	$(call ctest_file,$(ASAN_DIR),OFF,ON)
 	ASAN_OPTIONS=detect_leaks=0 ctest --test-dir $(ASAN_DIR) --output-on-failure -j2
 
