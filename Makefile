@@ -305,7 +305,7 @@ no-mpi-check-build: $(if $(DEPS_PREFIX),,$(NO_MPI_CHECK)/deps/PACKAGES) $(CPU_DI
 # The CUDA build (and its spill check) is a prerequisite where nvcc exists, so it compiles beside the CPU
 # objects under -j instead of after the tests with one core left idle for its serial parts. Make starts
 # prerequisites in the order listed: the longest chains first, so that none is left running alone at the
-# end (listed last, nvcc started after every CPU test object and ran its last ~4 minutes by itself).
+# end (listed last, nvcc started after every CPU test object and was the build's tail).
 LONGEST_CPU_UNITS := train_gpt_cpu test_model_suite test_model_suite_fp32 test_mpi_train test_mpi_train_fp32
 test: deps-if-missing $(if $(HAVE_NVCC),train_gpt) no-mpi-check-build $(addprefix $(CPU_DIR)/,$(LONGEST_CPU_UNITS)) \
   $(addprefix $(CPU_DIR)/,$(ALL_TEST_NAMES) $(FORWARD_LOGITS)) $(CPU_DIR)/train_gpt_cpu \
@@ -410,7 +410,7 @@ $(ASAN_DIR)/train_gpt_cpu: train_gpt.cu $(DEPS_TRACKED) $(patsubst emu/%.cpp,$(A
 # ASan checks memory use, which the precision does not change: BF16 binaries only (the _fp32 twins
 # would add ~3 min of build and ~1.5 min of tests to CI), and not test_linkage (test/tests.cmake).
 test-asan: deps-if-missing $(addprefix $(ASAN_DIR)/,train_gpt_cpu test_mpi_train test_model_suite) \
-  $(addprefix $(ASAN_DIR)/,$(filter-out test_linkage,$(TEST_NAMES))) $(ASAN_DIR)/train_gpt_cpu  # longest first, as make test
+  $(addprefix $(ASAN_DIR)/,$(filter-out test_linkage,$(TEST_NAMES)))  # the longest first, as for make test
 	$(call ctest_file,$(ASAN_DIR),OFF,ON)
 	ASAN_OPTIONS=detect_leaks=0 ctest --test-dir $(ASAN_DIR) --output-on-failure -j2
 

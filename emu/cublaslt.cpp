@@ -592,7 +592,7 @@ cublasStatus_t gemm_bf16_widened(const Problem& p, float alpha, const void* a, c
     if (sgemm == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
     auto widen = [](std::vector<float>& wide, const void* stored, size_t rows, size_t cols, int64_t ld) {
         if (wide.size() < rows * cols) wide.resize(rows * cols);
-        for (size_t j = 0; j < cols; ++j) {  // a column at a time, through plain pointers: vectorized
+        for (size_t j = 0; j < cols; ++j) {  // a column at a time
             const uint16_t* bits = static_cast<const uint16_t*>(stored) + j * size_t(ld);
             float* column = wide.data() + j * rows;
             for (size_t i = 0; i < rows; ++i) column[i] = std::bit_cast<float>(uint32_t(bits[i]) << 16);
