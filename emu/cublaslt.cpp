@@ -590,19 +590,15 @@ dnnl::engine& dnnl_engine() {
 cublasStatus_t gemm_bf16_widened(const Problem& p, float alpha, const void* a, const void* b, float* out, size_t out_ld) {
     const SgemmFn sgemm = load_sgemm("cublasLtMatmul");
     if (sgemm == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
-    auto widen = [](std::vector<float>& wide, const void* stored, size_t rows, size_t cols, int64_t ld) {
+    auto widen_columns = [](std::vector<float>& wide, const void* stored, size_t rows, size_t cols, int64_t ld) {
         if (wide.size() < rows * cols) wide.resize(rows * cols);
-        for (size_t j = 0; j < cols; ++j) {  // a column at a time
-            const uint16_t* bits = static_cast<const uint16_t*>(stored) + j * size_t(ld);
-            float* column = wide.data() + j * rows;
-            for (size_t i = 0; i < rows; ++i) column[i] = std::bit_cast<float>(uint32_t(bits[i]) << 16);
-        }
+        for (size_t j = 0; j < cols; ++j) widen(offset(stored, CUDA_R_16BF, int64_t(j) * ld), CUDA_R_16BF, wide.data() + j * rows, rows);
     };
     const size_t a_rows = p.transa == CblasNoTrans ? size_t(p.m) : size_t(p.k), a_cols = size_t(p.m) * size_t(p.k) / a_rows;
     const size_t b_rows = p.transb == CblasNoTrans ? size_t(p.k) : size_t(p.n), b_cols = size_t(p.k) * size_t(p.n) / b_rows;
     thread_local std::vector<float> a_wide, b_wide;
-    widen(a_wide, a, a_rows, a_cols, p.a->ld);
-    widen(b_wide, b, b_rows, b_cols, p.b->ld);
+    widen_columns(a_wide, a, a_rows, a_cols, p.a->ld);
+    widen_columns(b_wide, b, b_rows, b_cols, p.b->ld);
     sgemm(CblasColMajor, p.transa, p.transb, p.m, p.n, p.k, alpha, a_wide.data(), int(a_rows), b_wide.data(), int(b_rows), 0.0f,
           out, int(out_ld));
     return CUBLAS_STATUS_SUCCESS;

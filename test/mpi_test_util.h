@@ -14,8 +14,8 @@
 // Runs the test cases for the main of a test run under mpirun (test/mpi_catch_main.cpp, where Catch2's
 // implementation is compiled once, with a listener that aborts the job when a rank leaves a test case
 // early: its peers would wait for it in their collectives forever). `name` names the rank in failure
-// reports; with fail_without_assertions, a test case that checks nothing fails (as in test/catch_main.cpp).
-int run_catch_session(int argc, char** argv, const std::string& name, bool fail_without_assertions);
+// reports. A test case that checks nothing fails, as in test/catch_main.cpp.
+int run_catch_session(int argc, char** argv, const std::string& name);
 
 inline void mpi_init_once() {
     int initialized = 0;

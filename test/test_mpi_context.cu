@@ -233,7 +233,7 @@ int main(int argc, char** argv) {
     context_group = make_process_group(shape, world_rank, Axis::context);
 
     const int failed = run_catch_session(
-        argc, argv, "test_mpi_context rank " + std::to_string(world_rank) + " of " + std::to_string(world_size), true);
+        argc, argv, "test_mpi_context rank " + std::to_string(world_rank) + " of " + std::to_string(world_size));
     release_process_group(context_group);
     int ranks_failed = failed != 0;
     MPI_Allreduce(MPI_IN_PLACE, &ranks_failed, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);

@@ -768,7 +768,7 @@ int main(int argc, char** argv) {
     }
 
     const int failed = run_catch_session(
-        argc, argv, "test_mpi_nccl rank " + std::to_string(world_rank) + " of " + std::to_string(world_size), true);
+        argc, argv, "test_mpi_nccl rank " + std::to_string(world_rank) + " of " + std::to_string(world_size));
     int ranks_failed = failed != 0;
     MPI_Allreduce(MPI_IN_PLACE, &ranks_failed, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     if (world_rank == 0)

@@ -898,7 +898,7 @@ int main(int argc, char** argv) {
 
     const int failed = run_catch_session(
         int(args.size()), args.data(),
-        "test_mpi_train rank " + std::to_string(world.rank) + " of " + std::to_string(world.world_size), true);
+        "test_mpi_train rank " + std::to_string(world.rank) + " of " + std::to_string(world.world_size));
     int ranks_failed = failed != 0;
     MPI_Allreduce(MPI_IN_PLACE, &ranks_failed, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     if (world.rank == 0)
